@@ -1,0 +1,1 @@
+"""Human-facing output: rich tables and plots."""

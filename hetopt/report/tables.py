@@ -1,0 +1,90 @@
+"""Rich renderings of catalogs and summaries (the CLI prints them; nothing here decides anything)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from hetopt.spec.gpus import GPUType
+from hetopt.spec.presets import ModelArch
+
+
+def _document(source: str) -> str:
+    """The document part of a per-field source string ("<document>: <what it says>")."""
+    return source.split(":", 1)[0]
+
+
+def gpu_table(catalog: dict[str, GPUType]) -> Group:
+    """The catalog with a footnote per source document, so every number points at where it comes from."""
+    documents: list[str] = []
+    table = Table(title="GPU catalog (peak figures; efficiency is calibrated separately)", title_justify="left")
+    for col in ("GPU", "TFLOP/s", "GiB", "HBM Gbit/s", "intra Gbit/s", "interconnect", "sources"):
+        table.add_column(col, justify="left" if col in ("GPU", "interconnect", "sources") else "right",
+                         no_wrap=col != "interconnect")
+    for g in catalog.values():
+        refs = []
+        for source in g.sources.values():
+            doc = _document(source)
+            if doc not in documents:
+                documents.append(doc)
+            refs.append(documents.index(doc) + 1)
+        table.add_row(g.name, f"{g.peak_tflops:g}", f"{g.memory_gib:g}", f"{g.hbm_gbps:g}",
+                      f"{g.intra_node_gbps:g}", g.interconnect, ",".join(f"[{r}]" for r in dict.fromkeys(refs)))
+    notes = Text("TFLOP/s: dense 16-bit tensor peak. HBM and intra Gbit/s: datasheet GB/s × 8; intra-node is per "
+                 "GPU and direction (NVLink/xGMI aggregate ÷ 2, or one direction of the PCIe x16 slot). "
+                 "`hetopt gpus --json` gives the source of each number.\n", style="dim")
+    for i, doc in enumerate(documents, 1):
+        notes.append(f"[{i}] {doc}\n")
+    return Group(table, notes)
+
+
+def preset_table(presets: dict[str, ModelArch]) -> Table:
+    table = Table(title="Model presets", title_justify="left")
+    for col in ("preset", "layers", "hidden", "heads", "kv heads", "ffn", "MLP", "vocab", "context", "source"):
+        table.add_column(col)
+    for m in presets.values():
+        table.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads), str(m.ffn_hidden),
+                      "gated" if m.gated_mlp else "GPT", str(m.vocab), str(m.max_seq_len), m.source)
+    return table
+
+
+def summary_view(s: dict[str, Any]) -> Group:
+    m, t, totals = s["model"], s["training"], s["totals"]
+    head = Text.assemble(
+        (f"{s['name']}", "bold"), f"  {s['path'] or ''}\n",
+        (f"{s['description']}\n" if s["description"] else ""),
+        f"Model {m['name']}: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads "
+        f"({m['kv_heads']} kv), ffn {m['ffn_hidden']} {'gated' if m['gated_mlp'] else 'GPT'} MLP, "
+        f"vocab {m['vocab']} — {m['params'] / 1e9:.2f} B parameters\n",
+        f"Training: seq {t['seq_len']}, global batch {t['global_batch']} sequences "
+        f"({t['tokens_per_iteration']:,} tokens/iteration), {t['precision']}, {t['attention']} attention\n",
+        f"Work: {s['flops_per_token'] / 1e9:.1f} GFLOP per token (forward + backward, no recompute), "
+        f"{s['flops_per_iteration'] / 1e15:.1f} PFLOP per iteration; "
+        f"{s['iteration_time_at_peak_s']:.2f} s per iteration if every GPU ran at peak",
+    )
+    classes = Table(title="Device classes (GPU type × island)", title_justify="left")
+    for col in ("class", "nodes", "GPUs", "GPUs/node", "NIC Gbit/s", "memory GiB", "peak TFLOP/s"):
+        classes.add_column(col, justify="left" if col == "class" else "right", no_wrap=col == "class")
+    for c in s["device_classes"]:
+        classes.add_row(c["class"], str(c["nodes"]), str(c["gpus"]), str(c["gpus_per_node"]), f"{c['nic_gbps']:g}",
+                        f"{c['memory_gib']:,.0f}", f"{c['peak_tflops']:,.0f}")
+    classes.add_row("total", str(totals["nodes"]), str(totals["gpus"]), "", "", f"{totals['memory_gib']:,.0f}",
+                    f"{totals['peak_tflops']:,.0f}", style="bold")
+    parts: list[Any] = [head, classes]
+    if s["links"]:
+        links = Table(title="Island links", title_justify="left")
+        for col in ("a", "b", "Gbit/s", "latency µs"):
+            links.add_column(col)
+        for lk in s["links"]:
+            links.add_row(lk["a"], lk["b"], f"{lk['gbps']:g}", f"{lk['latency_us']:g}")
+        parts.append(links)
+    scenarios = Table(title="Bandwidth scenarios", title_justify="left")
+    for col in ("scenario", "probability", "kind"):
+        scenarios.add_column(col)
+    for sc in s["scenarios"]:
+        scenarios.add_row(sc["name"], f"{sc['probability']:g}", sc["kind"])
+    parts.append(scenarios)
+    return Group(*parts)

@@ -1,0 +1,160 @@
+"""Checks of meaning that a schema cannot express: references, divisibility, probabilities.
+
+One function per group of rules; each returns the problems it found with their key paths, so that a
+user sees every mistake of a file at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from hetopt.errors import did_you_mean
+from hetopt.spec.gpus import CATALOG
+from hetopt.spec.presets import PRESETS
+from hetopt.spec.schema import InstanceFile
+
+Loc = tuple[str | int, ...]
+Finding = tuple[Loc, str, object]
+"""(key path, message with the fix, value given)."""
+
+_NO_VALUE = object()
+PROBABILITY_TOLERANCE = 1e-6
+
+
+def check_instance(spec: InstanceFile, base_dir: Path) -> list[Finding]:
+    return [
+        *check_model(spec),
+        *check_gpu_types(spec),
+        *check_node_groups(spec),
+        *check_links(spec),
+        *check_scenarios(spec, base_dir),
+        *check_search(spec),
+    ]
+
+
+def check_model(spec: InstanceFile) -> Iterator[Finding]:
+    m = spec.model
+    preset = None
+    if m.preset is not None:
+        preset = PRESETS.get(m.preset)
+        if preset is None:
+            yield (("model", "preset"), f"unknown preset{did_you_mean(m.preset, PRESETS)}; "
+                                        f"known presets: {', '.join(PRESETS)}", m.preset)
+            return
+    else:
+        for key in ("layers", "hidden", "heads", "vocab"):
+            if getattr(m, key) is None:
+                yield (("model", key), "required when no preset is given; add it or name a preset "
+                                       f"({', '.join(PRESETS)})", _NO_VALUE)
+        if spec.training.seq_len is None and m.max_seq_len is None:
+            yield (("training", "seq_len"), "required when the model has no preset; add the sequence length "
+                                            "in tokens", _NO_VALUE)
+
+    def pick(key: str):
+        value = getattr(m, key)
+        return value if value is not None else (getattr(preset, key) if preset else None)
+
+    hidden, heads, kv_heads = pick("hidden"), pick("heads"), pick("kv_heads") or pick("heads")
+    if hidden and heads and hidden % heads:
+        yield (("model", "heads"), f"must divide hidden ({hidden}); {hidden} / {heads} is not whole — "
+                                   f"pick heads among {_divisors_near(hidden, heads)}", heads)
+    if heads and kv_heads and heads % kv_heads:
+        yield (("model", "kv_heads"), f"must divide heads ({heads}) for grouped-query attention — pick one "
+                                      f"of {_divisors(heads)}", kv_heads)
+
+
+def check_gpu_types(spec: InstanceFile) -> Iterator[Finding]:
+    for name in spec.cluster.gpus:
+        if name in CATALOG:
+            yield (("cluster", "gpus", name), f"'{name}' is already in the catalog (`hetopt gpus`); use the "
+                                              "catalog entry or give the custom GPU another name", name)
+
+
+def check_node_groups(spec: InstanceFile) -> Iterator[Finding]:
+    known = {**CATALOG, **spec.cluster.gpus}
+    seen: dict[str, int] = {}
+    for i, group in enumerate(spec.cluster.nodes):
+        if group.name in seen:
+            yield (("cluster", "nodes", i, "name"), f"duplicate node group name (also cluster.nodes[{seen[group.name]}]"
+                                                    "); give each group its own name", group.name)
+        seen.setdefault(group.name, i)
+        if group.gpu not in known:
+            yield (("cluster", "nodes", i, "gpu"), f"unknown GPU type{did_you_mean(group.gpu, known)}; use a "
+                                                   "name from `hetopt gpus` or declare it under cluster.gpus",
+                   group.gpu)
+
+
+def check_links(spec: InstanceFile) -> Iterator[Finding]:
+    islands = {g.island for g in spec.cluster.nodes}
+    pairs: dict[frozenset[str], int] = {}
+    for i, link in enumerate(spec.cluster.network.links):
+        for end in ("a", "b"):
+            island = getattr(link, end)
+            if island not in islands:
+                yield (("cluster", "network", "links", i, end),
+                       f"no node group is in island '{island}'{did_you_mean(island, islands)}; islands with "
+                       f"nodes: {', '.join(sorted(islands))}", island)
+        if link.a == link.b:
+            yield (("cluster", "network", "links", i, "b"), "a link joins two different islands; traffic inside "
+                                                           "an island is limited by the NICs", link.b)
+        pair = frozenset((link.a, link.b))
+        if pair in pairs:
+            yield (("cluster", "network", "links", i), f"duplicate link {link.a}–{link.b} (also links"
+                                                       f"[{pairs[pair]}]); merge them into one", [link.a, link.b])
+        pairs.setdefault(pair, i)
+
+
+def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
+    links = {frozenset((lk.a, lk.b)) for lk in spec.cluster.network.links}
+    link_names = ", ".join(f"[{lk.a}, {lk.b}]" for lk in spec.cluster.network.links) or "none declared"
+    names: dict[str, int] = {}
+    for i, sc in enumerate(spec.scenarios):
+        if sc.name in names:
+            yield (("scenarios", i, "name"), f"duplicate scenario name (also scenarios[{names[sc.name]}])", sc.name)
+        names.setdefault(sc.name, i)
+        if sc.events and sc.generator is not None:
+            yield (("scenarios", i, "generator"), "give either events or a generator, not both", sc.generator.kind)
+        ends = [(("scenarios", i, "events", j, "link"), ev.link) for j, ev in enumerate(sc.events)]
+        if sc.generator is not None and sc.generator.kind != "trace":
+            ends.append((("scenarios", i, "generator", "link"), sc.generator.link))
+        for loc, link in ends:
+            if frozenset(link) not in links:
+                yield (loc, f"no such link in cluster.network.links; declared links: {link_names}", link)
+        gen = sc.generator
+        if gen is not None and gen.kind == "trace" and not (base_dir / gen.path).is_file():
+            yield (("scenarios", i, "generator", "path"), f"trace file not found (looked for "
+                                                          f"{(base_dir / gen.path).resolve()})", gen.path)
+        if gen is not None and gen.kind == "diurnal" and gen.amplitude_gbps >= gen.mean_gbps:
+            yield (("scenarios", i, "generator", "amplitude_gbps"), f"must be below mean_gbps ({gen.mean_gbps}) "
+                                                                    "so the bandwidth stays positive",
+                   gen.amplitude_gbps)
+        if gen is not None and gen.kind == "step" and gen.until_s is not None and gen.until_s <= gen.at_s:
+            yield (("scenarios", i, "generator", "until_s"), f"must be after at_s ({gen.at_s})", gen.until_s)
+    if spec.scenarios:
+        total = math.fsum(sc.probability for sc in spec.scenarios)
+        if abs(total - 1.0) > PROBABILITY_TOLERANCE:
+            yield (("scenarios",), f"probabilities sum to {total:g}, not 1; adjust them so they sum to 1",
+                   [sc.probability for sc in spec.scenarios])
+
+
+def check_search(spec: InstanceFile) -> Iterator[Finding]:
+    s = spec.search
+    for key in ("tp", "micro_batch", "recompute"):
+        values = getattr(s, key)
+        if values is not None and not values:
+            yield (("search", key), "an empty list allows nothing; remove the key to allow every value", values)
+        elif values is not None and len(set(values)) != len(values):
+            yield (("search", key), "lists a value twice; list each value once", values)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _divisors_near(n: int, near: int, k: int = 4) -> list[int]:
+    return sorted(sorted(_divisors(n), key=lambda d: abs(d - near))[:k])
+
+
+NO_VALUE = _NO_VALUE

@@ -1,0 +1,186 @@
+"""The cluster as a device graph (networkx), its device classes, and routes between nodes.
+
+Vertices: one per node (``kind="node"``), one per island (``kind="island"``, a non-blocking switch), and
+``fabric`` (``kind="fabric"``) joining every island. Edges carry ``gbps`` (capacity per direction) and
+``latency_us``:
+- node — its island: the node's NIC (``nic_gbps``), no latency of its own;
+- island — island: a declared link (``cluster.network.links``);
+- island — fabric: unlimited. DESIGN 2.1: islands with no path through the declared links meet on a
+  non-blocking fabric limited only by the NICs.
+
+Routing: traffic inside a node stays on the intra-node interconnect (NVLink / PCIe). Between nodes it goes
+NIC → island → ... → island → NIC. Between islands it takes the widest path through the declared links
+(the path in the maximum spanning tree by bandwidth, which maximises the bottleneck); only islands that
+the links do not connect at all meet through the fabric.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import pairwise
+
+import networkx as nx
+
+from hetopt.spec.gpus import GPUType
+from hetopt.spec.schema import ClusterSection
+
+FABRIC = "fabric"
+
+
+def island_vertex(island: str) -> str:
+    return f"island:{island}"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    """``<group>-<index>``."""
+    group: str
+    gpu: str
+    gpus: int
+    island: str
+    nic_gbps: float
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """All GPUs of one type in one island: the unit the planner counts (identical GPUs are counts)."""
+
+    gpu: str
+    island: str
+    nodes: tuple[Node, ...]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.gpu, self.island)
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu}@{self.island}"
+
+    @property
+    def gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        """The largest TP group that fits inside one node of this class."""
+        return max(n.gpus for n in self.nodes)
+
+    @property
+    def min_nic_gbps(self) -> float:
+        return min(n.nic_gbps for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class Route:
+    """The way traffic goes between two places, with its bottleneck bandwidth and summed latency."""
+
+    gbps: float
+    latency_us: float
+    edges: tuple[tuple[str, str], ...]
+    """Graph edges on the path, in order; empty inside a node."""
+
+    @property
+    def intra_node(self) -> bool:
+        return not self.edges
+
+
+class Cluster:
+    def __init__(self, nodes: list[Node], links: list[tuple[str, str, float, float]],
+                 gpu_types: dict[str, GPUType]) -> None:
+        self.nodes: dict[str, Node] = {n.name: n for n in nodes}
+        self.gpu_types = gpu_types
+        self.graph = nx.Graph()
+        self.graph.add_node(FABRIC, kind="fabric")
+        for island in sorted({n.island for n in nodes}):
+            self.graph.add_node(island_vertex(island), kind="island", island=island)
+            self.graph.add_edge(island_vertex(island), FABRIC, gbps=math.inf, latency_us=0.0, kind="fabric")
+        for n in nodes:
+            self.graph.add_node(n.name, kind="node", gpu=n.gpu, gpus=n.gpus, island=n.island, group=n.group)
+            self.graph.add_edge(n.name, island_vertex(n.island), gbps=n.nic_gbps, latency_us=0.0, kind="nic")
+        for a, b, gbps, latency_us in links:
+            self.graph.add_edge(island_vertex(a), island_vertex(b), gbps=gbps, latency_us=latency_us, kind="link")
+
+    @classmethod
+    def from_spec(cls, spec: ClusterSection, gpu_types: dict[str, GPUType]) -> Cluster:
+        nodes = [Node(f"{g.name}-{i}", g.name, g.gpu, g.gpus_per_node, g.island, g.nic_gbps)
+                 for g in spec.nodes for i in range(g.count)]
+        links = [(lk.a, lk.b, lk.gbps, lk.latency_us) for lk in spec.network.links]
+        return cls(nodes, links, gpu_types)
+
+    # -- summaries -------------------------------------------------------------------------------------
+
+    @cached_property
+    def islands(self) -> list[str]:
+        return sorted({n.island for n in self.nodes.values()})
+
+    @cached_property
+    def device_classes(self) -> dict[tuple[str, str], DeviceClass]:
+        """Device classes keyed by (GPU type, island), in the order node groups were declared."""
+        grouped: dict[tuple[str, str], list[Node]] = {}
+        for n in self.nodes.values():
+            grouped.setdefault((n.gpu, n.island), []).append(n)
+        return {key: DeviceClass(key[0], key[1], tuple(ns)) for key, ns in grouped.items()}
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes.values())
+
+    @property
+    def total_memory_gib(self) -> float:
+        return sum(n.gpus * self.gpu_types[n.gpu].memory_gib for n in self.nodes.values())
+
+    @property
+    def total_peak_tflops(self) -> float:
+        return sum(n.gpus * self.gpu_types[n.gpu].peak_tflops for n in self.nodes.values())
+
+    # -- routing ---------------------------------------------------------------------------------------
+
+    @cached_property
+    def _widest_tree(self) -> nx.Graph:
+        """Maximum spanning forest of the declared island links: its paths are the widest paths."""
+        links = nx.Graph()
+        links.add_nodes_from(island_vertex(i) for i in self.islands)
+        links.add_edges_from((u, v, d) for u, v, d in self.graph.edges(data=True) if d["kind"] == "link")
+        return nx.maximum_spanning_tree(links, weight="gbps")
+
+    def island_path(self, a: str, b: str) -> list[str]:
+        """Vertices from island `a` to island `b`: widest declared-link path, else through the fabric."""
+        va, vb = island_vertex(a), island_vertex(b)
+        if va == vb:
+            return [va]
+        try:
+            return nx.shortest_path(self._widest_tree, va, vb)
+        except nx.NetworkXNoPath:
+            return [va, FABRIC, vb]
+
+    def route(self, a: str, b: str) -> Route:
+        """Route between nodes `a` and `b` (node names)."""
+        na, nb = self.nodes[a], self.nodes[b]
+        if a == b:
+            return Route(self.gpu_types[na.gpu].intra_node_gbps, 0.0, ())
+        vertices = [a, *self.island_path(na.island, nb.island), b]
+        return self._route_along(vertices)
+
+    def class_route(self, c1: tuple[str, str], c2: tuple[str, str]) -> Route:
+        """Bottleneck route between two device classes: the least-connected node of each.
+
+        Within one class of a single node this is the intra-node interconnect.
+        """
+        k1, k2 = self.device_classes[c1], self.device_classes[c2]
+        n1 = min(k1.nodes, key=lambda n: n.nic_gbps)
+        if c1 == c2:
+            if len(k1.nodes) == 1:
+                return self.route(n1.name, n1.name)
+            n2 = min((n for n in k1.nodes if n is not n1), key=lambda n: n.nic_gbps)
+        else:
+            n2 = min(k2.nodes, key=lambda n: n.nic_gbps)
+        return self.route(n1.name, n2.name)
+
+    def _route_along(self, vertices: list[str]) -> Route:
+        edges = tuple(pairwise(vertices))
+        data = [self.graph.edges[u, v] for u, v in edges]
+        return Route(min(d["gbps"] for d in data), sum(d["latency_us"] for d in data), edges)

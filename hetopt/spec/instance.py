@@ -1,0 +1,132 @@
+"""A validated, resolved instance: the model architecture, training settings, GPU types and cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+
+from hetopt.errors import InputError, Problem, did_you_mean, format_path
+from hetopt.spec.checks import NO_VALUE, check_instance
+from hetopt.spec.cluster import Cluster
+from hetopt.spec.gpus import CATALOG, GPUType, custom_gpu
+from hetopt.spec.load import line_for, parse_instance_file, read_document
+from hetopt.spec.presets import PRESETS, ModelArch
+from hetopt.spec.schema import InstanceFile, ModelSection
+
+DEMO_INSTANCE = "demo-a100-v100-llama7b"
+
+
+@dataclass(frozen=True)
+class Instance:
+    spec: InstanceFile
+    """The file as validated, keys as the user wrote them."""
+    model: ModelArch
+    """The architecture after applying the preset and the explicit overrides."""
+    seq_len: int
+    gpu_types: dict[str, GPUType]
+    """Every GPU type the cluster uses (catalog or custom)."""
+    path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def global_batch(self) -> int:
+        return self.spec.training.global_batch
+
+    @cached_property
+    def cluster(self) -> Cluster:
+        return Cluster.from_spec(self.spec.cluster, self.gpu_types)
+
+
+def resolve_model(section: ModelSection, seq_len: int | None) -> ModelArch:
+    """Apply explicit fields over the preset; fill defaults (kv_heads = heads, ffn = 4h) for custom models."""
+    overrides = {f.name: getattr(section, f.name) for f in fields(ModelArch)
+                 if f.name in ModelSection.model_fields and getattr(section, f.name) is not None}
+    if section.preset is not None:
+        base = PRESETS[section.preset]
+        name = base.name if not overrides else f"{base.name} (modified)"
+        values = {**{f.name: getattr(base, f.name) for f in fields(ModelArch)}, **overrides, "name": name}
+        return ModelArch(**values)
+    hidden = overrides["hidden"]
+    defaults = {"name": "custom", "kv_heads": overrides["heads"], "ffn_hidden": 4 * hidden,
+                "gated_mlp": False, "max_seq_len": seq_len, "source": "instance file"}
+    return ModelArch(**{**defaults, **overrides})
+
+
+def instance_from_spec(spec: InstanceFile, source: str, base_dir: Path, lines: dict | None = None,
+                       path: Path | None = None) -> Instance:
+    findings = check_instance(spec, base_dir)
+    if findings:
+        lines = lines or {}
+        raise InputError(source, [
+            Problem(format_path(loc), message, value=None if value is NO_VALUE else value,
+                    has_value=value is not NO_VALUE, line=line_for(loc, lines))
+            for loc, message, value in findings])
+    model = resolve_model(spec.model, spec.training.seq_len)
+    seq_len = spec.training.seq_len or model.max_seq_len
+    used = {g.gpu for g in spec.cluster.nodes}
+    gpu_types = {name: CATALOG[name] for name in used if name in CATALOG}
+    for name, g in spec.cluster.gpus.items():
+        gpu_types[name] = custom_gpu(name, g.peak_tflops, g.memory_gib, g.hbm_gbps, g.intra_node_gbps,
+                                     source=f"declared in {source} (cluster.gpus.{name})")
+    return Instance(spec=spec, model=model, seq_len=seq_len, gpu_types=gpu_types, path=path)
+
+
+def load_instance(where: str | Path) -> Instance:
+    """Load an instance from a file path, or by the name of a bundled instance."""
+    path = resolve_instance_path(where)
+    data, lines = read_document(path)
+    spec = parse_instance_file(data, str(where), lines)
+    return instance_from_spec(spec, str(where), path.parent, lines, path)
+
+
+def bundled_instances() -> dict[str, Path]:
+    """Bundled instance files by name (the file stem)."""
+    found = {}
+    root = _bundled_root()
+    for entry in root.iterdir():
+        if entry.name.endswith((".yaml", ".yml", ".json")):
+            found[Path(entry.name).stem] = Path(str(entry))
+    return dict(sorted(found.items()))
+
+
+def _bundled_root():
+    """`instances/` ships as the package `hetopt.bundled` in a wheel; in a source tree or an editable
+    install it is the folder at the top of the repository."""
+    try:
+        return resources.files("hetopt.bundled")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "instances"
+
+
+def resolve_instance_path(where: str | Path | None) -> Path:
+    """A path as given, or a bundled instance by name; no argument means the demo instance."""
+    if where is None:
+        return bundled_instances()[DEMO_INSTANCE]
+    path = Path(where)
+    if path.exists():
+        return path
+    bundled = bundled_instances()
+    if str(where) in bundled:
+        return bundled[str(where)]
+    hint = did_you_mean(path.stem, bundled)
+    raise InputError(str(where), [Problem(
+        "", f"file does not exist (looked for {path.resolve()}) and no bundled instance has that name{hint}; "
+            "give the path of a YAML or JSON instance file, or a name from `hetopt instances`")])
+
+
+def describe(path: Path) -> str:
+    """One line about a bundled instance: its `description`, else its first header comment."""
+    text = path.read_text(encoding="utf-8")
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("description:"):
+            return stripped.split(":", 1)[1].strip().strip("'\"")
+    for line in text.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+    return ""

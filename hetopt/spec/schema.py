@@ -1,0 +1,181 @@
+"""The instance file schema (DESIGN 2.1) as pydantic models.
+
+Every section forbids unknown keys, so a misspelt key is an error rather than a silently ignored line.
+Integers are strict (``"8"`` or ``8.5`` is not a count). Each field's description doubles as the fix
+in error messages and as documentation in ``hetopt schema``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PositiveInt = Annotated[int, Field(strict=True, gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+LinkEnds = Annotated[list[Name], Field(min_length=2, max_length=2,
+                                       description="The two islands the link joins, e.g. [rack0, rack1].")]
+Recompute = Literal["none", "selective", "full"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(Section):
+    """The model: a preset, explicit fields, or both (explicit fields override the preset)."""
+
+    preset: str | None = Field(None, description="A built-in architecture; `hetopt presets` lists them.")
+    layers: PositiveInt | None = Field(None, description="Number of transformer layers.")
+    hidden: PositiveInt | None = Field(None, description="Hidden size h.")
+    heads: PositiveInt | None = Field(None, description="Attention heads a; must divide hidden.")
+    kv_heads: PositiveInt | None = Field(
+        None, description="Key/value heads for grouped-query attention; must divide heads. Default: heads.")
+    ffn_hidden: PositiveInt | None = Field(None, description="MLP inner size f. Default: 4 × hidden.")
+    gated_mlp: bool | None = Field(
+        None, description="true: SwiGLU-style three-matrix MLP (LLaMA); false: GPT two-matrix MLP.")
+    vocab: PositiveInt | None = Field(None, description="Vocabulary size V.")
+    max_seq_len: PositiveInt | None = Field(None, description="Trained context length; default training.seq_len.")
+    norm: Literal["layernorm", "rmsnorm"] | None = Field(None, description="Normalisation layer kind.")
+    linear_bias: bool | None = Field(None, description="Biases in the linear projections.")
+    position_embedding: Literal["learned", "rotary"] | None = Field(None, description="Position encoding.")
+    tied_embeddings: bool | None = Field(None, description="Input embedding and LM head share weights.")
+
+
+class TrainingSection(Section):
+    seq_len: PositiveInt | None = Field(
+        None, description="Sequence length in tokens; defaults to the preset's context length.")
+    global_batch: PositiveInt = Field(description="Sequences per iteration, a positive integer.")
+    precision: Literal["bf16", "fp16"] = Field("bf16", description="16-bit mixed precision with fp32 master.")
+    attention: Literal["flash", "standard"] = Field(
+        "flash", description="flash does not store the s×s score matrices; standard does.")
+
+
+class CustomGPU(Section):
+    """A GPU type beyond the built-in catalog; same fields and units as the catalog."""
+
+    peak_tflops: PositiveFloat = Field(description="Dense 16-bit tensor TFLOP/s, > 0.")
+    memory_gib: PositiveFloat = Field(description="Device memory in GiB, > 0.")
+    hbm_gbps: PositiveFloat = Field(description="Device-memory bandwidth in Gbit/s, > 0.")
+    intra_node_gbps: PositiveFloat = Field(
+        description="Per-GPU, per-direction bandwidth to the other GPUs of its node in Gbit/s, > 0.")
+
+
+class NodeGroup(Section):
+    """`count` identical nodes."""
+
+    name: Name = Field(description="Unique group name; nodes are called <name>-0, <name>-1, ...")
+    count: PositiveInt = Field(description="Number of identical nodes in the group, ≥ 1.")
+    gpu: str = Field(description="A GPU type from `hetopt gpus` or from cluster.gpus.")
+    gpus_per_node: PositiveInt = Field(8, description="GPUs in each node, ≥ 1.")
+    island: Name = Field("default", description="Rack / zone / data centre the nodes sit in.")
+    nic_gbps: PositiveFloat = Field(description="Network bandwidth out of one node in Gbit/s, > 0.")
+
+
+class Link(Section):
+    a: Name = Field(description="An island that some node group names.")
+    b: Name = Field(description="Another island that some node group names.")
+    gbps: PositiveFloat = Field(description="Link bandwidth in Gbit/s, > 0.")
+    latency_us: NonNegativeFloat = Field(0.0, description="One-way latency in microseconds, ≥ 0.")
+
+
+class Network(Section):
+    links: list[Link] = Field(
+        default_factory=list,
+        description="Island-to-island links. Islands with no path through links meet on a non-blocking "
+                    "fabric limited by the NICs.")
+
+
+class ClusterSection(Section):
+    gpus: dict[Name, CustomGPU] = Field(default_factory=dict, description="Extra GPU types by name.")
+    nodes: list[NodeGroup] = Field(min_length=1, description="Node groups; at least one.")
+    network: Network = Field(default_factory=Network)
+
+
+class BandwidthEvent(Section):
+    at_s: NonNegativeFloat = Field(description="Time from the start of training, seconds ≥ 0.")
+    link: LinkEnds
+    gbps: PositiveFloat = Field(description="The link's bandwidth from at_s on, Gbit/s > 0.")
+
+
+class StepGenerator(Section):
+    """Drop a link to `low_gbps` at `at_s`, recover to its nominal bandwidth at `until_s`."""
+
+    kind: Literal["step"]
+    link: LinkEnds
+    low_gbps: PositiveFloat = Field(description="Bandwidth during the drop, Gbit/s > 0.")
+    at_s: NonNegativeFloat = Field(description="When the drop starts, seconds.")
+    until_s: PositiveFloat | None = Field(None, description="When it recovers, seconds; absent = never.")
+
+
+class MarkovGenerator(Section):
+    """Random switching between bandwidth levels, exponential dwell times, seeded."""
+
+    kind: Literal["markov"]
+    link: LinkEnds
+    levels_gbps: Annotated[list[PositiveFloat], Field(min_length=2)] = Field(
+        description="At least two bandwidth levels, Gbit/s > 0.")
+    mean_dwell_s: PositiveFloat = Field(description="Mean time spent at a level, seconds > 0.")
+    seed: int = Field(0, description="Random seed; the same seed gives the same trace.")
+
+
+class DiurnalGenerator(Section):
+    """Smooth periodic load: gbps(t) = mean − amplitude·cos(2π(t + phase)/period), sampled every step_s."""
+
+    kind: Literal["diurnal"]
+    link: LinkEnds
+    mean_gbps: PositiveFloat = Field(description="Mean bandwidth, Gbit/s > 0.")
+    amplitude_gbps: NonNegativeFloat = Field(description="Swing around the mean, Gbit/s; below mean_gbps.")
+    period_s: PositiveFloat = Field(description="Length of one cycle, seconds > 0.")
+    step_s: PositiveFloat = Field(60.0, description="Sampling step of the piecewise-constant trace, seconds.")
+    phase_s: NonNegativeFloat = Field(0.0, description="Shift of the cycle, seconds.")
+
+
+class TraceGenerator(Section):
+    """A measured trace: CSV with columns at_s, a, b, gbps (path relative to the instance file)."""
+
+    kind: Literal["trace"]
+    path: str = Field(description="CSV file with columns at_s,a,b,gbps.")
+
+
+Generator = Annotated[
+    StepGenerator | MarkovGenerator | DiurnalGenerator | TraceGenerator, Field(discriminator="kind")
+]
+
+
+class Scenario(Section):
+    name: Name = Field(description="Unique scenario name.")
+    probability: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(
+        description="Probability in (0, 1]; the scenarios' probabilities sum to 1.")
+    events: list[BandwidthEvent] = Field(default_factory=list, description="Explicit bandwidth changes.")
+    generator: Generator | None = Field(None, description="A seeded bandwidth generator (instead of events).")
+
+
+class SearchSection(Section):
+    tp: list[PositiveInt] | None = Field(None, description="Allowed tensor-parallel degrees.")
+    micro_batch: list[PositiveInt] | None = Field(None, description="Allowed micro-batch sizes.")
+    recompute: list[Recompute] | None = Field(None, description="Allowed activation-recompute modes.")
+    max_stages: PositiveInt | None = Field(None, description="Largest pipeline depth to consider.")
+
+
+class InstanceFile(Section):
+    """A hetopt instance: a cluster, a model and training settings (DESIGN 2.1)."""
+
+    name: Name = Field(description="Instance name.")
+    description: str = Field("", description="One line saying what the instance models.")
+    model: ModelSection
+    training: TrainingSection
+    cluster: ClusterSection
+    scenarios: list[Scenario] = Field(
+        default_factory=list, description="Dynamic-bandwidth scenarios; absent = one stable scenario.")
+    search: SearchSection = Field(default_factory=SearchSection)
+
+
+def json_schema() -> dict:
+    """The JSON Schema of the instance format (`hetopt schema`)."""
+    schema = InstanceFile.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "hetopt instance"
+    return schema
