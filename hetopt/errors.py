@@ -41,11 +41,11 @@ class Problem:
     """1-based line in the file, when known."""
 
     def render(self) -> str:
-        where = self.path or "(file)"
+        where = self.path
         if self.line is not None:
-            where += f" (line {self.line})"
+            where += f" (line {self.line})" if where else f"line {self.line}"
         given = f": got {_short_repr(self.value)}" if self.has_value else ""
-        return f"{where}{given}: {self.message}"
+        return f"{where}{given}: {self.message}" if where or given else self.message
 
 
 @dataclass

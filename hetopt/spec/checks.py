@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hetopt.errors import did_you_mean
 from hetopt.spec.gpus import CATALOG
-from hetopt.spec.presets import PRESETS
+from hetopt.spec.presets import PRESETS, apply_preset
 from hetopt.spec.schema import InstanceFile
 
 Loc = tuple[str | int, ...]
@@ -52,11 +52,8 @@ def check_model(spec: InstanceFile) -> Iterator[Finding]:
             yield (("training", "seq_len"), "required when the model has no preset; add the sequence length "
                                             "in tokens", _NO_VALUE)
 
-    def pick(key: str):
-        value = getattr(m, key)
-        return value if value is not None else (getattr(preset, key) if preset else None)
-
-    hidden, heads, kv_heads = pick("hidden"), pick("heads"), pick("kv_heads") or pick("heads")
+    values = apply_preset(preset, m.model_dump(exclude={"preset"}))
+    hidden, heads, kv_heads = values.get("hidden"), values.get("heads"), values.get("kv_heads")
     if hidden and heads and hidden % heads:
         yield (("model", "heads"), f"must divide hidden ({hidden}); {hidden} / {heads} is not whole — "
                                    f"pick heads among {_divisors_near(hidden, heads)}", heads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -12,7 +12,7 @@ from hetopt.spec.checks import NO_VALUE, check_instance
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.gpus import CATALOG, GPUType, custom_gpu
 from hetopt.spec.load import line_for, parse_instance_file, read_document
-from hetopt.spec.presets import PRESETS, ModelArch
+from hetopt.spec.presets import PRESETS, ModelArch, apply_preset
 from hetopt.spec.schema import InstanceFile, ModelSection
 
 DEMO_INSTANCE = "demo-a100-v100-llama7b"
@@ -43,18 +43,16 @@ class Instance:
 
 
 def resolve_model(section: ModelSection, seq_len: int | None) -> ModelArch:
-    """Apply explicit fields over the preset; fill defaults (kv_heads = heads, ffn = 4h) for custom models."""
-    overrides = {f.name: getattr(section, f.name) for f in fields(ModelArch)
-                 if f.name in ModelSection.model_fields and getattr(section, f.name) is not None}
-    if section.preset is not None:
-        base = PRESETS[section.preset]
-        name = base.name if not overrides else f"{base.name} (modified)"
-        values = {**{f.name: getattr(base, f.name) for f in fields(ModelArch)}, **overrides, "name": name}
+    """Apply explicit fields over the preset; fill defaults (ffn = 4h, GPT-style) for custom models."""
+    preset = PRESETS[section.preset] if section.preset is not None else None
+    values = apply_preset(preset, section.model_dump(exclude={"preset"}))
+    if preset is not None:
+        changed = any(values[k] != getattr(preset, k) for k in values if k != "name")
+        values["name"] = f"{preset.name} (modified)" if changed else preset.name
         return ModelArch(**values)
-    hidden = overrides["hidden"]
-    defaults = {"name": "custom", "kv_heads": overrides["heads"], "ffn_hidden": 4 * hidden,
-                "gated_mlp": False, "max_seq_len": seq_len, "source": "instance file"}
-    return ModelArch(**{**defaults, **overrides})
+    defaults = {"name": "custom", "ffn_hidden": 4 * values["hidden"], "gated_mlp": False,
+                "max_seq_len": seq_len, "source": "instance file"}
+    return ModelArch(**{**defaults, **values})
 
 
 def instance_from_spec(spec: InstanceFile, source: str, base_dir: Path, lines: dict | None = None,

@@ -8,6 +8,7 @@ Three layers of checks, each reporting key paths and, for YAML, line numbers:
 
 from __future__ import annotations
 
+import difflib
 import json
 import types
 import typing
@@ -82,14 +83,18 @@ def read_document(path: Path) -> tuple[Any, dict[Loc, int]]:
             return json.loads(text), {}
         except json.JSONDecodeError as exc:
             raise InputError(source, [Problem("", f"malformed JSON: {exc.msg}", line=exc.lineno)]) from None
+    lines: dict[Loc, int] = {}
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
         lines = _yaml_lines(yaml.compose(text, Loader=yaml.SafeLoader))
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader that also refuses duplicate keys
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
+        line = mark.line + 1 if mark else None
+        # Name the key path when the error sits on a key (duplicate keys), else just the line.
+        on_line = [loc for loc, ln in lines.items() if ln == line and loc]
+        path = format_path(max(on_line, key=len)) if on_line else ""
         what = exc.problem or str(exc)
-        raise InputError(source, [Problem(
-            "", f"malformed YAML: {what}", line=mark.line + 1 if mark else None)]) from None
+        raise InputError(source, [Problem(path, f"malformed YAML: {what}", line=line)]) from None
     except yaml.YAMLError as exc:
         raise InputError(source, [Problem("", f"malformed YAML: {exc}")]) from None
     return data, lines
@@ -108,8 +113,19 @@ def parse_instance_file(data: Any, source: str, lines: dict[Loc, int] | None = N
     try:
         return InstanceFile.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem_from_pydantic(err, lines) for err in exc.errors()]
+        errors = _drop_missing_explained_by_typos(exc.errors())
+        problems = [_problem_from_pydantic(err, lines) for err in errors]
         raise InputError(source, _unique(problems)) from None
+
+
+def _drop_missing_explained_by_typos(errors: list[dict]) -> list[dict]:
+    """A misspelt key shows up twice (unknown 'nic_gpbs', missing 'nic_gbps'); report only the typo."""
+    typos = {(tuple(e["loc"][:-1]), k) for e in errors if e["type"] == "extra_forbidden"
+             for k in [str(e["loc"][-1])]}
+    def explained(e: dict) -> bool:
+        parent, key = tuple(e["loc"][:-1]), str(e["loc"][-1])
+        return any(p == parent and difflib.get_close_matches(t, [key], n=1, cutoff=0.6) for p, t in typos)
+    return [e for e in errors if not (e["type"] == "missing" and explained(e))]
 
 
 def _problem_from_pydantic(err: dict, lines: dict[Loc, int]) -> Problem:
@@ -120,6 +136,9 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int]) -> Problem:
     ctx = err.get("ctx", {})
     field = _field_at(loc)
     hint = f" — {field.description}" if field is not None and field.description else ""
+    if kind == "union_tag_invalid":
+        return Problem(format_path((*loc, "kind")), f"unknown kind; expected one of {ctx.get('expected_tags')}",
+                       value=ctx.get("tag"), has_value=True, line=line_for((*loc, "kind"), lines))
     if kind == "missing":
         return Problem(path, f"required key is missing; add it{hint}", line=line)
     if kind == "extra_forbidden":
@@ -128,9 +147,9 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int]) -> Problem:
         return Problem(path, f"unknown key {key!r}{did_you_mean(key, allowed)}; allowed keys here: "
                              f"{', '.join(allowed)}", line=line)
     messages = {
-        "greater_than": f"must be greater than {ctx.get('gt')}",
-        "greater_than_equal": f"must be at least {ctx.get('ge')}",
-        "less_than_equal": f"must be at most {ctx.get('le')}",
+        "greater_than": f"must be greater than {ctx.get('gt', 0):g}",
+        "greater_than_equal": f"must be at least {ctx.get('ge', 0):g}",
+        "less_than_equal": f"must be at most {ctx.get('le', 0):g}",
         "int_type": "must be a whole number",
         "float_type": "must be a number",
         "bool_type": "must be true or false",
@@ -142,7 +161,6 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int]) -> Problem:
         "too_long": f"takes at most {ctx.get('max_length')} item(s)",
         "string_pattern_mismatch": "may use only letters, digits, '_', '.' and '-'",
         "string_too_short": "must not be empty",
-        "union_tag_invalid": f"unknown kind; expected one of {ctx.get('expected_tags')}",
         "union_tag_not_found": f"needs a 'kind' key: one of {_generator_kinds()}",
     }
     message = messages.get(kind, err["msg"][0].lower() + err["msg"][1:])

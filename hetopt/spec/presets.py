@@ -78,3 +78,17 @@ PRESETS: dict[str, ModelArch] = {
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, _LLAMA3),
     ]
 }
+
+
+def apply_preset(preset: ModelArch | None, explicit: dict[str, object]) -> dict[str, object]:
+    """Field values of a model: the preset's, overridden by the explicit (non-None) ones.
+
+    A preset with plain multi-head attention (kv_heads = heads) stays multi-head when only `heads` is
+    overridden; a grouped-query preset keeps its kv_heads.
+    """
+    explicit = {k: v for k, v in explicit.items() if v is not None}
+    values: dict[str, object] = dict(vars(preset)) if preset is not None else {}
+    values.update(explicit)
+    if "kv_heads" not in explicit and "heads" in values and (preset is None or preset.kv_heads == preset.heads):
+        values["kv_heads"] = values["heads"]
+    return values
