@@ -79,8 +79,8 @@ def test_gpt3_175b_matches_narayanan_closed_form():
     # Narayanan et al. 2021 eq. (2): P = 12lh²(1 + 13/(12h) + (V + s)/(12lh)); it omits the final
     # LayerNorm (2h), which total_params counts.
     m = PRESETS["gpt3-175b"]
-    l, h, v, s = m.layers, m.hidden, m.vocab, m.max_seq_len
-    closed_form = 12 * l * h * h + 13 * l * h + (v + s) * h
+    n, h, v, s = m.layers, m.hidden, m.vocab, m.max_seq_len
+    closed_form = 12 * n * h * h + 13 * n * h + (v + s) * h
     assert total_params(m) == closed_form + 2 * h
     assert layer_params(m) == 12 * h * h + 13 * h
 
