@@ -93,6 +93,7 @@ class Cluster:
                  gpu_types: dict[str, GPUType]) -> None:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.gpu_types = gpu_types
+        self._routes: dict[tuple[str, str], Route] = {}
         self.graph = nx.Graph()
         self.graph.add_node(FABRIC, kind="fabric")
         for island in sorted({n.island for n in nodes}):
@@ -158,12 +159,16 @@ class Cluster:
             return [va, FABRIC, vb]
 
     def route(self, a: str, b: str) -> Route:
-        """Route between nodes `a` and `b` (node names)."""
-        na, nb = self.nodes[a], self.nodes[b]
-        if a == b:
-            return Route(self.gpu_types[na.gpu].intra_node_gbps, 0.0, ())
-        vertices = [a, *self.island_path(na.island, nb.island), b]
-        return self._route_along(vertices)
+        """Route between nodes `a` and `b` (node names); cached, since evaluation asks for it often."""
+        cached = self._routes.get((a, b))
+        if cached is None:
+            na, nb = self.nodes[a], self.nodes[b]
+            if a == b:
+                cached = Route(self.gpu_types[na.gpu].intra_node_gbps, 0.0, ())
+            else:
+                cached = self._route_along([a, *self.island_path(na.island, nb.island), b])
+            self._routes[(a, b)] = cached
+        return cached
 
     def class_route(self, c1: tuple[str, str], c2: tuple[str, str]) -> Route:
         """Bottleneck route between two device classes: the least-connected node of each.

@@ -31,7 +31,7 @@ class GPUType:
     """Per-GPU, per-direction bandwidth to peers in the same node, Gbit/s."""
     interconnect: str = ""
     """What carries intra-node traffic (NVLink 3, PCIe 4.0 x16, ...)."""
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     """Field name → where the number comes from."""
 
     @property

@@ -13,7 +13,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -22,6 +22,7 @@ from hetopt.errors import InputError, Problem, did_you_mean, format_path
 from hetopt.spec.schema import InstanceFile
 
 Loc = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -101,20 +102,23 @@ def read_document(path: Path) -> tuple[Any, dict[Loc, int]]:
 
 
 def parse_instance_file(data: Any, source: str, lines: dict[Loc, int] | None = None) -> InstanceFile:
-    """Validate parsed data against the schema, turning pydantic errors into key-path problems."""
+    """Validate parsed data against the instance schema."""
+    return validate_document(data, source, InstanceFile, "an instance is a mapping with keys name, model, "
+                                                         "training and cluster", lines)
+
+
+def validate_document(data: Any, source: str, schema: type[M], what: str, lines: dict[Loc, int] | None = None) -> M:
+    """Validate parsed data against a schema, turning pydantic errors into key-path problems."""
     lines = lines or {}
-    if data is None:
-        raise InputError(source, [Problem("", "the file holds no data; an instance is a mapping with keys "
-                                              "name, model, training and cluster")])
     if not isinstance(data, dict):
-        raise InputError(source, [Problem(
-            "", f"the top level must be a mapping with keys name, model, training and cluster, "
-                f"not a {type(data).__name__}", value=data, has_value=True)])
+        given = "no data" if data is None else f"a {type(data).__name__}"
+        raise InputError(source, [Problem("", f"the top level must be a mapping: {what}; the file holds {given}",
+                                          value=data, has_value=data is not None)])
     try:
-        return InstanceFile.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         errors = _drop_missing_explained_by_typos(exc.errors())
-        problems = [_problem_from_pydantic(err, lines) for err in errors]
+        problems = [_problem_from_pydantic(err, lines, schema) for err in errors]
         raise InputError(source, _unique(problems)) from None
 
 
@@ -128,13 +132,13 @@ def _drop_missing_explained_by_typos(errors: list[dict]) -> list[dict]:
     return [e for e in errors if not (e["type"] == "missing" and explained(e))]
 
 
-def _problem_from_pydantic(err: dict, lines: dict[Loc, int]) -> Problem:
+def _problem_from_pydantic(err: dict, lines: dict[Loc, int], root: type[BaseModel]) -> Problem:
     loc = _strip_union_tags(tuple(err["loc"]))
     path = format_path(loc)
     line = line_for(loc, lines)
     kind = err["type"]
     ctx = err.get("ctx", {})
-    field = _field_at(loc)
+    field = _field_at(loc, root)
     hint = f" — {field.description}" if field is not None and field.description else ""
     if kind == "union_tag_invalid":
         return Problem(format_path((*loc, "kind")), f"unknown kind; expected one of {ctx.get('expected_tags')}",
@@ -142,7 +146,7 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int]) -> Problem:
     if kind == "missing":
         return Problem(path, f"required key is missing; add it{hint}", line=line)
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        allowed = _allowed_keys(loc[:-1], root)
         key = str(loc[-1])
         return Problem(path, f"unknown key {key!r}{did_you_mean(key, allowed)}; allowed keys here: "
                              f"{', '.join(allowed)}", line=line)
@@ -193,9 +197,9 @@ def line_for(loc: Loc, lines: dict[Loc, int]) -> int | None:
     return None
 
 
-def _model_class_at(loc: Loc) -> type[BaseModel] | None:
+def _model_class_at(loc: Loc, root: type[BaseModel]) -> type[BaseModel] | None:
     """The pydantic section class that holds the keys at `loc` (None when `loc` is not a section)."""
-    cls: Any = InstanceFile
+    cls: Any = root
     for part in loc:
         cls = _unwrap(cls)
         if typing.get_origin(cls) in (list, dict):
@@ -223,15 +227,15 @@ def _unwrap(cls: Any) -> Any:
             return cls
 
 
-def _allowed_keys(loc: Loc) -> list[str]:
-    cls = _model_class_at(loc)
+def _allowed_keys(loc: Loc, root: type[BaseModel]) -> list[str]:
+    cls = _model_class_at(loc, root)
     return list(cls.model_fields) if cls is not None else []
 
 
-def _field_at(loc: Loc):
+def _field_at(loc: Loc, root: type[BaseModel]):
     if not loc or isinstance(loc[-1], int):
         return None
-    cls = _model_class_at(loc[:-1])
+    cls = _model_class_at(loc[:-1], root)
     if cls is None:
         return None
     return cls.model_fields.get(str(loc[-1]))

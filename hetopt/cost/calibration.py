@@ -1,0 +1,252 @@
+"""Fitting the cost-model weights of one GPU type to measurements, through the very same cost model.
+
+Two kinds of CSV (see ../shared/data/calibration/README.md) are understood by their columns:
+- layout runs: one row per measured training iteration (gpus, global_batch, micro_batch, hidden, heads,
+  layers, seq_len, tp, dp, pp, iter_time_ms, activation_recompute, pipeline_schedule);
+- layer times: forward and backward time of one transformer layer (model, heads, hidden, layers, tp,
+  micro_batch, seq_len, vocab, config, layer_fwd_ms, layer_bwd_ms).
+
+Each row becomes an instance and a plan; `evaluate.plan_features` turns it into cost features once; the
+fit then prices the features with trial weights — the evaluator's own `pipe_times` and `dp_finish` — and
+minimises the relative error by bounded least squares (scipy). Each data set weighs the same in the fit
+(residuals scaled by 1/√rows). Accuracy is reported as k-fold cross-validated error.
+
+Assumptions about the runs, from their sources: GPT models with the GPT-2 vocabulary (50257) and learned
+positions, 16-bit mixed precision, standard (non-flash) attention — the Megatron-DeepSpeed and Megatron-LM
+versions of 2022 — no sequence parallelism unless the configuration says so, no ZeRO in the layout runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hetopt.cost.terms import GEMM, ITER, KERN, LAT, LINK, MB, MEM, N_TERMS, NET, PASS, STEP, TERMS, CostParams
+from hetopt.errors import InputError, Problem
+from hetopt.evaluate import (
+    BWD,
+    BWD_TP,
+    FWD,
+    FWD_TP,
+    N_PARTS,
+    OPT,
+    _stage_work,
+    dp_finish,
+    pipe_times,
+    plan_features,
+    price_parts,
+)
+from hetopt.layout import Layout, expand_layout
+from hetopt.spec.instance import instance_from_spec
+from hetopt.spec.load import validate_document
+from hetopt.spec.schema import InstanceFile
+
+GPT2_VOCAB = 50257
+LAYOUT_COLUMNS = {"gpus", "global_batch", "micro_batch", "hidden", "heads", "layers", "seq_len", "tp", "dp", "pp",
+                  "iter_time_ms"}
+LAYER_COLUMNS = {"heads", "hidden", "tp", "micro_batch", "seq_len", "config", "layer_fwd_ms", "layer_bwd_ms"}
+
+# Fitted weights and their bounds: efficiencies in (0, 1] (weights ≥ 1), latencies ≥ 0.
+FITTED = (GEMM, KERN, MEM, LINK, STEP, PASS, MB, ITER)
+# ... then dp_overlap and launch_serial in [0, 1].
+LOWER = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+UPPER = np.array([20.0, 1e-3, 50.0, 20.0, 1e-3, 1e-2, 0.1, 1.0, 1.0, 1.0])
+START = np.array([1.5, 5e-6, 2.0, 1.5, 5e-6, 5e-5, 1e-3, 1e-2, 0.0, 0.2])
+FIXED = {NET: 1.0, LAT: 1.0}
+"""No multi-node runs in the data: network efficiency stays at the line rate; latency is physical."""
+
+
+@dataclass
+class DataSet:
+    name: str
+    kind: str
+    """layout | layer"""
+    measured_s: np.ndarray
+    labels: list[str]
+    # layout runs: padded features (rows, stages, parts, terms), stage mask, micro-batches
+    features: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mask: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    micro_batches: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def subset(self, index: np.ndarray) -> DataSet:
+        return DataSet(self.name, self.kind, self.measured_s[index], [self.labels[i] for i in index],
+                       self.features[index], self.mask[index] if self.mask.size else self.mask,
+                       self.micro_batches[index] if self.micro_batches.size else self.micro_batches)
+
+
+def weights_of(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(weights, dp_overlap, launch_serial) from the fitted vector."""
+    w = np.zeros(N_TERMS)
+    for k, v in FIXED.items():
+        w[k] = v
+    w[list(FITTED)] = theta[: len(FITTED)]
+    return w, float(theta[len(FITTED)]), float(theta[len(FITTED) + 1])
+
+
+def predict(ds: DataSet, theta: np.ndarray) -> np.ndarray:
+    """Predicted seconds for every row of a data set, with the evaluator's own formulas."""
+    w, overlap, serial = weights_of(theta)
+    times = price_parts(ds.features, w, serial)
+    if ds.kind == "layer":
+        return times[:, FWD] + times[:, FWD_TP]  # one layer's pass: compute + its TP collectives
+    t_pipe, _ = pipe_times(times, ds.micro_batches, 1, ds.mask)
+    t_dp = dp_finish(times, t_pipe, overlap, ds.mask)
+    return t_dp + np.where(ds.mask, times[..., OPT], 0.0).max(axis=-1)
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+
+def load_dataset(path: str | Path, gpu: str) -> DataSet:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(str(path), [Problem("", "calibration data file does not exist")])
+    with path.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise InputError(str(path), [Problem("", "no rows; expected a CSV with a header line")])
+    columns = set(rows[0])
+    if columns >= LAYOUT_COLUMNS:
+        return _layout_dataset(path, rows, gpu)
+    if columns >= LAYER_COLUMNS:
+        return _layer_dataset(path, rows, gpu)
+    raise InputError(str(path), [Problem("", f"unknown columns; a layout-runs file needs {sorted(LAYOUT_COLUMNS)}, a "
+                                             f"layer-times file {sorted(LAYER_COLUMNS)}", sorted(columns), True)])
+
+
+def _instance(gpu: str, gpus: int, hidden: int, heads: int, layers: int, seq_len: int, vocab: int,
+              global_batch: int, source: str):
+    data = {
+        "name": "calibration",
+        "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "max_seq_len": seq_len},
+        "training": {"seq_len": seq_len, "global_batch": global_batch, "precision": "fp16", "attention": "standard"},
+        "cluster": {"nodes": [{"name": "node", "count": 1, "gpu": gpu, "gpus_per_node": gpus, "nic_gbps": 200}]},
+    }
+    spec = validate_document(data, source, InstanceFile, "instance")
+    return instance_from_spec(spec, source, Path("."))
+
+
+def _recompute_of(text: str) -> str:
+    text = text.lower()
+    return "full" if "full" in text else "selective" if "selective" in text else "none"
+
+
+def _layout_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
+    feats, mbs, measured, labels = [], [], [], []
+    for n, r in enumerate(rows, start=2):
+        try:
+            v = {k: int(r[k]) for k in LAYOUT_COLUMNS - {"iter_time_ms"}}
+            t_ms = float(r["iter_time_ms"])
+        except ValueError as exc:
+            raise InputError(str(path), [Problem(f"line {n}", f"not a number ({exc})")]) from None
+        inst = _instance(gpu, v["gpus"], v["hidden"], v["heads"], v["layers"], v["seq_len"], GPT2_VOCAB,
+                         v["global_batch"], f"{path}:{n}")
+        schedule = r.get("pipeline_schedule", "1f1b").lower()
+        layout = Layout(tp=v["tp"], pp=v["pp"], dp=v["dp"], mb=v["micro_batch"],
+                        recompute=_recompute_of(r.get("activation_recompute", "none")), sp=False, zero=0,
+                        schedule="gpipe" if schedule == "gpipe" else "1f1b")
+        plan = expand_layout(inst, layout, source=f"{path}:{n}")
+        f = plan_features(inst, plan)
+        feats.append(f.templates[0])
+        mbs.append(f.micro_batches[0])
+        measured.append(t_ms / 1e3)
+        labels.append(f"h={v['hidden']} L={v['layers']} {layout.tp}/{layout.pp}/{layout.dp} mb={layout.mb} "
+                      f"gb={v['global_batch']}")
+    stages = max(a.shape[0] for a in feats)
+    padded = np.zeros((len(feats), stages, N_PARTS, N_TERMS))
+    mask = np.zeros((len(feats), stages), dtype=bool)
+    for i, a in enumerate(feats):
+        padded[i, : a.shape[0]] = a
+        mask[i, : a.shape[0]] = True
+    return DataSet(path.name, "layout", np.array(measured), labels, padded, mask, np.array(mbs, dtype=float))
+
+
+def _layer_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
+    feats, measured, labels = [], [], []
+    for r in rows:
+        inst = _instance(gpu, int(r["tp"]), int(r["hidden"]), int(r["heads"]), int(r.get("layers", 1)),
+                         int(r["seq_len"]), int(r.get("vocab", GPT2_VOCAB)), int(r["micro_batch"]), str(path))
+        config = r["config"].lower()
+        sp = "sequence" in config
+        work = _stage_work(inst.model, inst.gpu_types[gpu], int(r["micro_batch"]), int(r["seq_len"]), int(r["tp"]),
+                           sp, "standard", _recompute_of(config), 1, False, False).copy()
+        work[:, MB] = 0.0  # one layer, not a whole micro-batch pass
+        for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):  # each measured pass in the FWD slots
+            row = np.zeros((N_PARTS, N_TERMS))
+            row[FWD], row[FWD_TP] = work[compute], work[tp]
+            feats.append(row)
+        measured += [float(r["layer_fwd_ms"]) / 1e3, float(r["layer_bwd_ms"]) / 1e3]
+        labels += [f"{r['config']} fwd", f"{r['config']} bwd"]
+    return DataSet(path.name, "layer", np.array(measured), labels, np.array(feats))
+
+
+# -- fitting ---------------------------------------------------------------------------------------------
+
+def fit_theta(datasets: list[DataSet]) -> np.ndarray:
+    from scipy.optimize import least_squares
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        parts = [(predict(ds, theta) - ds.measured_s) / ds.measured_s / np.sqrt(len(ds.measured_s))
+                 for ds in datasets]
+        return np.concatenate(parts)
+
+    result = least_squares(residuals, START, bounds=(LOWER, UPPER), x_scale="jac", method="trf", max_nfev=2000)
+    return result.x
+
+
+def errors(ds: DataSet, theta: np.ndarray) -> dict:
+    from scipy.stats import spearmanr
+
+    pred = predict(ds, theta)
+    rel = (pred - ds.measured_s) / ds.measured_s
+    out = {"rows": len(rel), "mape": float(np.mean(np.abs(rel))), "max_error": float(np.max(np.abs(rel)))}
+    if len(rel) > 2:
+        out["spearman"] = float(spearmanr(pred, ds.measured_s).statistic)
+    if ds.kind == "layer":
+        out["per_row"] = {label: {"measured_ms": m * 1e3, "predicted_ms": p * 1e3, "error": e}
+                          for label, m, p, e in zip(ds.labels, ds.measured_s, pred, rel, strict=True)}
+    return out
+
+
+def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0) -> dict[str, dict]:
+    """k-fold CV: every layout data set is split into folds; small layer-time sets stay in every fit."""
+    rng = np.random.default_rng(seed)
+    splits = {ds.name: np.array_split(rng.permutation(len(ds.measured_s)), folds) for ds in datasets
+              if ds.kind == "layout"}
+    held: dict[str, list[np.ndarray]] = {name: [] for name in splits}
+    predicted: dict[str, np.ndarray] = {name: np.zeros(len(d.measured_s)) for d in datasets
+                                        for name in [d.name] if name in splits}
+    for k in range(folds):
+        train = [ds.subset(np.setdiff1d(np.arange(len(ds.measured_s)), splits[ds.name][k]))
+                 if ds.name in splits else ds for ds in datasets]
+        theta = fit_theta(train)
+        for ds in datasets:
+            if ds.name in splits:
+                idx = splits[ds.name][k]
+                predicted[ds.name][idx] = predict(ds.subset(idx), theta)
+                held[ds.name].append(idx)
+    report = {}
+    for ds in datasets:
+        if ds.name in splits:
+            rel = (predicted[ds.name] - ds.measured_s) / ds.measured_s
+            report[ds.name] = {"folds": folds, "cv_mape": float(np.mean(np.abs(rel))),
+                               "cv_max_error": float(np.max(np.abs(rel)))}
+    return report
+
+
+def calibrate(paths: list[str | Path], gpu: str, folds: int = 5) -> CostParams:
+    """Fit the weights of `gpu` on the given CSV files; the result carries its fit report."""
+    datasets = [load_dataset(p, gpu) for p in paths]
+    theta = fit_theta(datasets)
+    w, overlap, serial = weights_of(theta)
+    cv = cross_validate(datasets, folds) if any(ds.kind == "layout" for ds in datasets) else {}
+    report = {ds.name: {**errors(ds, theta), **cv.get(ds.name, {})} for ds in datasets}
+    return CostParams(
+        gpu=gpu, weights=tuple(float(x) for x in w), dp_overlap=overlap, launch_serial=serial,
+        source="; ".join(Path(p).name for p in paths), date=dt.date.today().isoformat(),
+        method=f"least-squares fit of {', '.join(TERMS[i] for i in FITTED)}, dp_overlap and launch_serial on "
+               "measured runs through hetopt's cost model (relative error, each data set weighted equally)",
+        fit=report)

@@ -1,0 +1,132 @@
+"""Compute-cost features of one stage's work per micro-batch (DESIGN 3).
+
+GEMM work is FLOPs at the GPU's peak (priced by the calibrated GEMM efficiency) plus one fixed cost per
+GEMM kernel (small per-GPU matrices run far below peak: a GEMM of F FLOPs takes F/(peak·η) + t_kernel, so
+its efficiency is η·F/(F + t_kernel·peak·η) — the calibrated function of the per-GPU matrix shapes).
+Memory-bound work (norms, softmax, dropout, activation functions, residual adds) is priced by bytes at the
+HBM bandwidth: a forward pass writes the activations it stores (memory.layer_activation_bytes without
+recompute) and the backward pass reads them and writes their gradients, twice the bytes.
+Backward GEMMs cost twice the forward (input and weight gradients). Full recompute adds one forward;
+selective recompute adds the attention core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetopt.cost import comm
+from hetopt.cost.flops import head_forward_flops, layer_forward_flops
+from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes
+from hetopt.cost.terms import GEMM, KERN, MEM, PASS, zeros
+from hetopt.spec.gpus import GPUType
+from hetopt.spec.presets import ModelArch
+
+ACT_BYTES = 2.0
+"""16-bit activations."""
+CROSS_ENTROPY_PASSES_FWD = 3
+"""fp32 logits written once, read for the max/sum and read for the loss."""
+CROSS_ENTROPY_PASSES_BWD = 2
+"""fp32 logits read once, their gradient written once."""
+ADAM_BYTES_PER_PARAM = 30.0
+"""Optimizer step: read the fp32 gradient (4), read and write fp32 master, m and v (24), write bf16 weight (2)."""
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    model: ModelArch
+    micro_batch: int
+    seq_len: int
+    tp: int
+    sp: bool
+    attention: str
+
+
+def _gemm(flops: float, kernels: float, gpu: GPUType) -> np.ndarray:
+    v = zeros()
+    v[GEMM] = flops / gpu.peak_flops
+    v[KERN] = kernels
+    return v
+
+
+def _mem(nbytes: float, gpu: GPUType) -> np.ndarray:
+    v = zeros()
+    v[MEM] = nbytes / (gpu.hbm_gbps * comm.GBIT)
+    return v
+
+
+def attention_core_flops(x: LayerShape) -> float:
+    """Scores QKᵀ and context PV: 4bs²h forward."""
+    return 4.0 * x.micro_batch * x.seq_len**2 * x.model.hidden
+
+
+def attention_kernels(x: LayerShape) -> int:
+    return 1 if x.attention == "flash" else 2
+
+
+def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """One layer's forward compute on one GPU of a TP group (no communication)."""
+    kernels = 4 + attention_kernels(x)  # QKV, output projection, MLP up(+gate, fused), MLP down
+    stored = layer_activation_bytes(x.model, x.micro_batch, x.seq_len, x.tp, x.sp, x.attention, "none")
+    v = _gemm(layer_forward_flops(x.model, x.micro_batch, x.seq_len) / x.tp, kernels, gpu) + _mem(stored, gpu)
+    v[PASS] = 1
+    return v
+
+
+def layer_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """One layer's backward compute: 2× the forward GEMMs and memory traffic."""
+    v = 2 * layer_forward(x, gpu)
+    v[PASS] = 1
+    return v
+
+
+def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
+    """Extra forward work done in backward: the whole layer (full) or its attention core (selective)."""
+    if recompute == "full":
+        return layer_forward(x, gpu)
+    if recompute == "selective" and x.attention == "standard":
+        core_bytes = 5.0 * x.model.heads * x.seq_len**2 * x.micro_batch / x.tp
+        return _gemm(attention_core_flops(x) / x.tp, attention_kernels(x), gpu) + _mem(core_bytes, gpu)
+    return zeros()  # flash attention recomputes its core in its own backward already
+
+
+def tp_comm_per_pass(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """Two all-reduces of the b·s·h activations per layer and pass (reduce-scatter + all-gather with
+    sequence parallelism: the same bytes), over the intra-node interconnect."""
+    nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
+    return 2 * comm.all_reduce(nbytes, x.tp, gpu.intra_node_gbps, intra_node=True)
+
+
+def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """LM head GEMM (vocabulary-parallel) and the fp32 softmax cross-entropy."""
+    logits = LOGIT_BYTES * x.micro_batch * x.seq_len * x.model.vocab / x.tp
+    return (_gemm(head_forward_flops(x.model, x.micro_batch, x.seq_len) / x.tp, 1, gpu)
+            + _mem(CROSS_ENTROPY_PASSES_FWD * logits, gpu))
+
+
+def head_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    logits = LOGIT_BYTES * x.micro_batch * x.seq_len * x.model.vocab / x.tp
+    return (_gemm(2 * head_forward_flops(x.model, x.micro_batch, x.seq_len) / x.tp, 2, gpu)
+            + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu))
+
+
+def head_tp_comm(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """Vocabulary-parallel cross-entropy: three all-reduces of one fp32 per token (max, sum, target)."""
+    return 3 * comm.all_reduce(4.0 * x.micro_batch * x.seq_len, x.tp, gpu.intra_node_gbps, intra_node=True)
+
+
+def embedding_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """Embedding lookup writes b·s·h activations; vocabulary-parallel embedding all-reduces them."""
+    nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
+    return _mem(nbytes, gpu)
+
+
+def embedding_tp_comm(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
+    return comm.all_reduce(nbytes, x.tp, gpu.intra_node_gbps, intra_node=True)
+
+
+def optimizer_step(params_per_gpu: float, gpu: GPUType) -> np.ndarray:
+    """Adam step over the parameters this GPU updates (its ZeRO shard)."""
+    return _mem(ADAM_BYTES_PER_PARAM * params_per_gpu, gpu)

@@ -1,0 +1,109 @@
+"""Cost terms and the calibrated parameters that price them.
+
+Every time in hetopt's cost model is a dot product ``features · weights``: the features are physics
+(FLOPs at peak, bytes at nominal bandwidth, kernel and collective-step counts, all from formulas and the
+GPU catalog) and the weights are what calibration fits (inverse efficiencies and fixed latencies). This
+keeps one cost model for the evaluator, the ILP, the simulator and the fitter: the fitter sees the same
+features the evaluator computes, and fits the weights by least squares.
+
+| term | feature (unit)                                     | weight (fitted)                              |
+| ---- | -------------------------------------------------- | -------------------------------------------- |
+| GEMM | FLOPs / peak FLOP/s (s)                            | 1 / GEMM efficiency at large sizes           |
+| KERN | number of GEMM kernels (count)                     | fixed time per GEMM kernel (s): small GEMMs  |
+| MEM  | bytes / HBM bandwidth (s)                          | 1 / efficiency of memory-bound kernels       |
+| LINK | bytes / intra-node link bandwidth (s)              | 1 / efficiency of NCCL on NVLink / PCIe      |
+| NET  | bytes / network bandwidth (s)                      | 1 / efficiency of NCCL over NICs and links   |
+| STEP | collective / p2p steps (count)                     | latency α per step (s)                       |
+| PASS | layer passes, forward or backward (count)          | host time per layer pass (s): kernel launches |
+| MB   | micro-batch passes per stage (count)               | host time per micro-batch pass (s)           |
+| ITER | iterations (count)                                 | fixed time per iteration (s)                 |
+| LAT  | physical link latency on the path (s)              | 1, not fitted: latency is in the instance    |
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+TERMS = ("GEMM", "KERN", "MEM", "LINK", "NET", "STEP", "PASS", "MB", "ITER", "LAT")
+GEMM, KERN, MEM, LINK, NET, STEP, PASS, MB, ITER, LAT = range(len(TERMS))
+N_TERMS = len(TERMS)
+
+
+def zeros() -> np.ndarray:
+    return np.zeros(N_TERMS)
+
+
+def term(index: int, value: float) -> np.ndarray:
+    v = np.zeros(N_TERMS)
+    v[index] = value
+    return v
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Calibrated weights of the cost terms for one GPU type, with where they come from."""
+
+    gpu: str
+    weights: tuple[float, ...]
+    """One weight per entry of TERMS."""
+    dp_overlap: float = 0.0
+    """Fraction of the data-parallel gradient all-reduce hidden behind backward compute, in [0, 1]."""
+    launch_serial: float = 0.0
+    """Fraction of the shorter of host (PASS, MB) and device time per pass that does not overlap, in [0, 1]."""
+    reserve_gib: float = 1.0
+    """Per-GPU memory the runtime keeps (CUDA context, NCCL buffers, allocator slack), GiB."""
+    source: str = ""
+    date: str = ""
+    method: str = ""
+    fit: dict = field(default_factory=dict)
+    """Fit report (errors, data sets) when the parameters were fitted."""
+
+    @property
+    def w(self) -> np.ndarray:
+        return np.asarray(self.weights, dtype=float)
+
+    def describe(self) -> dict[str, float]:
+        """The weights in readable units (efficiencies in [0, 1], latencies in µs)."""
+        w = self.weights
+        return {
+            "gemm_efficiency": 1 / w[GEMM], "gemm_kernel_us": w[KERN] * 1e6, "memory_efficiency": 1 / w[MEM],
+            "intra_node_link_efficiency": 1 / w[LINK], "network_efficiency": 1 / w[NET],
+            "collective_step_us": w[STEP] * 1e6, "layer_pass_us": w[PASS] * 1e6,
+            "microbatch_pass_us": w[MB] * 1e6, "iteration_ms": w[ITER] * 1e3, "dp_overlap": self.dp_overlap,
+            "launch_serial": self.launch_serial,
+        }
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["weights"] = dict(zip(TERMS, self.weights, strict=True))
+        data["readable"] = self.describe()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostParams:
+        weights = data["weights"]
+        if isinstance(weights, dict):
+            weights = [weights.get(t, 1.0 if t == "LAT" else 0.0) for t in TERMS]
+        return cls(gpu=data["gpu"], weights=tuple(float(x) for x in weights),
+                   dp_overlap=float(data.get("dp_overlap", 0.0)),
+                   launch_serial=float(data.get("launch_serial", 0.0)), reserve_gib=float(data.get("reserve_gib", 1.0)),
+                   source=data.get("source", ""), date=data.get("date", ""), method=data.get("method", ""),
+                   fit=data.get("fit", {}))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+def shipped_profiles() -> dict[str, CostParams]:
+    """Calibration profiles shipped with the package (hetopt/cost/profiles/*.json), by GPU type."""
+    found = {}
+    for entry in resources.files("hetopt.cost").joinpath("profiles").iterdir():
+        if entry.name.endswith(".json"):
+            params = CostParams.from_json(json.loads(entry.read_text(encoding="utf-8")))
+            found[params.gpu] = params
+    return found

@@ -1,0 +1,317 @@
+"""Analytic iteration time and memory of any plan (DESIGN 3), heterogeneous plans included.
+
+Two steps, so that calibration can reuse the first: `plan_features` turns a placed plan into cost
+features per stage (work that does not depend on calibrated parameters), and `pipeline_time` prices them
+with the weights of each stage's GPU type and combines the stages:
+
+- stage time per micro-batch τ_i = forward + backward (+ recompute) + its tensor-parallel collectives
+  + vp × the point-to-point sends across its downstream boundary (forward activations, backward gradients);
+- 1F1B and GPipe: T_pipe = m·max τ + (Σ τ − max τ); interleaved with vp virtual stages divides the
+  fill-and-drain term by vp (Narayanan et al. 2021, §2.2);
+- each stage's gradient all-reduce starts when the last micro-batch's backward has left it (stage i is
+  done Σ_{k<i} backward times before stage 0) and its (1 − dp_overlap) exposed part may run past the
+  pipeline; the optimizer step follows, then a fixed per-iteration time.
+Several templates run side by side; the iteration waits for the slowest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import pairwise
+
+import numpy as np
+
+from hetopt.cost import comm
+from hetopt.cost import compute as cc
+from hetopt.cost.flops import model_flops_per_token
+from hetopt.cost.memory import (
+    GIB,
+    head_activation_bytes,
+    inflight_microbatches,
+    layer_activation_bytes,
+    model_state_bytes,
+    stage_params,
+)
+from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import ITER, MB, N_TERMS, PASS
+from hetopt.errors import InputError, Problem
+from hetopt.placement import place
+from hetopt.plan import Plan
+from hetopt.spec.gpus import GPUType
+from hetopt.spec.instance import Instance
+from hetopt.spec.presets import ModelArch
+from hetopt.verify import check_plan
+
+GRAD_COMM_BYTES = 2.0
+"""Gradients are reduced in 16 bits (Megatron-core's default grad_reduce_in_fp32=False; DeepSpeed fp16)."""
+
+# Feature rows per stage, in this order.
+FWD, BWD, FWD_TP, BWD_TP, P2P, DP, OPT = range(7)
+N_PARTS = 7
+
+
+@dataclass
+class PlanFeatures:
+    """Cost features of a placed plan: per template an array (stages, N_PARTS, N_TERMS)."""
+
+    templates: list[np.ndarray]
+    micro_batches: list[int]
+    gpus: list[list[GPUType]]
+    """GPU type of every stage, per template."""
+    dp_group: list[list[list[tuple[int, int]]]]
+    """For every stage, the (template, stage) pairs whose replicas join its gradient all-reduce."""
+    virtual_stages: int
+    memory_bytes: list[list[float]]
+
+
+@dataclass
+class Evaluation:
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    fits: bool
+    peak_memory_gib: list[float]
+    memory_limit_gib: list[float]
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "fits": self.fits,
+            "peak_memory_gib": self.peak_memory_gib, "memory_limit_gib": self.memory_limit_gib,
+            "breakdown": self.breakdown,
+        }
+
+
+def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan") -> Evaluation:
+    """Analytic time and memory of a plan; structural errors in the plan are bad input (exit 2)."""
+    problems = check_plan(inst, plan)
+    if problems:
+        raise InputError(source, [Problem(path, message) for path, message in problems])
+    plan = place(plan, inst.cluster)
+    feats = plan_features(inst, plan)
+    return price(inst, plan, feats, profiles or Profiles())
+
+
+# -- features -------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=65536)
+def _stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
+                attention: str, recompute: str, layers: int, first: bool, last: bool) -> np.ndarray:
+    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS)."""
+    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention)
+    fwd = layers * cc.layer_forward(x, gpu)
+    bwd = layers * (cc.layer_backward(x, gpu) + cc.layer_recompute(x, gpu, recompute))
+    tp_pass = cc.tp_comm_per_pass(x, gpu)
+    fwd_tp = layers * tp_pass
+    bwd_tp = layers * tp_pass * (2 if recompute == "full" else 1)
+    if first:
+        fwd = fwd + cc.embedding_forward(x, gpu)
+        bwd = bwd + 2 * cc.embedding_forward(x, gpu)
+        fwd_tp = fwd_tp + cc.embedding_tp_comm(x, gpu)
+    if last:
+        fwd = fwd + cc.head_forward(x, gpu)
+        bwd = bwd + cc.head_backward(x, gpu)
+        fwd_tp = fwd_tp + cc.head_tp_comm(x, gpu)
+    fwd[MB] += 1
+    bwd[MB] += 1
+    return np.stack([fwd, bwd, fwd_tp, bwd_tp])
+
+
+def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
+    m, s, b = inst.model, inst.seq_len, plan.micro_batch
+    attention = inst.spec.training.attention
+    cluster = inst.cluster
+    nodes_of = _stage_nodes(plan)
+    replicas_total = plan.replicas
+    act_bytes = cc.ACT_BYTES * b * s * m.hidden
+    templates, gpus, groups, memory = [], [], [], []
+    for j, pipe in enumerate(plan.pipelines):
+        p = len(pipe.stages)
+        arr = np.zeros((p, N_PARTS, N_TERMS))
+        t_gpus, t_groups, t_mem = [], [], []
+        first_layer = 0
+        for i, st in enumerate(pipe.stages):
+            gpu = inst.gpu_types[st.gpu]
+            first, last = i == 0, i == p - 1
+            arr[i, :4] = _stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
+            if not last:
+                arr[i, P2P] = plan.virtual_stages * 2 * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i + 1)],
+                                                             act_bytes, st.tp)
+            params = stage_params(m, st.layers, first, last, p)
+            group = _dp_group(plan, j, first_layer, first_layer + st.layers)
+            arr[i, DP] = _dp_allreduce(cluster, plan, group, nodes_of, params / st.tp * GRAD_COMM_BYTES, st.tp, gpu)
+            shard = replicas_total if plan.zero else 1
+            arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
+            arr[i, OPT, ITER] = 1
+            t_gpus.append(gpu)
+            t_groups.append(group)
+            t_mem.append(_stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
+            first_layer += st.layers
+        templates.append(arr)
+        gpus.append(t_gpus)
+        groups.append(t_groups)
+        memory.append(t_mem)
+    return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, groups,
+                        plan.virtual_stages, memory)
+
+
+def _stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
+    """(template, stage) → the node of each replica."""
+    out: dict[tuple[int, int], list[str]] = {}
+    for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica)):
+        out.setdefault((e.pipeline, e.stage), []).append(e.node)
+    return out
+
+
+def _p2p(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int) -> np.ndarray:
+    """One activation (or gradient) send across a stage boundary: the slowest replica's.
+
+    Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
+    link, across nodes all shares go through the node's bottleneck.
+    """
+    routes = [cluster.route(a, b) for a, b in zip(src_nodes, dst_nodes, strict=True)]
+    worst = max(routes, key=lambda r: (not r.intra_node, r.latency_us, -r.gbps))
+    if worst.intra_node:
+        return comm.transfer(nbytes / tp, worst.gbps, intra_node=True)
+    return comm.transfer(nbytes, worst.gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
+
+
+def _dp_group(plan: Plan, template: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Stages of every template holding any of layers [lo, hi)."""
+    group = []
+    for j, pipe in enumerate(plan.pipelines):
+        start = 0
+        for i, st in enumerate(pipe.stages):
+            if start < hi and lo < start + st.layers:
+                group.append((j, i))
+            start += st.layers
+    return group
+
+
+def _dp_allreduce(cluster, plan: Plan, group, nodes_of, rank_bytes: float, tp: int, gpu: GPUType) -> np.ndarray:
+    """Gradient all-reduce of one stage across every replica that holds its layers."""
+    replicas = sum(plan.pipelines[j].replicas for j in {j for j, _ in group})
+    if replicas <= 1:
+        return np.zeros(N_TERMS)
+    nodes = [n for key in group for n in nodes_of[key]]
+    distinct = list(dict.fromkeys(nodes))
+    per_node = max(nodes.count(n) for n in distinct)
+    if len(distinct) == 1:
+        return comm.all_reduce(rank_bytes, replicas, gpu.intra_node_gbps, intra_node=True)
+    ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
+    inter = min(r.gbps for r in ring)
+    latency = max(r.latency_us for r in ring) * 1e-6
+    return comm.hierarchical_all_reduce(rank_bytes, per_node, len(distinct), gpu.intra_node_gbps, inter, columns=tp,
+                                        inter_latency_s=latency)
+
+
+def _stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
+                  replicas: int) -> float:
+    m, s, b = inst.model, inst.seq_len, plan.micro_batch
+    attention = inst.spec.training.attention
+    per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
+    held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
+    activations = st.layers * per_layer * held
+    if st.recompute == "full":  # the layer being recomputed holds its full activations during its backward
+        activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
+    if i == stages - 1:
+        activations += head_activation_bytes(m, b, s, st.tp)
+    return model_state_bytes(params, st.tp, replicas, plan.zero) + activations
+
+
+# -- pricing --------------------------------------------------------------------------------------------
+
+CPU_TERMS = [PASS, MB]
+"""Terms paid on the host (launching kernels, framework bookkeeping); all others are device time."""
+_CPU = np.isin(np.arange(N_TERMS), CPU_TERMS)
+
+
+def overlap_host_device(host_s, device_s, serial):
+    """A pass whose kernels are launched asynchronously takes the longer of host and device time; the
+    `serial` fraction of the shorter one cannot hide behind it (synchronisation points)."""
+    return np.maximum(host_s, device_s) + serial * np.minimum(host_s, device_s)
+
+
+def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray:
+    """Seconds per part from features (..., N_PARTS, N_TERMS) and weights (..., N_TERMS).
+
+    Forward and backward passes overlap host and device work; their tensor-parallel collectives are
+    device work, and the FWD_TP/BWD_TP parts hold what they add to the pass.
+    """
+    lin = features * weights[..., None, :]
+    host = lin[..., _CPU].sum(axis=-1)
+    device = lin[..., ~_CPU].sum(axis=-1)
+    out = host + device
+    serial = np.asarray(serial)[..., None] if np.ndim(serial) else serial
+    for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):
+        alone = overlap_host_device(host[..., compute], device[..., compute], serial)
+        with_tp = overlap_host_device(host[..., compute], device[..., compute] + device[..., tp], serial)
+        out[..., compute] = alone
+        out[..., tp] = with_tp - alone
+    return out
+
+
+def pipe_times(times: np.ndarray, micro_batches, virtual_stages: int, mask: np.ndarray | None = None):
+    """Pipeline time and per-stage τ from priced stage parts `times` (..., stages, N_PARTS), seconds.
+
+    Works on one template or on a batch (calibration); `mask` marks real stages in a padded batch.
+    """
+    if mask is None:
+        mask = np.ones(times.shape[:-1], dtype=bool)
+    m = np.asarray(micro_batches, dtype=float)
+    tau = (times[..., FWD] + times[..., BWD] + times[..., FWD_TP] + times[..., BWD_TP] + times[..., P2P]) * mask
+    tau_max = tau.max(axis=-1)
+    t_pipe = m * tau_max + (tau.sum(axis=-1) - tau_max) / virtual_stages
+    return t_pipe, tau
+
+
+def dp_finish(times: np.ndarray, t_sync, dp_overlap, mask: np.ndarray | None = None):
+    """When the last gradient all-reduce ends, given when the pipelines drain (`t_sync`)."""
+    if mask is None:
+        mask = np.ones(times.shape[:-1], dtype=bool)
+    back = (times[..., BWD] + times[..., BWD_TP] + 0.5 * times[..., P2P]) * mask
+    slack = np.cumsum(back, axis=-1) - back  # backward time of the stages before stage i
+    dp_end = np.asarray(t_sync)[..., None] - slack + (1 - dp_overlap) * times[..., DP]
+    return np.maximum(t_sync, np.where(mask, dp_end, -np.inf).max(axis=-1))
+
+
+def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Evaluation:
+    priced = []
+    for arr, gpus in zip(f.templates, f.gpus, strict=True):
+        params = [profiles.for_gpu(g) for g in gpus]
+        weights = np.stack([p.w for p in params])  # (stages, N_TERMS)
+        serial = np.array([p.launch_serial for p in params])
+        priced.append((price_parts(arr, weights, serial), np.array([p.dp_overlap for p in params])))
+    pipes = [pipe_times(times, m, f.virtual_stages) for (times, _), m in zip(priced, f.micro_batches, strict=True)]
+    # The slowest template sets the pace; gradient all-reduces wait for every template's replicas.
+    crit = max(range(len(pipes)), key=lambda j: float(pipes[j][0]))
+    t_pipe = float(pipes[crit][0])
+    t_dp = max(float(dp_finish(times, t_pipe, overlap)) for times, overlap in priced)
+    t_opt = max(float(times[:, OPT].max()) for times, _ in priced)
+    times, tau = priced[crit][0], pipes[crit][1]
+    k = int(np.argmax(tau))
+    m = f.micro_batches[crit]
+    breakdown = {
+        "compute": m * float(times[k, FWD] + times[k, BWD]),
+        "bubble": t_pipe - m * float(tau[k]),
+        "tp_comm": m * float(times[k, FWD_TP] + times[k, BWD_TP]),
+        "pp_comm": m * float(times[k, P2P]),
+        "dp_comm": t_dp - t_pipe,
+        "optimizer": t_opt,
+    }
+    iteration = t_dp + t_opt
+    tokens = inst.global_batch * inst.seq_len
+    model_flops = model_flops_per_token(inst.model, inst.seq_len) * tokens
+    peak_used = sum(pipe.replicas * st.tp * inst.gpu_types[st.gpu].peak_flops
+                    for pipe in plan.pipelines for st in pipe.stages)
+    peak_mem = [mem / GIB + profiles.for_gpu(g).reserve_gib
+                for mems, gpus in zip(f.memory_bytes, f.gpus, strict=True) for mem, g in zip(mems, gpus, strict=True)]
+    limits = [g.memory_gib for gpus in f.gpus for g in gpus]
+    return Evaluation(
+        iteration_time_s=iteration, tokens_per_s=tokens / iteration,
+        tflops_per_gpu=model_flops / iteration / plan.gpus_used / 1e12, mfu=model_flops / iteration / peak_used,
+        fits=all(p <= lim for p, lim in zip(peak_mem, limits, strict=True)),
+        peak_memory_gib=peak_mem, memory_limit_gib=limits, breakdown=breakdown)

@@ -1,0 +1,141 @@
+"""Layout shorthand (DESIGN 2.2): a homogeneous Megatron-style layout and its expansion into a plan.
+
+``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"``. tp·pp·dp must equal the
+cluster's GPUs. Ranks are laid out as Megatron-LM does (tensor-parallel fastest, then data-parallel, then
+pipeline) over the cluster's GPUs in the order the node groups are declared, so on a mixed cluster a
+layout's stages land on whatever GPU types those ranks have. Replicas whose stages land on the same
+device classes form one pipeline template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetopt.errors import InputError, Problem
+from hetopt.plan import Pipeline, PlacementEntry, Plan, Stage
+from hetopt.spec.instance import Instance
+
+KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    mb: int = 1
+    vp: int = 1
+    recompute: str = "none"
+    sp: bool = True
+    zero: int = 1
+    schedule: str = "1f1b"
+
+    def __str__(self) -> str:
+        return (f"tp={self.tp},pp={self.pp},dp={self.dp},mb={self.mb},vp={self.vp},recompute={self.recompute},"
+                f"sp={'true' if self.sp else 'false'},zero={self.zero},schedule={self.schedule}")
+
+
+def parse_layout(text: str, source: str = "layout") -> Layout:
+    values: dict[str, str] = {}
+    problems: list[Problem] = []
+    for part in (p.strip() for p in text.strip().split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in KEYS:
+            problems.append(Problem(key, f"expected key=value with a key among {', '.join(KEYS)}", part, True))
+        elif key in values:
+            problems.append(Problem(key, "given twice; give each key once", part, True))
+        else:
+            values[key] = value.strip()
+    for key in ("tp", "pp", "dp"):
+        if key not in values:
+            problems.append(Problem(key, "required: tp, pp and dp have no default (tp·pp·dp = the GPUs used)"))
+    ints = {}
+    for key in ("tp", "pp", "dp", "mb", "vp", "zero"):
+        if key in values:
+            try:
+                ints[key] = int(values[key])
+                if ints[key] < (0 if key == "zero" else 1) or (key == "zero" and ints[key] > 1):
+                    raise ValueError
+            except ValueError:
+                expected = "0 or 1" if key == "zero" else "a positive integer"
+                problems.append(Problem(key, f"must be {expected}", values[key], True))
+    recompute = values.get("recompute", "none")
+    if recompute not in ("none", "selective", "full"):
+        problems.append(Problem("recompute", "must be none, selective or full", recompute, True))
+    sp_text = values.get("sp", "true").lower()
+    if sp_text not in ("true", "false", "1", "0"):
+        problems.append(Problem("sp", "must be true or false", values["sp"], True))
+    vp = ints.get("vp", 1)
+    schedule = values.get("schedule", "interleaved" if vp > 1 else "1f1b")
+    if schedule not in ("gpipe", "1f1b", "interleaved"):
+        problems.append(Problem("schedule", "must be gpipe, 1f1b or interleaved", schedule, True))
+    elif (schedule == "interleaved") != (vp > 1):
+        problems.append(Problem("schedule", "the interleaved schedule goes with vp > 1, and vp > 1 with it",
+                                f"schedule={schedule}, vp={vp}", True))
+    if problems:
+        raise InputError(f"{source} {text!r}", problems)
+    return Layout(tp=ints["tp"], pp=ints["pp"], dp=ints["dp"], mb=ints.get("mb", 1), vp=vp, recompute=recompute,
+                  sp=sp_text in ("true", "1"), zero=ints.get("zero", 1), schedule=schedule)
+
+
+def split_layers(layers: int, stages: int) -> list[int]:
+    """As even as possible; the first stages take the extra layers (the last one also holds the LM head)."""
+    base, extra = divmod(layers, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Plan:
+    """The plan a homogeneous layout describes on this cluster, with its placement."""
+    where = f"{source} {layout}"
+    gpus = [(node.name, local, node) for node in inst.cluster.nodes.values() for local in range(node.gpus)]
+    used = layout.tp * layout.pp * layout.dp
+    m = inst.model
+    problems = []
+    if used != len(gpus):
+        problems.append(Problem("tp*pp*dp", f"must equal the cluster's {len(gpus)} GPUs", used, True))
+    if m.heads % layout.tp:
+        problems.append(Problem("tp", f"must divide the model's {m.heads} attention heads", layout.tp, True))
+    if layout.pp * layout.vp > m.layers:
+        problems.append(Problem("pp", f"pp·vp = {layout.pp * layout.vp} stages for {m.layers} layers; at most one "
+                                      "stage per layer", layout.pp, True))
+    elif layout.vp > 1 and m.layers % (layout.pp * layout.vp):
+        problems.append(Problem("vp", f"interleaving needs the {m.layers} layers divisible by pp·vp", layout.vp, True))
+    if inst.global_batch % (layout.mb * layout.dp):
+        problems.append(Problem("mb", f"global batch {inst.global_batch} is not divisible by mb·dp = "
+                                      f"{layout.mb * layout.dp}", layout.mb, True))
+    if problems:
+        raise InputError(where, problems)
+
+    layers = split_layers(m.layers, layout.pp)
+    templates: dict[tuple, list[int]] = {}
+    groups: dict[tuple[int, int], tuple[str, list[int]]] = {}
+    for d in range(layout.dp):
+        classes = []
+        for p in range(layout.pp):
+            base = p * layout.tp * layout.dp + d * layout.tp
+            members = gpus[base: base + layout.tp]
+            nodes = {name for name, _, _ in members}
+            if len(nodes) > 1:
+                span = f"ranks {base}..{base + layout.tp - 1} span {', '.join(sorted(nodes))}"
+                raise InputError(where, [Problem("tp", f"a tensor-parallel group must sit inside one node; {span}",
+                                                 layout.tp, True)])
+            node = members[0][2]
+            groups[(d, p)] = (node.name, [local for _, local, _ in members])
+            classes.append((node.gpu, node.island))
+        templates.setdefault(tuple(classes), []).append(d)
+
+    micro_batches = inst.global_batch // (layout.mb * layout.dp)
+    pipelines, placement = [], []
+    for t_index, (classes, replicas) in enumerate(templates.items()):
+        stages = [Stage(layers=layers[p], gpu=gpu, island=island, tp=layout.tp, recompute=layout.recompute,
+                        sp=layout.sp) for p, (gpu, island) in enumerate(classes)]
+        pipelines.append(Pipeline(replicas=len(replicas), micro_batches=micro_batches, stages=stages))
+        for r_index, d in enumerate(replicas):
+            for p in range(layout.pp):
+                node, local = groups[(d, p)]
+                placement.append(PlacementEntry(pipeline=t_index, replica=r_index, stage=p, node=node, gpus=local))
+    return Plan(micro_batch=layout.mb, schedule=layout.schedule, virtual_stages=layout.vp, zero=layout.zero,
+                pipelines=pipelines, placement=placement)

@@ -1,0 +1,82 @@
+"""The plan (DESIGN 2.3): pipeline templates of stages, their replicas and micro-batch shares, placement.
+
+`pipelines` are templates; `replicas` copies of a template run as data-parallel pipelines; each replica
+of template i processes `micro_batches` micro-batches per iteration. `placement` maps every stage of every
+replica onto a node and local GPU indices; hetopt fills it in when a plan comes without one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from hetopt.spec.load import read_document, validate_document
+from hetopt.spec.schema import Name, PositiveInt, Recompute, Section
+
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
+
+
+class Stage(Section):
+    layers: PositiveInt = Field(description="Transformer layers this stage holds.")
+    gpu: str = Field(description="GPU type of the stage's device class.")
+    island: Name = Field(description="Island of the stage's device class.")
+    tp: PositiveInt = Field(description="Tensor-parallel degree (GPUs of the stage, inside one node).")
+    recompute: Recompute = Field("none", description="Activation recompute: none, selective or full.")
+    sp: bool = Field(True, description="Sequence parallelism.")
+
+    @property
+    def device_class(self) -> tuple[str, str]:
+        return (self.gpu, self.island)
+
+
+class Pipeline(Section):
+    replicas: PositiveInt = Field(description="Data-parallel copies of this template.")
+    micro_batches: PositiveInt = Field(description="Micro-batches each replica processes per iteration.")
+    stages: list[Stage] = Field(min_length=1, description="Pipeline stages in order.")
+
+    @property
+    def layers(self) -> int:
+        return sum(s.layers for s in self.stages)
+
+
+class PlacementEntry(Section):
+    pipeline: NonNegativeInt
+    replica: NonNegativeInt
+    stage: NonNegativeInt
+    node: str = Field(description="A node name, <group>-<index>.")
+    gpus: list[NonNegativeInt] = Field(min_length=1, description="Local GPU indices inside the node.")
+
+
+class Plan(Section):
+    micro_batch: PositiveInt = Field(description="Sequences per micro-batch.")
+    schedule: Schedule = Field("1f1b", description="gpipe, 1f1b or interleaved.")
+    virtual_stages: PositiveInt = Field(1, description="Virtual stages per GPU (interleaved schedule when > 1).")
+    zero: Literal[0, 1] = Field(1, description="1: ZeRO-1 / distributed optimizer shards optimizer states.")
+    pipelines: list[Pipeline] = Field(min_length=1)
+    placement: list[PlacementEntry] = Field(default_factory=list)
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(p.replicas * s.tp for p in self.pipelines for s in p.stages)
+
+    @property
+    def replicas(self) -> int:
+        return sum(p.replicas for p in self.pipelines)
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    data, lines = read_document(path)
+    return validate_document(data, str(path), Plan, "a plan has keys micro_batch and pipelines", lines)
+
+
+def plan_json(plan: Plan) -> dict:
+    return plan.model_dump(mode="json")
+
+
+def save_plan(plan: Plan, path: Path) -> None:
+    path.write_text(json.dumps(plan_json(plan), indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,116 @@
+"""The independent plan verifier: re-checks every structural constraint of a plan against an instance.
+
+It shares no code with the planners or the layout expansion, so a planner bug cannot hide behind it.
+Findings carry the key path inside the plan.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hetopt.plan import Plan
+from hetopt.spec.instance import Instance
+
+Finding = tuple[str, str]
+"""(key path in the plan, what is wrong)."""
+
+
+def check_plan(inst: Instance, plan: Plan) -> list[Finding]:
+    return [*check_stages(inst, plan), *check_layers(inst, plan), *check_batch(inst, plan),
+            *check_resources(inst, plan), *check_placement(inst, plan)]
+
+
+def check_stages(inst: Instance, plan: Plan) -> list[Finding]:
+    found = []
+    classes = inst.cluster.device_classes
+    for i, pipe in enumerate(plan.pipelines):
+        for j, st in enumerate(pipe.stages):
+            path = f"pipelines[{i}].stages[{j}]"
+            dc = classes.get((st.gpu, st.island))
+            if dc is None:
+                known = ", ".join(f"{g}@{isl}" for g, isl in classes)
+                found.append((path, f"no device class {st.gpu}@{st.island} in the cluster; classes: {known}"))
+                continue
+            if inst.model.heads % st.tp:
+                found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.heads} heads"))
+            if st.tp > dc.max_gpus_per_node:
+                found.append((f"{path}.tp", f"tp={st.tp} exceeds the {dc.max_gpus_per_node} GPUs of a "
+                                            f"{dc.label} node; a TP group must sit inside one node"))
+    return found
+
+
+def check_layers(inst: Instance, plan: Plan) -> list[Finding]:
+    found = []
+    for i, pipe in enumerate(plan.pipelines):
+        total = sum(st.layers for st in pipe.stages)
+        if total != inst.model.layers:
+            found.append((f"pipelines[{i}].stages", f"stages hold {total} layers; the model has {inst.model.layers}"))
+        if plan.virtual_stages > 1:
+            for j, st in enumerate(pipe.stages):
+                if st.layers % plan.virtual_stages:
+                    found.append((f"pipelines[{i}].stages[{j}].layers",
+                                  f"{st.layers} layers do not split into {plan.virtual_stages} virtual stages"))
+    return found
+
+
+def check_batch(inst: Instance, plan: Plan) -> list[Finding]:
+    sequences = plan.micro_batch * sum(p.replicas * p.micro_batches for p in plan.pipelines)
+    if sequences != inst.global_batch:
+        return [("pipelines", f"micro_batch × Σ replicas·micro_batches = {sequences} sequences per iteration; "
+                              f"the global batch is {inst.global_batch}")]
+    return []
+
+
+def check_resources(inst: Instance, plan: Plan) -> list[Finding]:
+    need: Counter[tuple[str, str]] = Counter()
+    for pipe in plan.pipelines:
+        for st in pipe.stages:
+            need[(st.gpu, st.island)] += pipe.replicas * st.tp
+    found = []
+    for key, n in need.items():
+        dc = inst.cluster.device_classes.get(key)
+        if dc is not None and n > dc.gpus:
+            found.append(("pipelines", f"the plan uses {n} GPUs of {dc.label}; the cluster has {dc.gpus}"))
+    return found
+
+
+def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
+    if not plan.placement:
+        return []
+    found = []
+    nodes = inst.cluster.nodes
+    expected = {(i, r, j) for i, p in enumerate(plan.pipelines) for r in range(p.replicas)
+                for j in range(len(p.stages))}
+    seen: Counter[tuple[int, int, int]] = Counter()
+    gpus_taken: Counter[tuple[str, int]] = Counter()
+    for k, e in enumerate(plan.placement):
+        path = f"placement[{k}]"
+        key = (e.pipeline, e.replica, e.stage)
+        seen[key] += 1
+        if key not in expected:
+            found.append((path, f"places pipeline {e.pipeline} replica {e.replica} stage {e.stage}, "
+                                "which the plan does not have"))
+            continue
+        stage = plan.pipelines[e.pipeline].stages[e.stage]
+        node = nodes.get(e.node)
+        if node is None:
+            found.append((f"{path}.node", f"no node named {e.node!r}"))
+            continue
+        if (node.gpu, node.island) != (stage.gpu, stage.island):
+            found.append((f"{path}.node", f"{e.node} is {node.gpu}@{node.island}; the stage is "
+                                          f"{stage.gpu}@{stage.island}"))
+        if len(set(e.gpus)) != stage.tp:
+            found.append((f"{path}.gpus", f"{len(set(e.gpus))} distinct GPUs for a stage of tp={stage.tp}"))
+        for g in e.gpus:
+            if g >= node.gpus:
+                found.append((f"{path}.gpus", f"GPU {g} does not exist on {e.node} ({node.gpus} GPUs)"))
+            gpus_taken[(e.node, g)] += 1
+    for key in sorted(expected - set(seen)):
+        found.append(("placement", f"pipeline {key[0]} replica {key[1]} stage {key[2]} is not placed"))
+    for key, n in seen.items():
+        if n > 1:
+            found.append(("placement", f"pipeline {key[0]} replica {key[1]} stage {key[2]} is placed {n} times"))
+    for (node_name, g), n in gpus_taken.items():
+        if n > 1:
+            found.append(("placement", f"GPU {g} of {node_name} is used by {n} stages"))
+    return found
