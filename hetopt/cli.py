@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from hetopt import __version__
-from hetopt.errors import ExitCode, InfeasibleError, InputError
+from hetopt.errors import ExitCode, InfeasibleError, InputError, Problem, did_you_mean
 
 app = typer.Typer(
     name="hetopt",
@@ -118,6 +118,119 @@ def presets(as_json: JsonOpt = False) -> None:
         _print_json({"presets": [asdict(m) for m in PRESETS.values()]})
     else:
         out.print(preset_table(PRESETS))
+
+
+@app.command()
+def evaluate(
+    instance: Annotated[str, typer.Argument(help="Instance file or bundled instance name.")],
+    plan: Annotated[str | None, typer.Option("--plan", help="Plan JSON file (DESIGN 2.3).")] = None,
+    layout: Annotated[str | None, typer.Option("--layout", help="Layout shorthand, e.g. tp=2,pp=4,dp=4.")] = None,
+    layouts: Annotated[str | None, typer.Option("--layouts", help="File with one layout per line.")] = None,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Analytic iteration time and memory of a plan, a layout, or a file of layouts."""
+    from hetopt.cost.profiles import Profiles, load_profile_file
+    from hetopt.evaluate import evaluate as run_evaluate
+    from hetopt.layout import expand_layout, parse_layout
+    from hetopt.plan import load_plan
+    from hetopt.report.tables import evaluation_view
+    from hetopt.spec.instance import load_instance
+
+    given = [name for name, v in (("--plan", plan), ("--layout", layout), ("--layouts", layouts)) if v]
+    if len(given) != 1:
+        raise InputError("evaluate", [Problem("options", "give exactly one of --plan, --layout, --layouts",
+                                              given, True)])
+    inst = load_instance(instance)
+    profiles = Profiles([load_profile_file(p) for p in profile or []])
+    if layouts is not None:
+        results = _evaluate_layouts(inst, layouts, profiles)
+        if as_json:
+            _print_json({"results": results})
+        else:
+            out.print(evaluation_view(results))
+        if results and all("error" in r for r in results):
+            sys.exit(ExitCode.BAD_INPUT)
+        return
+    if plan is not None:
+        the_plan, source = load_plan(plan), plan
+    else:
+        the_plan, source = expand_layout(inst, parse_layout(layout)), f"layout {layout!r}"
+    result = run_evaluate(inst, the_plan, profiles, source=source).to_json()
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(evaluation_view([{"layout": layout or plan, **result}]))
+
+
+def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
+    """One result per layout line, in order; an invalid line gets an `error` entry and the sweep goes on."""
+    from pathlib import Path
+
+    from hetopt.evaluate import evaluate as run_evaluate
+    from hetopt.layout import expand_layout, parse_layout
+
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(path, [Problem("", "layouts file does not exist; write one layout shorthand per line")])
+    results = []
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            plan = expand_layout(inst, parse_layout(text, source=f"{path}:{n}"), source=f"{path}:{n}")
+            results.append({"layout": text, **run_evaluate(inst, plan, profiles, source=f"{path}:{n}").to_json()})
+        except InputError as exc:
+            err.print(exc.render(), markup=False, highlight=False, soft_wrap=True)
+            results.append({"layout": text, "error": exc.render()})
+    return results
+
+
+@app.command()
+def calibrate(
+    data: Annotated[list[str] | None, typer.Argument(help="CSV files of measured runs or layer times.")] = None,
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU type the measurements were taken on.")] = "A100-80GB",
+    out_path: Annotated[str | None, typer.Option("--out", help="Write the fitted profile (JSON) here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="Cross-validation folds.")] = 5,
+    measure: Annotated[bool, typer.Option("--measure", help="Time GEMMs, attention and a transformer block "
+                                                            "with PyTorch on this machine instead.")] = False,
+    device: Annotated[str, typer.Option("--device", help="With --measure: cuda or cpu.")] = "cuda",
+    tiny: Annotated[bool, typer.Option("--tiny", help="With --measure: a tiny model (tests, CPU).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
+    from pathlib import Path
+
+    from hetopt.cost.terms import CostParams
+    from hetopt.report.tables import calibration_view
+    from hetopt.spec.gpus import CATALOG
+
+    target = Path(out_path) if out_path else None
+    if target is not None and target.exists() and not force:
+        raise InputError(str(target), [Problem("--out", "exists; pass --force to overwrite it or choose another "
+                                                        "path", str(target), True)])
+    if gpu not in CATALOG:
+        raise InputError("calibrate", [Problem("--gpu", f"unknown GPU type{did_you_mean(gpu, CATALOG)}", gpu, True)])
+    if measure:
+        from hetopt.cost.measure import measure_profile
+
+        params: CostParams = measure_profile(gpu=gpu, device=device, tiny=tiny, progress=err)
+    else:
+        if not data:
+            raise InputError("calibrate", [Problem("DATA", "give one or more CSV files, or --measure")])
+        from hetopt.cost.calibration import calibrate as fit
+
+        params = fit(data, gpu, folds=folds)
+    if target is not None:
+        params.save(target)
+    if as_json:
+        _print_json(params.to_json())
+    else:
+        out.print(calibration_view(params))
+        if target is not None:
+            out.print(f"profile written to {target}")
 
 
 def _demo():

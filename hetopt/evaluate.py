@@ -137,9 +137,13 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
             arr[i, :4] = _stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
+            # The sender pays: activations forward to stage i+1, gradients back to stage i-1.
             if not last:
-                arr[i, P2P] = plan.virtual_stages * 2 * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i + 1)],
-                                                             act_bytes, st.tp)
+                arr[i, P2P] += plan.virtual_stages * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i + 1)],
+                                                          act_bytes, st.tp)
+            if not first:
+                arr[i, P2P] += plan.virtual_stages * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i - 1)],
+                                                          act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
             group = _dp_group(plan, j, first_layer, first_layer + st.layers)
             arr[i, DP] = _dp_allreduce(cluster, plan, group, nodes_of, params / st.tp * GRAD_COMM_BYTES, st.tp, gpu)
@@ -241,11 +245,12 @@ def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray
     Forward and backward passes overlap host and device work; their tensor-parallel collectives are
     device work, and the FWD_TP/BWD_TP parts hold what they add to the pass.
     """
-    lin = features * weights[..., None, :]
-    host = lin[..., _CPU].sum(axis=-1)
-    device = lin[..., ~_CPU].sum(axis=-1)
+    if weights.ndim == 1:  # one GPU type for every row (calibration): a matrix product
+        host, device = features[..., _CPU] @ weights[_CPU], features[..., ~_CPU] @ weights[~_CPU]
+    else:  # a weight vector per stage
+        host = np.einsum("...pk,...k->...p", features[..., _CPU], weights[..., _CPU])
+        device = np.einsum("...pk,...k->...p", features[..., ~_CPU], weights[..., ~_CPU])
     out = host + device
-    serial = np.asarray(serial)[..., None] if np.ndim(serial) else serial
     for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):
         alone = overlap_host_device(host[..., compute], device[..., compute], serial)
         with_tp = overlap_host_device(host[..., compute], device[..., compute] + device[..., tp], serial)
@@ -269,12 +274,17 @@ def pipe_times(times: np.ndarray, micro_batches, virtual_stages: int, mask: np.n
 
 
 def dp_finish(times: np.ndarray, t_sync, dp_overlap, mask: np.ndarray | None = None):
-    """When the last gradient all-reduce ends, given when the pipelines drain (`t_sync`)."""
+    """When the last gradient all-reduce ends, given when the pipelines drain (`t_sync`).
+
+    Gradients of a stage are reduced once per iteration, after its last micro-batch; buckets start
+    streaming during that last backward pass, for the `dp_overlap` fraction of it (DDP-style overlap).
+    """
     if mask is None:
         mask = np.ones(times.shape[:-1], dtype=bool)
     back = (times[..., BWD] + times[..., BWD_TP] + 0.5 * times[..., P2P]) * mask
     slack = np.cumsum(back, axis=-1) - back  # backward time of the stages before stage i
-    dp_end = np.asarray(t_sync)[..., None] - slack + (1 - dp_overlap) * times[..., DP]
+    stage_end = np.asarray(t_sync)[..., None] - slack
+    dp_end = stage_end - dp_overlap * back + times[..., DP]
     return np.maximum(t_sync, np.where(mask, dp_end, -np.inf).max(axis=-1))
 
 

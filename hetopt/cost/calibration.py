@@ -56,6 +56,8 @@ FITTED = (GEMM, KERN, MEM, LINK, STEP, PASS, MB, ITER)
 LOWER = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 UPPER = np.array([20.0, 1e-3, 50.0, 20.0, 1e-3, 1e-2, 0.1, 1.0, 1.0, 1.0])
 START = np.array([1.5, 5e-6, 2.0, 1.5, 5e-6, 5e-5, 1e-3, 1e-2, 0.0, 0.2])
+SCALE = np.array([1.0, 1e-5, 1.0, 1.0, 1e-5, 1e-4, 1e-3, 1e-3, 1.0, 1.0])
+"""Typical magnitudes of the parameters: the solver steps in these units (it converges in tens of steps)."""
 FIXED = {NET: 1.0, LAT: 1.0}
 """No multi-node runs in the data: network efficiency stays at the line rate; latency is physical."""
 
@@ -193,7 +195,7 @@ def fit_theta(datasets: list[DataSet]) -> np.ndarray:
                  for ds in datasets]
         return np.concatenate(parts)
 
-    result = least_squares(residuals, START, bounds=(LOWER, UPPER), x_scale="jac", method="trf", max_nfev=2000)
+    result = least_squares(residuals, START, bounds=(LOWER, UPPER), x_scale=SCALE, method="trf", max_nfev=2000)
     return result.x
 
 

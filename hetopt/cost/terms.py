@@ -52,7 +52,7 @@ class CostParams:
     weights: tuple[float, ...]
     """One weight per entry of TERMS."""
     dp_overlap: float = 0.0
-    """Fraction of the data-parallel gradient all-reduce hidden behind backward compute, in [0, 1]."""
+    """Fraction of a stage's last backward pass during which its gradient all-reduce already streams."""
     launch_serial: float = 0.0
     """Fraction of the shorter of host (PASS, MB) and device time per pass that does not overlap, in [0, 1]."""
     reserve_gib: float = 1.0

@@ -88,3 +88,65 @@ def summary_view(s: dict[str, Any]) -> Group:
         scenarios.add_row(sc["name"], f"{sc['probability']:g}", sc["kind"])
     parts.append(scenarios)
     return Group(*parts)
+
+
+def evaluation_view(results: list[dict[str, Any]]) -> Group:
+    """A table of evaluated plans or layouts, then each one's breakdown and per-stage memory."""
+    summary = Table(title="Analytic evaluation", title_justify="left")
+    for col in ("plan", "iteration s", "tokens/s", "TFLOP/s/GPU", "MFU", "fits"):
+        summary.add_column(col, justify="left" if col == "plan" else "right")
+    parts: list[Any] = [summary]
+    for r in results:
+        if "error" in r:
+            summary.add_row(r["layout"], "invalid", "", "", "", "", style="red")
+            continue
+        fits = "[green]yes[/green]" if r["fits"] else "[red]no (OOM)[/red]"
+        summary.add_row(str(r.get("layout") or "plan"), f"{r['iteration_time_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
+                        f"{r['tflops_per_gpu']:.1f}", f"{r['mfu']:.1%}", fits)
+    if len(results) == 1 and "error" not in results[0]:
+        r = results[0]
+        total = r["iteration_time_s"]
+        bd = Table(title="Where the iteration goes", title_justify="left")
+        bd.add_column("part")
+        bd.add_column("seconds", justify="right")
+        bd.add_column("share", justify="right")
+        for key, value in r["breakdown"].items():
+            bd.add_row(key.replace("_", " "), f"{value:.4f}", f"{value / total:.1%}")
+        mem = Table(title="Peak memory per stage (GiB)", title_justify="left")
+        for col in ("stage", "peak", "limit", ""):
+            mem.add_column(col, justify="right")
+        for i, (peak, limit) in enumerate(zip(r["peak_memory_gib"], r["memory_limit_gib"], strict=True)):
+            mem.add_row(str(i), f"{peak:.1f}", f"{limit:g}", "" if peak <= limit else "[red]over[/red]")
+        parts += [bd, mem]
+    return Group(*parts)
+
+
+def calibration_view(params: Any) -> Group:
+    """Fitted parameters in readable units and the fit report per data set."""
+    head = Text.assemble((f"Calibration profile for {params.gpu}", "bold"), f" ({params.date})\n",
+                         f"data: {params.source}\nmethod: {params.method}")
+    values = Table(title="Parameters", title_justify="left")
+    values.add_column("parameter")
+    values.add_column("value", justify="right")
+    for key, value in params.describe().items():
+        values.add_row(key, f"{value:.4g}")
+    parts: list[Any] = [head, values]
+    if params.fit:
+        report = Table(title="Fit report (relative error of predicted vs measured time)", title_justify="left")
+        for col in ("data set", "rows", "MAPE", "max error", "Spearman", "CV MAPE", "CV max"):
+            report.add_column(col, justify="left" if col == "data set" else "right")
+        for name, r in params.fit.items():
+            report.add_row(name, str(r["rows"]), f"{r['mape']:.1%}", f"{r['max_error']:.1%}",
+                           f"{r['spearman']:.3f}" if "spearman" in r else "",
+                           f"{r['cv_mape']:.1%}" if "cv_mape" in r else "",
+                           f"{r['cv_max_error']:.1%}" if "cv_max_error" in r else "")
+        parts.append(report)
+        for name, r in params.fit.items():
+            if "per_row" in r:
+                rows = Table(title=f"{name}: every row", title_justify="left")
+                for col in ("row", "measured ms", "predicted ms", "error"):
+                    rows.add_column(col, justify="left" if col == "row" else "right")
+                for label, v in r["per_row"].items():
+                    rows.add_row(label, f"{v['measured_ms']:.2f}", f"{v['predicted_ms']:.2f}", f"{v['error']:+.1%}")
+                parts.append(rows)
+    return Group(*parts)

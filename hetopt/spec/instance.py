@@ -103,7 +103,7 @@ def _bundled_root():
 
 def resolve_instance_path(where: str | Path | None) -> Path:
     """A path as given, or a bundled instance by name; no argument means the demo instance."""
-    if where is None:
+    if where is None or str(where) == "demo":
         return bundled_instances()[DEMO_INSTANCE]
     path = Path(where)
     if path.exists():
