@@ -131,17 +131,26 @@ def calibration_view(params: Any) -> Group:
     for key, value in params.describe().items():
         values.add_row(key, f"{value:.4g}")
     parts: list[Any] = [head, values]
-    if params.fit:
+    checks = {name: r for name, r in params.fit.items() if "measured_ms" in r}
+    if checks:
+        table = Table(title="Measured vs predicted", title_justify="left")
+        for col in ("check", "measured ms", "predicted ms", "error"):
+            table.add_column(col, justify="left" if col == "check" else "right")
+        for name, r in checks.items():
+            table.add_row(name, f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['error']:+.1%}")
+        parts.append(table)
+    fits = {name: r for name, r in params.fit.items() if "rows" in r}
+    if fits:
         report = Table(title="Fit report (relative error of predicted vs measured time)", title_justify="left")
         for col in ("data set", "rows", "MAPE", "max error", "Spearman", "CV MAPE", "CV max"):
             report.add_column(col, justify="left" if col == "data set" else "right")
-        for name, r in params.fit.items():
+        for name, r in fits.items():
             report.add_row(name, str(r["rows"]), f"{r['mape']:.1%}", f"{r['max_error']:.1%}",
                            f"{r['spearman']:.3f}" if "spearman" in r else "",
                            f"{r['cv_mape']:.1%}" if "cv_mape" in r else "",
                            f"{r['cv_max_error']:.1%}" if "cv_max_error" in r else "")
         parts.append(report)
-        for name, r in params.fit.items():
+        for name, r in fits.items():
             if "per_row" in r:
                 rows = Table(title=f"{name}: every row", title_justify="left")
                 for col in ("row", "measured ms", "predicted ms", "error"):
