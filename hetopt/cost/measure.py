@@ -6,7 +6,8 @@ What is measured and what it sets:
 - a small GEMM → the fixed time per GEMM kernel (KERN);
 - a large elementwise add (reads 2, writes 1 tensor) → memory efficiency (bytes/s ÷ catalog HBM bandwidth);
 - a transformer block forward and backward at a small size (launch-bound) → host time per layer pass (PASS)
-  once the device work the model predicts for it is taken out.
+  once the device work the model predicts for it is taken out;
+- on a GPU, the memory the runtime holds before any tensor (CUDA context, library handles) → reserve_gib.
 Collectives need several devices; their weights (LINK, NET, STEP) and the framework terms MB and ITER are
 taken from the nearest calibrated profile, and the profile's `method` says so. The block is then
 measured and predicted again at twice the width and length; both errors are stored in `fit` (the first is
@@ -91,6 +92,14 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
     n, n_small, elems, hidden, heads, seq, mb, repeats = SIZES["tiny" if tiny else "full"]
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     timeit = _timer(torch, device)
+    reserve_gib = None
+    if device.startswith("cuda"):
+        # What the runtime takes before any tensor: CUDA context, cuBLAS handles (on an otherwise idle GPU).
+        torch.cuda.init()
+        torch.empty(1, device=device) @ torch.empty(1, device=device)
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        reserve_gib = (total - free - torch.cuda.memory_reserved(torch.device(device))) / 2**30
+        say(f"runtime reserve: {reserve_gib:.2f} GiB before any tensor")
 
     a = torch.randn(n, n, device=device, dtype=dtype)
     t_gemm = timeit(lambda: a @ a, repeats)
@@ -124,6 +133,8 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
     weights[PASS] = max(0.0, (t_block - base.launch_serial * device_s) / 2)
     say(f"block h={hidden} fwd+bwd: {t_block * 1e3:.2f} ms; host time per layer pass {weights[PASS] * 1e6:.0f} µs")
 
+    if reserve_gib is not None:
+        base = replace(base, reserve_gib=reserve_gib)
     params = replace(base, gpu=gpu, weights=tuple(float(w) for w in weights), date=dt.date.today().isoformat(),
                      source=f"measured with PyTorch {torch.__version__} on {_device_name(torch, device)}",
                      method="GEMM, KERN, MEM and PASS measured (hetopt.cost.measure); LINK, NET, STEP, MB, ITER, "

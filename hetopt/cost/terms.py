@@ -56,7 +56,10 @@ class CostParams:
     launch_serial: float = 0.0
     """Fraction of the shorter of host (PASS, MB) and device time per pass that does not overlap, in [0, 1]."""
     reserve_gib: float = 1.0
-    """Per-GPU memory the runtime keeps (CUDA context, NCCL buffers, allocator slack), GiB."""
+    """Per-GPU memory the runtime keeps besides tensors, GiB: the CUDA context and library handles
+    (about 0.5 GiB on an A100 with PyTorch) plus NCCL communicator buffers (4 MiB per channel and peer by
+    default). Timing data cannot fit it; 1 GiB is the estimate until `calibrate --measure` on a GPU
+    measures the context on the device at hand."""
     source: str = ""
     date: str = ""
     method: str = ""
