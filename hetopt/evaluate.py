@@ -98,7 +98,7 @@ def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, sourc
 # -- features -------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=65536)
-def _stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
+def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
                 attention: str, recompute: str, layers: int, first: bool, last: bool) -> np.ndarray:
     """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS)."""
     x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention)
@@ -136,7 +136,7 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
         for i, st in enumerate(pipe.stages):
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
-            arr[i, :4] = _stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
+            arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
             # The sender pays: activations forward to stage i+1, gradients back to stage i-1.
             if not last:
                 arr[i, P2P] += plan.virtual_stages * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i + 1)],

@@ -34,11 +34,11 @@ from hetopt.evaluate import (
     FWD_TP,
     N_PARTS,
     OPT,
-    _stage_work,
     dp_finish,
     pipe_times,
     plan_features,
     price_parts,
+    stage_work,
 )
 from hetopt.layout import Layout, expand_layout
 from hetopt.spec.instance import instance_from_spec
@@ -173,7 +173,7 @@ def _layer_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
                          int(r["seq_len"]), int(r.get("vocab", GPT2_VOCAB)), int(r["micro_batch"]), str(path))
         config = r["config"].lower()
         sp = "sequence" in config
-        work = _stage_work(inst.model, inst.gpu_types[gpu], int(r["micro_batch"]), int(r["seq_len"]), int(r["tp"]),
+        work = stage_work(inst.model, inst.gpu_types[gpu], int(r["micro_batch"]), int(r["seq_len"]), int(r["tp"]),
                            sp, "standard", _recompute_of(config), 1, False, False).copy()
         work[:, MB] = 0.0  # one layer, not a whole micro-batch pass
         for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):  # each measured pass in the FWD slots

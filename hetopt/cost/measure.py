@@ -79,7 +79,7 @@ def _block(torch, hidden: int, heads: int):
 
 def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress=None) -> CostParams:
     from hetopt.cost.profiles import Profiles
-    from hetopt.evaluate import BWD, FWD, _stage_work, price_parts
+    from hetopt.evaluate import BWD, FWD, price_parts, stage_work
     from hetopt.spec.gpus import CATALOG
     from hetopt.spec.presets import ModelArch
 
@@ -125,7 +125,7 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
 
     t_block = timeit(fwd_bwd, repeats)
     model = ModelArch("measured-block", 1, hidden, heads, heads, 4 * hidden, False, 1, seq)
-    work = _stage_work(model, spec, mb, seq, 1, False, "flash", "none", 1, False, False).copy()
+    work = stage_work(model, spec, mb, seq, 1, False, "flash", "none", 1, False, False).copy()
     work[:, MB] = 0.0  # one block, not a pipeline stage's micro-batch
     device_s = float((work[FWD] + work[BWD]) @ _device_only(weights))
     # A launch-bound pass takes host + launch_serial × device time (evaluate.overlap_host_device);
@@ -146,7 +146,7 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
         inp = torch.randn(mb, sl, h, device=device, dtype=dtype, requires_grad=True)
         measured = timeit(lambda blk=blk, inp=inp: blk(inp).sum().backward(), repeats)
         arch = ModelArch("measured-block", 1, h, heads, heads, 4 * h, False, 1, sl)
-        feats = _stage_work(arch, spec, mb, sl, 1, False, "flash", "none", 1, False, False).copy()
+        feats = stage_work(arch, spec, mb, sl, 1, False, "flash", "none", 1, False, False).copy()
         feats[:, MB] = 0.0
         predicted = float(price_parts(feats, params.w, params.launch_serial)[:2].sum())
         fit[name] = {"measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3,
