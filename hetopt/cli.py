@@ -163,6 +163,53 @@ def evaluate(
         out.print(evaluation_view([{"layout": layout or plan, **result}]))
 
 
+@app.command()
+def simulate(
+    instance: Annotated[str, typer.Argument(help="Instance file or bundled instance name.")],
+    plan: Annotated[str | None, typer.Option("--plan", help="Plan JSON file (DESIGN 2.3).")] = None,
+    layout: Annotated[str | None, typer.Option("--layout", help="Or a layout shorthand.")] = None,
+    scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "all",
+    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Iterations back to back.")] = 3,
+    trace: Annotated[str | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace JSON here.")] = None,
+    plot: Annotated[str | None, typer.Option("--plot", help="Write a timeline PNG here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --trace/--plot files.")] = False,
+    profile: Annotated[list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Discrete-event replay of a plan under the instance's bandwidth scenarios."""
+    from pathlib import Path
+
+    from hetopt.cost.profiles import Profiles, load_profile_file
+    from hetopt.layout import expand_layout, parse_layout
+    from hetopt.plan import load_plan
+    from hetopt.report.tables import simulation_view
+    from hetopt.sim.run import simulate as run_simulate
+    from hetopt.sim.trace import plot_timeline, write_trace
+    from hetopt.spec.instance import load_instance
+
+    if (plan is None) == (layout is None):
+        raise InputError("simulate", [Problem("options", "give exactly one of --plan or --layout")])
+    for option, target in (("--trace", trace), ("--plot", plot)):
+        if target and Path(target).exists() and not force:
+            raise InputError(target, [Problem(option, "exists; pass --force to overwrite it or choose another "
+                                                      "path", target, True)])
+    inst = load_instance(instance)
+    the_plan = load_plan(plan) if plan is not None else expand_layout(inst, parse_layout(layout))
+    profiles = Profiles([load_profile_file(p) for p in profile or []])
+    result, records = run_simulate(inst, the_plan, scenario, iterations, profiles, keep_records=bool(trace or plot))
+    if trace:
+        write_trace(records, Path(trace))
+    if plot:
+        plot_timeline(records, Path(plot), title=f"{inst.name}: {layout or plan}")
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(simulation_view(result))
+        for what, target in (("trace", trace), ("timeline", plot)):
+            if target:
+                out.print(f"{what} written to {target}")
+
+
 def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
     """One result per layout line, in order; an invalid line gets an `error` entry and the sweep goes on."""
     from pathlib import Path

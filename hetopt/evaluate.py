@@ -5,7 +5,7 @@ features per stage (work that does not depend on calibrated parameters), and `pi
 with the weights of each stage's GPU type and combines the stages:
 
 - stage time per micro-batch τ_i = forward + backward (+ recompute) + its tensor-parallel collectives
-  + vp × the point-to-point sends across its downstream boundary (forward activations, backward gradients);
+  + the point-to-point sends it makes (activations downstream, gradients upstream, once per model chunk);
 - 1F1B and GPipe: T_pipe = m·max τ + (Σ τ − max τ); interleaved with vp virtual stages divides the
   fill-and-drain term by vp (Narayanan et al. 2021, §2.2);
 - each stage's gradient all-reduce starts when the last micro-batch's backward has left it (stage i is
@@ -137,13 +137,17 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
             arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
-            # The sender pays: activations forward to stage i+1, gradients back to stage i-1.
-            if not last:
-                arr[i, P2P] += plan.virtual_stages * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i + 1)],
-                                                          act_bytes, st.tp)
-            if not first:
-                arr[i, P2P] += plan.virtual_stages * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, i - 1)],
-                                                          act_bytes, st.tp)
+            # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
+            # model chunk; with interleaving the last stage also passes activations on to the first stage's
+            # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
+            vp = plan.virtual_stages
+            nxt, prv = (i + 1) % p, (i - 1) % p
+            sends_fwd = vp if not last else vp - 1
+            sends_bwd = vp if not first else vp - 1
+            if sends_fwd:
+                arr[i, P2P] += sends_fwd * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes, st.tp)
+            if sends_bwd:
+                arr[i, P2P] += sends_bwd * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
             group = _dp_group(plan, j, first_layer, first_layer + st.layers)
             arr[i, DP] = _dp_allreduce(cluster, plan, group, nodes_of, params / st.tp * GRAD_COMM_BYTES, st.tp, gpu)
@@ -281,10 +285,14 @@ def dp_finish(times: np.ndarray, t_sync, dp_overlap, mask: np.ndarray | None = N
     """
     if mask is None:
         mask = np.ones(times.shape[:-1], dtype=bool)
-    back = (times[..., BWD] + times[..., BWD_TP] + 0.5 * times[..., P2P]) * mask
-    slack = np.cumsum(back, axis=-1) - back  # backward time of the stages before stage i
-    stage_end = np.asarray(t_sync)[..., None] - slack
-    dp_end = stage_end - dp_overlap * back + times[..., DP]
+    bwd = (times[..., BWD] + times[..., BWD_TP]) * mask
+    send_back = 0.5 * times[..., P2P] * mask  # the gradient half of a stage's point-to-point time
+    send_back[..., 0] = 0.0  # the first stage sends no gradient
+    # The last micro-batch's backward runs from the last stage down to stage 0, which ends at t_sync;
+    # stage i's last backward compute ends the backward and sends of the stages before it earlier.
+    chain = bwd + send_back
+    compute_end = np.asarray(t_sync)[..., None] - (np.cumsum(chain, axis=-1) - chain) - send_back
+    dp_end = compute_end - dp_overlap * bwd + times[..., DP]
     return np.maximum(t_sync, np.where(mask, dp_end, -np.inf).max(axis=-1))
 
 

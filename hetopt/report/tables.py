@@ -159,3 +159,23 @@ def calibration_view(params: Any) -> Group:
                     rows.add_row(label, f"{v['measured_ms']:.2f}", f"{v['predicted_ms']:.2f}", f"{v['error']:+.1%}")
                 parts.append(rows)
     return Group(*parts)
+
+
+def simulation_view(result: dict[str, Any]) -> Group:
+    table = Table(title="Simulated iterations per scenario", title_justify="left")
+    for col in ("scenario", "p", "mean s", "p50 s", "p90 s", "max s", "tokens/s", "busiest link"):
+        table.add_column(col, justify="left" if col == "scenario" else "right")
+    for sc in result["scenarios"]:
+        it = sc["iteration_time_s"]
+        links = sc["link_utilization"]
+        busiest = max(links.items(), key=lambda kv: kv[1]) if links else None
+        table.add_row(sc["name"], f"{sc['probability']:g}", f"{it['mean']:.3f}", f"{it['p50']:.3f}",
+                      f"{it['p90']:.3f}", f"{it['max']:.3f}", f"{sc['tokens_per_s']:,.0f}",
+                      f"{busiest[0]} {busiest[1]:.0%}" if busiest else "")
+    first = result["scenarios"][0]
+    busy = Table(title=f"GPU busy fraction ({first['name']})", title_justify="left")
+    for col in ("template", "stage", "busy", "peak GiB"):
+        busy.add_column(col, justify="right")
+    for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
+        busy.add_row(str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}", f"{peak:.1f}")
+    return Group(table, busy)

@@ -1,0 +1,1 @@
+"""Discrete-event replay of a placed plan on the device graph under dynamic bandwidth (DESIGN 5)."""

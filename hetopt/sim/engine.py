@@ -1,0 +1,422 @@
+"""The discrete-event simulator (DESIGN 5).
+
+Over the concrete placement of a plan: every micro-batch's forward and backward on every stage of every
+replica (durations from the one cost model: `evaluate.plan_features` priced by `price_parts`, TP
+collectives included since they stay inside a node), point-to-point sends between stages (the sender
+blocks until its send completes, as Megatron's 1F1B exchanges do), gradient all-reduces per stage (they
+start when every replica holding the stage's layers is `dp_overlap` into its last backward), then the
+optimizer step. Transfers that leave a node are flows on the device graph sharing links max-min fairly,
+under the scenario's capacity trace; transfers inside a node take their cost-model time.
+
+At constant bandwidth and without contention this reproduces the analytic evaluator; what differs is what
+the analytic model cannot see: flows of several stages or replicas sharing a NIC or an uplink, and
+capacity that changes mid-transfer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetopt.cost import comm
+from hetopt.cost.compute import ACT_BYTES
+from hetopt.cost.memory import stage_params
+from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import LAT, NET, STEP
+from hetopt.errors import InputError, Problem
+from hetopt.evaluate import (
+    BWD,
+    BWD_TP,
+    DP,
+    FWD,
+    FWD_TP,
+    GRAD_COMM_BYTES,
+    OPT,
+    _dp_group,
+    _p2p,
+    _stage_nodes,
+    plan_features,
+    price_parts,
+)
+from hetopt.placement import place
+from hetopt.plan import Plan
+from hetopt.sim.network import Link, Network
+from hetopt.sim.scenarios import BandwidthScenario
+from hetopt.sim.schedules import device_ops
+from hetopt.spec.cluster import island_vertex
+from hetopt.spec.instance import Instance
+from hetopt.verify import check_plan
+
+Device = tuple[int, int, int]
+"""(template, replica, stage)."""
+
+
+@dataclass
+class Transfer:
+    """A send: a fixed part (latency, steps, or the whole of an intra-node copy) and a flow, if any."""
+
+    fixed_s: float
+    path: tuple[Link, ...] = ()
+    nbytes: float = 0.0
+
+
+@dataclass
+class Record:
+    kind: str  # F, B, send, dp, opt
+    name: str
+    start_s: float
+    end_s: float
+    device: Device | None = None
+    link: str = ""
+
+
+@dataclass
+class SimResult:
+    iteration_times_s: list[float]
+    busy_s: dict[Device, float]
+    link_bytes: dict[Link, float]
+    link_capacity_integral: dict[Link, float]
+    records: list[Record] = field(default_factory=list)
+    capacity_trace: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    end_s: float = 0.0
+
+
+class Simulation:
+    def __init__(self, inst: Instance, plan: Plan, profiles: Profiles | None = None) -> None:
+        problems = check_plan(inst, plan)
+        if problems:
+            raise InputError("plan", [Problem(path, message) for path, message in problems])
+        self.inst, self.plan = inst, place(plan, inst.cluster)
+        self.profiles = profiles or Profiles()
+        self.cluster = inst.cluster
+        feats = self.features = plan_features(inst, self.plan)
+        self.vp = self.plan.virtual_stages
+        self.times: list[np.ndarray] = []
+        self.weights: list[list[np.ndarray]] = []
+        self.overlap: list[list[float]] = []
+        for arr, gpus in zip(feats.templates, feats.gpus, strict=True):
+            params = [self.profiles.for_gpu(g) for g in gpus]
+            w = np.stack([p.w for p in params])
+            self.times.append(price_parts(arr, w, np.array([p.launch_serial for p in params])))
+            self.weights.append([p.w for p in params])
+            self.overlap.append([p.dp_overlap for p in params])
+        w0 = self.weights[0][0]
+        self.net_weight = float(w0[NET])
+        self.nodes_of = _stage_nodes(self.plan)
+        self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
+        self.transfers: dict[tuple[Device, Device], Transfer] = {}
+        self.base_capacity = self._capacities()
+
+    # -- static pieces -----------------------------------------------------------------------------------
+
+    def _capacities(self) -> dict[Link, float]:
+        cap = {}
+        for u, v, d in self.cluster.graph.edges(data=True):
+            if math.isinf(d["gbps"]):
+                continue
+            bps = d["gbps"] * comm.GBIT / self.net_weight
+            cap[(u, v)] = cap[(v, u)] = bps
+        return cap
+
+    def node_of(self, dev: Device) -> str:
+        j, r, d = dev
+        return self.nodes_of[(j, d)][r]
+
+    def transfer(self, src: Device, dst: Device) -> Transfer:
+        key = (src, dst)
+        if key not in self.transfers:
+            j, _, d = src
+            a, b = self.node_of(src), self.node_of(dst)
+            tp = self.plan.pipelines[j].stages[d].tp
+            w = self.weights[j][d]
+            feats = _p2p(self.cluster, [a], [b], self.act_bytes, tp)
+            route = self.cluster.route(a, b)
+            if route.intra_node:
+                self.transfers[key] = Transfer(float(feats @ w))
+            else:
+                fixed = float(feats[STEP] * w[STEP] + feats[LAT] * w[LAT])
+                self.transfers[key] = Transfer(fixed, route.edges, self.act_bytes)
+        return self.transfers[key]
+
+    def dp_collectives(self) -> list[dict]:
+        """One gradient all-reduce per (template, stage): participants, fixed time, ring flows."""
+        out = []
+        plan = self.plan
+        for j, pipe in enumerate(plan.pipelines):
+            lo = 0
+            for d, st in enumerate(pipe.stages):
+                group = _dp_group(plan, j, lo, lo + st.layers)
+                lo += st.layers
+                replicas = sum(plan.pipelines[g].replicas for g in {g for g, _ in group})
+                if replicas <= 1:
+                    continue
+                members = [(g, r, s) for g, s in group for r in range(plan.pipelines[g].replicas)]
+                if any(c["members"] == members for c in out):
+                    continue  # the same layers across templates: one all-reduce, not one per template
+                nodes = list(dict.fromkeys(self.node_of(m) for m in members))
+                w = self.weights[j][d]
+                dp_feats = self._dp_features(j, d)
+                fixed = float(dp_feats @ w - dp_feats[NET] * w[NET])
+                flows = []
+                if len(nodes) > 1:
+                    params = stage_params(self.inst.model, st.layers, d == 0, d == len(pipe.stages) - 1,
+                                          len(pipe.stages))
+                    rank_bytes = params / st.tp * GRAD_COMM_BYTES
+                    ring_bytes = 2 * (len(nodes) - 1) / len(nodes) * st.tp * rank_bytes
+                    for a, b in itertools.pairwise([*nodes, nodes[0]]):
+                        flows.append((self.cluster.route(a, b).edges, ring_bytes))
+                out.append({"key": (j, d), "members": members, "fixed_s": fixed, "flows": flows})
+        return out
+
+    def _dp_features(self, j: int, d: int) -> np.ndarray:
+        return self.features.templates[j][d, DP]
+
+    # -- running -------------------------------------------------------------------------------------------
+
+    def run(self, scenario: BandwidthScenario, iterations: int = 1, record: bool = False) -> SimResult:
+        return _Run(self, scenario, iterations, record).go()
+
+
+class _Run:
+    """One replay of `iterations` iterations under one scenario."""
+
+    def __init__(self, sim: Simulation, scenario: BandwidthScenario, iterations: int, record: bool) -> None:
+        self.sim, self.scenario, self.iterations, self.record = sim, scenario, iterations, record
+        self.now = 0.0
+        self.heap: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = itertools.count()
+        self.net = Network(dict(sim.base_capacity))
+        self.net_version = 0
+        self.records: list[Record] = []
+        self.busy: dict[Device, float] = {}
+        self.cap_integral: dict[Link, float] = {}
+        self.cap_since = 0.0
+        self.capacity_trace: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        self.collectives = sim.dp_collectives()
+
+    # events
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), fn))
+
+    def _sync_net(self) -> None:
+        self.net.advance(self.now)
+
+    def _net_changed(self) -> None:
+        self.net_version += 1
+        t = self.net.next_finish_s()
+        if math.isfinite(t):
+            version = self.net_version
+            self.at(max(t, self.now), lambda: self._net_event(version))
+
+    def _net_event(self, version: int) -> None:
+        if version != self.net_version:
+            return
+        self._sync_net()
+        done = self.net.pop_finished()
+        for f in done:
+            f.on_done(self.now)
+        self._net_changed()
+
+    def send(self, tr: Transfer, on_done: Callable[[], None], label: str = "") -> None:
+        """Run a transfer: its flow (if any) through the network, then its fixed part."""
+        start = self.now
+
+        def finish_fixed() -> None:
+            if self.record and label:
+                self.records.append(Record("send", label, start, self.now))
+            on_done()
+
+        if not tr.path:
+            self.at(self.now + tr.fixed_s, finish_fixed)
+            return
+        self._sync_net()
+        self.net.start(tr.path, tr.nbytes, lambda t: self.at(t + tr.fixed_s, finish_fixed), label)
+        self._net_changed()
+
+    # capacity trace
+    def _apply_change(self, link: tuple[str, str], gbps: float) -> None:
+        self._sync_net()
+        self._integrate_capacity()
+        u, v = island_vertex(link[0]), island_vertex(link[1])
+        bps = gbps * comm.GBIT / self.sim.net_weight
+        for edge in ((u, v), (v, u)):
+            if edge in self.net.capacity:
+                self.net.set_capacity(edge, bps)
+        self.capacity_trace.setdefault(link, []).append((self.now, gbps))
+        self._net_changed()
+
+    def _integrate_capacity(self) -> None:
+        dt = self.now - self.cap_since
+        if dt > 0:
+            for link, bps in self.net.capacity.items():
+                self.cap_integral[link] = self.cap_integral.get(link, 0.0) + bps * dt
+        self.cap_since = self.now
+
+    # one iteration
+    def _drain(self) -> None:
+        """Process events in time order, applying capacity changes as their times come."""
+        changes = self.scenario.changes
+        while self.heap:
+            t_next = self.heap[0][0]
+            while self.change_index < len(changes) and changes[self.change_index][0] <= t_next:
+                t, link, gbps = changes[self.change_index]
+                self.change_index += 1
+                self.now = max(self.now, t)
+                self._apply_change(link, gbps)
+            t, _, fn = heapq.heappop(self.heap)
+            self.now = max(self.now, t)
+            fn()
+
+    def go(self) -> SimResult:
+        self.change_index = 0
+        for lk in self.sim.inst.spec.cluster.network.links:
+            key = (lk.a, lk.b) if lk.a <= lk.b else (lk.b, lk.a)
+            self.capacity_trace.setdefault(key, []).append((0.0, lk.gbps))
+        times = []
+        start = 0.0
+        for it in range(self.iterations):
+            end = self._iteration(start, it)
+            times.append(end - start)
+            start = end
+        self.now = start
+        self._sync_net()
+        self._integrate_capacity()
+        return SimResult(times, self.busy, dict(self.net.bytes_on), self.cap_integral, self.records,
+                         self.capacity_trace, start)
+
+    def _iteration(self, t0: float, it: int) -> float:
+        sim, plan = self.sim, self.sim.plan
+        vp = sim.vp
+        state: dict[Device, dict] = {}
+        arrived: set[tuple] = set()
+        remaining_devices = 0
+        ready_at: dict[tuple[int, int], list[float]] = {}
+        pipeline_end = [t0]
+        for j, pipe in enumerate(plan.pipelines):
+            p = len(pipe.stages)
+            for r in range(pipe.replicas):
+                for d in range(p):
+                    ops = device_ops(plan.schedule, p, pipe.micro_batches, d, vp)
+                    state[(j, r, d)] = {"ops": ops, "i": 0, "busy": False, "last_b": len(ops) - 1 -
+                                        next(k for k, op in enumerate(reversed(ops)) if op[0] == "B")}
+                    remaining_devices += 1
+        done_collectives: list[float] = []
+        pending = {c["key"]: c for c in self.collectives}
+        finished_devices = [0]
+
+        def duration(dev: Device, kind: str) -> float:
+            j, _, d = dev
+            t = sim.times[j][d]
+            return float(t[FWD] + t[FWD_TP] if kind == "F" else t[BWD] + t[BWD_TP]) / vp
+
+        def try_start(dev: Device) -> None:
+            st = state[dev]
+            if st["busy"] or st["i"] >= len(st["ops"]):
+                return
+            kind, chunk, mb = st["ops"][st["i"]]
+            j, r, d = dev
+            p = len(plan.pipelines[j].stages)
+            v = chunk * p + d
+            last_v = p * vp - 1
+            if kind == "F" and v > 0 and ("F", j, r, v, mb) not in arrived:
+                return
+            if kind == "B" and v < last_v and ("B", j, r, v, mb) not in arrived:
+                return
+            st["busy"] = True
+            dur = duration(dev, kind)
+            start = self.now
+            is_last_b = st["i"] == st["last_b"]
+            if is_last_b:  # gradients start streaming dp_overlap into the last backward
+                ready = start + (1 - sim.overlap[j][d]) * dur
+                ready_at.setdefault((j, d), []).append(ready)
+            self.at(self.now + dur, lambda: finish(dev, kind, chunk, mb, start, v, is_last_b))
+
+        def finish(dev, kind, chunk, mb, start, v, is_last_b) -> None:
+            j, r, d = dev
+            self.busy[dev] = self.busy.get(dev, 0.0) + (self.now - start)
+            if self.record:
+                self.records.append(Record(kind, f"{kind}{mb}" + (f".{chunk}" if vp > 1 else ""), start, self.now,
+                                           dev))
+            p = len(plan.pipelines[j].stages)
+            target = v + 1 if kind == "F" else v - 1
+            if 0 <= target < p * vp:
+                dst = (j, r, target % p)
+                tr = sim.transfer(dev, dst)
+
+                def delivered() -> None:
+                    arrived.add((kind, j, r, target, mb))
+                    advance(dev, is_last_b)
+                    try_start(dst)
+
+                self.send(tr, delivered, f"{kind} mb{mb} {d}->{target % p}" if self.record else "")
+            else:
+                advance(dev, is_last_b)
+
+        def advance(dev: Device, was_last_b: bool) -> None:
+            st = state[dev]
+            st["busy"] = False
+            st["i"] += 1
+            if st["i"] >= len(st["ops"]):
+                pipeline_end[0] = max(pipeline_end[0], self.now)
+                finished_devices[0] += 1
+            if was_last_b:
+                check_collectives()
+            try_start(dev)
+
+        def check_collectives() -> None:
+            for key, c in list(pending.items()):
+                counts = {}
+                for g, _, s in c["members"]:
+                    counts[(g, s)] = counts.get((g, s), 0) + 1
+                if all(len(ready_at.get(k, [])) >= n for k, n in counts.items()):
+                    del pending[key]
+                    start_collective(c, max(max(ready_at[k]) for k in counts))
+
+        def start_collective(c: dict, ready_s: float) -> None:
+            begin = max(ready_s, t0)
+
+            def launch() -> None:
+                left = [len(c["flows"])]
+
+                def flow_done(_t: float) -> None:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        self.at(self.now + c["fixed_s"], lambda: complete(c, begin))
+
+                if not c["flows"]:
+                    self.at(self.now + c["fixed_s"], lambda: complete(c, begin))
+                    return
+                self._sync_net()
+                for path, nbytes in c["flows"]:
+                    self.net.start(path, nbytes, flow_done, "dp")
+                self._net_changed()
+
+            if begin > self.now:
+                self.at(begin, launch)
+            else:
+                launch()
+
+        def complete(c: dict, begin: float) -> None:
+            done_collectives.append(self.now)
+            if self.record:
+                self.records.append(Record("dp", f"all-reduce stage {c['key'][1]}", begin, self.now,
+                                           (c["key"][0], 0, c["key"][1])))
+
+        self.now = t0
+        for dev in state:
+            try_start(dev)
+        self._drain()
+        if finished_devices[0] != remaining_devices:
+            raise RuntimeError("simulation stalled: some operations never became ready")
+        t_dp = max([pipeline_end[0], *done_collectives])
+        t_opt = max(float(t[:, OPT].max()) for t in sim.times)
+        end = t_dp + t_opt
+        if self.record:
+            self.records.append(Record("opt", "optimizer", t_dp, end))
+        self.now = end
+        return end

@@ -1,0 +1,82 @@
+"""`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from hetopt.cost.profiles import Profiles
+from hetopt.errors import InputError, Problem, did_you_mean
+from hetopt.evaluate import evaluate
+from hetopt.plan import Plan
+from hetopt.sim.engine import SimResult, Simulation
+from hetopt.sim.scenarios import BandwidthScenario, scenarios_of
+from hetopt.spec.cluster import island_vertex
+from hetopt.spec.instance import Instance
+
+
+def select_scenarios(inst: Instance, name: str, horizon_s: float) -> list[BandwidthScenario]:
+    every = scenarios_of(inst, horizon_s)
+    if name == "all":
+        return every
+    chosen = [s for s in every if s.name == name]
+    if not chosen:
+        names = [s.name for s in every]
+        raise InputError("--scenario", [Problem("--scenario", f"no such scenario{did_you_mean(name, names)}; the "
+                                                              f"instance has: {', '.join(names)} (or all)", name,
+                                                True)])
+    return chosen
+
+
+def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, result: SimResult,
+              peak_memory_gib: list[float]) -> dict[str, Any]:
+    times = np.array(result.iteration_times_s)
+    total = result.end_s
+    links = {}
+    for lk in inst.spec.cluster.network.links:
+        u, v = island_vertex(lk.a), island_vertex(lk.b)
+        util = [result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
+                for e in ((u, v), (v, u)) if result.link_capacity_integral.get(e)]
+        links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
+    busy = []
+    for j, pipe in enumerate(sim.plan.pipelines):
+        for d in range(len(pipe.stages)):
+            per_replica = [result.busy_s.get((j, r, d), 0.0) / total for r in range(pipe.replicas)]
+            busy.append({"pipeline": j, "stage": d, "busy": float(np.mean(per_replica))})
+    return {
+        "name": scenario.name,
+        "probability": scenario.probability,
+        "iteration_time_s": {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
+                             "p90": float(np.percentile(times, 90)), "max": float(times.max())},
+        "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),
+        "link_utilization": links,
+        "gpu_busy": busy,
+        "peak_memory_gib": peak_memory_gib,
+    }
+
+
+def _one(args) -> tuple[dict[str, Any], SimResult | None]:
+    inst, plan, profiles, scenario, iterations, keep = args
+    sim = Simulation(inst, plan, profiles)
+    result = sim.run(scenario, iterations, record=keep)
+    peak = evaluate(inst, plan, profiles).peak_memory_gib
+    return summarise(inst, sim, scenario, result, peak), (result if keep else None)
+
+
+def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int = 3,
+             profiles: Profiles | None = None, keep_records: bool = False, workers: int | None = None):
+    """Simulate every chosen scenario; returns (JSON-ready dict, records of the first scenario or None)."""
+    profiles = profiles or Profiles()
+    estimate = evaluate(inst, plan, profiles).iteration_time_s
+    chosen = select_scenarios(inst, scenario, horizon_s=estimate * iterations * 4 + 60)
+    jobs = [(inst, plan, profiles, sc, iterations, keep_records and i == 0) for i, sc in enumerate(chosen)]
+    workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
+    if workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            outcomes = list(pool.map(_one, jobs))
+    else:
+        outcomes = [_one(job) for job in jobs]
+    return {"scenarios": [o[0] for o in outcomes]}, outcomes[0][1]

@@ -1,0 +1,86 @@
+"""Bandwidth scenarios as piecewise-constant capacity traces per island link (DESIGN 2.1).
+
+Explicit `events`, or seeded generators: `step` (drop at a time, recover later), `markov` (random switching
+between levels with exponential dwell times), `diurnal` (smooth periodic load, sampled every step_s) and
+`trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hetopt.errors import InputError, Problem
+from hetopt.spec.instance import Instance
+
+Change = tuple[float, tuple[str, str], float]
+"""(time s, (island a, island b), Gbit/s from then on)."""
+
+
+@dataclass(frozen=True)
+class BandwidthScenario:
+    name: str
+    probability: float
+    changes: tuple[Change, ...]
+
+
+def scenarios_of(inst: Instance, horizon_s: float) -> list[BandwidthScenario]:
+    """Every scenario of the instance (one `stable` scenario when it has none), generated up to horizon_s."""
+    if not inst.spec.scenarios:
+        return [BandwidthScenario("stable", 1.0, ())]
+    nominal = {frozenset((lk.a, lk.b)): lk.gbps for lk in inst.spec.cluster.network.links}
+    base_dir = inst.path.parent if inst.path else Path(".")
+    out = []
+    for sc in inst.spec.scenarios:
+        changes: list[Change] = [(e.at_s, _key(e.link), e.gbps) for e in sc.events]
+        if sc.generator is not None:
+            changes += generate(sc.generator, nominal, horizon_s, base_dir)
+        out.append(BandwidthScenario(sc.name, sc.probability, tuple(sorted(changes, key=lambda c: c[0]))))
+    return out
+
+
+def _key(link) -> tuple[str, str]:
+    a, b = link
+    return (a, b) if a <= b else (b, a)
+
+
+def generate(gen, nominal: dict, horizon_s: float, base_dir: Path) -> list[Change]:
+    if gen.kind == "trace":
+        return read_trace(base_dir / gen.path)
+    link = _key(gen.link)
+    if gen.kind == "step":
+        changes = [(gen.at_s, link, gen.low_gbps)]
+        if gen.until_s is not None:
+            changes.append((gen.until_s, link, nominal[frozenset(link)]))
+        return changes
+    if gen.kind == "markov":
+        rng = np.random.default_rng(gen.seed)
+        t, level, changes = 0.0, 0, []
+        while t <= horizon_s:
+            changes.append((t, link, gen.levels_gbps[level]))
+            t += float(rng.exponential(gen.mean_dwell_s))
+            level = int(rng.choice([i for i in range(len(gen.levels_gbps)) if i != level]))
+        return changes
+    if gen.kind == "diurnal":
+        steps = math.ceil(horizon_s / gen.step_s) + 1
+        return [(k * gen.step_s, link,
+                 gen.mean_gbps - gen.amplitude_gbps * math.cos(2 * math.pi * (k * gen.step_s + gen.phase_s)
+                                                               / gen.period_s))
+                for k in range(steps)]
+    raise ValueError(f"unknown generator kind {gen.kind}")
+
+
+def read_trace(path: Path) -> list[Change]:
+    changes = []
+    with path.open(newline="", encoding="utf-8") as fh:
+        for n, row in enumerate(csv.DictReader(fh), start=2):
+            try:
+                changes.append((float(row["at_s"]), _key((row["a"], row["b"])), float(row["gbps"])))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise InputError(str(path), [Problem(f"line {n}", f"expected columns at_s,a,b,gbps with numbers "
+                                                               f"({exc})")]) from None
+    return changes

@@ -1,0 +1,87 @@
+"""What a person looks at: a Chrome/Perfetto trace and a pipeline timeline picture of a simulation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hetopt.sim.engine import SimResult
+
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "send": "#DD8452", "dp": "#C44E52", "opt": "#8172B3"}
+
+
+def chrome_trace(result: SimResult) -> dict:
+    """Trace Event Format: one process per pipeline template, one thread per replica × stage, plus the
+    network (one thread per kind of transfer) and the optimizer step."""
+    events = []
+    names: dict[tuple[int, int], str] = {}
+    for rec in result.records:
+        if rec.device is not None and rec.kind in ("F", "B"):
+            j, r, d = rec.device
+            pid, tid = j + 1, r * 1000 + d
+            names[(pid, tid)] = f"replica {r} stage {d}"
+        elif rec.kind == "dp":
+            pid, tid = 0, 1
+            names[(pid, tid)] = "data-parallel all-reduce"
+        elif rec.kind == "send":
+            pid, tid = 0, 2
+            names[(pid, tid)] = "pipeline sends"
+        else:
+            pid, tid = 0, 3
+            names[(pid, tid)] = "optimizer"
+        events.append({"name": rec.name, "cat": rec.kind, "ph": "X", "ts": rec.start_s * 1e6,
+                       "dur": max(0.0, rec.end_s - rec.start_s) * 1e6, "pid": pid, "tid": tid})
+    for (pid, tid), name in names.items():
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+    for pid in {p for p, _ in names}:
+        label = "network and optimizer" if pid == 0 else f"pipeline template {pid - 1}"
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_trace(result: SimResult, path: Path) -> None:
+    path.write_text(json.dumps(chrome_trace(result)), encoding="utf-8")
+
+
+def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
+    """Gantt of replica 0 of every template (stages × time) and, underneath, the busiest link's capacity."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows: dict[tuple[int, int], int] = {}
+    for rec in result.records:
+        if rec.device is not None and rec.kind in ("F", "B") and rec.device[1] == 0:
+            rows.setdefault((rec.device[0], rec.device[2]), 0)
+    order = sorted(rows)
+    index = {key: i for i, key in enumerate(order)}
+    fig, (ax, bw) = plt.subplots(2, 1, figsize=(12, 2 + 0.45 * max(len(order), 2)), sharex=True,
+                                 gridspec_kw={"height_ratios": [3, 1]})
+    for rec in result.records:
+        if rec.device is not None and rec.kind in ("F", "B") and rec.device[1] == 0:
+            y = index[(rec.device[0], rec.device[2])]
+            ax.broken_barh([(rec.start_s, rec.end_s - rec.start_s)], (y - 0.4, 0.8), color=COLOURS[rec.kind])
+        elif rec.kind in ("dp", "opt"):
+            ax.axvspan(rec.start_s, rec.end_s, color=COLOURS[rec.kind], alpha=0.15)
+    ax.set_yticks(range(len(order)), [f"T{j} stage {d}" for j, d in order])
+    ax.invert_yaxis()
+    ax.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in
+                       (("F", "forward"), ("B", "backward"), ("dp", "DP all-reduce"), ("opt", "optimizer"))],
+              loc="upper right", fontsize=8, ncols=4)
+    ax.set_title(title or "pipeline timeline (replica 0 of each template)")
+    if result.capacity_trace:
+        link, points = min(result.capacity_trace.items(), key=lambda kv: min(g for _, g in kv[1]))
+        xs = [t for t, _ in points] + [result.end_s]
+        ys = [g for _, g in points]
+        bw.step(xs, [*ys, ys[-1]], where="post", color="#333333")
+        bw.set_ylabel(f"{link[0]}–{link[1]}\nGbit/s", fontsize=8)
+        bw.set_ylim(bottom=0)
+    else:
+        bw.text(0.5, 0.5, "no inter-island links", transform=bw.transAxes, ha="center", va="center")
+    bw.set_xlabel("seconds")
+    bw.set_xlim(0, result.end_s)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
