@@ -203,9 +203,6 @@ class _Run:
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self.heap, (t, next(self.seq), fn))
 
-    def _sync_net(self) -> None:
-        self.net.advance(self.now)
-
     def _net_changed(self) -> None:
         self.net_version += 1
         t = self.net.next_finish_s()
@@ -216,8 +213,7 @@ class _Run:
     def _net_event(self, version: int) -> None:
         if version != self.net_version:
             return
-        self._sync_net()
-        done = self.net.pop_finished()
+        done = self.net.pop_finished(self.now)
         for f in done:
             f.on_done(self.now)
         self._net_changed()
@@ -234,19 +230,17 @@ class _Run:
         if not tr.path:
             self.at(self.now + tr.fixed_s, finish_fixed)
             return
-        self._sync_net()
-        self.net.start(tr.path, tr.nbytes, lambda t: self.at(t + tr.fixed_s, finish_fixed), label)
+        self.net.start(self.now, tr.path, tr.nbytes, lambda t: self.at(t + tr.fixed_s, finish_fixed), label)
         self._net_changed()
 
     # capacity trace
     def _apply_change(self, link: tuple[str, str], gbps: float) -> None:
-        self._sync_net()
         self._integrate_capacity()
         u, v = island_vertex(link[0]), island_vertex(link[1])
         bps = gbps * comm.GBIT / self.sim.net_weight
         for edge in ((u, v), (v, u)):
             if edge in self.net.capacity:
-                self.net.set_capacity(edge, bps)
+                self.net.set_capacity(self.now, edge, bps)
         self.capacity_trace.setdefault(link, []).append((self.now, gbps))
         self._net_changed()
 
@@ -284,7 +278,7 @@ class _Run:
             times.append(end - start)
             start = end
         self.now = start
-        self._sync_net()
+        self.net.settle_all(self.now)
         self._integrate_capacity()
         return SimResult(times, self.busy, dict(self.net.bytes_on), self.cap_integral, self.records,
                          self.capacity_trace, start)
@@ -391,9 +385,8 @@ class _Run:
                 if not c["flows"]:
                     self.at(self.now + c["fixed_s"], lambda: complete(c, begin))
                     return
-                self._sync_net()
                 for path, nbytes in c["flows"]:
-                    self.net.start(path, nbytes, flow_done, "dp")
+                    self.net.start(self.now, path, nbytes, flow_done, "dp")
                 self._net_changed()
 
             if begin > self.now:
