@@ -69,8 +69,8 @@ def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
     ax.invert_yaxis()
     ax.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in
                        (("F", "forward"), ("B", "backward"), ("dp", "DP all-reduce"), ("opt", "optimizer"))],
-              loc="upper right", fontsize=8, ncols=4)
-    ax.set_title(title or "pipeline timeline (replica 0 of each template)")
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=4, frameon=False)
+    ax.set_title(title or "pipeline timeline (replica 0 of each template)", loc="left", fontsize=10)
     if result.capacity_trace:
         link, points = min(result.capacity_trace.items(), key=lambda kv: min(g for _, g in kv[1]))
         xs = [t for t, _ in points] + [result.end_s]
