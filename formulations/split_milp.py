@@ -1,0 +1,123 @@
+"""split-milp: the layer split of one skeleton as a mixed-integer linear program (PuLP: CBC or HiGHS).
+
+Data (hetopt.search.linear.SplitProblem): for stage i of p, affine functions of its layer count L_i —
+host and device time of the forward pass h^f_i(L), d^f_i(L) and of the backward pass h^b_i(L), d^b_i(L)
+(device time includes the TP collectives and any recompute), the gradient all-reduce D_i(L), the optimizer
+step O_i(L) and the memory M_i(L); constants: point-to-point time c_i, overlap fraction s_i, DP overlap o_i,
+micro-batches per replica m, memory limit M̄_i, layers N.
+
+Variables: L_i ∈ ℤ (layers), y^f_i, y^b_i ≥ 0 (pass times), τ̂ ≥ 0 (bottleneck stage), T_sync, T_dp,
+T_opt ≥ 0.
+
+  (C1) Σ_i L_i = N,  1 ≤ L_i                                                    layer sum
+  (C2) y^f_i ≥ h^f_i(L_i) + s_i·d^f_i(L_i),  y^f_i ≥ d^f_i(L_i) + s_i·h^f_i(L_i)     host/device overlap
+       (same for y^b_i): the epigraph of max(h, d) + s·min(h, d), exact under minimisation
+  (C3) τ̂ ≥ y^f_i + y^b_i + c_i                                                  bottleneck stage
+  (C4) T_sync ≥ (m − 1)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)                          1F1B pipeline
+  (C5) T_dp ≥ T_sync,  T_dp ≥ T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)
+       with e_i = c_i/2 the gradient send of stage i > 0 (e_0 = 0)               gradient all-reduce
+  (C6) T_opt ≥ O_i(L_i)                                                         optimizer step
+  (C7) M_i(L_i) ≤ M̄_i                                                           memory
+
+Objective: min T_dp + T_opt — for every integer split exactly the evaluator's iteration time.
+(C5) is monotone as well: raising y^b_k raises T_sync by at least as much, so no slack can be gained.
+"""
+
+from __future__ import annotations
+
+import pulp
+
+from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
+from hetopt.search.linear import SplitProblem
+
+
+def build(pr: SplitProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+    model = pulp.LpProblem("split", pulp.LpMinimize)
+    p = pr.depth
+    max_layers = pr.max_layers()
+    L = [pulp.LpVariable(f"L_{i}", 1, max(1, max_layers[i]), cat="Integer") for i in range(p)]
+    yf = [pulp.LpVariable(f"yf_{i}", 0) for i in range(p)]
+    yb = [pulp.LpVariable(f"yb_{i}", 0) for i in range(p)]
+    tau_max, t_sync, t_dp, t_opt = (pulp.LpVariable(n, 0) for n in ("tau_max", "T_sync", "T_dp", "T_opt"))
+    model += t_dp + t_opt
+    add_layer_sum(model, pr, L)
+    add_pass_overlap(model, pr, L, yf, yb)
+    add_pipeline(model, pr, yf, yb, tau_max, t_sync)
+    add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp)
+    add_optimizer(model, pr, L, t_opt)
+    add_memory(model, pr, L)
+    return model, L
+
+
+def add_layer_sum(model, pr, L) -> None:  # (C1)
+    model += pulp.lpSum(L) == pr.layers, "C1_layers"
+
+
+def add_pass_overlap(model, pr, L, yf, yb) -> None:  # (C2)
+    for i in range(pr.depth):
+        s = pr.serial[i]
+        for y, h, d, tag in ((yf[i], pr.host_fwd[i], pr.dev_fwd[i], "f"), (yb[i], pr.host_bwd[i], pr.dev_bwd[i], "b")):
+            model += y >= (h.slope + s * d.slope) * L[i] + h.intercept + s * d.intercept, f"C2_host_{tag}{i}"
+            model += y >= (d.slope + s * h.slope) * L[i] + d.intercept + s * h.intercept, f"C2_dev_{tag}{i}"
+
+
+def add_pipeline(model, pr, yf, yb, tau_max, t_sync) -> None:  # (C3), (C4)
+    for i in range(pr.depth):
+        model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}"
+    model += t_sync >= (pr.micro_batches - 1) * tau_max + pulp.lpSum(
+        yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), "C4_pipeline"
+
+
+def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp) -> None:  # (C5)
+    model += t_dp >= t_sync, "C5_drain"
+    chain = 0
+    for i in range(pr.depth):
+        send = 0.5 * pr.p2p[i] if i > 0 else 0.0
+        model += t_dp >= t_sync - chain - send - pr.dp_overlap[i] * yb[i] + pr.dp[i].slope * L[i] + \
+            pr.dp[i].intercept, f"C5_dp{i}"
+        chain = chain + yb[i] + send
+
+
+def add_optimizer(model, pr, L, t_opt) -> None:  # (C6)
+    for i in range(pr.depth):
+        model += t_opt >= pr.opt[i].slope * L[i] + pr.opt[i].intercept, f"C6_opt{i}"
+
+
+def add_memory(model, pr, L) -> None:  # (C7)
+    for i in range(pr.depth):
+        model += pr.mem_gib[i].slope * L[i] + pr.mem_gib[i].intercept <= pr.mem_limit_gib[i], f"C7_memory{i}"
+
+
+def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolution:
+    start = clock()
+    model, L = build(pr)
+    if options.hint is not None:
+        for var, value in zip(L, options.hint, strict=True):
+            var.setInitialValue(value)
+    if options.export_path:
+        (model.writeMPS if options.export_path.endswith(".mps") else model.writeLP)(options.export_path)
+    limit = max(1, int(options.time_limit_s + 0.999))
+    if backend == "cbc":
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, warmStart=options.hint is not None,
+                                   options=[f"randomSeed {options.seed}"])
+    else:
+        solver = pulp.HiGHS(msg=False, timeLimit=limit, random_seed=options.seed)
+    try:
+        model.solve(solver)
+    except pulp.PulpSolverError as exc:
+        return SplitSolution(SolveStatus.ERROR, None, float("inf"), 0.0, clock() - start, backend, str(exc))
+    status = pulp.LpStatus[model.status]
+    wall = clock() - start
+    if status == "Infeasible":
+        return SplitSolution(SolveStatus.INFEASIBLE, None, float("inf"), float("inf"), wall, backend)
+    if status != "Optimal" or any(v.varValue is None for v in L):
+        got = [round(v.varValue) for v in L] if all(v.varValue is not None for v in L) else None
+        return SplitSolution(SolveStatus.TIMEOUT if got else SolveStatus.ERROR, got,
+                             pulp.value(model.objective) if got else float("inf"), 0.0, wall, backend, status)
+    layers = [round(v.varValue) for v in L]
+    objective = float(pulp.value(model.objective))
+    return SplitSolution(SolveStatus.OPTIMAL, layers, objective, objective, wall, backend)
+
+
+FORMULATION = Formulation("split-milp", "layer split of a skeleton as a MILP (PuLP)", ("cbc", "highs"), solve,
+                          __doc__ or "")

@@ -1,0 +1,181 @@
+"""A skeleton's integer program data: the evaluator's own time and memory, as linear functions of layers.
+
+For a fixed skeleton the placement (and with it every route) does not depend on how many layers each
+stage holds, and every cost feature of a stage is affine in its layer count L (work per layer, plus the
+embedding and head on the first and last stage; gradient bytes and parameters grow with L too). So the
+evaluator's features at L = 1 and L = 2 give exact slopes and intercepts, priced with the calibrated
+weights. Host and device time of a pass stay separate, since a pass takes max(h, d) + s·min(h, d), which
+the formulations write with two epigraph inequalities: y ≥ h + s·d and y ≥ d + s·h.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetopt.cost.memory import GIB
+from hetopt.cost.profiles import Profiles
+from hetopt.errors import InfeasibleError
+from hetopt.evaluate import _CPU, BWD, BWD_TP, DP, FWD, FWD_TP, OPT, P2P, plan_features, stage_work
+from hetopt.placement import place
+from hetopt.search.space import Skeleton
+from hetopt.spec.instance import Instance
+
+
+@dataclass(frozen=True)
+class Affine:
+    slope: float
+    intercept: float
+
+    def at(self, layers: float) -> float:
+        return self.slope * layers + self.intercept
+
+
+@dataclass(frozen=True)
+class SplitProblem:
+    """Everything a formulation needs for one skeleton (seconds, GiB)."""
+
+    layers: int
+    micro_batches: int
+    serial: tuple[float, ...]
+    host_fwd: tuple[Affine, ...]
+    dev_fwd: tuple[Affine, ...]
+    host_bwd: tuple[Affine, ...]
+    dev_bwd: tuple[Affine, ...]
+    p2p: tuple[float, ...]
+    dp: tuple[Affine, ...]
+    dp_overlap: tuple[float, ...]
+    opt: tuple[Affine, ...]
+    mem_gib: tuple[Affine, ...]
+    mem_limit_gib: tuple[float, ...]
+
+    @property
+    def depth(self) -> int:
+        return len(self.p2p)
+
+    def max_layers(self) -> list[int]:
+        """The most layers each stage can hold in memory."""
+        out = []
+        for mem, limit in zip(self.mem_gib, self.mem_limit_gib, strict=True):
+            if mem.slope <= 0:
+                out.append(self.layers)
+            else:
+                out.append(int(np.floor((limit - mem.intercept) / mem.slope + 1e-9)))
+        return out
+
+    def iteration_time(self, layers: list[int]) -> float:
+        """The evaluator's iteration time for this split (the formulations' objective, written out)."""
+        def ovl(h: float, d: float, s: float) -> float:
+            return max(h, d) + s * min(h, d)
+
+        yf = [ovl(self.host_fwd[i].at(n), self.dev_fwd[i].at(n), self.serial[i]) for i, n in enumerate(layers)]
+        yb = [ovl(self.host_bwd[i].at(n), self.dev_bwd[i].at(n), self.serial[i]) for i, n in enumerate(layers)]
+        tau = [f + b + c for f, b, c in zip(yf, yb, self.p2p, strict=True)]
+        t_sync = (self.micro_batches - 1) * max(tau) + sum(tau)
+        t_dp, chain = t_sync, 0.0
+        for i, n in enumerate(layers):
+            send = 0.5 * self.p2p[i] if i > 0 else 0.0
+            t_dp = max(t_dp, t_sync - chain - send - self.dp_overlap[i] * yb[i] + self.dp[i].at(n))
+            chain += yb[i] + send
+        return t_dp + max(o.at(n) for o, n in zip(self.opt, layers, strict=True))
+
+
+def _affine(v1: float, v2: float) -> Affine:
+    return Affine(v2 - v1, 2 * v1 - v2)
+
+
+def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles) -> SplitProblem:
+    """Linearise the evaluator for one skeleton; raises InfeasibleError when it cannot be placed."""
+    plan1 = place(sk.plan([1] * sk.depth), inst.cluster)
+    plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
+    f1, f2 = plan_features(inst, plan1), plan_features(inst, plan2)
+    gpus = f1.gpus[0]
+    params = [profiles.for_gpu(g) for g in gpus]
+    parts = []
+    for f in (f1, f2):
+        arr = f.templates[0]
+        w = np.stack([p.w for p in params])
+        lin = arr * w[:, None, :]
+        host, dev, full = lin[..., _CPU].sum(-1), lin[..., ~_CPU].sum(-1), lin.sum(-1)
+        mem = [m / GIB + p.reserve_gib for m, p in zip(f.memory_bytes[0], params, strict=True)]
+        parts.append((host, dev, full, mem))
+    (h1, d1, x1, m1), (h2, d2, x2, m2) = parts
+    n = sk.depth
+    return SplitProblem(
+        layers=inst.model.layers, micro_batches=sk.micro_batches,
+        serial=tuple(p.launch_serial for p in params),
+        host_fwd=tuple(_affine(h1[i, FWD], h2[i, FWD]) for i in range(n)),
+        dev_fwd=tuple(_affine(d1[i, FWD] + d1[i, FWD_TP], d2[i, FWD] + d2[i, FWD_TP]) for i in range(n)),
+        host_bwd=tuple(_affine(h1[i, BWD], h2[i, BWD]) for i in range(n)),
+        dev_bwd=tuple(_affine(d1[i, BWD] + d1[i, BWD_TP], d2[i, BWD] + d2[i, BWD_TP]) for i in range(n)),
+        p2p=tuple(float(x1[i, P2P]) for i in range(n)),
+        dp=tuple(_affine(x1[i, DP], x2[i, DP]) for i in range(n)),
+        dp_overlap=tuple(p.dp_overlap for p in params),
+        opt=tuple(_affine(x1[i, OPT], x2[i, OPT]) for i in range(n)),
+        mem_gib=tuple(_affine(m1[i], m2[i]) for i in range(n)),
+        mem_limit_gib=tuple(g.memory_gib for g in gpus),
+    )
+
+
+def compute_lower_bound(inst: Instance, sk: Skeleton, profiles: Profiles) -> float:
+    """A bound no split of this skeleton beats, from compute alone (no placement needed, cached work).
+
+    Each stage's τ_i(L) ≥ a_i·L + c_i (one of the two linear pieces of the host/device overlap, without
+    communication). With m micro-batches T ≥ (m − 1)·max τ + Σ τ, and over real-valued splits
+    max τ ≥ λ*, the water level that balances the stages, while Σ τ ≥ Σ (a_i + c_i) + min a · (layers − p).
+    """
+    stages = sk.stage_list()
+    p = len(stages)
+    lines = [_stage_line(inst, profiles, seg.gpu, seg.tp, sk.micro_batch, sk.recompute, i == 0, i == p - 1)
+             for i, seg in enumerate(stages)]
+    slopes, intercepts = [a for a, _ in lines], [c for _, c in lines]
+    a, c = np.array(slopes), np.array(intercepts)
+    lam = _water_level(a, c, inst.model.layers)
+    sum_tau = float((a + c).sum() + a.min() * (inst.model.layers - p))
+    return (sk.micro_batches - 1) * lam + sum_tau
+
+
+_LINES: dict[tuple, tuple[float, float]] = {}
+
+
+def _stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micro_batch: int, recompute: str,
+                first: bool, last: bool) -> tuple[float, float]:
+    """(a, c) with τ(L) ≥ a·L + c for one stage's compute: y ≥ d + s·h per pass, TP in device time."""
+    key = (id(inst), id(profiles), gpu_name, tp, micro_batch, recompute, first, last)
+    if key not in _LINES:
+        gpu = inst.gpu_types[gpu_name]
+        params = profiles.for_gpu(gpu)
+        w, s = params.w, params.launch_serial
+        ends = []
+        for n in (1, 2):
+            work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, tp, True, inst.spec.training.attention,
+                              recompute, n, first, last)
+            lin = work * w
+            host, dev = lin[:, _CPU].sum(-1), lin[:, ~_CPU].sum(-1)
+            ends.append(dev[FWD] + dev[FWD_TP] + s * host[FWD] + dev[BWD] + dev[BWD_TP] + s * host[BWD])
+        _LINES[key] = (float(ends[1] - ends[0]), float(2 * ends[0] - ends[1]))
+    return _LINES[key]
+
+
+def _water_level(a: np.ndarray, c: np.ndarray, layers: int) -> float:
+    """Smallest λ with Σ max(1, (λ − c_i)/a_i) ≥ layers: the best possible max_i(a_i·L_i + c_i) over real
+    splits with L_i ≥ 1. Stages join the water level in order of their one-layer time b_i = a_i + c_i."""
+    order = sorted(range(len(a)), key=lambda i: a[i] + c[i])
+    inv, c_over_a = 0.0, 0.0
+    for k, i in enumerate(order):
+        inv += 1 / a[i]
+        c_over_a += c[i] / a[i]
+        active = k + 1
+        lam = (layers - len(a) + active + c_over_a) / inv
+        nxt = a[order[k + 1]] + c[order[k + 1]] if k + 1 < len(order) else np.inf
+        if lam <= nxt:
+            return float(max(lam, a[order[0]] + c[order[0]]))
+    return float(lam)
+
+
+def check_placeable(inst: Instance, sk: Skeleton) -> None:
+    place(sk.plan([1] * sk.depth), inst.cluster)
+
+
+__all__ = ["Affine", "InfeasibleError", "SplitProblem", "check_placeable", "compute_lower_bound", "split_problem"]
