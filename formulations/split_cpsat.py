@@ -67,6 +67,8 @@ def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolutio
     for i in range(p):  # (C6)
         model.Add(t_opt >= _u(pr.opt[i].slope) * L[i] + _u(pr.opt[i].intercept))
     model.Minimize(t_dp + t_opt)
+    # Branch on the few layer counts first: once they are fixed every time variable follows by propagation.
+    model.AddDecisionStrategy(L, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
     if options.hint is not None:
         for var, value in zip(L, options.hint, strict=True):
             model.AddHint(var, value)
@@ -75,6 +77,7 @@ def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolutio
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, options.time_limit_s)
     solver.parameters.num_workers = 1
+    solver.parameters.search_branching = cp_model.FIXED_SEARCH
     solver.parameters.random_seed = options.seed
     code = solver.Solve(model)
     wall = clock() - start

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import pkgutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,3 +131,18 @@ def pick(formulation: str | None, backend: str) -> Formulation:
 
 def clock() -> float:
     return time.perf_counter()
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Silence what native solver libraries write to file descriptor 1 (they bypass sys.stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
