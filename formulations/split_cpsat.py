@@ -1,16 +1,19 @@
-"""split-cpsat: the layer split of one skeleton for OR-Tools CP-SAT (integers only).
+"""split-cpsat: the layer split of one skeleton for OR-Tools CP-SAT, written the constraint-programming way.
 
-The mathematics is split-milp's, (C1)–(C7), with every time in integer units of 1/SCALE seconds (0.1 µs):
-each affine coefficient is rounded to the nearest unit, and the fractional overlap factors s_i and o_i are
-applied with the constraint multiplied by Q = 1000 and the factor rounded to 1/Q. The rounding changes an
-iteration time by far less than TOLERANCE_S = 1 ms, the stated tolerance within which CP-SAT's optimum
-equals the MILP's (the plan it returns is re-timed exactly by the evaluator).
+The mathematics is split-milp's, (C1)–(C7); only the encoding differs. A stage's layer count L_i has a
+small domain (1 … the most its memory holds), so every quantity that depends on it alone is tabulated over
+that domain and linked with an element constraint — exactly, with no epigraph: the pass times
+y^f_i(L) = max(h, d) + s·min(h, d) and y^b_i(L), the gradient all-reduce D_i(L), the overlapped part
+o_i·y^b_i(L), the optimizer step O_i(L). Times are integers in units of 1/SCALE s (1 µs); each table entry
+is rounded once, so an iteration time moves by at most a few µs — far inside TOLERANCE_S = 1 ms, the stated
+tolerance within which CP-SAT's optimum equals the MILP's (the plan it returns is re-timed exactly by the
+evaluator).
 
-  (C1) Σ L_i = N                        (C2) y ≥ h + s·d, y ≥ d + s·h per pass
-  (C3) τ̂ ≥ y^f_i + y^b_i + c_i          (C4) T_sync ≥ (m − 1)·τ̂ + Σ_i τ_i
-  (C5) T_dp ≥ T_sync, T_dp ≥ T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)
-  (C6) T_opt ≥ O_i(L_i)                 (C7) M_i(L_i) ≤ M̄_i (as an upper bound on L_i)
-Objective: min T_dp + T_opt.
+  (C1) Σ L_i = N                        (C2) y^f_i = table_f(L_i), y^b_i = table_b(L_i)   (element)
+  (C3) τ̂ = max_i (y^f_i + y^b_i + c_i)   (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
+  (C5) T_dp = max(T_sync, max_i [T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)])
+  (C6) T_opt = max_i O_i(L_i)           (C7) M_i(L_i) ≤ M̄_i (the domain of L_i)
+Objective: min T_dp + T_opt. Search branches on the layer counts first.
 """
 
 from __future__ import annotations
@@ -20,10 +23,8 @@ from ortools.sat.python import cp_model
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import SplitProblem
 
-SCALE = 10_000_000
-"""Integer units per second."""
-Q = 1000
-"""Denominator of the rounded overlap factors."""
+SCALE = 1_000_000
+"""Integer units per second (1 µs)."""
 TOLERANCE_S = 1e-3
 
 
@@ -31,43 +32,66 @@ def _u(seconds: float) -> int:
     return round(seconds * SCALE)
 
 
+def _ovl(h: float, d: float, s: float) -> float:
+    return max(h, d) + s * min(h, d)
+
+
 def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolution:
     start = clock()
     p = pr.depth
     model = cp_model.CpModel()
-    max_layers = pr.max_layers()
-    L = [model.NewIntVar(1, max(1, max_layers[i]), f"L_{i}") for i in range(p)]
-    worst = (pr.micro_batches + 1) * sum(
-        abs(a.at(pr.layers)) + abs(b.at(pr.layers)) + abs(c.at(pr.layers)) + abs(d.at(pr.layers)) + cc
-        for a, b, c, d, cc in zip(pr.host_fwd, pr.dev_fwd, pr.host_bwd, pr.dev_bwd, pr.p2p, strict=True))
-    worst += sum(abs(x.at(pr.layers)) for x in (*pr.dp, *pr.opt))
-    ub = _u(worst) + 1
-    yf = [model.NewIntVar(0, ub, f"yf_{i}") for i in range(p)]
-    yb = [model.NewIntVar(0, ub, f"yb_{i}") for i in range(p)]
-    tau_max, t_sync, t_dp, t_opt = (model.NewIntVar(0, ub, n) for n in ("tau_max", "T_sync", "T_dp", "T_opt"))
-
+    max_layers = [max(1, min(m, pr.layers - (p - 1))) for m in pr.max_layers()]
+    L = [model.NewIntVar(1, max_layers[i], f"L_{i}") for i in range(p)]
     model.Add(sum(L) == pr.layers)  # (C1)
-    for i in range(p):  # (C2)
-        s = pr.serial[i]
-        for y, h, d in ((yf[i], pr.host_fwd[i], pr.dev_fwd[i]), (yb[i], pr.host_bwd[i], pr.dev_bwd[i])):
-            model.Add(y >= _u(h.slope + s * d.slope) * L[i] + _u(h.intercept + s * d.intercept))
-            model.Add(y >= _u(d.slope + s * h.slope) * L[i] + _u(d.intercept + s * h.intercept))
-    tau = [yf[i] + yb[i] + _u(pr.p2p[i]) for i in range(p)]
-    for i in range(p):  # (C3)
-        model.Add(tau_max >= tau[i])
-    model.Add(t_sync >= (pr.micro_batches - 1) * tau_max + sum(tau))  # (C4)
-    model.Add(t_dp >= t_sync)  # (C5)
-    chain = 0
+
+    index = []
     for i in range(p):
+        k = model.NewIntVar(0, max_layers[i] - 1, f"k_{i}")
+        model.Add(k == L[i] - 1)
+        index.append(k)
+    top: dict[str, int] = {}
+
+    def table(name: str, i: int, values: list[int]) -> cp_model.IntVar:
+        var = model.NewIntVar(min(values), max(values), name)
+        model.AddElement(index[i], values, var)
+        top[name] = max(values)
+        return var
+
+    yf, yb, ob, dp, opt = [], [], [], [], []
+    for i in range(p):  # (C2) and the per-stage tables of (C5), (C6)
+        layers = range(1, max_layers[i] + 1)
+        s = pr.serial[i]
+        f_vals = [_u(_ovl(pr.host_fwd[i].at(n), pr.dev_fwd[i].at(n), s)) for n in layers]
+        b_secs = [_ovl(pr.host_bwd[i].at(n), pr.dev_bwd[i].at(n), s) for n in layers]
+        yf.append(table(f"yf_{i}", i, f_vals))
+        yb.append(table(f"yb_{i}", i, [_u(x) for x in b_secs]))
+        ob.append(table(f"ob_{i}", i, [_u(pr.dp_overlap[i] * x) for x in b_secs]))
+        dp.append(table(f"dp_{i}", i, [_u(pr.dp[i].at(n)) for n in layers]))
+        opt.append(table(f"opt_{i}", i, [_u(pr.opt[i].at(n)) for n in layers]))
+    tau = [yf[i] + yb[i] + _u(pr.p2p[i]) for i in range(p)]
+    hi = sum(top[f"yf_{i}"] + top[f"yb_{i}"] for i in range(p)) + sum(_u(c) for c in pr.p2p)
+    tau_vars = []
+    for i in range(p):
+        t = model.NewIntVar(0, hi, f"tau_{i}")
+        model.Add(t == tau[i])
+        tau_vars.append(t)
+    tau_max = model.NewIntVar(0, hi, "tau_max")
+    model.AddMaxEquality(tau_max, tau_vars)  # (C3)
+    ub = pr.micro_batches * hi + sum(top[f"dp_{i}"] + top[f"opt_{i}"] for i in range(p)) + 1
+    t_sync = model.NewIntVar(0, ub, "T_sync")
+    model.Add(t_sync == (pr.micro_batches - 1) * tau_max + sum(tau_vars))  # (C4)
+    ends, chain = [t_sync], 0
+    for i in range(p):  # (C5)
         send = _u(0.5 * pr.p2p[i]) if i > 0 else 0
-        o = round(pr.dp_overlap[i] * Q)
-        model.Add(Q * t_dp >= Q * t_sync - Q * chain - Q * send - o * yb[i]
-                  + Q * (_u(pr.dp[i].slope) * L[i] + _u(pr.dp[i].intercept)))
+        end = model.NewIntVar(-ub, ub, f"dp_end_{i}")
+        model.Add(end == t_sync - chain - send - ob[i] + dp[i])
+        ends.append(end)
         chain = chain + yb[i] + send
-    for i in range(p):  # (C6)
-        model.Add(t_opt >= _u(pr.opt[i].slope) * L[i] + _u(pr.opt[i].intercept))
+    t_dp = model.NewIntVar(0, ub, "T_dp")
+    model.AddMaxEquality(t_dp, ends)
+    t_opt = model.NewIntVar(0, ub, "T_opt")
+    model.AddMaxEquality(t_opt, opt)  # (C6)
     model.Minimize(t_dp + t_opt)
-    # Branch on the few layer counts first: once they are fixed every time variable follows by propagation.
     model.AddDecisionStrategy(L, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
     if options.hint is not None:
         for var, value in zip(L, options.hint, strict=True):
@@ -77,7 +101,6 @@ def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolutio
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, options.time_limit_s)
     solver.parameters.num_workers = 1
-    solver.parameters.search_branching = cp_model.FIXED_SEARCH
     solver.parameters.random_seed = options.seed
     code = solver.Solve(model)
     wall = clock() - start
@@ -93,5 +116,5 @@ def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolutio
                          backend, extra={"scale_units_per_s": SCALE, "tolerance_s": TOLERANCE_S})
 
 
-FORMULATION = Formulation("split-cpsat", "layer split of a skeleton for CP-SAT (scaled integers)", ("cpsat",),
-                          solve, __doc__ or "")
+FORMULATION = Formulation("split-cpsat", "layer split of a skeleton for CP-SAT (element tables, integer µs)",
+                          ("cpsat",), solve, __doc__ or "")

@@ -54,6 +54,92 @@ def _root(
 
 
 @app.command()
+def solve(
+    instance: InstanceArg = None,
+    planner: Annotated[str, typer.Option("--planner", help="ilp (exact) or exhaustive (small instances).")] = "ilp",
+    formulation: Annotated[str | None, typer.Option("--formulation", help="See `hetopt formulations`.")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="cpsat, cbc or highs.")] = "highs",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")] = 60.0,
+    objective: Annotated[str, typer.Option("--objective", help="stable (scenario objectives: not yet).")] = "stable",
+    seed: Annotated[int, typer.Option("--seed", help="Solver random seed.")] = 0,
+    out_path: Annotated[str | None, typer.Option("--out", help="Write the plan JSON here.")] = None,
+    export_model: Annotated[str | None, typer.Option("--export-model", help="Write the best skeleton's model "
+                                                                            "(.lp/.mps for PuLP, .pb.txt for CP-SAT).")]
+    = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out / --export-model files.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Find the fastest plan with a proven bound, verify it, and replay it under every scenario."""
+    import json as _json
+    from pathlib import Path
+
+    from hetopt.report.tables import solve_view
+    from hetopt.solve import solve as run_solve
+    from hetopt.spec.instance import load_instance
+
+    for option, target in (("--out", out_path), ("--export-model", export_model)):
+        if target and Path(target).exists() and not force:
+            raise InputError(target, [Problem(option, "exists; pass --force to overwrite it or choose another "
+                                                      "path", target, True)])
+    inst = load_instance(instance) if instance else _demo()
+    result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model)
+    if out_path and result["plan"] is not None:
+        Path(out_path).write_text(_json.dumps(result["plan"], indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        _print_json(result)
+    else:
+        out.print(solve_view(inst, result))
+        if out_path and result["plan"] is not None:
+            out.print(f"plan written to {out_path}")
+    if result["plan"] is None:
+        if not as_json:
+            err.print(f"{result['status']}: {result.get('reason', 'no plan found within the time limit')}",
+                      markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ExitCode.FAILED)
+
+
+@app.command(name="formulations")
+def list_formulations(as_json: JsonOpt = False) -> None:
+    """List the plan formulations (plug-ins in formulations/) and the backends each is written for."""
+    from rich.table import Table
+
+    from hetopt.search.formulation import formulations as found
+
+    rows = [{"name": f.name, "backends": list(f.backends), "summary": f.summary} for f in found().values()]
+    if as_json:
+        _print_json({"formulations": rows})
+        return
+    table = Table(title="Formulations", title_justify="left")
+    for col in ("name", "backends", "summary"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], ", ".join(r["backends"]), r["summary"])
+    out.print(table)
+
+
+@app.command()
+def backends(as_json: JsonOpt = False) -> None:
+    """List the solver backends and whether each can be used here."""
+    from rich.table import Table
+
+    from hetopt.search.formulation import BACKENDS, backend_available
+
+    rows = []
+    for name, (_, what) in BACKENDS.items():
+        ok, why = backend_available(name)
+        rows.append({"name": name, "usable": ok, "what": what, "detail": why})
+    if as_json:
+        _print_json({"backends": rows})
+        return
+    table = Table(title="Solver backends", title_justify="left")
+    for col in ("backend", "usable", "what"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], "[green]yes[/green]" if r["usable"] else f"[red]no[/red] ({r['detail']})", r["what"])
+    out.print(table)
+
+
+@app.command()
 def validate(instance: InstanceArg = None, as_json: JsonOpt = False) -> None:
     """Check an instance and summarise it: GPUs per class, memory, peak compute, model size and FLOPs."""
     from hetopt.report.tables import summary_view

@@ -16,6 +16,7 @@ Several templates run side by side; the iteration waits for the slowest.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise
@@ -178,13 +179,21 @@ def _p2p(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp:
     """One activation (or gradient) send across a stage boundary: the slowest replica's.
 
     Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
-    link, across nodes all shares go through the node's bottleneck.
+    link, across nodes all shares go through the node's bottleneck. The replicas of a template cross the
+    same boundary at about the same time (1F1B runs them in lockstep), so flows in the same direction on
+    one link split it evenly — the max-min fair share the simulator gives them.
     """
     routes = [cluster.route(a, b) for a, b in zip(src_nodes, dst_nodes, strict=True)]
-    worst = max(routes, key=lambda r: (not r.intra_node, r.latency_us, -r.gbps))
+    load = Counter(edge for r in routes if not r.intra_node for edge in r.edges)
+    worst, worst_s, worst_gbps = None, -1.0, 0.0
+    for r in routes:
+        gbps = r.gbps if r.intra_node else min(cluster.graph.edges[e]["gbps"] / load[e] for e in r.edges)
+        seconds = (nbytes / tp if r.intra_node else nbytes) / (gbps * comm.GBIT) + r.latency_us * 1e-6
+        if seconds > worst_s:
+            worst, worst_s, worst_gbps = r, seconds, gbps
     if worst.intra_node:
-        return comm.transfer(nbytes / tp, worst.gbps, intra_node=True)
-    return comm.transfer(nbytes, worst.gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
+        return comm.transfer(nbytes / tp, worst_gbps, intra_node=True)
+    return comm.transfer(nbytes, worst_gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
 
 
 def _dp_group(plan: Plan, template: int, lo: int, hi: int) -> list[tuple[int, int]]:

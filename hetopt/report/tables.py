@@ -179,3 +179,36 @@ def simulation_view(result: dict[str, Any]) -> Group:
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
         busy.add_row(str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}", f"{peak:.1f}")
     return Group(table, busy)
+
+
+def solve_view(inst: Any, r: dict[str, Any]) -> Group:
+    """The plan as a table (pipelines, stages, GPUs, TP, layers, micro-batches, time and memory per stage)."""
+    head = Text.assemble((f"{inst.name}: {r['status']}", "bold"))
+    parts: list[Any] = [head]
+    if r["plan"] is None:
+        return Group(*parts)
+    pred = r["predicted"]
+    head.append(f"  iteration {r['objective_s']:.3f} s (bound {r['bound_s']:.3f} s, gap {r['gap']:.2%}); "
+                f"{pred['tokens_per_s']:,.0f} tokens/s, MFU {pred['mfu']:.1%}; {r['planner']} / {r['formulation']} / "
+                f"{r['backend']} in {r['solve_time_s']:.2f} s")
+    plan = r["plan"]
+    table = Table(title=f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']})",
+                  title_justify="left")
+    for col in ("pipeline", "replicas", "micro-batches", "stage", "GPUs", "TP", "layers", "recompute", "peak GiB"):
+        table.add_column(col, justify="left" if col in ("GPUs", "recompute") else "right")
+    k = 0
+    for j, pipe in enumerate(plan["pipelines"]):
+        for i, st in enumerate(pipe["stages"]):
+            peak, limit = pred["peak_memory_gib"][k], pred["memory_limit_gib"][k]
+            table.add_row(str(j) if i == 0 else "", str(pipe["replicas"]) if i == 0 else "",
+                          str(pipe["micro_batches"]) if i == 0 else "", str(i), f"{st['gpu']}@{st['island']}",
+                          str(st["tp"]), str(st["layers"]), st["recompute"], f"{peak:.1f} / {limit:g}")
+            k += 1
+    parts.append(table)
+    search = r["search"]
+    pruned = ", ".join(f"{k}: {v:,}" for k, v in search["pruned"].items())
+    parts.append(Text(f"search: {search['skeletons_enumerated']:,} skeletons enumerated, {search['solved']:,} "
+                      f"solved; pruned — {pruned}", style="dim"))
+    if r["verified"]:
+        parts.append(simulation_view(r["verified"]))
+    return Group(*parts)

@@ -1,0 +1,79 @@
+"""`hetopt solve`: plan, verify the plan independently, replay it under every scenario (DESIGN 2.4)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hetopt.cost.profiles import Profiles
+from hetopt.errors import InputError, Problem, did_you_mean
+from hetopt.evaluate import evaluate
+from hetopt.search.formulation import SolveStatus, clock
+from hetopt.search.orchestrate import SearchResult, solve_exact
+from hetopt.search.space import SearchOptions
+from hetopt.spec.instance import Instance
+from hetopt.verify import check_plan
+
+PLANNERS = ("ilp", "exhaustive")
+OBJECTIVES = ("stable",)
+"""Objectives available now; expected/worst/CVaR over scenarios are not built yet (issue 5)."""
+
+
+def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
+          time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
+          simulate_iterations: int = 2, profiles: Profiles | None = None) -> dict[str, Any]:
+    if planner not in PLANNERS:
+        raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
+                                                            f"available: {', '.join(PLANNERS)}", planner, True)])
+    if objective not in OBJECTIVES:
+        raise InputError("--objective", [Problem(
+            "--objective", f"not available yet; available: {', '.join(OBJECTIVES)} (scenario-robust objectives "
+                           "are still being built)", objective, True)])
+    if time_limit_s <= 0:
+        raise InputError("--time-limit", [Problem("--time-limit", "must be positive seconds", time_limit_s, True)])
+    profiles = profiles or Profiles()
+    options = SearchOptions.from_instance(inst)
+    start = clock()
+    if planner == "exhaustive":
+        from hetopt.baselines.exhaustive import exhaustive
+
+        ex = exhaustive(inst, options, profiles)
+        status = SolveStatus.OPTIMAL if ex.plan is not None else SolveStatus.INFEASIBLE
+        result = SearchResult(status, ex.plan, ex.objective_s, ex.objective_s, clock() - start, "enumeration",
+                              "none", time_limit_s, seed, ex.stats)
+    else:
+        result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model)
+    return report(inst, planner, result, objective, simulate_iterations, profiles)
+
+
+def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int,
+           profiles: Profiles) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "status": r.status.value,
+        "objective_s": r.objective_s if math.isfinite(r.objective_s) else None,
+        "bound_s": r.bound_s if math.isfinite(r.bound_s) else None,
+        "gap": r.gap if math.isfinite(r.gap) else None,
+        "solve_time_s": r.solve_time_s,
+        "planner": planner, "formulation": r.formulation, "backend": r.backend, "objective": objective,
+        "time_limit_s": r.time_limit_s, "seed": r.seed,
+        "plan": None, "predicted": None, "verified": None,
+        "search": r.stats.to_json(),
+    }
+    if r.reason:
+        out["reason"] = r.reason
+    if r.plan is None:
+        return out
+    from hetopt.placement import place
+    from hetopt.sim.run import simulate
+
+    plan = place(r.plan, inst.cluster)
+    problems = check_plan(inst, plan)
+    if problems:  # the verifier is independent of the planner: a failure here is a planner bug
+        raise AssertionError(f"the verifier rejected the planner's plan: {problems}")
+    predicted = evaluate(inst, plan, profiles)
+    if not predicted.fits:
+        raise AssertionError("the planner returned a plan that does not fit in memory")
+    out["plan"] = plan.model_dump(mode="json")
+    out["predicted"] = predicted.to_json()
+    out["verified"], _ = simulate(inst, plan, "all", iterations, profiles)
+    return out
