@@ -1,0 +1,137 @@
+"""The exact planner: equal optima across formulations × backends and against exhaustive enumeration,
+heterogeneity that pays, and every failure path with its message and exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import DEMO, run_hetopt
+
+from hetopt.baselines.exhaustive import exhaustive
+from hetopt.evaluate import evaluate
+from hetopt.search.formulation import SolveStatus
+from hetopt.search.orchestrate import solve_exact
+from hetopt.search.space import SearchOptions
+from hetopt.spec.instance import load_instance
+from hetopt.verify import check_plan
+
+SMALL = sorted((Path(__file__).parent / "small").glob("*.yaml"))
+BACKENDS = [("split-milp", "cbc"), ("split-milp", "highs"), ("split-cpsat", "cpsat")]
+CPSAT_TOLERANCE_S = 1e-3  # formulations/split_cpsat.py: TOLERANCE_S
+SOLVE_FIELDS = {"status", "objective_s", "bound_s", "gap", "solve_time_s", "planner", "formulation", "backend",
+                "plan", "predicted", "verified", "search"}
+
+
+@pytest.fixture(scope="module")
+def ground_truth():
+    return {path.stem: exhaustive(load_instance(path)) for path in SMALL}
+
+
+def test_there_are_eight_small_instances_with_one_to_three_types_and_two_islands():
+    assert len(SMALL) >= 8
+    types = [len({g.gpu for g in load_instance(p).spec.cluster.nodes}) for p in SMALL]
+    islands = [len(load_instance(p).cluster.islands) for p in SMALL]
+    assert min(types) == 1 and max(types) == 3 and max(islands) == 2
+    assert all(load_instance(p).cluster.total_gpus <= 32 for p in SMALL)
+
+
+@pytest.mark.parametrize("formulation,backend", BACKENDS)
+@pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
+def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, formulation, backend, ground_truth):
+    inst = load_instance(path)
+    truth = ground_truth[path.stem]
+    result = solve_exact(inst, formulation, backend, time_limit_s=60)
+    assert result.status == SolveStatus.OPTIMAL
+    tolerance = CPSAT_TOLERANCE_S if backend == "cpsat" else 1e-9 * truth.objective_s
+    assert result.objective_s == pytest.approx(truth.objective_s, abs=tolerance)
+    assert result.bound_s <= result.objective_s + 1e-12
+    assert check_plan(inst, result.plan) == []  # the independent verifier accepts it
+    timed = evaluate(inst, result.plan)
+    assert timed.fits and timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
+
+
+def test_the_heterogeneous_optimum_beats_every_single_type_plan():
+    inst = load_instance(DEMO)
+    both = solve_exact(inst, backend="highs")
+    one_type = solve_exact(inst, backend="highs", options=SearchOptions(max_classes=1))
+    assert both.status == one_type.status == SolveStatus.OPTIMAL
+    stages = both.plan.pipelines[0].stages
+    assert len({s.gpu for s in stages}) > 1  # A100 and V100 stages in one pipeline
+    assert len({s.layers for s in stages}) > 1  # an uneven split: the A100 stage holds more layers
+    a100 = sum(s.layers for s in stages if s.gpu == "A100-80GB")
+    assert a100 > sum(s.layers for s in stages if s.gpu == "V100-32GB")
+    assert both.objective_s < 0.9 * one_type.objective_s
+
+
+def test_solve_json_fields_plan_file_and_verification(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run_hetopt("solve", str(DEMO), "--json", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) >= SOLVE_FIELDS
+    assert data["status"] == "optimal" and data["gap"] == 0
+    assert [s["name"] for s in data["verified"]["scenarios"]] == ["calm", "congested-uplink"]
+    assert data["search"]["skeletons_enumerated"] > data["search"]["solved"] > 0
+    again = json.loads(run_hetopt("evaluate", str(DEMO), "--plan", str(out), "--json").stdout)
+    assert again["iteration_time_s"] == pytest.approx(data["objective_s"], rel=1e-9)
+    refused = run_hetopt("solve", str(DEMO), "--out", str(out))
+    assert refused.returncode == 2 and "--force" in refused.stderr
+
+
+@pytest.mark.parametrize("backend,suffix", [("highs", ".lp"), ("cbc", ".mps"), ("cpsat", ".pb.txt")])
+def test_export_model(tmp_path, backend, suffix):
+    target = tmp_path / f"model{suffix}"
+    result = run_hetopt("solve", str(SMALL[0]), "--backend", backend, "--export-model", str(target), "--json")
+    assert result.returncode == 0, result.stderr
+    text = target.read_text()
+    assert ("C1_layers" in text) if backend != "cpsat" else ("variables" in text)
+
+
+def test_infeasible_instance_says_what_binds(tmp_path):
+    data = yaml.safe_load(DEMO.read_text())
+    data["model"] = {"preset": "llama-65b"}
+    data["cluster"] = {"nodes": [{"name": "t", "count": 1, "gpu": "T4", "gpus_per_node": 4, "nic_gbps": 50}]}
+    data["scenarios"] = []
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = run_hetopt("solve", str(path))
+    assert result.returncode == 1
+    assert "infeasible: llama-65b (65.3 B parameters) needs at least 1.07 TiB for weights, gradients and " \
+           "optimizer states" in result.stderr
+    assert "the cluster has 0.06 TiB of GPU memory" in result.stderr
+
+
+def test_timeout_returns_status_and_exit_1_when_no_plan_was_found():
+    result = run_hetopt("solve", str(DEMO), "--time-limit", "0.000001", "--json")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data["status"] == "timeout" and data["plan"] is None and data["time_limit_s"] == 1e-6
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--backend", "gurobi"], "unknown backend; choose one of cpsat, cbc, highs"),
+    (["--formulation", "split-milp", "--backend", "cpsat"], "split-milp is written for cbc, highs, not cpsat"),
+    (["--formulation", "nope"], "unknown formulation"),
+    (["--objective", "worst"], "--objective: got 'worst': not available yet"),
+    (["--planner", "greedy"], "unknown planner"),
+    (["--time-limit", "-1"], "must be positive seconds"),
+])
+def test_bad_options_exit_2(args, words):
+    result = run_hetopt("solve", str(DEMO), *args)
+    assert result.returncode == 2 and words in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_exhaustive_refuses_a_large_instance():
+    result = run_hetopt("solve", str(DEMO), "--planner", "exhaustive")
+    assert result.returncode == 2 and "over the exhaustive budget" in result.stderr
+
+
+def test_formulations_and_backends_are_listed():
+    forms = json.loads(run_hetopt("formulations", "--json").stdout)["formulations"]
+    assert {f["name"]: f["backends"] for f in forms} == {"split-cpsat": ["cpsat"], "split-milp": ["cbc", "highs"]}
+    backends = json.loads(run_hetopt("backends", "--json").stdout)["backends"]
+    assert {b["name"] for b in backends if b["usable"]} == {"cpsat", "cbc", "highs"}
