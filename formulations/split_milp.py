@@ -20,6 +20,9 @@ T_opt ≥ 0.
   (C7) M_i(L_i) ≤ M̄_i                                                           memory
 
 Objective: min T_dp + T_opt — for every integer split exactly the evaluator's iteration time.
+Scenario-robust objectives (hetopt/search/robust.py) copy (C3)–(C5) per scenario s with its
+communication terms c^s_i, D^s_i and combine the T^s_dp + T_opt:  (R) expected Σ_s p_s·T_s; worst z ≥ T_s;
+CVaR_α η + Σ_s p_s·u_s/(1 − α) with u_s ≥ T_s − η, u_s ≥ 0.
 (C5) is monotone as well: raising y^b_k raises T_sync by at least as much, so no slack can be gained.
 """
 
@@ -28,28 +31,50 @@ from __future__ import annotations
 import pulp
 
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock, quiet_stdout
-from hetopt.search.linear import SplitProblem
+from hetopt.search.linear import PlanProblem
 
 GAP = 1e-9
 """Relative MIP gap: solvers default to 1e-4, which would leave milliseconds on the table."""
 
 
-def build(pr: SplitProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
     model = pulp.LpProblem("split", pulp.LpMinimize)
+    pr = problem.base
     p = pr.depth
     max_layers = pr.max_layers()
     L = [pulp.LpVariable(f"L_{i}", 1, max(1, max_layers[i]), cat="Integer") for i in range(p)]
     yf = [pulp.LpVariable(f"yf_{i}", 0) for i in range(p)]
     yb = [pulp.LpVariable(f"yb_{i}", 0) for i in range(p)]
-    tau_max, t_sync, t_dp, t_opt = (pulp.LpVariable(n, 0) for n in ("tau_max", "T_sync", "T_dp", "T_opt"))
-    model += t_dp + t_opt
+    t_opt = pulp.LpVariable("T_opt", 0)
     add_layer_sum(model, pr, L)
     add_pass_overlap(model, pr, L, yf, yb)
-    add_pipeline(model, pr, yf, yb, tau_max, t_sync)
-    add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp)
     add_optimizer(model, pr, L, t_opt)
     add_memory(model, pr, L)
+    t_dp = []
+    for s, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
+        tau_max, t_sync, t_end = (pulp.LpVariable(f"{n}_s{s}", 0) for n in ("tau_max", "T_sync", "T_dp"))
+        add_pipeline(model, sc, yf, yb, tau_max, t_sync, s)
+        add_gradient_allreduce(model, sc, L, yb, t_sync, t_end, s)
+        t_dp.append(t_end)
+    add_objective(model, problem, t_dp, t_opt)
     return model, L
+
+
+def add_objective(model, problem: PlanProblem, t_dp, t_opt) -> None:  # (R) robust.py
+    probs = problem.probabilities
+    if problem.objective in ("stable", "expected"):
+        model += pulp.lpSum(p * t for p, t in zip(probs, t_dp, strict=True)) + t_opt
+    elif problem.objective == "worst":
+        z = pulp.LpVariable("worst", 0)
+        for s, t in enumerate(t_dp):
+            model += z >= t + t_opt, f"R_worst_s{s}"
+        model += z
+    else:  # CVaR_α: η + Σ p_s·u_s/(1 − α), u_s ≥ T_s − η, u_s ≥ 0
+        eta = pulp.LpVariable("eta")
+        u = [pulp.LpVariable(f"u_s{s}", 0) for s in range(len(t_dp))]
+        for s, t in enumerate(t_dp):
+            model += u[s] >= t + t_opt - eta, f"R_cvar_s{s}"
+        model += eta + pulp.lpSum(p * us for p, us in zip(probs, u, strict=True)) / (1 - problem.alpha)
 
 
 def add_layer_sum(model, pr, L) -> None:  # (C1)
@@ -64,20 +89,20 @@ def add_pass_overlap(model, pr, L, yf, yb) -> None:  # (C2)
             model += y >= (d.slope + s * h.slope) * L[i] + d.intercept + s * h.intercept, f"C2_dev_{tag}{i}"
 
 
-def add_pipeline(model, pr, yf, yb, tau_max, t_sync) -> None:  # (C3), (C4)
+def add_pipeline(model, pr, yf, yb, tau_max, t_sync, s: int = 0) -> None:  # (C3), (C4)
     for i in range(pr.depth):
-        model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}"
+        model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}_s{s}"
     model += t_sync >= (pr.micro_batches - 1) * tau_max + pulp.lpSum(
-        yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), "C4_pipeline"
+        yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), f"C4_pipeline_s{s}"
 
 
-def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp) -> None:  # (C5)
-    model += t_dp >= t_sync, "C5_drain"
+def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, s: int = 0) -> None:  # (C5)
+    model += t_dp >= t_sync, f"C5_drain_s{s}"
     chain = 0
     for i in range(pr.depth):
         send = 0.5 * pr.p2p[i] if i > 0 else 0.0
         model += t_dp >= t_sync - chain - send - pr.dp_overlap[i] * yb[i] + pr.dp[i].slope * L[i] + \
-            pr.dp[i].intercept, f"C5_dp{i}"
+            pr.dp[i].intercept, f"C5_dp{i}_s{s}"
         chain = chain + yb[i] + send
 
 
@@ -91,9 +116,9 @@ def add_memory(model, pr, L) -> None:  # (C7)
         model += pr.mem_gib[i].slope * L[i] + pr.mem_gib[i].intercept <= pr.mem_limit_gib[i], f"C7_memory{i}"
 
 
-def solve(pr: SplitProblem, backend: str, options: SolveOptions) -> SplitSolution:
+def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
     start = clock()
-    model, L = build(pr)
+    model, L = build(problem)
     if options.hint is not None:
         for var, value in zip(L, options.hint, strict=True):
             var.setInitialValue(value)

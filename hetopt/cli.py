@@ -60,7 +60,8 @@ def solve(
     formulation: Annotated[str | None, typer.Option("--formulation", help="See `hetopt formulations`.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="cpsat, cbc or highs.")] = "highs",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")] = 60.0,
-    objective: Annotated[str, typer.Option("--objective", help="stable (scenario objectives: not yet).")] = "stable",
+    objective: Annotated[str, typer.Option("--objective", help="stable, expected, worst or cvar over the "
+                                                               "instance's bandwidth scenarios.")] = "stable",
     seed: Annotated[int, typer.Option("--seed", help="Solver random seed.")] = 0,
     out_path: Annotated[str | None, typer.Option("--out", help="Write the plan JSON here.")] = None,
     export_model: Annotated[str | None, typer.Option("--export-model", help="Write the best skeleton's model "

@@ -39,6 +39,7 @@ from hetopt.cost.terms import ITER, MB, N_TERMS, PASS
 from hetopt.errors import InputError, Problem
 from hetopt.placement import place
 from hetopt.plan import Plan
+from hetopt.spec.cluster import Cluster
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.instance import Instance
 from hetopt.spec.presets import ModelArch
@@ -86,13 +87,16 @@ class Evaluation:
         }
 
 
-def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan") -> Evaluation:
-    """Analytic time and memory of a plan; structural errors in the plan are bad input (exit 2)."""
+def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan",
+             cluster: Cluster | None = None) -> Evaluation:
+    """Analytic time and memory of a plan; structural errors in the plan are bad input (exit 2).
+
+    `cluster` overrides the instance's (the same nodes with other link bandwidths: a scenario)."""
     problems = check_plan(inst, plan)
     if problems:
         raise InputError(source, [Problem(path, message) for path, message in problems])
     plan = place(plan, inst.cluster)
-    feats = plan_features(inst, plan)
+    feats = plan_features(inst, plan, cluster)
     return price(inst, plan, feats, profiles or Profiles())
 
 
@@ -121,10 +125,10 @@ def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, t
     return np.stack([fwd, bwd, fwd_tp, bwd_tp])
 
 
-def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
+def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) -> PlanFeatures:
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
-    cluster = inst.cluster
+    cluster = cluster or inst.cluster
     nodes_of = _stage_nodes(plan)
     replicas_total = plan.replicas
     act_bytes = cc.ACT_BYTES * b * s * m.hidden

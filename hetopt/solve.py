@@ -10,13 +10,12 @@ from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.orchestrate import SearchResult, solve_exact
+from hetopt.search.robust import OBJECTIVES
 from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
 PLANNERS = ("ilp", "exhaustive")
-OBJECTIVES = ("stable",)
-"""Objectives available now; expected/worst/CVaR over scenarios are not built yet (issue 5)."""
 
 
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
@@ -26,9 +25,9 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
         raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
                                                             f"available: {', '.join(PLANNERS)}", planner, True)])
     if objective not in OBJECTIVES:
-        raise InputError("--objective", [Problem(
-            "--objective", f"not available yet; available: {', '.join(OBJECTIVES)} (scenario-robust objectives "
-                           "are still being built)", objective, True)])
+        hint = did_you_mean(objective, OBJECTIVES)
+        raise InputError("--objective", [Problem("--objective", f"unknown objective{hint}; choose one of "
+                                                                f"{', '.join(OBJECTIVES)}", objective, True)])
     if time_limit_s <= 0:
         raise InputError("--time-limit", [Problem("--time-limit", "must be positive seconds", time_limit_s, True)])
     profiles = profiles or Profiles()
@@ -37,12 +36,13 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     if planner == "exhaustive":
         from hetopt.baselines.exhaustive import exhaustive
 
-        ex = exhaustive(inst, options, profiles)
+        ex = exhaustive(inst, options, profiles, objective=objective)
         status = SolveStatus.OPTIMAL if ex.plan is not None else SolveStatus.INFEASIBLE
         result = SearchResult(status, ex.plan, ex.objective_s, ex.objective_s, clock() - start, "enumeration",
                               "none", time_limit_s, seed, ex.stats)
     else:
-        result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model)
+        result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model,
+                             objective=objective)
     return report(inst, planner, result, objective, simulate_iterations, profiles)
 
 

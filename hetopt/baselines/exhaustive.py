@@ -18,6 +18,7 @@ from hetopt.errors import InfeasibleError, InputError, Problem
 from hetopt.evaluate import plan_features, price
 from hetopt.placement import place
 from hetopt.plan import Plan
+from hetopt.search.robust import aggregate, planning_scenarios
 from hetopt.search.space import SearchOptions, SearchStats, enumerate_skeletons
 from hetopt.spec.instance import Instance
 
@@ -39,8 +40,10 @@ def compositions(total: int, parts: int):
 
 
 def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: Profiles | None = None,
-               budget: int = DEFAULT_BUDGET) -> ExhaustiveResult:
+               budget: int = DEFAULT_BUDGET, objective: str = "stable") -> ExhaustiveResult:
     options = options or SearchOptions.from_instance(inst)
+    scenarios = planning_scenarios(inst, objective)
+    probabilities = [sc.probability for sc in scenarios]
     profiles = profiles or Profiles()
     stats = SearchStats()
     skeletons = list(enumerate_skeletons(inst, options, stats))
@@ -59,9 +62,10 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
             continue
         for layers in compositions(inst.model.layers, sk.depth):
             plan = sk.plan(layers).model_copy(update={"placement": placement})
-            ev = price(inst, plan, plan_features(inst, plan), profiles)
+            evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
             evaluated += 1
-            if ev.fits and ev.iteration_time_s < best_t:
-                best, best_t = plan, ev.iteration_time_s
+            t = aggregate([ev.iteration_time_s for ev in evs], probabilities, objective)
+            if evs[0].fits and t < best_t:
+                best, best_t = plan, t
     stats.solved = evaluated
     return ExhaustiveResult(best, best_t, evaluated, stats)

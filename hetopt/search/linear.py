@@ -20,6 +20,7 @@ from hetopt.errors import InfeasibleError
 from hetopt.evaluate import _CPU, BWD, BWD_TP, DP, FWD, FWD_TP, OPT, P2P, plan_features, stage_work
 from hetopt.placement import place
 from hetopt.search.space import Skeleton
+from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 
 
@@ -81,15 +82,37 @@ class SplitProblem:
         return t_dp + max(o.at(n) for o, n in zip(self.opt, layers, strict=True))
 
 
+@dataclass(frozen=True)
+class PlanProblem:
+    """One skeleton under every planning scenario, and how to combine the scenario times (robust.py)."""
+
+    scenarios: tuple[SplitProblem, ...]
+    probabilities: tuple[float, ...]
+    objective: str = "stable"
+    alpha: float = 0.8
+
+    @property
+    def base(self) -> SplitProblem:
+        """Compute terms, memory and limits are the same in every scenario; only communication differs."""
+        return self.scenarios[0]
+
+    def iteration_time(self, layers: list[int]) -> float:
+        from hetopt.search.robust import aggregate
+
+        return aggregate([sc.iteration_time(layers) for sc in self.scenarios], list(self.probabilities),
+                         self.objective, self.alpha)
+
+
 def _affine(v1: float, v2: float) -> Affine:
     return Affine(v2 - v1, 2 * v1 - v2)
 
 
-def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles) -> SplitProblem:
-    """Linearise the evaluator for one skeleton; raises InfeasibleError when it cannot be placed."""
+def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Cluster | None = None) -> SplitProblem:
+    """Linearise the evaluator for one skeleton (under `cluster`'s link bandwidths, default the instance's);
+    raises InfeasibleError when it cannot be placed."""
     plan1 = place(sk.plan([1] * sk.depth), inst.cluster)
     plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
-    f1, f2 = plan_features(inst, plan1), plan_features(inst, plan2)
+    f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)
     gpus = f1.gpus[0]
     params = [profiles.for_gpu(g) for g in gpus]
     parts = []
@@ -178,4 +201,5 @@ def check_placeable(inst: Instance, sk: Skeleton) -> None:
     place(sk.plan([1] * sk.depth), inst.cluster)
 
 
-__all__ = ["Affine", "InfeasibleError", "SplitProblem", "check_placeable", "compute_lower_bound", "split_problem"]
+__all__ = ["Affine", "InfeasibleError", "PlanProblem", "SplitProblem", "check_placeable", "compute_lower_bound",
+           "split_problem"]

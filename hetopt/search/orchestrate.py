@@ -1,7 +1,8 @@
 """Best-first search over skeletons with a proven bound (DESIGN 4).
 
 1. Enumerate the skeletons (divisibility, depth and resource rules prune while enumerating).
-2. Give each a compute lower bound (no placement needed) and visit them in increasing bound order.
+2. Give each a compute lower bound (no placement needed) and visit them in increasing bound order. The
+   bound holds under every scenario, hence for every robust objective (each is at least the smallest T_s).
 3. For each: place it (else pruned: placement), linearise the evaluator, drop it if a stage cannot hold a
    layer or the stages cannot hold the model (pruned: memory), and solve its integer program exactly.
 4. Stop when the next bound is no better than the incumbent: every skeleton left is proven no better
@@ -21,7 +22,8 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Plan
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
-from hetopt.search.linear import compute_lower_bound, split_problem
+from hetopt.search.linear import PlanProblem, compute_lower_bound, split_problem
+from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
 from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_skeletons
 from hetopt.spec.instance import Instance
 
@@ -51,10 +53,11 @@ class SearchResult:
         return max(0.0, (self.objective_s - self.bound_s) / self.objective_s)
 
 
-def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "cpsat", time_limit_s: float = 60.0,
+def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "highs", time_limit_s: float = 60.0,
                 seed: int = 0, options: SearchOptions | None = None, profiles: Profiles | None = None,
-                export_model: str | None = None, progress=None) -> SearchResult:
+                export_model: str | None = None, progress=None, objective: str = "stable") -> SearchResult:
     form = pick(formulation, backend)
+    scenarios = planning_scenarios(inst, objective)
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
     start = clock()
@@ -76,11 +79,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             break
         sk = skeletons[k]
         try:
-            pr = split_problem(inst, sk, profiles)
+            pr = plan_problem(inst, sk, profiles, scenarios, objective)
         except InfeasibleError:
             stats.pruned["placement: TP groups do not pack onto the nodes"] += 1
             continue
-        max_layers = pr.max_layers()
+        max_layers = pr.base.max_layers()
         if min(max_layers) < 1 or sum(max_layers) < inst.model.layers:
             stats.pruned["memory: the stages cannot hold the model"] += 1
             continue
@@ -103,11 +106,16 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
         return SearchResult(status, None, math.inf, open_bound if timed_out else math.inf, wall, form.name, backend,
                             time_limit_s, seed, stats, reason="" if timed_out else diagnose(inst, stats))
     if export_model:
-        form.solve(split_problem(inst, best_sk, profiles), backend,
+        form.solve(plan_problem(inst, best_sk, profiles, scenarios, objective), backend,
                    SolveOptions(time_limit_s=time_limit_s, seed=seed, export_path=export_model))
     bound = min(incumbent, open_bound)
     status = SolveStatus.OPTIMAL if bound >= incumbent * (1 - OPTIMALITY_TOLERANCE) else SolveStatus.TIMEOUT
     return SearchResult(status, best, incumbent, bound, wall, form.name, backend, time_limit_s, seed, stats, best_sk)
+
+
+def plan_problem(inst: Instance, sk: Skeleton, profiles: Profiles, scenarios, objective: str) -> PlanProblem:
+    return PlanProblem(tuple(split_problem(inst, sk, profiles, sc.cluster) for sc in scenarios),
+                       tuple(sc.probability for sc in scenarios), objective, CVAR_ALPHA)
 
 
 def diagnose(inst: Instance, stats: SearchStats) -> str:

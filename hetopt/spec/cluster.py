@@ -105,6 +105,16 @@ class Cluster:
         for a, b, gbps, latency_us in links:
             self.graph.add_edge(island_vertex(a), island_vertex(b), gbps=gbps, latency_us=latency_us, kind="link")
 
+    def with_link_gbps(self, gbps: dict[tuple[str, str], float]) -> Cluster:
+        """The same nodes with other island-link bandwidths (a bandwidth scenario); keys are island pairs."""
+        links = []
+        for u, v, d in self.graph.edges(data=True):
+            if d["kind"] == "link":
+                a, b = self.graph.nodes[u]["island"], self.graph.nodes[v]["island"]
+                key = (a, b) if a <= b else (b, a)
+                links.append((a, b, gbps.get(key, d["gbps"]), d["latency_us"]))
+        return Cluster(list(self.nodes.values()), links, self.gpu_types)
+
     @classmethod
     def from_spec(cls, spec: ClusterSection, gpu_types: dict[str, GPUType]) -> Cluster:
         nodes = [Node(f"{g.name}-{i}", g.name, g.gpu, g.gpus_per_node, g.island, g.nic_gbps)
