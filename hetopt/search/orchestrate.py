@@ -13,6 +13,8 @@ finish, and the gap between them.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -24,7 +26,7 @@ from hetopt.plan import Plan
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
 from hetopt.search.linear import PlanProblem, compute_lower_bound, split_problem
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
-from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_skeletons
+from hetopt.search.space import SearchOptions, SearchStats, Skeleton, SkeletonGroup, enumerate_groups
 from hetopt.spec.instance import Instance
 
 OPTIMALITY_TOLERANCE = 1e-9
@@ -62,22 +64,33 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     profiles = profiles or Profiles()
     start = clock()
     stats = SearchStats()
-    skeletons = list(enumerate_skeletons(inst, options, stats))
-    bounds = [compute_lower_bound(inst, sk, profiles) for sk in skeletons]
-    order = sorted(range(len(skeletons)), key=bounds.__getitem__)
+    # Best-first over a heap of groups (keyed by their smallest bound: the most replicated skeleton) and
+    # skeletons (keyed by their own bound); a group is expanded only when it reaches the top.
+    heap: list[tuple[float, int, object]] = []
+    tie = itertools.count()
+    for group in enumerate_groups(inst, options, stats):
+        key = min(compute_lower_bound(inst, sk, profiles) for sk in group.most_replicated())
+        heap.append((key, next(tie), group))
+    heapq.heapify(heap)
     incumbent, best, best_sk = math.inf, None, None
     open_bound = math.inf  # the smallest bound among skeletons not finished
     timed_out = False
-    for n, k in enumerate(order):
-        if bounds[k] >= incumbent * (1 - OPTIMALITY_TOLERANCE):
-            stats.pruned["bound: compute lower bound ≥ incumbent"] += len(order) - n
+    while heap:
+        key, _, item = heap[0]
+        if key >= incumbent * (1 - OPTIMALITY_TOLERANCE):
+            stats.pruned["bound: compute lower bound ≥ incumbent"] += sum(
+                it.size if isinstance(it, SkeletonGroup) else 1 for _, _, it in heap)
             break
-        left = time_limit_s - (clock() - start)
-        if left <= 0:
+        if time_limit_s - (clock() - start) <= 0:
             timed_out = True
-            open_bound = min(open_bound, bounds[k])
+            open_bound = min(open_bound, key)
             break
-        sk = skeletons[k]
+        heapq.heappop(heap)
+        if isinstance(item, SkeletonGroup):
+            for sk in item.skeletons():
+                heapq.heappush(heap, (compute_lower_bound(inst, sk, profiles), next(tie), sk))
+            continue
+        sk = item
         try:
             pr = plan_problem(inst, sk, profiles, scenarios, objective)
         except InfeasibleError:
@@ -87,15 +100,16 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
         if min(max_layers) < 1 or sum(max_layers) < inst.model.layers:
             stats.pruned["memory: the stages cannot hold the model"] += 1
             continue
+        left = time_limit_s - (clock() - start)
         sol = form.solve(pr, backend, SolveOptions(time_limit_s=left, seed=seed))
         stats.solved += 1
         if progress is not None:
-            progress(n + 1, len(order), incumbent)
+            progress(stats.solved, incumbent)
         if sol.status == SolveStatus.INFEASIBLE:
             continue
         if sol.status != SolveStatus.OPTIMAL:
             timed_out = True
-            open_bound = min(open_bound, max(bounds[k], sol.bound_s))
+            open_bound = min(open_bound, max(key, sol.bound_s))
         if sol.layers is not None:
             t = pr.iteration_time(sol.layers)
             if t < incumbent:

@@ -93,9 +93,35 @@ def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions) -> list[int
     return [t for t in opts.tp if inst.model.heads % t == 0 and t <= dc.max_gpus_per_node]
 
 
-def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
-    """Every skeleton of the plan space; divisibility and resource rules are applied while enumerating
-    (what they exclude is never generated, and counted per rule)."""
+@dataclass(frozen=True)
+class SkeletonGroup:
+    """Skeletons that differ only in replica count and recompute mode (the search bounds them together)."""
+
+    micro_batch: int
+    segments: tuple[Segment, ...]
+    replica_options: tuple[int, ...]
+    recompute_options: tuple[str, ...]
+    total_micro_batches: int
+
+    @property
+    def size(self) -> int:
+        return len(self.replica_options) * len(self.recompute_options)
+
+    def skeletons(self) -> Iterator[Skeleton]:
+        for r in self.replica_options:
+            for rc in self.recompute_options:
+                yield Skeleton(self.micro_batch, rc, self.segments, r, self.total_micro_batches // r)
+
+    def most_replicated(self) -> list[Skeleton]:
+        """One skeleton per recompute mode at the largest replica count (the smallest compute bound)."""
+        r = max(self.replica_options)
+        return [Skeleton(self.micro_batch, rc, self.segments, r, self.total_micro_batches // r)
+                for rc in self.recompute_options]
+
+
+def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[SkeletonGroup]:
+    """Every skeleton of the plan space, grouped; divisibility, depth and resource rules are applied while
+    enumerating (what they exclude is never generated, and counted per rule)."""
     layers = inst.model.layers
     classes = list(inst.cluster.device_classes.values())
     for b in opts.micro_batch:
@@ -113,11 +139,18 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats)
                         stats.pruned["depth: more stages than layers or max_stages"] += 1
                         continue
                     max_r = min(dc.gpus // (t * n) for dc, (t, n) in zip(order, choice, strict=True))
+                    replicas = tuple(r for r in range(1, max_r + 1) if total_mb % r == 0 and total_mb // r >= depth)
+                    excluded = max_r - len(replicas)
+                    if excluded:
+                        stats.pruned["divisibility: replicas must divide the micro-batches, m ≥ stages"] += excluded
+                    if not replicas:
+                        continue
                     segments = tuple(Segment(dc.gpu, dc.island, t, n) for dc, (t, n) in zip(order, choice, strict=True))
-                    for r in range(1, max_r + 1):
-                        if total_mb % r or total_mb // r < depth:
-                            stats.pruned["divisibility: replicas must divide the micro-batches, m ≥ stages"] += 1
-                            continue
-                        for rc in opts.recompute:
-                            stats.enumerated += 1
-                            yield Skeleton(b, rc, segments, r, total_mb // r)
+                    group = SkeletonGroup(b, segments, replicas, tuple(opts.recompute), total_mb)
+                    stats.enumerated += group.size
+                    yield group
+
+
+def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
+    for group in enumerate_groups(inst, opts, stats):
+        yield from group.skeletons()
