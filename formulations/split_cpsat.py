@@ -102,9 +102,9 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
         totals.append(total)
     divisor = _objective(model, problem, totals, max(top[f"T_s{k}"] for k in range(len(totals))))
     model.AddDecisionStrategy(L, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
-    if options.hint is not None:
-        for var, value in zip(L, options.hint, strict=True):
-            model.AddHint(var, value)
+    if options.hint is not None and sum(options.hint) == pr.layers:
+        for var, value, top_layers in zip(L, options.hint, max_layers, strict=True):
+            model.AddHint(var, min(value, top_layers))
     if options.export_path:
         model.ExportToFile(options.export_path)
     solver = cp_model.CpSolver()

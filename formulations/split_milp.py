@@ -119,7 +119,7 @@ def add_memory(model, pr, L) -> None:  # (C7)
 def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
     start = clock()
     model, L = build(problem)
-    if options.hint is not None:
+    if options.hint is not None and sum(options.hint) == problem.base.layers:
         for var, value in zip(L, options.hint, strict=True):
             var.setInitialValue(value)
     if options.export_path:

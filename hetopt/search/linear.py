@@ -10,6 +10,7 @@ the formulations write with two epigraph inequalities: y ≥ h + s·d and y ≥ 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,15 +149,31 @@ def compute_lower_bound(inst: Instance, sk: Skeleton, profiles: Profiles) -> flo
     communication). With m micro-batches T ≥ (m − 1)·max τ + Σ τ, and over real-valued splits
     max τ ≥ λ*, the water level that balances the stages, while Σ τ ≥ Σ (a_i + c_i) + min a · (layers − p).
     """
-    stages = sk.stage_list()
-    p = len(stages)
-    lines = [_stage_line(inst, profiles, seg.gpu, seg.tp, sk.micro_batch, sk.recompute, i == 0, i == p - 1)
-             for i, seg in enumerate(stages)]
-    slopes, intercepts = [a for a, _ in lines], [c for _, c in lines]
-    a, c = np.array(slopes), np.array(intercepts)
-    lam = _water_level(a, c, inst.model.layers)
-    sum_tau = float((a + c).sum() + a.min() * (inst.model.layers - p))
+    # Stages of a segment share one line, except the first and last stages (embedding, head): lines with
+    # multiplicities keep the bound cheap for deep pipelines.
+    p = sk.depth
+    weighted: list[tuple[float, float, int]] = []
+    position = 0
+    for seg in sk.segments:
+        for first, last, count in _segment_parts(position, seg.stages, p):
+            a, c = _stage_line(inst, profiles, seg.gpu, seg.tp, sk.micro_batch, sk.recompute, first, last)
+            weighted.append((a, c, count))
+        position += seg.stages
+    lam = _water_level(weighted, inst.model.layers, p)
+    sum_tau = sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (inst.model.layers - p)
     return (sk.micro_batches - 1) * lam + sum_tau
+
+
+def _segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool, int]]:
+    """(first, last, count) runs of a segment's stages at positions start .. start + stages − 1."""
+    parts = []
+    for i in range(start, start + stages):
+        key = (i == 0, i == depth - 1)
+        if parts and parts[-1][:2] == key:
+            parts[-1] = (*key, parts[-1][2] + 1)
+        else:
+            parts.append((*key, 1))
+    return parts
 
 
 _LINES: dict[tuple, tuple[float, float]] = {}
@@ -181,20 +198,23 @@ def _stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micr
     return _LINES[key]
 
 
-def _water_level(a: np.ndarray, c: np.ndarray, layers: int) -> float:
-    """Smallest λ with Σ max(1, (λ − c_i)/a_i) ≥ layers: the best possible max_i(a_i·L_i + c_i) over real
-    splits with L_i ≥ 1. Stages join the water level in order of their one-layer time b_i = a_i + c_i."""
-    order = sorted(range(len(a)), key=lambda i: a[i] + c[i])
-    inv, c_over_a = 0.0, 0.0
-    for k, i in enumerate(order):
-        inv += 1 / a[i]
-        c_over_a += c[i] / a[i]
-        active = k + 1
-        lam = (layers - len(a) + active + c_over_a) / inv
-        nxt = a[order[k + 1]] + c[order[k + 1]] if k + 1 < len(order) else np.inf
+def _water_level(weighted: list[tuple[float, float, int]], layers: int, depth: int) -> float:
+    """Smallest λ with Σ max(1, (λ − c_i)/a_i) ≥ layers over the stages (lines a, c with multiplicities):
+    the best possible max_i(a_i·L_i + c_i) over real splits with L_i ≥ 1. Lines join the water level in
+    order of their one-layer time a + c."""
+    order = sorted(weighted, key=lambda w: w[0] + w[1])
+    inv = c_over_a = 0.0
+    active = 0
+    lam = order[0][0] + order[0][1]
+    for k, (a, c, n) in enumerate(order):
+        inv += n / a
+        c_over_a += n * c / a
+        active += n
+        lam = (layers - depth + active + c_over_a) / inv
+        nxt = order[k + 1][0] + order[k + 1][1] if k + 1 < len(order) else math.inf
         if lam <= nxt:
-            return float(max(lam, a[order[0]] + c[order[0]]))
-    return float(lam)
+            return max(lam, order[0][0] + order[0][1])
+    return lam
 
 
 def check_placeable(inst: Instance, sk: Skeleton) -> None:
