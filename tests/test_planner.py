@@ -166,3 +166,11 @@ def test_robust_plans_win_where_they_should_in_simulation():
     assert simulated["worst"]["worst"] < simulated["stable"]["worst"]
     # the expected-time plan has the smallest expected simulated time of the three
     assert simulated["expected"]["expected"] <= min(v["expected"] for v in simulated.values()) + 1e-9
+
+
+def test_worker_processes_find_the_same_optimum():
+    inst = load_instance(next(p for p in SMALL if p.stem == "s4-three-types"))
+    serial = solve_exact(inst, backend="highs", workers=1)
+    parallel = solve_exact(inst, backend="highs", workers=2)
+    assert parallel.status == serial.status == SolveStatus.OPTIMAL
+    assert parallel.objective_s == pytest.approx(serial.objective_s, rel=1e-12)
