@@ -18,7 +18,22 @@ import numpy as np
 from hetopt.cost.memory import GIB
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
-from hetopt.evaluate import _CPU, BWD, BWD_TP, DP, FWD, FWD_TP, OPT, P2P, plan_features, stage_work
+from hetopt.evaluate import (
+    _CPU,
+    BWD,
+    BWD_TP,
+    DP,
+    FWD,
+    FWD_TP,
+    N_PARTS,
+    OPT,
+    P2P,
+    dp_finish,
+    overlap_host_device,
+    pipe_times,
+    plan_features,
+    stage_work,
+)
 from hetopt.placement import place
 from hetopt.search.space import Skeleton
 from hetopt.spec.cluster import Cluster
@@ -67,20 +82,21 @@ class SplitProblem:
         return out
 
     def iteration_time(self, layers: list[int]) -> float:
-        """The evaluator's iteration time for this split (the formulations' objective, written out)."""
-        def ovl(h: float, d: float, s: float) -> float:
-            return max(h, d) + s * min(h, d)
+        """The evaluator's iteration time for this split, through the evaluator's own pipeline functions."""
+        serial = np.array(self.serial)
+        n = np.array(layers, dtype=float)
 
-        yf = [ovl(self.host_fwd[i].at(n), self.dev_fwd[i].at(n), self.serial[i]) for i, n in enumerate(layers)]
-        yb = [ovl(self.host_bwd[i].at(n), self.dev_bwd[i].at(n), self.serial[i]) for i, n in enumerate(layers)]
-        tau = [f + b + c for f, b, c in zip(yf, yb, self.p2p, strict=True)]
-        t_sync = (self.micro_batches - 1) * max(tau) + sum(tau)
-        t_dp, chain = t_sync, 0.0
-        for i, n in enumerate(layers):
-            send = 0.5 * self.p2p[i] if i > 0 else 0.0
-            t_dp = max(t_dp, t_sync - chain - send - self.dp_overlap[i] * yb[i] + self.dp[i].at(n))
-            chain += yb[i] + send
-        return t_dp + max(o.at(n) for o, n in zip(self.opt, layers, strict=True))
+        def at(funcs: tuple[Affine, ...]) -> np.ndarray:
+            return np.array([f.at(x) for f, x in zip(funcs, n, strict=True)])
+
+        times = np.zeros((len(layers), N_PARTS))
+        times[:, FWD] = overlap_host_device(at(self.host_fwd), at(self.dev_fwd), serial)
+        times[:, BWD] = overlap_host_device(at(self.host_bwd), at(self.dev_bwd), serial)
+        times[:, P2P] = self.p2p
+        times[:, DP] = at(self.dp)
+        times[:, OPT] = at(self.opt)
+        t_pipe, _ = pipe_times(times, self.micro_batches, 1)
+        return float(dp_finish(times, t_pipe, np.array(self.dp_overlap)) + times[:, OPT].max())
 
 
 @dataclass(frozen=True)
