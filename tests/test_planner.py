@@ -174,3 +174,27 @@ def test_worker_processes_find_the_same_optimum():
     parallel = solve_exact(inst, backend="highs", workers=2)
     assert parallel.status == serial.status == SolveStatus.OPTIMAL
     assert parallel.objective_s == pytest.approx(serial.objective_s, rel=1e-12)
+
+
+def test_the_linearised_skeleton_is_the_evaluator_for_every_split():
+    import random
+
+    from hetopt.cost.profiles import Profiles
+    from hetopt.search.linear import split_problem
+    from hetopt.search.space import SearchStats, enumerate_skeletons
+
+    inst = load_instance(DEMO)
+    skeletons = list(enumerate_skeletons(inst, SearchOptions.from_instance(inst), SearchStats()))
+    rng = random.Random(7)
+    checked = 0
+    for sk in rng.sample(skeletons, 40):
+        try:
+            problem = split_problem(inst, sk, Profiles())
+        except Exception:
+            continue
+        cuts = sorted(rng.sample(range(1, inst.model.layers), sk.depth - 1))
+        layers = [b - a for a, b in zip([0, *cuts], [*cuts, inst.model.layers], strict=True)]
+        assert problem.iteration_time(layers) == pytest.approx(evaluate(inst, sk.plan(layers)).iteration_time_s,
+                                                               rel=1e-12)
+        checked += 1
+    assert checked >= 20
