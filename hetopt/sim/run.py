@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -75,7 +76,8 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
     jobs = [(inst, plan, profiles, sc, iterations, keep_records and i == 0) for i, sc in enumerate(chosen)]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     if workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # spawn: `hetopt solve` simulates after solving in-process, and a fork would inherit solver threads
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             outcomes = list(pool.map(_one, jobs))
     else:
         outcomes = [_one(job) for job in jobs]
