@@ -224,7 +224,7 @@ class _Run:
 
         def finish_fixed() -> None:
             if self.record and label:
-                self.records.append(Record("send", label, start, self.now))
+                self.records.append(Record("send", label, start, self.now, link=_link_name(tr.path)))
             on_done()
 
         if not tr.path:
@@ -413,3 +413,15 @@ class _Run:
             self.records.append(Record("opt", "optimizer", t_dp, end))
         self.now = end
         return end
+
+
+def _link_name(path: tuple[Link, ...]) -> str:
+    """The track a transfer belongs on: its island link if it crosses one, else the sending node's NIC,
+    else the intra-node interconnect."""
+    for u, v in path:
+        if u.startswith("island:") and v.startswith("island:"):
+            a, b = sorted((u.removeprefix("island:"), v.removeprefix("island:")))
+            return f"link {a}-{b}"
+    if path:
+        return f"nic {path[0][0]}"
+    return "intra-node"

@@ -11,10 +11,12 @@ COLOURS = {"F": "#4C72B0", "B": "#55A868", "send": "#DD8452", "dp": "#C44E52", "
 
 
 def chrome_trace(result: SimResult) -> dict:
-    """Trace Event Format: one process per pipeline template, one thread per replica × stage, plus the
-    network (one thread per kind of transfer) and the optimizer step."""
+    """Trace Event Format: one process per pipeline template with a thread per replica × stage (a GPU group),
+    and a network process with a thread per link that carried sends, one for the data-parallel
+    all-reduces and one for the optimizer step."""
     events = []
     names: dict[tuple[int, int], str] = {}
+    tracks: dict[str, int] = {}
     for rec in result.records:
         if rec.device is not None and rec.kind in ("F", "B"):
             j, r, d = rec.device
@@ -23,9 +25,10 @@ def chrome_trace(result: SimResult) -> dict:
         elif rec.kind == "dp":
             pid, tid = 0, 1
             names[(pid, tid)] = "data-parallel all-reduce"
-        elif rec.kind == "send":
-            pid, tid = 0, 2
-            names[(pid, tid)] = "pipeline sends"
+        elif rec.kind == "send":  # one track per link (island link, NIC, or inside a node)
+            pid = 0
+            tid = tracks.setdefault(rec.link or "sends", 10 + len(tracks))
+            names[(pid, tid)] = rec.link or "sends"
         else:
             pid, tid = 0, 3
             names[(pid, tid)] = "optimizer"
@@ -44,7 +47,8 @@ def write_trace(result: SimResult, path: Path) -> None:
 
 
 def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
-    """Gantt of replica 0 of every template (stages × time) and, underneath, the busiest link's capacity."""
+    """Gantt of replica 0 of every template (stages × time) and, underneath, the capacity of the island link
+    that carried the most bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,7 +76,12 @@ def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
               loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=4, frameon=False)
     ax.set_title(title or "pipeline timeline (replica 0 of each template)", loc="left", fontsize=10)
     if result.capacity_trace:
-        link, points = min(result.capacity_trace.items(), key=lambda kv: min(g for _, g in kv[1]))
+        def carried(item) -> float:  # bytes both ways over the island link
+            (a, b), _ = item
+            u, v = f"island:{a}", f"island:{b}"
+            return result.link_bytes.get((u, v), 0.0) + result.link_bytes.get((v, u), 0.0)
+
+        link, points = max(result.capacity_trace.items(), key=carried)
         xs = [t for t, _ in points] + [result.end_s]
         ys = [g for _, g in points]
         bw.step(xs, [*ys, ys[-1]], where="post", color="#333333")
