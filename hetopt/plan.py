@@ -70,7 +70,7 @@ class Plan(Section):
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    data, lines = read_document(path)
+    data, lines = read_document(path, what="plan")
     return validate_document(data, str(path), Plan, "a plan has keys micro_batch and pipelines", lines)
 
 

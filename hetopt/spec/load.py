@@ -62,23 +62,24 @@ def _yaml_lines(node: yaml.Node | None, loc: Loc = ()) -> dict[Loc, int]:
     return lines
 
 
-def read_document(path: Path) -> tuple[Any, dict[Loc, int]]:
-    """Parse a YAML or JSON file; returns the data and a key-path → line map."""
+def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, int]]:
+    """Parse a YAML or JSON file (an instance or a plan); returns the data and a key-path → line map."""
     source = str(path)
     if not path.exists():
+        hint = ", or the name of a bundled one (`hetopt instances`)" if what == "instance" else ""
         raise InputError(source, [Problem(
-            "", f"file does not exist (looked for {path.resolve()}); give the path of a YAML or JSON "
-                "instance file, or the name of a bundled one (`hetopt instances`)")])
+            "", f"file does not exist (looked for {path.resolve()}); give the path of a YAML or JSON {what} "
+                f"file{hint}")])
     if path.is_dir():
-        raise InputError(source, [Problem("", "is a directory; give the path of a YAML or JSON instance file")])
+        raise InputError(source, [Problem("", f"is a directory; give the path of a YAML or JSON {what} file")])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(source, [Problem("", f"cannot be read as UTF-8 text ({exc})")]) from None
     if not text.strip():
-        raise InputError(source, [Problem(
-            "", "the file is empty; an instance needs at least the keys name, model, training and cluster "
-                "(see README.md or `hetopt schema`)")])
+        needs = ("an instance needs at least the keys name, model, training and cluster (see README.md or "
+                 "`hetopt schema`)") if what == "instance" else "a plan needs the keys micro_batch and pipelines"
+        raise InputError(source, [Problem("", f"the file is empty; {needs}")])
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text), {}
