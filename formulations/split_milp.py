@@ -32,6 +32,7 @@ import pulp
 
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock, quiet_stdout
 from hetopt.search.linear import PlanProblem
+from hetopt.search.watchdog import deadline_for_children
 
 GAP = 1e-9
 """Relative MIP gap: solvers default to 1e-4, which would leave milliseconds on the table."""
@@ -130,10 +131,15 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
                                    options=[f"randomSeed {options.seed}"])
     else:
         solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=GAP, random_seed=options.seed)
+    # CBC may overrun its own limit (presolve): it is stopped from outside a little after the deadline.
+    grace_s = max(1.0, 0.1 * limit)
     try:
-        with quiet_stdout():  # HiGHS prints a banner even with msg=False; --json needs a clean stdout
+        with quiet_stdout(), deadline_for_children(limit + grace_s) as watchdog:
             model.solve(solver)
     except pulp.PulpSolverError as exc:
+        if watchdog["killed"]:
+            return SplitSolution(SolveStatus.TIMEOUT, None, float("inf"), 0.0, clock() - start, backend,
+                                 "CBC stopped from outside after its time limit")
         return SplitSolution(SolveStatus.ERROR, None, float("inf"), 0.0, clock() - start, backend, str(exc))
     status = pulp.LpStatus[model.status]
     wall = clock() - start
