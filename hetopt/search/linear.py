@@ -17,7 +17,6 @@ import numpy as np
 
 from hetopt.cost.memory import GIB
 from hetopt.cost.profiles import Profiles
-from hetopt.errors import InfeasibleError
 from hetopt.evaluate import (
     _CPU,
     BWD,
@@ -231,11 +230,3 @@ def _water_level(weighted: list[tuple[float, float, int]], layers: int, depth: i
         if lam <= nxt:
             return max(lam, order[0][0] + order[0][1])
     return lam
-
-
-def check_placeable(inst: Instance, sk: Skeleton) -> None:
-    place(sk.plan([1] * sk.depth), inst.cluster)
-
-
-__all__ = ["Affine", "InfeasibleError", "PlanProblem", "SplitProblem", "check_placeable", "compute_lower_bound",
-           "split_problem"]

@@ -166,14 +166,10 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int], root: type[BaseMode
         "too_long": f"takes at most {ctx.get('max_length')} item(s)",
         "string_pattern_mismatch": "may use only letters, digits, '_', '.' and '-'",
         "string_too_short": "must not be empty",
-        "union_tag_not_found": f"needs a 'kind' key: one of {_generator_kinds()}",
+        "union_tag_not_found": "needs a 'kind' key: one of step, markov, diurnal, trace",
     }
     message = messages.get(kind, err["msg"][0].lower() + err["msg"][1:])
     return Problem(path, message + hint, value=err.get("input"), has_value=True, line=line)
-
-
-def _generator_kinds() -> str:
-    return "step, markov, diurnal, trace"
 
 
 def _strip_union_tags(loc: Loc) -> Loc:
