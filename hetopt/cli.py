@@ -83,7 +83,13 @@ def solve(
             raise InputError(target, [Problem(option, "exists; pass --force to overwrite it or choose another "
                                                       "path", target, True)])
     inst = load_instance(instance) if instance else _demo()
-    result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model)
+    with err.status(f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
+        def progress(solved: int, incumbent: float) -> None:
+            best = f"best so far {incumbent:.3f} s" if incumbent < float("inf") else "no plan yet"
+            status.update(f"planning {inst.name}: {solved} skeletons solved, {best}")
+
+        result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
+                           progress=progress)
     if out_path and result["plan"] is not None:
         Path(out_path).write_text(_json.dumps(result["plan"], indent=2) + "\n", encoding="utf-8")
     if as_json:

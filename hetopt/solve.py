@@ -20,7 +20,7 @@ PLANNERS = ("ilp", "exhaustive")
 
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
           time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
-          simulate_iterations: int = 2, profiles: Profiles | None = None) -> dict[str, Any]:
+          simulate_iterations: int = 2, profiles: Profiles | None = None, progress=None) -> dict[str, Any]:
     if planner not in PLANNERS:
         raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
                                                             f"available: {', '.join(PLANNERS)}", planner, True)])
@@ -42,7 +42,7 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
                               "none", time_limit_s, seed, ex.stats)
     else:
         result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model,
-                             objective=objective)
+                             progress=progress, objective=objective)
     return report(inst, planner, result, objective, simulate_iterations, profiles)
 
 

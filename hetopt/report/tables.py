@@ -192,10 +192,11 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
                 f"{pred['tokens_per_s']:,.0f} tokens/s, MFU {pred['mfu']:.1%}; {r['planner']} / {r['formulation']} / "
                 f"{r['backend']} in {r['solve_time_s']:.2f} s")
     plan = r["plan"]
-    table = Table(title=f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']})",
+    table = Table(title=f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']}; "
+                        "T template, × replicas, m micro-batches each, # stage, L layers, rc recompute)",
                   title_justify="left")
-    for col in ("pipeline", "replicas", "micro-batches", "stage", "GPUs", "TP", "layers", "recompute", "peak GiB"):
-        table.add_column(col, justify="left" if col in ("GPUs", "recompute") else "right")
+    for col in ("T", "×", "m", "#", "device class", "TP", "L", "rc", "GiB/lim"):
+        table.add_column(col, justify="left" if col in ("device class", "rc") else "right", no_wrap=True)
     k = 0
     for j, pipe in enumerate(plan["pipelines"]):
         for i, st in enumerate(pipe["stages"]):
