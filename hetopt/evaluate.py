@@ -256,17 +256,23 @@ def overlap_host_device(host_s, device_s, serial):
     return np.maximum(host_s, device_s) + serial * np.minimum(host_s, device_s)
 
 
+def host_device(features: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host and device seconds of features (..., N_TERMS), priced by weights (N_TERMS,) or by a weight
+    vector per leading row (..., N_TERMS) — the one place features meet weights."""
+    if weights.ndim == 1:  # one GPU type for every row (calibration): a matrix product
+        return features[..., _CPU] @ weights[_CPU], features[..., ~_CPU] @ weights[~_CPU]
+    extra = features.ndim - weights.ndim  # weights per stage, features per stage and part
+    w = weights.reshape(weights.shape[:-1] + (1,) * extra + weights.shape[-1:])
+    return (features[..., _CPU] * w[..., _CPU]).sum(-1), (features[..., ~_CPU] * w[..., ~_CPU]).sum(-1)
+
+
 def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray:
     """Seconds per part from features (..., N_PARTS, N_TERMS) and weights (..., N_TERMS).
 
     Forward and backward passes overlap host and device work; their tensor-parallel collectives are
     device work, and the FWD_TP/BWD_TP parts hold what they add to the pass.
     """
-    if weights.ndim == 1:  # one GPU type for every row (calibration): a matrix product
-        host, device = features[..., _CPU] @ weights[_CPU], features[..., ~_CPU] @ weights[~_CPU]
-    else:  # a weight vector per stage
-        host = np.einsum("...pk,...k->...p", features[..., _CPU], weights[..., _CPU])
-        device = np.einsum("...pk,...k->...p", features[..., ~_CPU], weights[..., ~_CPU])
+    host, device = host_device(features, weights)
     out = host + device
     for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):
         alone = overlap_host_device(host[..., compute], device[..., compute], serial)

@@ -20,6 +20,8 @@ import datetime as dt
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from hetopt.cost.terms import GEMM, KERN, MB, MEM, PASS, CostParams
 from hetopt.errors import InputError, Problem
 
@@ -79,7 +81,7 @@ def _block(torch, hidden: int, heads: int):
 
 def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress=None) -> CostParams:
     from hetopt.cost.profiles import Profiles
-    from hetopt.evaluate import BWD, FWD, price_parts, stage_work
+    from hetopt.evaluate import BWD, FWD, host_device, price_parts, stage_work
     from hetopt.spec.gpus import CATALOG
     from hetopt.spec.presets import ModelArch
 
@@ -127,7 +129,7 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
     model = ModelArch("measured-block", 1, hidden, heads, heads, 4 * hidden, False, 1, seq)
     work = stage_work(model, spec, mb, seq, 1, False, "flash", "none", 1, False, False).copy()
     work[:, MB] = 0.0  # one block, not a pipeline stage's micro-batch
-    device_s = float((work[FWD] + work[BWD]) @ _device_only(weights))
+    device_s = float(host_device(work[FWD] + work[BWD], np.array(weights))[1])
     # A launch-bound pass takes host + launch_serial × device time (evaluate.overlap_host_device);
     # forward and backward are two layer passes.
     weights[PASS] = max(0.0, (t_block - base.launch_serial * device_s) / 2)
@@ -154,16 +156,6 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
         say(f"{name} h={h} s={sl}: measured {measured * 1e3:.2f} ms, predicted {predicted * 1e3:.2f} ms")
     params = replace(params, fit=fit)
     return params
-
-
-def _device_only(weights: list[float]):
-    import numpy as np
-
-    from hetopt.evaluate import CPU_TERMS
-
-    w = np.array(weights)
-    w[CPU_TERMS] = 0.0
-    return w
 
 
 def _device_name(torch, device: str) -> str:

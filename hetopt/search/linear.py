@@ -18,7 +18,6 @@ import numpy as np
 from hetopt.cost.memory import GIB
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import (
-    _CPU,
     BWD,
     BWD_TP,
     DP,
@@ -28,6 +27,7 @@ from hetopt.evaluate import (
     OPT,
     P2P,
     dp_finish,
+    host_device,
     overlap_host_device,
     pipe_times,
     plan_features,
@@ -133,10 +133,8 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
     params = [profiles.for_gpu(g) for g in gpus]
     parts = []
     for f in (f1, f2):
-        arr = f.templates[0]
-        w = np.stack([p.w for p in params])
-        lin = arr * w[:, None, :]
-        host, dev, full = lin[..., _CPU].sum(-1), lin[..., ~_CPU].sum(-1), lin.sum(-1)
+        host, dev = host_device(f.templates[0], np.stack([p.w for p in params]))
+        full = host + dev
         mem = [m / GIB + p.reserve_gib for m, p in zip(f.memory_bytes[0], params, strict=True)]
         parts.append((host, dev, full, mem))
     (h1, d1, x1, m1), (h2, d2, x2, m2) = parts
@@ -206,8 +204,7 @@ def _stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micr
         for n in (1, 2):
             work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, tp, True, inst.spec.training.attention,
                               recompute, n, first, last)
-            lin = work * w
-            host, dev = lin[:, _CPU].sum(-1), lin[:, ~_CPU].sum(-1)
+            host, dev = host_device(work, w)
             ends.append(dev[FWD] + dev[FWD_TP] + s * host[FWD] + dev[BWD] + dev[BWD_TP] + s * host[BWD])
         _LINES[key] = (float(ends[1] - ends[0]), float(2 * ends[0] - ends[1]))
     return _LINES[key]
