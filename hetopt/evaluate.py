@@ -187,11 +187,16 @@ def _p2p(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp:
     same boundary at about the same time (1F1B runs them in lockstep), so flows in the same direction on
     one link split it evenly — the max-min fair share the simulator gives them.
     """
-    routes = [cluster.route(a, b) for a, b in zip(src_nodes, dst_nodes, strict=True)]
-    load = Counter(edge for r in routes if not r.intra_node for edge in r.edges)
+    pairs = Counter(zip(src_nodes, dst_nodes, strict=True))
+    routes = [cluster.route(a, b) for a, b in pairs]
+    load: Counter = Counter()
+    for route, n in zip(routes, pairs.values(), strict=True):
+        if not route.intra_node:
+            for edge in route.edges:
+                load[edge] += n
     worst, worst_s, worst_gbps = None, -1.0, 0.0
     for r in routes:
-        gbps = r.gbps if r.intra_node else min(cluster.graph.edges[e]["gbps"] / load[e] for e in r.edges)
+        gbps = r.gbps if r.intra_node else min(c / load[e] for e, c in zip(r.edges, r.edge_gbps, strict=True))
         seconds = (nbytes / tp if r.intra_node else nbytes) / (gbps * comm.GBIT) + r.latency_us * 1e-6
         if seconds > worst_s:
             worst, worst_s, worst_gbps = r, seconds, gbps
@@ -261,9 +266,10 @@ def host_device(features: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, 
     vector per leading row (..., N_TERMS) — the one place features meet weights."""
     if weights.ndim == 1:  # one GPU type for every row (calibration): a matrix product
         return features[..., _CPU] @ weights[_CPU], features[..., ~_CPU] @ weights[~_CPU]
-    extra = features.ndim - weights.ndim  # weights per stage, features per stage and part
-    w = weights.reshape(weights.shape[:-1] + (1,) * extra + weights.shape[-1:])
-    return (features[..., _CPU] * w[..., _CPU]).sum(-1), (features[..., ~_CPU] * w[..., ~_CPU]).sum(-1)
+    # a weight vector per stage; features per stage (and part)
+    rule = "spk,sk->sp" if features.ndim == 3 else "sk,sk->s"
+    return (np.einsum(rule, features[..., _CPU], weights[..., _CPU]),
+            np.einsum(rule, features[..., ~_CPU], weights[..., ~_CPU]))
 
 
 def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray:

@@ -82,6 +82,8 @@ class Route:
     latency_us: float
     edges: tuple[tuple[str, str], ...]
     """Graph edges on the path, in order; empty inside a node."""
+    edge_gbps: tuple[float, ...] = ()
+    """Capacity of each edge on the path, in order."""
 
     @property
     def intra_node(self) -> bool:
@@ -198,4 +200,5 @@ class Cluster:
     def _route_along(self, vertices: list[str]) -> Route:
         edges = tuple(pairwise(vertices))
         data = [self.graph.edges[u, v] for u, v in edges]
-        return Route(min(d["gbps"] for d in data), sum(d["latency_us"] for d in data), edges)
+        capacities = tuple(d["gbps"] for d in data)
+        return Route(min(capacities), sum(d["latency_us"] for d in data), edges, capacities)
