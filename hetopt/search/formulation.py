@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import pkgutil
@@ -71,6 +72,7 @@ BACKENDS = {
 }
 
 
+@functools.cache
 def backend_available(name: str) -> tuple[bool, str]:
     module = BACKENDS[name][0]
     try:
@@ -90,6 +92,7 @@ def backend_available(name: str) -> tuple[bool, str]:
     return True, "available"
 
 
+@functools.cache
 def formulations() -> dict[str, Formulation]:
     import formulations as pkg
 
@@ -98,6 +101,7 @@ def formulations() -> dict[str, Formulation]:
         module = importlib.import_module(f"formulations.{info.name}")
         if hasattr(module, "FORMULATION"):
             found[module.FORMULATION.name] = module.FORMULATION
+    # discovered once per process: the search asks for its formulation on every skeleton
     for ep in entry_points(group="hetopt.formulations"):
         f = ep.load()
         found[f.name] = f
