@@ -60,20 +60,20 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
 
 
 def _one(args) -> tuple[dict[str, Any], SimResult | None]:
-    inst, plan, profiles, scenario, iterations, keep = args
+    inst, plan, profiles, scenario, iterations, keep, peak_memory_gib = args
     sim = Simulation(inst, plan, profiles)
     result = sim.run(scenario, iterations, record=keep)
-    peak = evaluate(inst, plan, profiles).peak_memory_gib
-    return summarise(inst, sim, scenario, result, peak), (result if keep else None)
+    return summarise(inst, sim, scenario, result, peak_memory_gib), (result if keep else None)
 
 
 def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int = 3,
              profiles: Profiles | None = None, keep_records: bool = False, workers: int | None = None):
     """Simulate every chosen scenario; returns (JSON-ready dict, records of the first scenario or None)."""
     profiles = profiles or Profiles()
-    estimate = evaluate(inst, plan, profiles).iteration_time_s
-    chosen = select_scenarios(inst, scenario, horizon_s=estimate * iterations * 4 + 60)
-    jobs = [(inst, plan, profiles, sc, iterations, keep_records and i == 0) for i, sc in enumerate(chosen)]
+    analytic = evaluate(inst, plan, profiles)  # for the trace horizon and the memory per stage (no second model)
+    chosen = select_scenarios(inst, scenario, horizon_s=analytic.iteration_time_s * iterations * 4 + 60)
+    jobs = [(inst, plan, profiles, sc, iterations, keep_records and i == 0, analytic.peak_memory_gib)
+            for i, sc in enumerate(chosen)]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     if workers > 1 and len(jobs) > 1:
         # spawn: `hetopt solve` simulates after solving in-process, and a fork would inherit solver threads
