@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -105,45 +106,44 @@ def solve(
         sys.exit(ExitCode.FAILED)
 
 
+def _listing(key: str, title: str, rows: list[dict], columns: list[tuple[str, Callable[[dict], str]]],
+             as_json: bool) -> None:
+    """A list command's output: {key: rows} with --json, else a table of the given columns."""
+    from rich.table import Table
+
+    if as_json:
+        _print_json({key: rows})
+        return
+    table = Table(title=title, title_justify="left")
+    for header, _ in columns:
+        table.add_column(header)
+    for r in rows:
+        table.add_row(*(cell(r) for _, cell in columns))
+    out.print(table)
+
+
 @app.command(name="formulations")
 def list_formulations(as_json: JsonOpt = False) -> None:
     """List the plan formulations (plug-ins in formulations/) and the backends each is written for."""
-    from rich.table import Table
-
     from hetopt.search.formulation import formulations as found
 
     rows = [{"name": f.name, "backends": list(f.backends), "summary": f.summary} for f in found().values()]
-    if as_json:
-        _print_json({"formulations": rows})
-        return
-    table = Table(title="Formulations", title_justify="left")
-    for col in ("name", "backends", "summary"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["name"], ", ".join(r["backends"]), r["summary"])
-    out.print(table)
+    _listing("formulations", "Formulations", rows, [("name", lambda r: r["name"]),
+                                                   ("backends", lambda r: ", ".join(r["backends"])),
+                                                   ("summary", lambda r: r["summary"])], as_json)
 
 
 @app.command()
 def backends(as_json: JsonOpt = False) -> None:
     """List the solver backends and whether each can be used here."""
-    from rich.table import Table
-
     from hetopt.search.formulation import BACKENDS, backend_available
 
-    rows = []
-    for name, (_, what) in BACKENDS.items():
-        ok, why = backend_available(name)
-        rows.append({"name": name, "usable": ok, "what": what, "detail": why})
-    if as_json:
-        _print_json({"backends": rows})
-        return
-    table = Table(title="Solver backends", title_justify="left")
-    for col in ("backend", "usable", "what"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["name"], "[green]yes[/green]" if r["usable"] else f"[red]no[/red] ({r['detail']})", r["what"])
-    out.print(table)
+    rows = [{"name": name, "usable": ok, "what": what, "detail": why}
+            for name, (_, what) in BACKENDS.items() for ok, why in [backend_available(name)]]
+    _listing("backends", "Solver backends", rows, [
+        ("backend", lambda r: r["name"]),
+        ("usable", lambda r: "[green]yes[/green]" if r["usable"] else f"[red]no[/red] ({r['detail']})"),
+        ("what", lambda r: r["what"])], as_json)
 
 
 @app.command()
@@ -172,21 +172,12 @@ def schema() -> None:
 @app.command()
 def instances(as_json: JsonOpt = False) -> None:
     """List the bundled instances with a one-line description."""
-    from rich.table import Table
-
     from hetopt.spec.instance import bundled_instances, describe
 
     rows = [{"name": name, "path": str(path), "description": describe(path)}
             for name, path in bundled_instances().items()]
-    if as_json:
-        _print_json({"instances": rows})
-        return
-    table = Table(title="Bundled instances (use the name in place of a file path)", title_justify="left")
-    table.add_column("name")
-    table.add_column("description")
-    for r in rows:
-        table.add_row(r["name"], r["description"])
-    out.print(table)
+    _listing("instances", "Bundled instances (use the name in place of a file path)", rows,
+             [("name", lambda r: r["name"]), ("description", lambda r: r["description"])], as_json)
 
 
 @app.command()

@@ -129,7 +129,7 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
     cluster = cluster or inst.cluster
-    nodes_of = _stage_nodes(plan)
+    nodes_of = stage_nodes(plan)
     replicas_total = plan.replicas
     act_bytes = cc.ACT_BYTES * b * s * m.hidden
     templates, gpus, groups, memory = [], [], [], []
@@ -150,11 +150,11 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
             sends_fwd = vp if not last else vp - 1
             sends_bwd = vp if not first else vp - 1
             if sends_fwd:
-                arr[i, P2P] += sends_fwd * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes, st.tp)
+                arr[i, P2P] += sends_fwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes, st.tp)
             if sends_bwd:
-                arr[i, P2P] += sends_bwd * _p2p(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
+                arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
-            group = _dp_group(plan, j, first_layer, first_layer + st.layers)
+            group = dp_group(plan, j, first_layer, first_layer + st.layers)
             arr[i, DP] = _dp_allreduce(cluster, plan, group, nodes_of, params / st.tp * GRAD_COMM_BYTES, st.tp, gpu)
             shard = replicas_total if plan.zero else 1
             arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
@@ -171,7 +171,7 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
                         plan.virtual_stages, memory)
 
 
-def _stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
+def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
     """(template, stage) → the node of each replica."""
     out: dict[tuple[int, int], list[str]] = {}
     for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica)):
@@ -179,7 +179,7 @@ def _stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
     return out
 
 
-def _p2p(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int) -> np.ndarray:
+def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int) -> np.ndarray:
     """One activation (or gradient) send across a stage boundary: the slowest replica's.
 
     Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
@@ -205,7 +205,7 @@ def _p2p(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp:
     return comm.transfer(nbytes, worst_gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
 
 
-def _dp_group(plan: Plan, template: int, lo: int, hi: int) -> list[tuple[int, int]]:
+def dp_group(plan: Plan, template: int, lo: int, hi: int) -> list[tuple[int, int]]:
     """Stages of every template holding any of layers [lo, hi)."""
     group = []
     for j, pipe in enumerate(plan.pipelines):

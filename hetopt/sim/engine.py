@@ -37,11 +37,11 @@ from hetopt.evaluate import (
     FWD_TP,
     GRAD_COMM_BYTES,
     OPT,
-    _dp_group,
-    _p2p,
-    _stage_nodes,
+    dp_group,
+    p2p_features,
     plan_features,
     price_parts,
+    stage_nodes,
 )
 from hetopt.placement import place
 from hetopt.plan import Plan
@@ -107,7 +107,7 @@ class Simulation:
             self.overlap.append([p.dp_overlap for p in params])
         w0 = self.weights[0][0]
         self.net_weight = float(w0[NET])
-        self.nodes_of = _stage_nodes(self.plan)
+        self.nodes_of = stage_nodes(self.plan)
         self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
@@ -134,7 +134,7 @@ class Simulation:
             a, b = self.node_of(src), self.node_of(dst)
             tp = self.plan.pipelines[j].stages[d].tp
             w = self.weights[j][d]
-            feats = _p2p(self.cluster, [a], [b], self.act_bytes, tp)
+            feats = p2p_features(self.cluster, [a], [b], self.act_bytes, tp)
             route = self.cluster.route(a, b)
             if route.intra_node:
                 self.transfers[key] = Transfer(float(feats @ w))
@@ -150,7 +150,7 @@ class Simulation:
         for j, pipe in enumerate(plan.pipelines):
             lo = 0
             for d, st in enumerate(pipe.stages):
-                group = _dp_group(plan, j, lo, lo + st.layers)
+                group = dp_group(plan, j, lo, lo + st.layers)
                 lo += st.layers
                 replicas = sum(plan.pipelines[g].replicas for g in {g for g, _ in group})
                 if replicas <= 1:
@@ -160,7 +160,7 @@ class Simulation:
                     continue  # the same layers across templates: one all-reduce, not one per template
                 nodes = list(dict.fromkeys(self.node_of(m) for m in members))
                 w = self.weights[j][d]
-                dp_feats = self._dp_features(j, d)
+                dp_feats = self.features.templates[j][d, DP]
                 fixed = float(dp_feats @ w - dp_feats[NET] * w[NET])
                 flows = []
                 if len(nodes) > 1:
@@ -172,9 +172,6 @@ class Simulation:
                         flows.append((self.cluster.route(a, b).edges, ring_bytes))
                 out.append({"key": (j, d), "members": members, "fixed_s": fixed, "flows": flows})
         return out
-
-    def _dp_features(self, j: int, d: int) -> np.ndarray:
-        return self.features.templates[j][d, DP]
 
     # -- running -------------------------------------------------------------------------------------------
 
