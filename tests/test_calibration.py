@@ -48,6 +48,7 @@ def test_fitted_parameters_are_physical(theta):
     from hetopt.cost.terms import GEMM, LINK, MEM
 
     w, overlap, serial = weights_of(theta)
+    # efficiencies must lie in (0, 1]; the lower limits only say the fit did not collapse onto a bound
     assert 0.3 < 1 / w[GEMM] <= 1 and 0.1 < 1 / w[MEM] <= 1 and 0.1 < 1 / w[LINK] <= 1
     assert 0 <= overlap <= 1 and 0 <= serial <= 1
 

@@ -109,8 +109,11 @@ def test_fast_stage_with_more_layers_beats_the_even_split(demo):
     even = evaluate(demo, _two_stage_plan(16)).iteration_time_s
     times = {n: evaluate(demo, _two_stage_plan(n)).iteration_time_s for n in range(16, 31)}
     best = min(times, key=times.get)
-    # A100 has 312/125 = 2.5× the V100's peak: the best split gives the A100 stage clearly more layers.
-    assert best >= 20 and times[best] < 0.8 * even
+    # A100 has 312/125 = 2.5× the V100's peak: splitting by peak puts 32·312/437 = 22.8 layers on the
+    # A100 stage. The even split leaves 16 layers on the V100 stage instead of 9.2, so at best it takes
+    # 9.2/16 = 0.57 of the even split's time; the LM head and communication on the V100 stage make it 0.63.
+    assert abs(best - 32 * 312 / 437) <= 1.5
+    assert 0.57 < times[best] / even < 0.7
 
 
 def test_a_layout_that_does_not_fit_still_gets_its_time(demo):
@@ -131,6 +134,8 @@ def test_recompute_trades_memory_for_time(demo):
 def test_interleaving_shrinks_the_bubble(demo):
     plain = _eval(demo, "tp=2,pp=4,dp=4,mb=1")
     inter = _eval(demo, "tp=2,pp=4,dp=4,mb=1,vp=2")
+    # (p − 1)/vp of the stage time: half with vp = 2; the tolerance covers the stage time itself growing by
+    # the extra sends every model chunk makes
     assert inter.breakdown["bubble"] == pytest.approx(plain.breakdown["bubble"] / 2, rel=0.1)
 
 

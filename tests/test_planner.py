@@ -63,6 +63,8 @@ def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     assert len({s.layers for s in stages}) > 1  # an uneven split: the A100 stage holds more layers
     a100 = sum(s.layers for s in stages if s.gpu == "A100-80GB")
     assert a100 > sum(s.layers for s in stages if s.gpu == "V100-32GB")
+    # measured: 4.65 s against 5.67 s for the best single-type plan (0.82); 0.9 keeps a margin for
+    # recalibration without letting the gain vanish
     assert both.objective_s < 0.9 * one_type.objective_s
 
 

@@ -175,6 +175,8 @@ def test_simulation_agrees_with_the_analytic_model_at_constant_bandwidth(demo, l
     # The simulator sees what the analytic model does not: the point-to-point flows of all replicas
     # share the 400 Gbit/s uplink between the racks, and interleaving's sends contend too, so the
     # simulation is never faster and at most 3% slower.
+    # Measured ratios: 1.0004 to 1.0074. The 0.1% below 1 allows for the closed form over-counting the fill
+    # and drain of unequal stages (see the heterogeneous timeline test).
     assert analytic * 0.999 <= simulated <= analytic * 1.03
 
 
