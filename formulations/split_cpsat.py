@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
+from hetopt.evaluate import overlap_host_device
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
 
@@ -31,10 +32,6 @@ TOLERANCE_S = 1e-3
 
 def _u(seconds: float) -> int:
     return round(seconds * SCALE)
-
-
-def _ovl(h: float, d: float, s: float) -> float:
-    return max(h, d) + s * min(h, d)
 
 
 def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
@@ -63,8 +60,8 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     for i in range(p):  # (C2) and the per-stage tables of (C5), (C6)
         layers = range(1, max_layers[i] + 1)
         s = pr.serial[i]
-        f_vals = [_u(_ovl(pr.host_fwd[i].at(n), pr.dev_fwd[i].at(n), s)) for n in layers]
-        b_secs = [_ovl(pr.host_bwd[i].at(n), pr.dev_bwd[i].at(n), s) for n in layers]
+        f_vals = [_u(overlap_host_device(pr.host_fwd[i].at(n), pr.dev_fwd[i].at(n), s)) for n in layers]
+        b_secs = [overlap_host_device(pr.host_bwd[i].at(n), pr.dev_bwd[i].at(n), s) for n in layers]
         yf.append(table(f"yf_{i}", i, f_vals))
         yb.append(table(f"yb_{i}", i, [_u(x) for x in b_secs]))
         ob.append(table(f"ob_{i}", i, [_u(pr.dp_overlap[i] * x) for x in b_secs]))
