@@ -13,7 +13,9 @@ evaluator).
   (C3) τ̂ = max_i (y^f_i + y^b_i + c_i)   (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
   (C5) T_dp = max(T_sync, max_i [T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)])
   (C6) T_opt = max_i O_i(L_i)           (C7) M_i(L_i) ≤ M̄_i (the domain of L_i)
-Objective: min T_dp + T_opt. Search branches on the layer counts first. Robust objectives copy
+Objective: min T_dp + T_opt. Several templates: (C1)–(C7) per template, T_sync = max_j T_pipe_j, T_dp the
+max over every template's stages, plus their split-independent gradient exchange X (split-milp's docstring).
+Search branches on the layer counts first. Robust objectives copy
 (C3)–(C5) per scenario and combine the scenario times as split-milp's (R), probabilities rounded to 1/P.
 """
 
@@ -36,71 +38,48 @@ def _u(seconds: float) -> int:
 
 def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
     start = clock()
-    pr = problem.base
-    p = pr.depth
     model = cp_model.CpModel()
-    max_layers = [max(1, min(m, pr.layers - (p - 1))) for m in pr.max_layers()]
-    L = [model.NewIntVar(1, max_layers[i], f"L_{i}") for i in range(p)]
-    model.Add(sum(L) == pr.layers)  # (C1)
-
-    index = []
-    for i in range(p):
-        k = model.NewIntVar(0, max_layers[i] - 1, f"k_{i}")
-        model.Add(k == L[i] - 1)
-        index.append(k)
     top: dict[str, int] = {}
-
-    def table(name: str, i: int, values: list[int]) -> cp_model.IntVar:
-        var = model.NewIntVar(min(values), max(values), name)
-        model.AddElement(index[i], values, var)
-        top[name] = max(values)
-        return var
-
-    yf, yb, ob, opt = [], [], [], []
-    for i in range(p):  # (C2) and the per-stage tables of (C5), (C6)
-        layers = range(1, max_layers[i] + 1)
-        s = pr.serial[i]
-        f_vals = [_u(overlap_host_device(pr.host_fwd[i].at(n), pr.dev_fwd[i].at(n), s)) for n in layers]
-        b_secs = [overlap_host_device(pr.host_bwd[i].at(n), pr.dev_bwd[i].at(n), s) for n in layers]
-        yf.append(table(f"yf_{i}", i, f_vals))
-        yb.append(table(f"yb_{i}", i, [_u(x) for x in b_secs]))
-        ob.append(table(f"ob_{i}", i, [_u(pr.dp_overlap[i] * x) for x in b_secs]))
-        opt.append(table(f"opt_{i}", i, [_u(pr.opt[i].at(n)) for n in layers]))
-    t_opt = model.NewIntVar(0, max(top[f"opt_{i}"] for i in range(p)), "T_opt")
+    flat: list[cp_model.IntVar] = []
+    flat_max: list[int] = []
+    templates = []
+    for j, pr in enumerate(problem.base.templates):
+        vars_j = _template(model, pr, f"_t{j}", top)
+        templates.append(vars_j)
+        flat += vars_j["L"]
+        flat_max += vars_j["max_layers"]
+    opt = [v for t in templates for v in t["opt"]]
+    top["T_opt"] = max(top[v.Name()] for v in opt)
+    t_opt = model.NewIntVar(0, top["T_opt"], "T_opt")
     model.AddMaxEquality(t_opt, opt)  # (C6)
     totals = []
     for sc_index, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
         tag = f"_s{sc_index}"
-        dp = [table(f"dp_{i}{tag}", i, [_u(sc.dp[i].at(n)) for n in range(1, max_layers[i] + 1)]) for i in range(p)]
-        tau = [yf[i] + yb[i] + _u(sc.p2p[i]) for i in range(p)]
-        hi = sum(top[f"yf_{i}"] + top[f"yb_{i}"] for i in range(p)) + sum(_u(c) for c in sc.p2p)
-        tau_vars = []
-        for i in range(p):
-            t = model.NewIntVar(0, hi, f"tau_{i}{tag}")
-            model.Add(t == tau[i])
-            tau_vars.append(t)
-        tau_max = model.NewIntVar(0, hi, f"tau_max{tag}")
-        model.AddMaxEquality(tau_max, tau_vars)  # (C3)
-        ub = pr.micro_batches * hi + sum(top[f"dp_{i}{tag}"] + top[f"opt_{i}"] for i in range(p)) + 1
+        ub = 1 + sum(pr.micro_batches * (sum(top[v.Name()] for v in t["yf"] + t["yb"]) + sum(_u(c) for c in pr.p2p))
+                     + sum(_u(max(pr.dp[i].at(n) for n in (1, pr.layers))) for i in range(pr.depth))
+                     for pr, t in zip(sc.templates, templates, strict=True)) + top["T_opt"]
+        pipes, ends = [], []
+        for j, (pr, t) in enumerate(zip(sc.templates, templates, strict=True)):
+            pipe, dp_terms = _pipeline(model, pr, t, f"_t{j}{tag}", ub)
+            pipes.append(pipe)
+            ends += dp_terms
         t_sync = model.NewIntVar(0, ub, f"T_sync{tag}")
-        model.Add(t_sync == (pr.micro_batches - 1) * tau_max + sum(tau_vars))  # (C4)
-        ends, chain = [t_sync], 0
-        for i in range(p):  # (C5)
-            send = _u(0.5 * sc.p2p[i]) if i > 0 else 0
-            end = model.NewIntVar(-ub, ub, f"dp_end_{i}{tag}")
-            model.Add(end == t_sync - chain - send - ob[i] + dp[i])
-            ends.append(end)
-            chain = chain + yb[i] + send
+        model.AddMaxEquality(t_sync, pipes)  # (C4): the slowest template
+        end_vars = [t_sync]
+        for k, term in enumerate(ends):  # (C5): every stage of every template, from the shared T_sync
+            end = model.NewIntVar(-ub, ub, f"dp_end_{k}{tag}")
+            model.Add(end == t_sync + term)
+            end_vars.append(end)
         t_dp = model.NewIntVar(0, ub, f"T_dp{tag}")
-        model.AddMaxEquality(t_dp, ends)
+        model.AddMaxEquality(t_dp, end_vars)
         total = model.NewIntVar(0, 2 * ub, f"T{tag}")
         top[f"T{tag}"] = 2 * ub
-        model.Add(total == t_dp + t_opt)
+        model.Add(total == t_dp + _u(sc.cross_s) + t_opt)
         totals.append(total)
     divisor = _objective(model, problem, totals, max(top[f"T_s{k}"] for k in range(len(totals))))
-    model.AddDecisionStrategy(L, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
-    if options.hint is not None and sum(options.hint) == pr.layers:
-        for var, value, top_layers in zip(L, options.hint, max_layers, strict=True):
+    model.AddDecisionStrategy(flat, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
+    if options.hint is not None and len(options.hint) == len(flat):
+        for var, value, top_layers in zip(flat, options.hint, flat_max, strict=True):
             model.AddHint(var, min(value, top_layers))
     if options.export_path:
         model.ExportToFile(options.export_path)
@@ -116,11 +95,65 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
         return SplitSolution(SolveStatus.ERROR if code == cp_model.MODEL_INVALID else SolveStatus.TIMEOUT, None,
                              float("inf"), solver.BestObjectiveBound() / SCALE / divisor, wall, backend,
                              solver.StatusName(code))
-    layers = [solver.Value(v) for v in L]
+    layers = [solver.Value(v) for v in flat]
     status = SolveStatus.OPTIMAL if code == cp_model.OPTIMAL else SolveStatus.TIMEOUT
     return SplitSolution(status, layers, solver.ObjectiveValue() / SCALE / divisor,
                          solver.BestObjectiveBound() / SCALE / divisor, wall, backend,
                          extra={"scale_units_per_s": SCALE, "tolerance_s": TOLERANCE_S})
+
+
+def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int]) -> dict:
+    """(C1), (C2), (C7) and the per-stage tables of (C5), (C6) for one template."""
+    p = pr.depth
+    max_layers = [max(1, min(m, pr.layers - (p - 1))) for m in pr.max_layers()]
+    L = [model.NewIntVar(1, max_layers[i], f"L{tag}_{i}") for i in range(p)]
+    model.Add(sum(L) == pr.layers)  # (C1)
+    index = []
+    for i in range(p):
+        k = model.NewIntVar(0, max_layers[i] - 1, f"k{tag}_{i}")
+        model.Add(k == L[i] - 1)
+        index.append(k)
+
+    def table(name: str, i: int, values: list[int]) -> cp_model.IntVar:
+        var = model.NewIntVar(min(values), max(values), name)
+        model.AddElement(index[i], values, var)
+        top[name] = max(values)
+        return var
+
+    out = {"L": L, "max_layers": max_layers, "index": index, "yf": [], "yb": [], "ob": [], "opt": [], "table": table}
+    for i in range(p):
+        layers = range(1, max_layers[i] + 1)
+        s = pr.serial[i]
+        f_vals = [_u(overlap_host_device(pr.host_fwd[i].at(n), pr.dev_fwd[i].at(n), s)) for n in layers]
+        b_secs = [overlap_host_device(pr.host_bwd[i].at(n), pr.dev_bwd[i].at(n), s) for n in layers]
+        out["yf"].append(table(f"yf{tag}_{i}", i, f_vals))
+        out["yb"].append(table(f"yb{tag}_{i}", i, [_u(x) for x in b_secs]))
+        out["ob"].append(table(f"ob{tag}_{i}", i, [_u(pr.dp_overlap[i] * x) for x in b_secs]))
+        out["opt"].append(table(f"opt{tag}_{i}", i, [_u(pr.opt[i].at(n)) for n in layers]))
+    return out
+
+
+def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int):
+    """(C3), (C4) of one template under one scenario: its pipeline time, and for (C5) each stage's
+    all-reduce end relative to T_sync."""
+    p = pr.depth
+    dp = [t["table"](f"dp{tag}_{i}", i, [_u(pr.dp[i].at(n)) for n in range(1, t["max_layers"][i] + 1)])
+          for i in range(p)]
+    tau_vars = []
+    for i in range(p):
+        tau = model.NewIntVar(0, ub, f"tau{tag}_{i}")
+        model.Add(tau == t["yf"][i] + t["yb"][i] + _u(pr.p2p[i]))
+        tau_vars.append(tau)
+    tau_max = model.NewIntVar(0, ub, f"tau_max{tag}")
+    model.AddMaxEquality(tau_max, tau_vars)  # (C3)
+    pipe = model.NewIntVar(0, ub, f"T_pipe{tag}")
+    model.Add(pipe == (pr.micro_batches - 1) * tau_max + sum(tau_vars))  # (C4)
+    terms, chain = [], 0
+    for i in range(p):
+        send = _u(0.5 * pr.p2p[i]) if i > 0 else 0
+        terms.append(-chain - send - t["ob"][i] + dp[i])
+        chain = chain + t["yb"][i] + send
+    return pipe, terms
 
 
 P = 10_000

@@ -20,6 +20,12 @@ T_opt ≥ 0.
   (C7) M_i(L_i) ≤ M̄_i                                                           memory
 
 Objective: min T_dp + T_opt — for every integer split exactly the evaluator's iteration time.
+
+Several templates j (each with its own m_j, replicas and stages; DESIGN 4's non-uniform shares): (C1),
+(C2), (C6), (C7) hold per template; each template's (C3)–(C4) has its own τ̂_j but bounds the one shared
+T_sync (the iteration waits for the slowest pipeline), and every template's (C5) bounds the one T_dp; the
+templates' gradient exchange X (evaluate.cross_template_exchange) does not depend on the split:
+min T_dp + X + T_opt.
 Scenario-robust objectives (hetopt/search/robust.py) copy (C3)–(C5) per scenario s with its
 communication terms c^s_i, D^s_i and combine the T^s_dp + T_opt:  (R) expected Σ_s p_s·T_s; worst z ≥ T_s;
 CVaR_α η + Σ_s p_s·u_s/(1 − α) with u_s ≥ T_s − η, u_s ≥ 0.
@@ -40,87 +46,93 @@ GAP = 1e-9
 
 def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
     model = pulp.LpProblem("split", pulp.LpMinimize)
-    pr = problem.base
-    p = pr.depth
-    max_layers = pr.max_layers()
-    L = [pulp.LpVariable(f"L_{i}", 1, max(1, max_layers[i]), cat="Integer") for i in range(p)]
-    yf = [pulp.LpVariable(f"yf_{i}", 0) for i in range(p)]
-    yb = [pulp.LpVariable(f"yb_{i}", 0) for i in range(p)]
     t_opt = pulp.LpVariable("T_opt", 0)
-    add_layer_sum(model, pr, L)
-    add_pass_overlap(model, pr, L, yf, yb)
-    add_optimizer(model, pr, L, t_opt)
-    add_memory(model, pr, L)
-    t_dp = []
+    flat, per_template = [], []
+    for j, pr in enumerate(problem.base.templates):
+        tag = f"_t{j}"
+        max_layers = pr.max_layers()
+        L = [pulp.LpVariable(f"L{tag}_{i}", 1, max(1, max_layers[i]), cat="Integer") for i in range(pr.depth)]
+        yf = [pulp.LpVariable(f"yf{tag}_{i}", 0) for i in range(pr.depth)]
+        yb = [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)]
+        add_layer_sum(model, pr, L, tag)
+        add_pass_overlap(model, pr, L, yf, yb, tag)
+        add_optimizer(model, pr, L, t_opt, tag)
+        add_memory(model, pr, L, tag)
+        flat += L
+        per_template.append((L, yf, yb))
+    totals = []
     for s, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
-        tau_max, t_sync, t_end = (pulp.LpVariable(f"{n}_s{s}", 0) for n in ("tau_max", "T_sync", "T_dp"))
-        add_pipeline(model, sc, yf, yb, tau_max, t_sync, s)
-        add_gradient_allreduce(model, sc, L, yb, t_sync, t_end, s)
-        t_dp.append(t_end)
-    add_objective(model, problem, t_dp, t_opt)
-    return model, L
+        t_sync, t_end = pulp.LpVariable(f"T_sync_s{s}", 0), pulp.LpVariable(f"T_dp_s{s}", 0)
+        model += t_end >= t_sync, f"C5_drain_s{s}"
+        for j, (pr, (L, yf, yb)) in enumerate(zip(sc.templates, per_template, strict=True)):
+            tag = f"_t{j}_s{s}"
+            tau_max = pulp.LpVariable(f"tau_max{tag}", 0)
+            add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag)
+            add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag)
+        totals.append(t_end + sc.cross_s + t_opt)
+    add_objective(model, problem, totals)
+    return model, flat
 
 
-def add_objective(model, problem: PlanProblem, t_dp, t_opt) -> None:  # (R) robust.py
+def add_objective(model, problem: PlanProblem, totals) -> None:  # (R) robust.py
     probs = problem.probabilities
     if problem.objective in ("stable", "expected"):
-        model += pulp.lpSum(p * t for p, t in zip(probs, t_dp, strict=True)) + t_opt
+        model += pulp.lpSum(p * t for p, t in zip(probs, totals, strict=True))
     elif problem.objective == "worst":
         z = pulp.LpVariable("worst", 0)
-        for s, t in enumerate(t_dp):
-            model += z >= t + t_opt, f"R_worst_s{s}"
+        for s, t in enumerate(totals):
+            model += z >= t, f"R_worst_s{s}"
         model += z
     else:  # CVaR_α: η + Σ p_s·u_s/(1 − α), u_s ≥ T_s − η, u_s ≥ 0
         eta = pulp.LpVariable("eta")
-        u = [pulp.LpVariable(f"u_s{s}", 0) for s in range(len(t_dp))]
-        for s, t in enumerate(t_dp):
-            model += u[s] >= t + t_opt - eta, f"R_cvar_s{s}"
+        u = [pulp.LpVariable(f"u_s{s}", 0) for s in range(len(totals))]
+        for s, t in enumerate(totals):
+            model += u[s] >= t - eta, f"R_cvar_s{s}"
         model += eta + pulp.lpSum(p * us for p, us in zip(probs, u, strict=True)) / (1 - problem.alpha)
 
 
-def add_layer_sum(model, pr, L) -> None:  # (C1)
-    model += pulp.lpSum(L) == pr.layers, "C1_layers"
+def add_layer_sum(model, pr, L, tag: str) -> None:  # (C1)
+    model += pulp.lpSum(L) == pr.layers, f"C1_layers{tag}"
 
 
-def add_pass_overlap(model, pr, L, yf, yb) -> None:  # (C2)
+def add_pass_overlap(model, pr, L, yf, yb, tag: str) -> None:  # (C2)
     for i in range(pr.depth):
         s = pr.serial[i]
-        for y, h, d, tag in ((yf[i], pr.host_fwd[i], pr.dev_fwd[i], "f"), (yb[i], pr.host_bwd[i], pr.dev_bwd[i], "b")):
-            model += y >= (h.slope + s * d.slope) * L[i] + h.intercept + s * d.intercept, f"C2_host_{tag}{i}"
-            model += y >= (d.slope + s * h.slope) * L[i] + d.intercept + s * h.intercept, f"C2_dev_{tag}{i}"
+        for y, h, d, kind in ((yf[i], pr.host_fwd[i], pr.dev_fwd[i], "f"), (yb[i], pr.host_bwd[i], pr.dev_bwd[i], "b")):
+            model += y >= (h.slope + s * d.slope) * L[i] + h.intercept + s * d.intercept, f"C2_host_{kind}{i}{tag}"
+            model += y >= (d.slope + s * h.slope) * L[i] + d.intercept + s * h.intercept, f"C2_dev_{kind}{i}{tag}"
 
 
-def add_pipeline(model, pr, yf, yb, tau_max, t_sync, s: int = 0) -> None:  # (C3), (C4)
+def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3), (C4)
     for i in range(pr.depth):
-        model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}_s{s}"
+        model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}{tag}"
     model += t_sync >= (pr.micro_batches - 1) * tau_max + pulp.lpSum(
-        yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), f"C4_pipeline_s{s}"
+        yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), f"C4_pipeline{tag}"
 
 
-def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, s: int = 0) -> None:  # (C5)
-    model += t_dp >= t_sync, f"C5_drain_s{s}"
+def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, tag: str) -> None:  # (C5)
     chain = 0
     for i in range(pr.depth):
         send = 0.5 * pr.p2p[i] if i > 0 else 0.0
         model += t_dp >= t_sync - chain - send - pr.dp_overlap[i] * yb[i] + pr.dp[i].slope * L[i] + \
-            pr.dp[i].intercept, f"C5_dp{i}_s{s}"
+            pr.dp[i].intercept, f"C5_dp{i}{tag}"
         chain = chain + yb[i] + send
 
 
-def add_optimizer(model, pr, L, t_opt) -> None:  # (C6)
+def add_optimizer(model, pr, L, t_opt, tag: str) -> None:  # (C6)
     for i in range(pr.depth):
-        model += t_opt >= pr.opt[i].slope * L[i] + pr.opt[i].intercept, f"C6_opt{i}"
+        model += t_opt >= pr.opt[i].slope * L[i] + pr.opt[i].intercept, f"C6_opt{i}{tag}"
 
 
-def add_memory(model, pr, L) -> None:  # (C7)
+def add_memory(model, pr, L, tag: str) -> None:  # (C7)
     for i in range(pr.depth):
-        model += pr.mem_gib[i].slope * L[i] + pr.mem_gib[i].intercept <= pr.mem_limit_gib[i], f"C7_memory{i}"
+        model += pr.mem_gib[i].slope * L[i] + pr.mem_gib[i].intercept <= pr.mem_limit_gib[i], f"C7_memory{i}{tag}"
 
 
 def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
     start = clock()
     model, L = build(problem)
-    if options.hint is not None and sum(options.hint) == problem.base.layers:
+    if options.hint is not None and len(options.hint) == len(L):
         for var, value in zip(L, options.hint, strict=True):
             var.setInitialValue(value)
     if options.export_path:

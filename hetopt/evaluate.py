@@ -11,7 +11,11 @@ with the weights of each stage's GPU type and combines the stages:
 - each stage's gradient all-reduce starts when the last micro-batch's backward has left it (stage i is
   done Σ_{k<i} backward times before stage 0) and its (1 − dp_overlap) exposed part may run past the
   pipeline; the optimizer step follows, then a fixed per-iteration time.
-Several templates run side by side; the iteration waits for the slowest.
+Several templates run side by side; the iteration waits for the slowest. Their layer splits differ, so a
+stage's gradients are reduced in two levels: first among the replicas of its own template (as above), then
+the templates exchange their reduced gradients — a ring all-reduce of the whole model's gradients among the
+K templates, each ring hop spread over node pairs of neighbouring templates (`cross_template_exchange`).
+Neither level depends on the layer split, which keeps the planner's program linear.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import numpy as np
 
 from hetopt.cost import comm
 from hetopt.cost import compute as cc
-from hetopt.cost.flops import model_flops_per_token
+from hetopt.cost.flops import model_flops_per_token, total_params
 from hetopt.cost.memory import (
     GIB,
     head_activation_bytes,
@@ -61,10 +65,12 @@ class PlanFeatures:
     micro_batches: list[int]
     gpus: list[list[GPUType]]
     """GPU type of every stage, per template."""
-    dp_group: list[list[list[tuple[int, int]]]]
-    """For every stage, the (template, stage) pairs whose replicas join its gradient all-reduce."""
     virtual_stages: int
     memory_bytes: list[list[float]]
+    cross: np.ndarray = field(default_factory=lambda: np.zeros(N_TERMS))
+    """Features of the gradient exchange between templates (zero with one template)."""
+    cross_flows: list[tuple[str, str, float]] = field(default_factory=list)
+    """Its flows: (source node, destination node, bytes), all running at once."""
 
 
 @dataclass
@@ -132,12 +138,11 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
     nodes_of = stage_nodes(plan)
     replicas_total = plan.replicas
     act_bytes = cc.ACT_BYTES * b * s * m.hidden
-    templates, gpus, groups, memory = [], [], [], []
+    templates, gpus, memory = [], [], []
     for j, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages)
         arr = np.zeros((p, N_PARTS, N_TERMS))
-        t_gpus, t_groups, t_mem = [], [], []
-        first_layer = 0
+        t_gpus, t_mem = [], []
         for i, st in enumerate(pipe.stages):
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
@@ -154,21 +159,19 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
             if sends_bwd:
                 arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
-            group = dp_group(plan, j, first_layer, first_layer + st.layers)
-            arr[i, DP] = _dp_allreduce(cluster, plan, group, nodes_of, params / st.tp * GRAD_COMM_BYTES, st.tp, gpu)
+            arr[i, DP] = _dp_allreduce(cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp * GRAD_COMM_BYTES,
+                                       st.tp, gpu)
             shard = replicas_total if plan.zero else 1
             arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[i, OPT, ITER] = 1
             t_gpus.append(gpu)
-            t_groups.append(group)
-            t_mem.append(_stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
-            first_layer += st.layers
+            t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
         templates.append(arr)
         gpus.append(t_gpus)
-        groups.append(t_groups)
         memory.append(t_mem)
-    return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, groups,
-                        plan.virtual_stages, memory)
+    cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * GRAD_COMM_BYTES)
+    return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, plan.virtual_stages, memory,
+                        cross, flows)
 
 
 def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
@@ -205,24 +208,10 @@ def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: fl
     return comm.transfer(nbytes, worst_gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
 
 
-def dp_group(plan: Plan, template: int, lo: int, hi: int) -> list[tuple[int, int]]:
-    """Stages of every template holding any of layers [lo, hi)."""
-    group = []
-    for j, pipe in enumerate(plan.pipelines):
-        start = 0
-        for i, st in enumerate(pipe.stages):
-            if start < hi and lo < start + st.layers:
-                group.append((j, i))
-            start += st.layers
-    return group
-
-
-def _dp_allreduce(cluster, plan: Plan, group, nodes_of, rank_bytes: float, tp: int, gpu: GPUType) -> np.ndarray:
-    """Gradient all-reduce of one stage across every replica that holds its layers."""
-    replicas = sum(plan.pipelines[j].replicas for j in {j for j, _ in group})
+def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, tp: int, gpu: GPUType) -> np.ndarray:
+    """Gradient all-reduce of one stage across the replicas of its template (`nodes`: one per replica)."""
     if replicas <= 1:
         return np.zeros(N_TERMS)
-    nodes = [n for key in group for n in nodes_of[key]]
     distinct = list(dict.fromkeys(nodes))
     per_node = max(nodes.count(n) for n in distinct)
     if len(distinct) == 1:
@@ -234,8 +223,48 @@ def _dp_allreduce(cluster, plan: Plan, group, nodes_of, rank_bytes: float, tp: i
                                         inter_latency_s=latency)
 
 
-def _stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
-                  replicas: int) -> float:
+def template_nodes(plan: Plan, template: int) -> list[str]:
+    """The distinct nodes a template's replicas use, in placement order."""
+    return list(dict.fromkeys(e.node for e in sorted(plan.placement, key=lambda e: (e.replica, e.stage))
+                              if e.pipeline == template))
+
+
+def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
+    """Second level of the gradient reduction with K ≥ 2 templates: a ring all-reduce of the model's
+    `grad_bytes` among the templates (each sends 2(K−1)/K of it to the next). A hop from template j to
+    j + 1 is spread evenly over pairs of their nodes (as many as the smaller template has), so it uses
+    every NIC it can; flows sharing a link split it (as in `p2p_features`). Returns the features of the
+    slowest flow and the flows themselves."""
+    k = len(plan.pipelines)
+    if k < 2:
+        return np.zeros(N_TERMS), []
+    nodes = [template_nodes(plan, j) for j in range(k)]
+    volume = 2 * (k - 1) / k * grad_bytes
+    flows = []
+    for j in range(k):
+        src, dst = nodes[j], nodes[(j + 1) % k]
+        channels = min(len(src), len(dst))
+        flows += [(a, b, volume / channels) for a, b in zip(src[:channels], dst[:channels], strict=True)]
+    routes = [cluster.route(a, b) for a, b, _ in flows]
+    load: Counter = Counter(e for r in routes for e in r.edges)
+    worst, worst_s = np.zeros(N_TERMS), -1.0
+    for (_, _, nbytes), r in zip(flows, routes, strict=True):
+        if r.intra_node:  # two templates on one node: the exchange stays on its interconnect
+            feats = comm.transfer(nbytes, r.gbps, intra_node=True)
+            seconds = nbytes / (r.gbps * comm.GBIT)
+        else:
+            gbps = min(c / load[e] for e, c in zip(r.edges, r.edge_gbps, strict=True))
+            feats = comm.transfer(nbytes, gbps, intra_node=False, latency_s=r.latency_us * 1e-6)
+            seconds = nbytes / (gbps * comm.GBIT) + r.latency_us * 1e-6
+        if seconds > worst_s:
+            worst, worst_s = feats, seconds
+    return worst, flows
+
+
+def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
+                 replicas: int) -> float:
+    """Peak bytes of stage i (of `stages`) of a template; `plan` gives the micro-batch size, schedule,
+    virtual stages and ZeRO stage; `replicas` is every replica of the plan (ZeRO-1 shards over all)."""
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
@@ -321,6 +350,12 @@ def dp_finish(times: np.ndarray, t_sync, dp_overlap, mask: np.ndarray | None = N
     return np.maximum(t_sync, np.where(mask, dp_end, -np.inf).max(axis=-1))
 
 
+def cross_seconds(f: PlanFeatures, profiles: Profiles) -> float:
+    """The exchange between templates, priced with the first stage's weights (network terms are the same
+    for every GPU type: they are not fitted per type)."""
+    return float(f.cross @ profiles.for_gpu(f.gpus[0][0]).w)
+
+
 def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Evaluation:
     priced = []
     for arr, gpus in zip(f.templates, f.gpus, strict=True):
@@ -334,6 +369,7 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
     t_pipe = float(pipes[crit][0])
     t_dp = max(float(dp_finish(times, t_pipe, overlap)) for times, overlap in priced)
     t_opt = max(float(times[:, OPT].max()) for times, _ in priced)
+    t_cross = cross_seconds(f, profiles)
     times, tau = priced[crit][0], pipes[crit][1]
     k = int(np.argmax(tau))
     m = f.micro_batches[crit]
@@ -342,10 +378,10 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
         "bubble": t_pipe - m * float(tau[k]),
         "tp_comm": m * float(times[k, FWD_TP] + times[k, BWD_TP]),
         "pp_comm": m * float(times[k, P2P]),
-        "dp_comm": t_dp - t_pipe,
+        "dp_comm": t_dp - t_pipe + t_cross,
         "optimizer": t_opt,
     }
-    iteration = t_dp + t_opt
+    iteration = t_dp + t_cross + t_opt
     tokens = inst.global_batch * inst.seq_len
     model_flops = model_flops_per_token(inst.model, inst.seq_len) * tokens
     peak_used = sum(pipe.replicas * st.tp * inst.gpu_types[st.gpu].peak_flops

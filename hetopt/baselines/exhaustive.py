@@ -2,8 +2,8 @@
 exact planner must match on small instances.
 
 It shares the plan space (hetopt.search.space) but nothing of the search: no bounds, no linearisation,
-no integer programs. Every skeleton is placed; every split of the layers into its stages (each ≥ 1) is
-built as a plan and priced by the evaluator's own features; plans that do not fit are skipped.
+no integer programs. Every skeleton is placed; every split of the layers into the stages of each of its
+templates (each ≥ 1) is built as a plan and priced by the evaluator's own features; plans that do not fit are skipped.
 Refused beyond `budget` plans, with a message saying how many it would take.
 """
 
@@ -47,7 +47,7 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
     profiles = profiles or Profiles()
     stats = SearchStats()
     skeletons = list(enumerate_skeletons(inst, options, stats))
-    size = sum(math.comb(inst.model.layers - 1, sk.depth - 1) for sk in skeletons)
+    size = sum(math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths) for sk in skeletons)
     if size > budget:
         raise InputError("--planner exhaustive", [Problem(
             "planner", f"the plan space has {size:,} plans ({len(skeletons):,} skeletons), over the exhaustive "
@@ -60,7 +60,8 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
         except InfeasibleError:
             stats.pruned["placement"] += 1
             continue
-        for layers in compositions(inst.model.layers, sk.depth):
+        for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)):
+            layers = [n for t in split for n in t]
             plan = sk.plan(layers).model_copy(update={"placement": placement})
             evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
             evaluated += 1

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
-from hetopt.cost.memory import GIB
+from hetopt.cost.memory import GIB, stage_params
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import (
     BWD,
@@ -26,11 +27,13 @@ from hetopt.evaluate import (
     N_PARTS,
     OPT,
     P2P,
+    cross_seconds,
     dp_finish,
     host_device,
     overlap_host_device,
     pipe_times,
     plan_features,
+    stage_memory,
     stage_work,
 )
 from hetopt.placement import place
@@ -80,8 +83,8 @@ class SplitProblem:
                 out.append(int(np.floor((limit - mem.intercept) / mem.slope + 1e-9)))
         return out
 
-    def iteration_time(self, layers: list[int]) -> float:
-        """The evaluator's iteration time for this split, through the evaluator's own pipeline functions."""
+    def times(self, layers: list[int]) -> np.ndarray:
+        """Priced parts (stages, N_PARTS) of this template for a split, as the evaluator prices them."""
         serial = np.array(self.serial)
         n = np.array(layers, dtype=float)
 
@@ -94,21 +97,53 @@ class SplitProblem:
         times[:, P2P] = self.p2p
         times[:, DP] = at(self.dp)
         times[:, OPT] = at(self.opt)
-        t_pipe, _ = pipe_times(times, self.micro_batches, 1)
-        return float(dp_finish(times, t_pipe, np.array(self.dp_overlap)) + times[:, OPT].max())
+        return times
+
+
+@dataclass(frozen=True)
+class ScenarioProblem:
+    """A skeleton's templates under one scenario. With several templates the iteration waits for the slowest
+    pipeline, every template's gradient all-reduces, then their exchange (`cross_s`, split-independent)."""
+
+    templates: tuple[SplitProblem, ...]
+    cross_s: float = 0.0
+
+    @property
+    def layers(self) -> int:
+        return self.templates[0].layers
+
+    def split(self, layers: list[int]) -> list[list[int]]:
+        out, start = [], 0
+        for t in self.templates:
+            out.append(list(layers[start:start + t.depth]))
+            start += t.depth
+        return out
+
+    def iteration_time(self, layers: list[int]) -> float:
+        """The evaluator's iteration time for a flat split (template after template), through the evaluator's
+        own pipeline functions."""
+        timed = [t.times(n) for t, n in zip(self.templates, self.split(layers), strict=True)]
+        t_sync = max(float(pipe_times(times, t.micro_batches, 1)[0])
+                     for t, times in zip(self.templates, timed, strict=True))
+        t_dp = max(float(dp_finish(times, t_sync, np.array(t.dp_overlap)))
+                   for t, times in zip(self.templates, timed, strict=True))
+        return t_dp + self.cross_s + max(float(times[:, OPT].max()) for times in timed)
+
+    def max_layers(self) -> list[int]:
+        return [x for t in self.templates for x in t.max_layers()]
 
 
 @dataclass(frozen=True)
 class PlanProblem:
     """One skeleton under every planning scenario, and how to combine the scenario times (robust.py)."""
 
-    scenarios: tuple[SplitProblem, ...]
+    scenarios: tuple[ScenarioProblem, ...]
     probabilities: tuple[float, ...]
     objective: str = "stable"
     alpha: float = 0.8
 
     @property
-    def base(self) -> SplitProblem:
+    def base(self) -> ScenarioProblem:
         """Compute terms, memory and limits are the same in every scenario; only communication differs."""
         return self.scenarios[0]
 
@@ -123,24 +158,31 @@ def _affine(v1: float, v2: float) -> Affine:
     return Affine(v2 - v1, 2 * v1 - v2)
 
 
-def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Cluster | None = None) -> SplitProblem:
+def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Cluster | None = None
+                  ) -> ScenarioProblem:
     """Linearise the evaluator for one skeleton (under `cluster`'s link bandwidths, default the instance's);
     raises InfeasibleError when it cannot be placed."""
     plan1 = place(sk.plan([1] * sk.depth), inst.cluster)
     plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
     f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)
-    gpus = f1.gpus[0]
+    templates = tuple(_template_problem(inst, f1, f2, j, t.micro_batches, profiles)
+                      for j, t in enumerate(sk.templates))
+    return ScenarioProblem(templates, cross_seconds(f1, profiles))
+
+
+def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles) -> SplitProblem:
+    gpus = f1.gpus[j]
     params = [profiles.for_gpu(g) for g in gpus]
     parts = []
     for f in (f1, f2):
-        host, dev = host_device(f.templates[0], np.stack([p.w for p in params]))
+        host, dev = host_device(f.templates[j], np.stack([p.w for p in params]))
         full = host + dev
-        mem = [m / GIB + p.reserve_gib for m, p in zip(f.memory_bytes[0], params, strict=True)]
+        mem = [m / GIB + p.reserve_gib for m, p in zip(f.memory_bytes[j], params, strict=True)]
         parts.append((host, dev, full, mem))
     (h1, d1, x1, m1), (h2, d2, x2, m2) = parts
-    n = sk.depth
+    n = len(gpus)
     return SplitProblem(
-        layers=inst.model.layers, micro_batches=sk.micro_batches,
+        layers=inst.model.layers, micro_batches=micro_batches,
         serial=tuple(p.launch_serial for p in params),
         host_fwd=tuple(_affine(h1[i, FWD], h2[i, FWD]) for i in range(n)),
         dev_fwd=tuple(_affine(d1[i, FWD] + d1[i, FWD_TP], d2[i, FWD] + d2[i, FWD_TP]) for i in range(n)),
@@ -156,25 +198,100 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
 
 
 def compute_lower_bound(inst: Instance, sk: Skeleton, profiles: Profiles) -> float:
-    """A bound no split of this skeleton beats, from compute alone (no placement needed, cached work).
+    """A bound no split of this skeleton beats, from compute alone (no placement needed, cached work): every
+    template's pipeline is at least (m − 1)·λ + S (`template_bound`), and the iteration waits for each."""
+    return max((t.micro_batches - 1) * lam + s
+               for t in sk.templates for lam, s in [template_bound(inst, profiles, sk.micro_batch, sk.recompute,
+                                                                   t.segments)])
+
+
+def pair_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: list,
+               replicas: list[int], total_micro_batches: int) -> float:
+    """A bound for templates side by side with replicas R_j and any shares Σ R_j·m_j = M: from
+    T ≥ (m_j − 1)·λ_j + S_j, m_j ≤ (T − S_j)/λ_j + 1, so M ≤ Σ R_j·((T − S_j)/λ_j + 1)."""
+    lines = [template_bound(inst, profiles, micro_batch, recompute, seg) for seg in segments]
+    num = total_micro_batches + sum(r * (s / lam - 1) for r, (lam, s) in zip(replicas, lines, strict=True))
+    return num / sum(r / lam for r, (lam, _) in zip(replicas, lines, strict=True))
+
+
+def throughput_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: list,
+                     replicas: list[int], total_micro_batches: int) -> float:
+    """T ≥ m_j·λ_j for each template (S_j ≥ λ_j), so T ≥ M / Σ R_j/λ_j — falling with every R_j, so at
+    the largest replica counts it bounds every smaller choice as well."""
+    lines = [template_bound(inst, profiles, micro_batch, recompute, seg) for seg in segments]
+    return total_micro_batches / sum(r / lam for r, (lam, _) in zip(replicas, lines, strict=True))
+
+
+_BOUNDS: dict[tuple, tuple[float, float]] = {}
+
+
+def template_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple
+                   ) -> tuple[float, float]:
+    """(λ, S): lower bounds on max τ and Σ τ of a template's stages over every split.
 
     Each stage's τ_i(L) ≥ a_i·L + c_i (one of the two linear pieces of the host/device overlap, without
-    communication). With m micro-batches T ≥ (m − 1)·max τ + Σ τ, and over real-valued splits
-    max τ ≥ λ*, the water level that balances the stages, while Σ τ ≥ Σ (a_i + c_i) + min a · (layers − p).
+    communication). Over real-valued splits max τ ≥ λ*, the water level that balances the stages, while
+    Σ τ ≥ Σ (a_i + c_i) + min a · (layers − p). With m micro-batches T ≥ (m − 1)·max τ + Σ τ.
     """
-    # Stages of a segment share one line, except the first and last stages (embedding, head): lines with
-    # multiplicities keep the bound cheap for deep pipelines.
-    p = sk.depth
-    weighted: list[tuple[float, float, int]] = []
-    position = 0
-    for seg in sk.segments:
-        for first, last, count in _segment_parts(position, seg.stages, p):
-            a, c = _stage_line(inst, profiles, seg.gpu, seg.tp, sk.micro_batch, sk.recompute, first, last)
-            weighted.append((a, c, count))
-        position += seg.stages
-    lam = _water_level(weighted, inst.model.layers, p)
-    sum_tau = sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (inst.model.layers - p)
-    return (sk.micro_batches - 1) * lam + sum_tau
+    key = (id(inst), id(profiles), micro_batch, recompute, segments)
+    if key not in _BOUNDS:
+        # Stages of a segment share one line, except the first and last stages (embedding, head): lines
+        # with multiplicities keep the bound cheap for deep pipelines.
+        p = sum(seg.stages for seg in segments)
+        weighted: list[tuple[float, float, int]] = []
+        position = 0
+        for seg in segments:
+            for first, last, count in _segment_parts(position, seg.stages, p):
+                a, c = _stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last)
+                weighted.append((a, c, count))
+            position += seg.stages
+        lam = _water_level(weighted, inst.model.layers, p)
+        s = sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (inst.model.layers - p)
+        _BOUNDS[key] = (lam, s)
+    return _BOUNDS[key]
+
+
+_FITS: dict[tuple, bool] = {}
+_MEMORY_LINES: dict[tuple, Affine] = {}
+
+
+def template_fits(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple,
+                  replicas_total: int) -> bool:
+    """Whether a template's stages can hold the model in memory at all: each stage at least one layer and
+    together every layer, with ZeRO-1 sharding over `replicas_total` (more replicas only shrink memory).
+    The evaluator's own memory model, which is affine in a stage's layers; no placement needed."""
+    key = (id(inst), id(profiles), micro_batch, recompute, segments, replicas_total)
+    if key not in _FITS:
+        p = sum(seg.stages for seg in segments)
+        room, i = 0, 0
+        for seg in segments:
+            gpu = inst.gpu_types[seg.gpu]
+            limit = gpu.memory_gib - profiles.for_gpu(gpu).reserve_gib
+            for _ in range(seg.stages):
+                line = _memory_line(inst, micro_batch, recompute, seg, p, i, replicas_total)
+                if line.at(1) > limit:
+                    _FITS[key] = False
+                    return False
+                room += inst.model.layers if line.slope <= 0 else int(np.floor((limit - line.intercept) / line.slope
+                                                                                + 1e-9))
+                i += 1
+        _FITS[key] = room >= inst.model.layers
+    return _FITS[key]
+
+
+def _memory_line(inst: Instance, micro_batch: int, recompute: str, seg, stages: int, i: int, replicas: int
+                 ) -> Affine:
+    """GiB of stage i of a template as an affine function of its layers (the evaluator's stage_memory)."""
+    key = (id(inst), micro_batch, recompute, seg.gpu, seg.tp, stages, i, replicas)
+    if key not in _MEMORY_LINES:
+        plan = SimpleNamespace(micro_batch=micro_batch, schedule="1f1b", virtual_stages=1, zero=1)
+        mem = []
+        for n in (1, 2):
+            st = SimpleNamespace(layers=n, tp=seg.tp, sp=True, recompute=recompute)
+            params = stage_params(inst.model, n, i == 0, i == stages - 1, stages)
+            mem.append(stage_memory(inst, plan, stages, stages, i, st, params, replicas) / GIB)
+        _MEMORY_LINES[key] = _affine(*mem)
+    return _MEMORY_LINES[key]
 
 
 def _segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool, int]]:

@@ -1,15 +1,21 @@
 """Best-first search over skeletons with a proven bound (DESIGN 4).
 
-1. Enumerate the skeletons (divisibility, depth and resource rules prune while enumerating).
-2. Give each a compute lower bound (no placement needed) and visit them in increasing bound order. The
-   bound holds under every scenario, hence for every robust objective (each is at least the smallest T_s).
-3. For each: place it (else pruned: placement), linearise the evaluator, drop it if a stage cannot hold a
-   layer or the stages cannot hold the model (pruned: memory), and solve its integer program exactly.
+1. Enumerate the skeletons in groups (divisibility, depth and resource rules prune while enumerating;
+   identical GPUs are counts, so no two skeletons differ only by which GPUs they name).
+2. Key each group by a compute lower bound on every skeleton in it (no placement needed) and visit them in
+   increasing bound order, expanding a group only when it reaches the top: one-template groups into
+   skeletons, two-template groups into replica counts and recompute, then into micro-batch shares. What a
+   group holds that cannot fit in memory even at its most ZeRO sharding is dropped on expansion (pruned:
+   memory). Bounds hold under every scenario, hence for every robust objective (each is at least the
+   smallest T_s).
+3. For each skeleton: place it (else pruned: placement), linearise the evaluator, drop it if a stage cannot
+   hold a layer or the stages cannot hold the model (pruned: memory), and solve its integer program.
 4. Stop when the next bound is no better than the incumbent: every skeleton left is proven no better
    (pruned: bound). The best bound is then the incumbent itself — the plan is optimal.
 With a time limit the search stops early and reports the best plan, the smallest bound of what it did not
-finish, and the gap between them. On large plan spaces the next few skeletons by bound are solved side by
-side in worker processes (both cores); the best-first order and the proof are unchanged.
+finish, and the gap between them. A search still solving after PARALLEL_AFTER_S solves the next few
+skeletons by bound side by side in worker processes (both cores); the best-first order and the proof are
+unchanged.
 """
 
 from __future__ import annotations
@@ -28,13 +34,21 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Plan
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
-from hetopt.search.linear import PlanProblem, compute_lower_bound, split_problem
+from hetopt.search.linear import (
+    PlanProblem,
+    compute_lower_bound,
+    pair_bound,
+    split_problem,
+    template_fits,
+    throughput_bound,
+)
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
-from hetopt.search.space import SearchOptions, SearchStats, Skeleton, SkeletonGroup, enumerate_groups
+from hetopt.search.space import PairGroup, SearchOptions, SearchStats, Skeleton, SkeletonGroup, enumerate_groups
 from hetopt.spec.instance import Instance
 
-PARALLEL_FROM_SKELETONS = 100_000
-"""Plan spaces at least this large are searched with worker processes by default."""
+PARALLEL_AFTER_S = 2.0
+"""By default worker processes start once skeletons have been solved for this long: starting them (spawn,
+imports) costs about a second, more than solving a small instance takes in all."""
 OPTIMALITY_TOLERANCE = 1e-9
 """Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling tolerance)."""
 
@@ -75,23 +89,26 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     # skeletons (keyed by their own bound); a group is expanded only when it reaches the top.
     heap: list[tuple[float, int, object]] = []
     tie = itertools.count()
+    bounds = _Bounds(inst, profiles, stats)
     for group in enumerate_groups(inst, options, stats):
-        key = min(compute_lower_bound(inst, sk, profiles) for sk in group.most_replicated())
-        heap.append((key, next(tie), group))
+        heap.append((bounds.key(group), next(tie), group))
     heapq.heapify(heap)
     incumbent, best, best_sk = math.inf, None, None
     open_bound = math.inf  # the smallest bound among skeletons not finished
     timed_out = False
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
-    if workers is None:  # both cores on large plan spaces; starting processes costs more than small ones take
-        workers = min(2, os.cpu_count() or 1) if stats.enumerated > PARALLEL_FROM_SKELETONS else 1
-    pool = _pool(ctx, workers)
+    lazy = workers is None
+    workers = min(2, os.cpu_count() or 1) if lazy else workers
+    pool = None if lazy else _pool(ctx, workers)
+    solving_since = clock()
     try:
         while heap:
+            if pool is None and lazy and workers > 1 and clock() - solving_since > PARALLEL_AFTER_S:
+                pool = _pool(ctx, workers)
             key = heap[0][0]
             if key >= incumbent * (1 - OPTIMALITY_TOLERANCE):
                 stats.pruned["bound: compute lower bound ≥ incumbent"] += sum(
-                    it.size if isinstance(it, SkeletonGroup) else 1 for _, _, it in heap)
+                    1 if isinstance(it, Skeleton) else it.size for _, _, it in heap)
                 break
             left = time_limit_s - (clock() - start)
             if left <= 0:
@@ -100,13 +117,14 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 break
             # The next few skeletons by bound (groups on the way are expanded), solved side by side.
             batch: list[tuple[float, Skeleton]] = []
-            while heap and len(batch) < max(1, 2 * workers) and heap[0][0] < incumbent * (1 - OPTIMALITY_TOLERANCE):
+            size = 2 * workers if pool is not None else 1
+            while heap and len(batch) < size and heap[0][0] < incumbent * (1 - OPTIMALITY_TOLERANCE):
                 key, _, item = heapq.heappop(heap)
-                if isinstance(item, SkeletonGroup):
-                    for sk in item.skeletons():
-                        heapq.heappush(heap, (compute_lower_bound(inst, sk, profiles), next(tie), sk))
-                else:
+                if isinstance(item, Skeleton):
                     batch.append((key, item))
+                else:
+                    for child_key, child in bounds.expand(item):
+                        heapq.heappush(heap, (max(key, child_key), next(tie), child))
             jobs = [(sk, left) for _, sk in batch]
             outcomes = list(pool.map(_solve_one, jobs)) if pool is not None and len(jobs) > 1 else \
                 [_solve_with(ctx, sk, t) for sk, t in jobs]
@@ -138,6 +156,79 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     bound = min(incumbent, open_bound)
     status = SolveStatus.OPTIMAL if bound >= incumbent * (1 - OPTIMALITY_TOLERANCE) else SolveStatus.TIMEOUT
     return SearchResult(status, best, incumbent, bound, wall, form.name, backend, time_limit_s, seed, stats, best_sk)
+
+
+@dataclass(frozen=True)
+class PairSubgroup:
+    """A pair group at fixed replica counts and recompute mode; its skeletons differ in the shares."""
+
+    group: PairGroup
+    ra: int
+    rb: int
+    recompute: str
+
+    @property
+    def size(self) -> int:
+        return len(self.group.shares(self.ra, self.rb))
+
+
+class _Bounds:
+    """Lower bounds and memory pruning for the heap's items, from compute and memory alone (no placement):
+    groups are keyed by a bound on all their skeletons and expanded only when they reach the top."""
+
+    def __init__(self, inst: Instance, profiles: Profiles, stats: SearchStats) -> None:
+        self.inst, self.profiles, self.stats = inst, profiles, stats
+
+    def _fits(self, b: int, rc: str, segments: tuple, replicas_total: int) -> bool:
+        return template_fits(self.inst, self.profiles, b, rc, segments, replicas_total)
+
+    def key(self, item) -> float:
+        """A compute bound on every skeleton of a group: at its largest replica counts and the recompute
+        mode with the least work (recompute only adds work). Memory is checked when a group is expanded,
+        so groups the bound rules out never pay for it."""
+        inst, prof = self.inst, self.profiles
+        rc = least_work(item.recompute_options)
+        if isinstance(item, SkeletonGroup):
+            return compute_lower_bound(inst, item.skeleton(max(item.replica_options), rc), prof)
+        return throughput_bound(inst, prof, item.micro_batch, rc, [(item.a,), (item.b,)],
+                                [max(item.a_replicas), max(item.b_replicas)], item.total_micro_batches)
+
+    def expand(self, item) -> list[tuple[float, object]]:
+        inst, prof = self.inst, self.profiles
+        out: list[tuple[float, object]] = []
+        if isinstance(item, SkeletonGroup):
+            top = max(item.replica_options)
+            for sk in item.skeletons():
+                # fewer replicas shard the optimizer less: a mode that fails at the most replicas fails at all
+                if self._fits(sk.micro_batch, sk.recompute, item.segments, top) and \
+                        self._fits(sk.micro_batch, sk.recompute, item.segments, sk.templates[0].replicas):
+                    out.append((compute_lower_bound(inst, sk, prof), sk))
+                else:
+                    self.stats.pruned[MEMORY_RULE] += 1
+        elif isinstance(item, PairGroup):
+            top = max(item.a_replicas) + max(item.b_replicas)
+            modes = [rc for rc in item.recompute_options if self._fits(item.micro_batch, rc, (item.a,), top)
+                     and self._fits(item.micro_batch, rc, (item.b,), top)]
+            for ra, rb, rc in item.subgroups():
+                sub = PairSubgroup(item, ra, rb, rc)
+                if rc in modes and self._fits(item.micro_batch, rc, (item.a,), ra + rb) and \
+                        self._fits(item.micro_batch, rc, (item.b,), ra + rb):
+                    out.append((pair_bound(inst, prof, item.micro_batch, rc, [(item.a,), (item.b,)], [ra, rb],
+                                           item.total_micro_batches), sub))
+                else:
+                    self.stats.pruned[MEMORY_RULE] += sub.size
+        else:
+            for sk in item.group.skeletons_of(item.ra, item.rb, item.recompute):
+                out.append((compute_lower_bound(inst, sk, prof), sk))
+        return out
+
+
+def least_work(modes) -> str:
+    """The recompute mode with the least compute among `modes`."""
+    return min(modes, key=("none", "selective", "full").index)
+
+
+MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
 
 
 @dataclass(frozen=True)
@@ -180,12 +271,13 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float):
         pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
     except InfeasibleError:
         return "placement: TP groups do not pack onto the nodes", None, math.inf
-    max_layers = pr.base.max_layers()
-    if min(max_layers) < 1 or sum(max_layers) < ctx.inst.model.layers:
-        return "memory: the stages cannot hold the model", None, math.inf
+    for template in pr.base.templates:
+        max_layers = template.max_layers()
+        if min(max_layers) < 1 or sum(max_layers) < ctx.inst.model.layers:
+            return MEMORY_RULE, None, math.inf
     form = pick(ctx.formulation, ctx.backend)
     sol = form.solve(pr, ctx.backend, SolveOptions(time_limit_s=left_s, seed=ctx.seed,
-                                                   hint=tuple(speed_split(pr.base))))
+                                                   hint=tuple(x for t in pr.base.templates for x in speed_split(t))))
     return "solved", sol, (pr.iteration_time(sol.layers) if sol.layers is not None else math.inf)
 
 

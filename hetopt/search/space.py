@@ -1,9 +1,12 @@
 """The plan space the exact planner searches, as skeletons (DESIGN 4).
 
-A skeleton fixes the small outer choices: micro-batch size b, the pipeline template's stages as segments
-(a device class, its TP degree and how many consecutive stages it serves, classes in a chosen order), one
-recompute mode, and the replica count R (R divides the M = global_batch / b micro-batches, each replica
-takes m = M / R ≥ p of them). The per-skeleton integer program then chooses the layers of every stage.
+A skeleton fixes the small outer choices: micro-batch size b, one recompute mode, and one or two pipeline
+templates. One template: its stages as segments (a device class, its TP degree and how many consecutive
+stages it serves, classes in a chosen order) and its replica count R (R divides the M = global_batch / b
+micro-batches, each replica takes m = M / R ≥ p of them). Two templates: each on one device class of its
+own, with its own depth, TP, replica count R_j and micro-batch share m_j ≥ p_j, R_a·m_a + R_b·m_b = M — a
+fast template takes more micro-batches. The per-skeleton integer program then chooses the layers of every
+stage of every template.
 
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
@@ -14,9 +17,11 @@ sequence parallelism on (less activation memory and memory traffic, the same col
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from hetopt.plan import Pipeline, Plan, Stage
 from hetopt.spec.cluster import DeviceClass
@@ -36,13 +41,12 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Skeleton:
-    micro_batch: int
-    recompute: str
+class Template:
+    """A pipeline template: its stages as segments, its replica count and micro-batches per replica."""
+
     segments: tuple[Segment, ...]
     replicas: int
     micro_batches: int
-    """Per replica."""
 
     @property
     def depth(self) -> int:
@@ -51,15 +55,44 @@ class Skeleton:
     def stage_list(self) -> list[Segment]:
         return [seg for seg in self.segments for _ in range(seg.stages)]
 
+
+@dataclass(frozen=True)
+class Skeleton:
+    micro_batch: int
+    recompute: str
+    templates: tuple[Template, ...]
+
+    @property
+    def depth(self) -> int:
+        """Stages of all templates together (the length of a flat layer vector)."""
+        return sum(t.depth for t in self.templates)
+
+    @property
+    def depths(self) -> list[int]:
+        return [t.depth for t in self.templates]
+
+    def split(self, layers: list[int]) -> list[list[int]]:
+        """A flat layer vector (template after template) cut into one list per template."""
+        out, start = [], 0
+        for d in self.depths:
+            out.append(list(layers[start:start + d]))
+            start += d
+        return out
+
     def plan(self, layers: list[int]) -> Plan:
-        stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=self.recompute, sp=True)
-                  for n, seg in zip(layers, self.stage_list(), strict=True)]
-        return Plan(micro_batch=self.micro_batch, schedule="1f1b", virtual_stages=1, zero=1,
-                    pipelines=[Pipeline(replicas=self.replicas, micro_batches=self.micro_batches, stages=stages)])
+        pipelines = []
+        for t, t_layers in zip(self.templates, self.split(layers), strict=True):
+            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=self.recompute, sp=True)
+                      for n, seg in zip(t_layers, t.stage_list(), strict=True)]
+            pipelines.append(Pipeline(replicas=t.replicas, micro_batches=t.micro_batches, stages=stages))
+        return Plan(micro_batch=self.micro_batch, schedule="1f1b", virtual_stages=1, zero=1, pipelines=pipelines)
 
     def describe(self) -> str:
-        segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}" for s in self.segments)
-        return f"b={self.micro_batch} R={self.replicas} m={self.micro_batches} {self.recompute}: {segs}"
+        parts = []
+        for t in self.templates:
+            segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}" for s in t.segments)
+            parts.append(f"R={t.replicas} m={t.micro_batches}: {segs}")
+        return f"b={self.micro_batch} {self.recompute}: " + " ‖ ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -71,12 +104,15 @@ class SearchOptions:
     max_stages: int = 16
     max_classes: int = 3
     """Most device classes one pipeline template may span."""
+    max_templates: int = 2
+    """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
 
     @classmethod
     def from_instance(cls, inst: Instance) -> SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
-                   recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16)
+                   recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
+                   max_templates=s.max_templates or 2)
 
 
 @dataclass
@@ -110,16 +146,68 @@ class SkeletonGroup:
     def skeletons(self) -> Iterator[Skeleton]:
         for r in self.replica_options:
             for rc in self.recompute_options:
-                yield Skeleton(self.micro_batch, rc, self.segments, r, self.total_micro_batches // r)
+                yield self.skeleton(r, rc)
+
+    def skeleton(self, replicas: int, recompute: str) -> Skeleton:
+        return Skeleton(self.micro_batch, recompute,
+                        (Template(self.segments, replicas, self.total_micro_batches // replicas),))
 
     def most_replicated(self) -> list[Skeleton]:
         """One skeleton per recompute mode at the largest replica count (the smallest compute bound)."""
-        r = max(self.replica_options)
-        return [Skeleton(self.micro_batch, rc, self.segments, r, self.total_micro_batches // r)
-                for rc in self.recompute_options]
+        return [self.skeleton(max(self.replica_options), rc) for rc in self.recompute_options]
 
 
-def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[SkeletonGroup]:
+@dataclass(frozen=True)
+class PairGroup:
+    """Two single-class templates side by side, each with its own replica count and micro-batch share:
+    R_a·m_a + R_b·m_b = M, m ≥ the template's depth. Expanded in two steps by the search: replica counts
+    and recompute mode (`subgroups`), then the shares (`skeletons_of`)."""
+
+    micro_batch: int
+    a: Segment
+    b: Segment
+    a_replicas: tuple[int, ...]
+    b_replicas: tuple[int, ...]
+    recompute_options: tuple[str, ...]
+    total_micro_batches: int
+
+    def shares(self, ra: int, rb: int) -> range:
+        """Every m_a that leaves the other template a whole share m_b ≥ its depth: m_a ≥ p_a and
+        R_a·m_a ≡ M (mod R_b), an arithmetic progression with step R_b / gcd(R_a, R_b)."""
+        total = self.total_micro_batches
+        hi = (total - rb * self.b.stages) // ra
+        g = math.gcd(ra, rb)
+        if total % g or hi < self.a.stages:
+            return range(0)
+        step = rb // g
+        first = (total // g) * pow(ra // g, -1, step) % step if step > 1 else 0
+        lo = self.a.stages + (first - self.a.stages) % step
+        return range(lo, hi + 1, step)
+
+    def subgroups(self) -> Iterator[tuple[int, int, str]]:
+        for ra in self.a_replicas:
+            for rb in self.b_replicas:
+                if self.shares(ra, rb):
+                    for rc in self.recompute_options:
+                        yield ra, rb, rc
+
+    def skeletons_of(self, ra: int, rb: int, rc: str) -> Iterator[Skeleton]:
+        for ma in self.shares(ra, rb):
+            mb = (self.total_micro_batches - ra * ma) // rb
+            yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)))
+
+    @cached_property
+    def size(self) -> int:
+        return sum(len(self.shares(ra, rb)) for ra in self.a_replicas for rb in self.b_replicas) * \
+            len(self.recompute_options)
+
+    def skeletons(self) -> Iterator[Skeleton]:
+        for ra, rb, rc in self.subgroups():
+            yield from self.skeletons_of(ra, rb, rc)
+
+
+def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
+                     ) -> Iterator[SkeletonGroup | PairGroup]:
     """Every skeleton of the plan space, grouped; divisibility, depth and resource rules are applied while
     enumerating (what they exclude is never generated, and counted per rule)."""
     layers = inst.model.layers
@@ -149,6 +237,29 @@ def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) ->
                     group = SkeletonGroup(b, segments, replicas, tuple(opts.recompute), total_mb)
                     stats.enumerated += group.size
                     yield group
+        if opts.max_templates >= 2:
+            yield from _pair_groups(inst, opts, stats, b, total_mb, classes)
+
+
+def _pair_groups(inst: Instance, opts: SearchOptions, stats: SearchStats, b: int, total_mb: int,
+                 classes: list[DeviceClass]) -> Iterator[PairGroup]:
+    """Pairs of templates on two different device classes (one class each, the pair unordered)."""
+    depth_cap = min(opts.max_stages, inst.model.layers)
+
+    def options(dc: DeviceClass) -> list[tuple[Segment, tuple[int, ...]]]:
+        return [(Segment(dc.gpu, dc.island, t, n), tuple(range(1, dc.gpus // (t * n) + 1)))
+                for t in tp_options(inst, dc, opts) for n in range(1, depth_cap + 1) if t * n <= dc.gpus]
+
+    for ca, cb in itertools.combinations(classes, 2):
+        for (sa, ra), (sb, rb) in itertools.product(options(ca), options(cb)):
+            if total_mb < sa.stages + sb.stages:
+                stats.pruned["divisibility: replicas must divide the micro-batches, m ≥ stages"] += 1
+                continue
+            group = PairGroup(b, sa, sb, ra, rb, tuple(opts.recompute), total_mb)
+            size = group.size
+            if size:
+                stats.enumerated += size
+                yield group
 
 
 def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:

@@ -3,10 +3,11 @@
 Over the concrete placement of a plan: every micro-batch's forward and backward on every stage of every
 replica (durations from the one cost model: `evaluate.plan_features` priced by `price_parts`, TP
 collectives included since they stay inside a node), point-to-point sends between stages (the sender
-blocks until its send completes, as Megatron's 1F1B exchanges do), gradient all-reduces per stage (they
-start when every replica holding the stage's layers is `dp_overlap` into its last backward), then the
-optimizer step. Transfers that leave a node are flows on the device graph sharing links max-min fairly,
-under the scenario's capacity trace; transfers inside a node take their cost-model time.
+blocks until its send completes, as Megatron's 1F1B exchanges do), gradient all-reduces per stage among
+its template's replicas (they start when every replica is `dp_overlap` into its last backward), with
+several templates their exchange of the reduced gradients, then the optimizer step. Transfers that leave
+a node are flows on the device graph sharing links max-min fairly, under the scenario's capacity trace;
+transfers inside a node take their cost-model time.
 
 At constant bandwidth and without contention this reproduces the analytic evaluator; what differs is what
 the analytic model cannot see: flows of several stages or replicas sharing a NIC or an uplink, and
@@ -37,7 +38,7 @@ from hetopt.evaluate import (
     FWD_TP,
     GRAD_COMM_BYTES,
     OPT,
-    dp_group,
+    cross_seconds,
     p2p_features,
     plan_features,
     price_parts,
@@ -148,16 +149,10 @@ class Simulation:
         out = []
         plan = self.plan
         for j, pipe in enumerate(plan.pipelines):
-            lo = 0
             for d, st in enumerate(pipe.stages):
-                group = dp_group(plan, j, lo, lo + st.layers)
-                lo += st.layers
-                replicas = sum(plan.pipelines[g].replicas for g in {g for g, _ in group})
-                if replicas <= 1:
+                if pipe.replicas <= 1:
                     continue
-                members = [(g, r, s) for g, s in group for r in range(plan.pipelines[g].replicas)]
-                if any(c["members"] == members for c in out):
-                    continue  # the same layers across templates: one all-reduce, not one per template
+                members = [(j, r, d) for r in range(pipe.replicas)]
                 nodes = list(dict.fromkeys(self.node_of(m) for m in members))
                 w = self.weights[j][d]
                 dp_feats = self.features.templates[j][d, DP]
@@ -172,6 +167,22 @@ class Simulation:
                         flows.append((self.cluster.route(a, b).edges, ring_bytes))
                 out.append({"key": (j, d), "members": members, "fixed_s": fixed, "flows": flows})
         return out
+
+    def cross_exchange(self) -> tuple[float, list[tuple[tuple[Link, ...], float]]]:
+        """The templates' gradient exchange: its fixed part and its flows (intra-node ones are fixed time)."""
+        f = self.features
+        if not f.cross_flows:
+            return 0.0, []
+        w = self.weights[0][0]
+        flows = []
+        fixed = float(f.cross[STEP] * w[STEP] + f.cross[LAT] * w[LAT])
+        for a, b, nbytes in f.cross_flows:
+            route = self.cluster.route(a, b)
+            if route.intra_node:
+                fixed = max(fixed, cross_seconds(f, self.profiles))
+            else:
+                flows.append((route.edges, nbytes))
+        return fixed, flows
 
     # -- running -------------------------------------------------------------------------------------------
 
@@ -404,12 +415,41 @@ class _Run:
         if finished_devices[0] != remaining_devices:
             raise RuntimeError("simulation stalled: some operations never became ready")
         t_dp = max([pipeline_end[0], *done_collectives])
+        if sim.features.cross_flows:
+            t_dp = self._exchange(t_dp)
         t_opt = max(float(t[:, OPT].max()) for t in sim.times)
         end = t_dp + t_opt
         if self.record:
             self.records.append(Record("opt", "optimizer", t_dp, end))
         self.now = end
         return end
+
+
+    def _exchange(self, begin: float) -> float:
+        """Run the templates' gradient exchange from `begin`; returns when it ends."""
+        fixed, flows = self.sim.cross_exchange()
+        self.now = begin
+        end = [begin]
+
+        def done() -> None:
+            end[0] = self.now
+            if self.record:
+                self.records.append(Record("dp", "exchange between templates", begin, self.now, (0, 0, 0)))
+
+        left = [len(flows)]
+
+        def flow_done(_t: float) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.at(self.now + fixed, done)
+
+        if not flows:
+            self.at(begin + fixed, done)
+        for path, nbytes in flows:
+            self.net.start(self.now, path, nbytes, flow_done, "dp")
+        self._net_changed()
+        self._drain()
+        return end[0]
 
 
 def _link_name(path: tuple[Link, ...]) -> str:
