@@ -1,9 +1,14 @@
-"""Placing an aggregated plan onto concrete nodes and GPUs.
+"""Placing an aggregated plan onto concrete nodes and GPUs (DESIGN 4).
 
-Rules: a stage's TP group sits inside one node; stages of one replica stay on the node of the previous stage
-when it has room (their point-to-point traffic then stays on NVLink); otherwise best fit — the node of the
-stage's device class with the fewest free GPUs that still hold the group, which keeps whole nodes free for
-wide groups. Every GPU is used at most once.
+Rules, in order:
+- a stage's TP group sits inside one node; every GPU is used at most once;
+- stages of one replica stay on the node of the previous stage when it has room (their point-to-point
+  traffic then stays on NVLink);
+- otherwise the stage goes where the route from the previous stage's node is widest (networkx widest paths
+  over the device graph, `Cluster.route`): nodes with faster NICs, islands joined by faster links — the
+  heavy pipeline traffic keeps off slow links;
+- among equally good nodes, best fit: the node with the fewest free GPUs that still hold the group, which
+  keeps whole nodes free for wide groups.
 """
 
 from __future__ import annotations
@@ -27,13 +32,32 @@ def place(plan: Plan, cluster: Cluster) -> Plan:
                 if dc is None:
                     raise InfeasibleError(f"pipelines[{p_index}].stages[{s_index}]: no device class "
                                           f"{stage.gpu}@{stage.island} in the cluster")
-                fits = [n.name for n in dc.nodes if len(free[n.name]) >= stage.tp]
-                if not fits:
+                if previous is not None and cluster.nodes[previous].gpu == stage.gpu and \
+                        cluster.nodes[previous].island == stage.island and len(free[previous]) >= stage.tp:
+                    node = previous
+                else:
+                    node = _pick(cluster, [n.name for n in dc.nodes if len(free[n.name]) >= stage.tp], free, previous)
+                if node is None:
                     raise InfeasibleError(
                         f"pipelines[{p_index}] replica {replica} stage {s_index}: no node of "
                         f"{stage.gpu}@{stage.island} has {stage.tp} free GPUs left for its TP group")
-                node = previous if previous in fits else min(fits, key=lambda n: len(free[n]))
                 gpus, free[node] = free[node][: stage.tp], free[node][stage.tp:]
                 entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, node=node, gpus=gpus))
                 previous = node
     return plan.model_copy(update={"placement": entries})
+
+
+def _pick(cluster: Cluster, fits: list[str], free: dict[str, list[int]], previous: str | None) -> str | None:
+    """Widest route from `previous` first, then best fit. Nodes of one class differ in routes only by
+    their NIC, so one route per distinct NIC speed is enough."""
+    if not fits:
+        return None
+    if previous is not None:
+        by_nic: dict[float, str] = {}
+        for name in fits:
+            by_nic.setdefault(cluster.nodes[name].nic_gbps, name)
+        if len(by_nic) > 1:
+            width = {nic: cluster.route(previous, name).gbps for nic, name in by_nic.items()}
+            widest = max(width.values())
+            fits = [name for name in fits if width[cluster.nodes[name].nic_gbps] == widest]
+    return min(fits, key=lambda name: len(free[name]))

@@ -88,3 +88,30 @@ def test_class_routes_take_the_least_connected_node(cluster):
     assert cluster.class_route(("L4", "C"), ("V100-32GB", "B")).gbps == 100  # c2-0's NIC
     assert cluster.class_route(("V100-32GB", "B"), ("V100-32GB", "B")).gbps == 1200  # one node: NVLink
     assert cluster.class_route(("A100-80GB", "A"), ("A100-80GB", "A")).gbps == 200  # two nodes: NICs
+
+
+def test_placement_keeps_pipeline_traffic_on_the_widest_route(tmp_path):
+    """After the A100 stage the V100 stage could go to a node with 2 free GPUs (best fit) behind a
+    100 Gbit/s NIC, or to a 4-GPU node behind 800 Gbit/s: the pipeline send decides — the wide one."""
+    from hetopt.placement import place
+    from hetopt.plan import Pipeline, Plan, Stage
+
+    path = tmp_path / "two-nics.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "two-nics", "model": {"preset": "gpt2-medium"}, "training": {"seq_len": 1024, "global_batch": 8},
+        "cluster": {"nodes": [
+            {"name": "a", "count": 1, "gpu": "A100-80GB", "gpus_per_node": 4, "island": "r0", "nic_gbps": 400},
+            {"name": "slow", "count": 1, "gpu": "V100-32GB", "gpus_per_node": 2, "island": "r1", "nic_gbps": 100},
+            {"name": "fast", "count": 1, "gpu": "V100-32GB", "gpus_per_node": 4, "island": "r1", "nic_gbps": 800}],
+            "network": {"links": [{"a": "r0", "b": "r1", "gbps": 1600}]}}}))
+    inst = load_instance(path)
+    plan = Plan(micro_batch=1, schedule="1f1b", virtual_stages=1, zero=1, pipelines=[Pipeline(
+        replicas=1, micro_batches=8, stages=[Stage(layers=12, gpu="A100-80GB", island="r0", tp=2),
+                                             Stage(layers=12, gpu="V100-32GB", island="r1", tp=2)])])
+    placed = place(plan, inst.cluster)
+    assert [e.node for e in placed.placement] == ["a-0", "fast-0"]
+    assert inst.cluster.route("a-0", "fast-0").gbps == 400 > inst.cluster.route("a-0", "slow-0").gbps == 100
+    # without a previous stage to talk to, best fit still packs the small node first
+    lone = plan.model_copy(update={"pipelines": [Pipeline(replicas=1, micro_batches=8, stages=[
+        Stage(layers=24, gpu="V100-32GB", island="r1", tp=2)])]})
+    assert place(lone, inst.cluster).placement[0].node == "slow-0"

@@ -147,7 +147,7 @@ def test_bad_options_exit_2(args, words):
 
 def test_exhaustive_refuses_a_large_instance():
     result = run_hetopt("solve", str(DEMO), "--planner", "exhaustive")
-    assert result.returncode == 2 and "over the exhaustive budget" in result.stderr
+    assert result.returncode == 2 and "more than 200,000 plans (the exhaustive budget)" in result.stderr
 
 
 def test_formulations_and_backends_are_listed():
@@ -225,3 +225,81 @@ def test_the_linearised_skeleton_is_the_evaluator_for_every_split():
         checked += 1
     assert kinds == {1, 2}
     assert checked >= 20
+
+
+def test_micro_batch_shares_of_two_templates_are_every_whole_split():
+    from hetopt.search.space import PairGroup, Segment
+
+    for total in (8, 12, 30, 64):
+        for ra in range(1, 7):
+            for rb in range(1, 7):
+                for pa, pb in ((1, 1), (2, 1), (3, 2)):
+                    group = PairGroup(1, Segment("A100-80GB", "r0", 1, pa), Segment("V100-32GB", "r0", 1, pb),
+                                      (ra,), (rb,), ("none",), total)
+                    want = [ma for ma in range(pa, total) if total - ra * ma >= rb * pb and (total - ra * ma) % rb == 0]
+                    assert list(group.shares(ra, rb)) == want
+
+
+def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
+    """template_fits reads ClassMemory lines off stage_memory; the most layers each stage holds must be
+    what stage_memory itself allows, layer by layer."""
+    import random
+    from types import SimpleNamespace
+
+    from hetopt.cost.memory import GIB, stage_params
+    from hetopt.cost.profiles import Profiles
+    from hetopt.evaluate import stage_memory
+    from hetopt.search.linear import max_layers_total
+    from hetopt.search.space import Segment
+
+    inst, profiles, rng = load_instance("instances/scale-256-three-types.yaml"), Profiles(), random.Random(2)
+    classes = [("H100-SXM", "rack0"), ("A100-80GB", "rack1"), ("V100-32GB", "rack1")]
+    for _ in range(60):
+        b, rc, replicas = rng.choice([1, 2]), rng.choice(["none", "selective", "full"]), rng.randint(1, 40)
+        segments = tuple(Segment(g, island, rng.choice([2, 4, 8]), rng.randint(1, 5))
+                         for g, island in rng.sample(classes, rng.randint(1, 3)))
+        stages = [seg for seg in segments for _ in range(seg.stages)]
+        p, plan, total = len(stages), SimpleNamespace(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1), 0
+        for i, seg in enumerate(stages):
+            gpu = inst.gpu_types[seg.gpu]
+            limit = gpu.memory_gib - profiles.for_gpu(gpu).reserve_gib
+            most = 0
+            for n in range(1, inst.model.layers + 1):
+                st = SimpleNamespace(layers=n, tp=seg.tp, sp=True, recompute=rc)
+                if stage_memory(inst, plan, p, p, i, st, stage_params(inst.model, n, i == 0, i == p - 1, p),
+                                replicas) / GIB > limit:
+                    break
+                most = n
+            total = -1 if most == 0 or total < 0 else total + most
+        assert max_layers_total(inst, profiles, b, rc, segments, replicas) == total
+
+
+@pytest.mark.parametrize("name", ["s2-a100-v100", "s4-three-types"])
+def test_every_skeleton_bound_is_below_its_own_optimum(name):
+    """The bounds that order and prune the search never exceed the best split of their skeleton (found
+    here by trying every split), one-template and two-template skeletons alike."""
+    import random
+
+    from hetopt.baselines.exhaustive import compositions
+    from hetopt.cost.profiles import Profiles
+    from hetopt.errors import InfeasibleError
+    from hetopt.search.linear import compute_lower_bound
+    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.space import SearchStats, enumerate_groups
+
+    inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(3)
+    scenarios = planning_scenarios(inst, "stable")
+    groups = list(enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()))
+    checked = set()
+    for group in rng.sample(groups, min(30, len(groups))):
+        for sk in itertools.islice(group.skeletons(), 4):
+            try:
+                problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+            except InfeasibleError:
+                continue
+            best = min(problem.iteration_time([n for t in split for n in t]) for split in
+                       itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
+            assert compute_lower_bound(inst, sk, profiles) <= best * (1 + 1e-12)
+            checked.add(len(sk.templates))
+    assert checked == {1, 2}

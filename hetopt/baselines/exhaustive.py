@@ -46,13 +46,15 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
     probabilities = [sc.probability for sc in scenarios]
     profiles = profiles or Profiles()
     stats = SearchStats()
-    skeletons = list(enumerate_skeletons(inst, options, stats))
-    size = sum(math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths) for sk in skeletons)
-    if size > budget:
-        raise InputError("--planner exhaustive", [Problem(
-            "planner", f"the plan space has {size:,} plans ({len(skeletons):,} skeletons), over the exhaustive "
-                       f"budget of {budget:,}; use --planner ilp, or narrow the instance's search section", size,
-            True)])
+    skeletons, size = [], 0
+    for sk in enumerate_skeletons(inst, options, stats):
+        skeletons.append(sk)
+        size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths)
+        if size > budget:  # counting the rest would take as long as the refusal saves
+            raise InputError("--planner exhaustive", [Problem(
+                "planner", f"the plan space has more than {budget:,} plans (the exhaustive budget) — "
+                           f"{size:,} in its first {len(skeletons):,} skeletons alone; use --planner ilp, or "
+                           f"narrow the instance's search section", size, True)])
     best, best_t, evaluated = None, math.inf, 0
     for sk in skeletons:
         try:

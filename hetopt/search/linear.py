@@ -10,8 +10,9 @@ the formulations write with two epigraph inequalities: y ≥ h + s·d and y ≥ 
 
 from __future__ import annotations
 
+import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,7 +38,7 @@ from hetopt.evaluate import (
     stage_work,
 )
 from hetopt.placement import place
-from hetopt.search.space import Skeleton
+from hetopt.search.space import Skeleton, least_work
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 
@@ -82,6 +83,14 @@ class SplitProblem:
             else:
                 out.append(int(np.floor((limit - mem.intercept) / mem.slope + 1e-9)))
         return out
+
+    def scaled(self, k: float) -> SplitProblem:
+        """The same problem with every time multiplied by k (memory untouched): another time unit."""
+        def times(fs):
+            return tuple(Affine(f.slope * k, f.intercept * k) for f in fs)
+        return replace(self, host_fwd=times(self.host_fwd), dev_fwd=times(self.dev_fwd), host_bwd=times(self.host_bwd),
+                       dev_bwd=times(self.dev_bwd), p2p=tuple(c * k for c in self.p2p), dp=times(self.dp),
+                       opt=times(self.opt))
 
     def times(self, layers: list[int]) -> np.ndarray:
         """Priced parts (stages, N_PARTS) of this template for a split, as the evaluator prices them."""
@@ -132,6 +141,9 @@ class ScenarioProblem:
     def max_layers(self) -> list[int]:
         return [x for t in self.templates for x in t.max_layers()]
 
+    def scaled(self, k: float) -> ScenarioProblem:
+        return ScenarioProblem(tuple(t.scaled(k) for t in self.templates), self.cross_s * k)
+
 
 @dataclass(frozen=True)
 class PlanProblem:
@@ -146,6 +158,9 @@ class PlanProblem:
     def base(self) -> ScenarioProblem:
         """Compute terms, memory and limits are the same in every scenario; only communication differs."""
         return self.scenarios[0]
+
+    def scaled(self, k: float) -> PlanProblem:
+        return replace(self, scenarios=tuple(sc.scaled(k) for sc in self.scenarios))
 
     def iteration_time(self, layers: list[int]) -> float:
         from hetopt.search.robust import aggregate
@@ -197,12 +212,60 @@ def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profil
     )
 
 
+def group_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple,
+                micro_batches: int) -> float:
+    """A cheaper and weaker bound than `pipeline_bound`, for keying whole groups: (m − 1)·λ* + S with λ*
+    the real-valued water level (at most the integer one), computed on lines with multiplicities."""
+    key = (id(inst), id(profiles), micro_batch, recompute, segments)
+    if key not in _REAL_LEVELS:
+        p = sum(seg.stages for seg in segments)
+        weighted: list[tuple[float, float, int]] = []
+        position = 0
+        for seg in segments:
+            for first, last, count in _segment_parts(position, seg.stages, p):
+                a, c = _stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last)
+                weighted.append((a, c, count))
+            position += seg.stages
+        layers = inst.model.layers
+        s = sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (layers - p)
+        _REAL_LEVELS[key] = (_water_level(weighted, layers, p), s)
+    lam, s = _REAL_LEVELS[key]
+    return (micro_batches - 1) * lam + s
+
+
+_REAL_LEVELS: dict[tuple, tuple[float, float]] = {}
+
+
 def compute_lower_bound(inst: Instance, sk: Skeleton, profiles: Profiles) -> float:
-    """A bound no split of this skeleton beats, from compute alone (no placement needed, cached work): every
-    template's pipeline is at least (m − 1)·λ + S (`template_bound`), and the iteration waits for each."""
-    return max((t.micro_batches - 1) * lam + s
-               for t in sk.templates for lam, s in [template_bound(inst, profiles, sk.micro_batch, sk.recompute,
-                                                                   t.segments)])
+    """A bound no split of this skeleton beats, from compute alone (no placement needed, cached work): the
+    iteration waits for every template's pipeline (`pipeline_bound`)."""
+    return max(pipeline_bound(inst, profiles, sk.micro_batch, sk.recompute, t.segments, t.micro_batches)
+               for t in sk.templates)
+
+
+_PIPELINE_BOUNDS: dict[tuple, float] = {}
+
+
+def pipeline_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple,
+                   micro_batches: int) -> float:
+    """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i.
+
+    Λ ≥ λ (the integer water level, `template_bound`). For a given Λ the cheapest Σ τ is g(Λ): one layer
+    per stage, the rest on the stages of smallest a_i up to what Λ lets them hold; g falls as Λ rises but
+    never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least (m − 1)·λ +
+    g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), which only needs two evaluations of g.
+    """
+    key = (id(inst), id(profiles), micro_batch, recompute, segments, micro_batches)
+    if key not in _PIPELINE_BOUNDS:
+        lam, s = template_bound(inst, profiles, micro_batch, recompute, segments)
+        m = micro_batches
+        if m <= 1:
+            _PIPELINE_BOUNDS[key] = max(lam, s)
+        else:
+            lines = _stage_lines(inst, profiles, micro_batch, recompute, segments)
+            delta = (_cheapest_sum(lines, inst.model.layers, lam) - s) / (m - 1)
+            _PIPELINE_BOUNDS[key] = (m - 1) * lam + _cheapest_sum(lines, inst.model.layers, lam + delta)
+    return _PIPELINE_BOUNDS[key]
 
 
 def pair_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: list,
@@ -222,6 +285,47 @@ def throughput_bound(inst: Instance, profiles: Profiles, micro_batch: int, recom
     return total_micro_batches / sum(r / lam for r, (lam, _) in zip(replicas, lines, strict=True))
 
 
+def family_bound(inst: Instance, profiles: Profiles, family) -> float:
+    """A bound on every skeleton of a family from throughput alone: a stage of class k at TP t_k takes
+    τ ≥ a_k·L (a_k: its per-layer time, the intercept dropped when positive and folded into a_k when not),
+    so a replica's bottleneck is at least N / Σ_i 1/a_i and T ≥ m·max τ; with R·n_k·t_k ≤ G_k GPUs of each
+    class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side."""
+    rc = least_work(family.recompute_options)
+    rate = 0.0
+    for dc, tp in zip(family.classes, family.tps, strict=True):
+        a, c = _stage_line(inst, profiles, dc.gpu, tp, family.micro_batch, rc, False, False)
+        a += min(c, 0.0)
+        if a <= 0:
+            return 0.0
+        rate += dc.gpus / (tp * a)
+    return family.total_micro_batches * inst.model.layers / rate
+
+
+def bucket_bound(inst: Instance, profiles: Profiles, family, replicas: int, max_stages: int) -> float:
+    """`family_bound` at one replica count R: each replica has 1 ≤ n_k ≤ ⌊G_k/(t_k·R)⌋ stages of class k
+    and at most P = min(max_stages, layers, M/R) in all, so max τ ≥ N / max Σ_k n_k/a_k (the extra stages
+    go to the fastest classes first) and T ≥ (M/R)·max τ — whole GPUs, replicas and stages counted."""
+    rc = least_work(family.recompute_options)
+    m = family.total_micro_batches // replicas
+    cap = min(max_stages, inst.model.layers, m)
+    classes = []
+    for dc, tp in zip(family.classes, family.tps, strict=True):
+        a, c = _stage_line(inst, profiles, dc.gpu, tp, family.micro_batch, rc, False, False)
+        a += min(c, 0.0)
+        if a <= 0:
+            return 0.0
+        classes.append((a, min(cap, dc.gpus // (tp * replicas))))
+    left = cap - len(classes)
+    if left < 0 or min(u for _, u in classes) < 1:
+        return math.inf  # no replica of this family fits at R: the bucket is empty
+    rate = sum(1 / a for a, _ in classes)
+    for a, u in sorted(classes):
+        k = min(u - 1, left)
+        rate += k / a
+        left -= k
+    return m * inst.model.layers / rate
+
+
 _BOUNDS: dict[tuple, tuple[float, float]] = {}
 
 
@@ -230,29 +334,62 @@ def template_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompu
     """(λ, S): lower bounds on max τ and Σ τ of a template's stages over every split.
 
     Each stage's τ_i(L) ≥ a_i·L + c_i (one of the two linear pieces of the host/device overlap, without
-    communication). Over real-valued splits max τ ≥ λ*, the water level that balances the stages, while
-    Σ τ ≥ Σ (a_i + c_i) + min a · (layers − p). With m micro-batches T ≥ (m − 1)·max τ + Σ τ.
+    communication). Over integer splits max τ ≥ λ, the smallest max_i(a_i·L_i + c_i) (the integer water
+    level), while Σ τ ≥ S = Σ (a_i + c_i) + min a · (layers − p). With m micro-batches T ≥ (m − 1)·max τ + Σ τ.
     """
     key = (id(inst), id(profiles), micro_batch, recompute, segments)
     if key not in _BOUNDS:
-        # Stages of a segment share one line, except the first and last stages (embedding, head): lines
-        # with multiplicities keep the bound cheap for deep pipelines.
-        p = sum(seg.stages for seg in segments)
-        weighted: list[tuple[float, float, int]] = []
-        position = 0
-        for seg in segments:
-            for first, last, count in _segment_parts(position, seg.stages, p):
-                a, c = _stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last)
-                weighted.append((a, c, count))
-            position += seg.stages
-        lam = _water_level(weighted, inst.model.layers, p)
-        s = sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (inst.model.layers - p)
-        _BOUNDS[key] = (lam, s)
+        lines = _stage_lines(inst, profiles, micro_batch, recompute, segments)
+        layers = inst.model.layers
+        s = sum(a + c for a, c in lines) + min(a for a, _ in lines) * (layers - len(lines))
+        _BOUNDS[key] = (_integer_level(lines, layers), s)
     return _BOUNDS[key]
 
 
+def _stage_lines(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple
+                 ) -> list[tuple[float, float]]:
+    """(a_i, c_i) of every stage: τ_i(L) ≥ a_i·L + c_i (first and last stages carry embedding and head)."""
+    p = sum(seg.stages for seg in segments)
+    lines, position = [], 0
+    for seg in segments:
+        for first, last, count in _segment_parts(position, seg.stages, p):
+            lines += [_stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last)] * count
+        position += seg.stages
+    return lines
+
+
+def _integer_level(lines: list[tuple[float, float]], layers: int) -> float:
+    """min over integer splits (L_i ≥ 1, Σ L_i = layers) of max_i (a_i·L_i + c_i): give each next layer to
+    the stage it leaves lowest (greedy is exact for a min-max of increasing functions)."""
+    counts = [1] * len(lines)
+    level = max(a + c for a, c in lines)
+    heap = [(2 * a + c, i) for i, (a, c) in enumerate(lines)]
+    heapq.heapify(heap)
+    for _ in range(layers - len(lines)):
+        t, i = heapq.heappop(heap)
+        counts[i] += 1
+        level = max(level, t)
+        a, c = lines[i]
+        heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
+    return level
+
+
+def _cheapest_sum(lines: list[tuple[float, float]], layers: int, level: float) -> float:
+    """g(Λ): the least Σ_i (a_i·L_i + c_i) with every a_i·L_i + c_i ≤ Λ (caps rounded up a hair, which
+    only lowers g: the bound stays valid); one layer per stage, the rest on the cheapest stages first."""
+    total = sum(a + c for a, c in lines)
+    left = layers - len(lines)
+    for a, c in sorted(lines):
+        if left <= 0:
+            break
+        cap = max(1, math.floor((level - c) / a + 1e-9))
+        k = min(cap - 1, left)
+        total += k * a
+        left -= k
+    return total if left <= 0 else math.inf
+
+
 _FITS: dict[tuple, bool] = {}
-_MEMORY_LINES: dict[tuple, Affine] = {}
 
 
 def template_fits(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple,
@@ -262,36 +399,70 @@ def template_fits(inst: Instance, profiles: Profiles, micro_batch: int, recomput
     The evaluator's own memory model, which is affine in a stage's layers; no placement needed."""
     key = (id(inst), id(profiles), micro_batch, recompute, segments, replicas_total)
     if key not in _FITS:
-        p = sum(seg.stages for seg in segments)
-        room, i = 0, 0
-        for seg in segments:
-            gpu = inst.gpu_types[seg.gpu]
-            limit = gpu.memory_gib - profiles.for_gpu(gpu).reserve_gib
-            for _ in range(seg.stages):
-                line = _memory_line(inst, micro_batch, recompute, seg, p, i, replicas_total)
-                if line.at(1) > limit:
-                    _FITS[key] = False
-                    return False
-                room += inst.model.layers if line.slope <= 0 else int(np.floor((limit - line.intercept) / line.slope
-                                                                                + 1e-9))
-                i += 1
-        _FITS[key] = room >= inst.model.layers
+        _FITS[key] = max_layers_total(inst, profiles, micro_batch, recompute, segments, replicas_total) \
+            >= inst.model.layers
     return _FITS[key]
 
 
-def _memory_line(inst: Instance, micro_batch: int, recompute: str, seg, stages: int, i: int, replicas: int
-                 ) -> Affine:
-    """GiB of stage i of a template as an affine function of its layers (the evaluator's stage_memory)."""
-    key = (id(inst), micro_batch, recompute, seg.gpu, seg.tp, stages, i, replicas)
-    if key not in _MEMORY_LINES:
+def max_layers_total(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple,
+                     replicas_total: int) -> int:
+    """Σ over the stages of the most layers each can hold (−1 when a stage cannot hold one)."""
+    p = sum(seg.stages for seg in segments)
+    n_layers = inst.model.layers
+    room, start = 0, 0
+    for seg in segments:
+        gpu = inst.gpu_types[seg.gpu]
+        limit = gpu.memory_gib - profiles.for_gpu(gpu).reserve_gib
+        cm = class_memory(inst, micro_batch, recompute, seg.gpu, seg.tp, replicas_total)
+        for i in range(start, start + seg.stages):  # the stage's line (ClassMemory.stage, inlined: hot loop)
+            slope = cm.state + cm.act * (p - i)
+            intercept = cm.solo if p == 1 else cm.first if i == 0 else cm.last if i == p - 1 else cm.mid
+            if slope + intercept > limit:
+                return -1
+            room += n_layers if slope <= 0 else min(n_layers, int((limit - intercept) / slope + 1e-9))
+        start += seg.stages
+    return room
+
+
+@dataclass(frozen=True)
+class ClassMemory:
+    """GiB of a stage on one GPU type and TP degree, affine in its layers L: slope state + act·held (held:
+    micro-batches in flight, p − i under 1F1B) and an intercept by position (embedding on the first stage,
+    head and logits on the last, both on a single stage). Read off the evaluator's stage_memory."""
+
+    state: float
+    act: float
+    mid: float
+    first: float
+    last: float
+    solo: float
+
+    def stage(self, i: int, p: int) -> Affine:
+        c = self.solo if p == 1 else self.first if i == 0 else self.last if i == p - 1 else self.mid
+        return Affine(self.state + self.act * (p - i), c)
+
+
+_CLASS_MEMORY: dict[tuple, ClassMemory] = {}
+
+
+def class_memory(inst: Instance, micro_batch: int, recompute: str, gpu: str, tp: int, replicas: int) -> ClassMemory:
+    key = (id(inst), micro_batch, recompute, gpu, tp, replicas)
+    if key not in _CLASS_MEMORY:
         plan = SimpleNamespace(micro_batch=micro_batch, schedule="1f1b", virtual_stages=1, zero=1)
-        mem = []
-        for n in (1, 2):
-            st = SimpleNamespace(layers=n, tp=seg.tp, sp=True, recompute=recompute)
-            params = stage_params(inst.model, n, i == 0, i == stages - 1, stages)
-            mem.append(stage_memory(inst, plan, stages, stages, i, st, params, replicas) / GIB)
-        _MEMORY_LINES[key] = _affine(*mem)
-    return _MEMORY_LINES[key]
+
+        def line(i: int, p: int) -> Affine:
+            mem = []
+            for n in (1, 2):
+                st = SimpleNamespace(layers=n, tp=tp, sp=True, recompute=recompute)
+                params = stage_params(inst.model, n, i == 0, i == p - 1, p)
+                mem.append(stage_memory(inst, plan, p, p, i, st, params, replicas) / GIB)
+            return _affine(*mem)
+
+        held3, held2 = line(1, 4), line(2, 4)  # middle stages of 4 hold 3 and 2 micro-batches
+        act = held3.slope - held2.slope
+        _CLASS_MEMORY[key] = ClassMemory(held2.slope - 2 * act, act, held2.intercept, line(0, 4).intercept,
+                                         line(3, 4).intercept, line(0, 1).intercept)
+    return _CLASS_MEMORY[key]
 
 
 def _segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool, int]]:

@@ -36,14 +36,27 @@ from hetopt.plan import Plan
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
 from hetopt.search.linear import (
     PlanProblem,
+    bucket_bound,
     compute_lower_bound,
+    family_bound,
+    group_bound,
     pair_bound,
     split_problem,
     template_fits,
     throughput_bound,
 )
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
-from hetopt.search.space import PairGroup, SearchOptions, SearchStats, Skeleton, SkeletonGroup, enumerate_groups
+from hetopt.search.space import (
+    DEFAULT_RECOMPUTE,
+    Family,
+    PairGroup,
+    SearchOptions,
+    SearchStats,
+    Skeleton,
+    SkeletonGroup,
+    enumerate_families,
+    least_work,
+)
 from hetopt.spec.instance import Instance
 
 PARALLEL_AFTER_S = 2.0
@@ -89,9 +102,9 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     # skeletons (keyed by their own bound); a group is expanded only when it reaches the top.
     heap: list[tuple[float, int, object]] = []
     tie = itertools.count()
-    bounds = _Bounds(inst, profiles, stats)
-    for group in enumerate_groups(inst, options, stats):
-        heap.append((bounds.key(group), next(tie), group))
+    bounds = _Bounds(inst, profiles, options, stats)
+    for family in enumerate_families(inst, options, stats):
+        heap.append((family_bound(inst, profiles, family), next(tie), family))
     heapq.heapify(heap)
     incumbent, best, best_sk = math.inf, None, None
     open_bound = math.inf  # the smallest bound among skeletons not finished
@@ -107,8 +120,8 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 pool = _pool(ctx, workers)
             key = heap[0][0]
             if key >= incumbent * (1 - OPTIMALITY_TOLERANCE):
-                stats.pruned["bound: compute lower bound ≥ incumbent"] += sum(
-                    1 if isinstance(it, Skeleton) else it.size for _, _, it in heap)
+                for _, _, it in heap:
+                    _count_bound_pruned(stats, it)
                 break
             left = time_limit_s - (clock() - start)
             if left <= 0:
@@ -172,31 +185,79 @@ class PairSubgroup:
         return len(self.group.shares(self.ra, self.rb))
 
 
+@dataclass(frozen=True)
+class PairRange:
+    """The replica counts of a pair group not yet expanded: (ra, r) for every r ≤ rb — and with `rows`
+    also every ra' < ra with any rb. The throughput bound falls with every replica count, so its value at
+    (ra, rb) bounds the whole range; expanding peels off the top row or the top cell."""
+
+    group: PairGroup
+    ra: int
+    rb: int
+    rows: bool
+    modes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A one-template family at one replica count R (its groups differ in stages per class)."""
+
+    family: Family
+    replicas: int
+
+
 class _Bounds:
     """Lower bounds and memory pruning for the heap's items, from compute and memory alone (no placement):
-    groups are keyed by a bound on all their skeletons and expanded only when they reach the top."""
+    every item is keyed by a bound on all the skeletons in it and expanded only when it reaches the top."""
 
-    def __init__(self, inst: Instance, profiles: Profiles, stats: SearchStats) -> None:
-        self.inst, self.profiles, self.stats = inst, profiles, stats
+    def __init__(self, inst: Instance, profiles: Profiles, options: SearchOptions, stats: SearchStats) -> None:
+        self.inst, self.profiles, self.options, self.stats = inst, profiles, options, stats
 
     def _fits(self, b: int, rc: str, segments: tuple, replicas_total: int) -> bool:
         return template_fits(self.inst, self.profiles, b, rc, segments, replicas_total)
 
-    def key(self, item) -> float:
-        """A compute bound on every skeleton of a group: at its largest replica counts and the recompute
-        mode with the least work (recompute only adds work). Memory is checked when a group is expanded,
-        so groups the bound rules out never pay for it."""
+    def _group_key(self, group) -> float | None:
+        """A bound on a group at its largest replica counts (the most ZeRO sharding: least memory, and the
+        smallest compute bound) and the least-work recompute mode that fits (recompute only adds work);
+        None when no mode fits, so no skeleton of it can hold the model."""
         inst, prof = self.inst, self.profiles
-        rc = least_work(item.recompute_options)
-        if isinstance(item, SkeletonGroup):
-            return compute_lower_bound(inst, item.skeleton(max(item.replica_options), rc), prof)
-        return throughput_bound(inst, prof, item.micro_batch, rc, [(item.a,), (item.b,)],
-                                [max(item.a_replicas), max(item.b_replicas)], item.total_micro_batches)
+        if isinstance(group, SkeletonGroup):
+            top = max(group.replica_options)
+            # by increasing work: the first mode that fits bounds every mode that does
+            rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
+                       if self._fits(group.micro_batch, rc, group.segments, top)), None)
+            if rc is None:
+                self.stats.pruned[MEMORY_RULE] += group.size
+                return None
+            return group_bound(inst, prof, group.micro_batch, rc, group.segments,
+                               group.total_micro_batches // top)
+        top = max(group.a_replicas) + max(group.b_replicas)
+        modes = [rc for rc in group.recompute_options if self._fits(group.micro_batch, rc, (group.a,), top)
+                 and self._fits(group.micro_batch, rc, (group.b,), top)]
+        if not modes:
+            self.stats.pruned[MEMORY_GROUPS_RULE] += 1
+            return None
+        return throughput_bound(inst, prof, group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
+                                [max(group.a_replicas), max(group.b_replicas)], group.total_micro_batches)
+
+    def _range(self, r: PairRange) -> tuple[float, PairRange]:
+        g = r.group
+        return throughput_bound(self.inst, self.profiles, g.micro_batch, least_work(r.modes), [(g.a,), (g.b,)],
+                                [r.ra, r.rb], g.total_micro_batches), r
 
     def expand(self, item) -> list[tuple[float, object]]:
         inst, prof = self.inst, self.profiles
         out: list[tuple[float, object]] = []
-        if isinstance(item, SkeletonGroup):
+        if isinstance(item, Family) and not item.pair:
+            for r in item.replica_counts(self.stats):
+                out.append((bucket_bound(inst, prof, item, r, self.options.max_stages), Bucket(item, r)))
+        elif isinstance(item, (Family, Bucket)):
+            family, r = (item, None) if isinstance(item, Family) else (item.family, item.replicas)
+            for group in family.groups(inst, self.options, self.stats, r):
+                key = self._group_key(group)
+                if key is not None:
+                    out.append((key, group))
+        elif isinstance(item, SkeletonGroup):
             top = max(item.replica_options)
             for sk in item.skeletons():
                 # fewer replicas shard the optimizer less: a mode that fails at the most replicas fails at all
@@ -207,27 +268,51 @@ class _Bounds:
                     self.stats.pruned[MEMORY_RULE] += 1
         elif isinstance(item, PairGroup):
             top = max(item.a_replicas) + max(item.b_replicas)
-            modes = [rc for rc in item.recompute_options if self._fits(item.micro_batch, rc, (item.a,), top)
-                     and self._fits(item.micro_batch, rc, (item.b,), top)]
-            for ra, rb, rc in item.subgroups():
-                sub = PairSubgroup(item, ra, rb, rc)
-                if rc in modes and self._fits(item.micro_batch, rc, (item.a,), ra + rb) and \
-                        self._fits(item.micro_batch, rc, (item.b,), ra + rb):
-                    out.append((pair_bound(inst, prof, item.micro_batch, rc, [(item.a,), (item.b,)], [ra, rb],
-                                           item.total_micro_batches), sub))
-                else:
-                    self.stats.pruned[MEMORY_RULE] += sub.size
+            modes = tuple(rc for rc in item.recompute_options if self._fits(item.micro_batch, rc, (item.a,), top)
+                          and self._fits(item.micro_batch, rc, (item.b,), top))
+            if modes:
+                out.append(self._range(PairRange(item, max(item.a_replicas), max(item.b_replicas), True, modes)))
+        elif isinstance(item, PairRange):
+            g = item.group
+            if item.rows:  # the top row as a range of its own, and the rows below
+                out.append(self._range(PairRange(g, item.ra, item.rb, False, item.modes)))
+                if item.ra > 1:
+                    out.append(self._range(PairRange(g, item.ra - 1, item.rb, True, item.modes)))
+            else:  # the top cell's subgroups, and the rest of the row
+                if item.rb > 1:
+                    out.append(self._range(PairRange(g, item.ra, item.rb - 1, False, item.modes)))
+                if g.shares(item.ra, item.rb):
+                    for rc in item.modes:
+                        sub = PairSubgroup(g, item.ra, item.rb, rc)
+                        self.stats.enumerated += sub.size
+                        both = item.ra + item.rb
+                        if self._fits(g.micro_batch, rc, (g.a,), both) and self._fits(g.micro_batch, rc, (g.b,), both):
+                            out.append((pair_bound(inst, prof, g.micro_batch, rc, [(g.a,), (g.b,)],
+                                                   [item.ra, item.rb], g.total_micro_batches), sub))
+                        else:
+                            self.stats.pruned[MEMORY_RULE] += sub.size
         else:
             for sk in item.group.skeletons_of(item.ra, item.rb, item.recompute):
                 out.append((compute_lower_bound(inst, sk, prof), sk))
         return out
 
 
-def least_work(modes) -> str:
-    """The recompute mode with the least compute among `modes`."""
-    return min(modes, key=("none", "selective", "full").index)
+def _count_bound_pruned(stats: SearchStats, item) -> None:
+    """What the bound proves no better, counted in skeletons where they are known without generating."""
+    if isinstance(item, Family):
+        stats.pruned["bound: whole families never generated (device classes × TP degrees)"] += 1
+    elif isinstance(item, Bucket):
+        stats.pruned["bound: families at one replica count never generated"] += 1
+    elif isinstance(item, PairGroup):
+        stats.pruned["bound: two-template groups never expanded"] += 1
+    elif isinstance(item, PairRange):
+        stats.pruned["bound: two-template replica-count ranges never expanded"] += 1
+    else:
+        stats.pruned[BOUND_RULE] += 1 if isinstance(item, Skeleton) else item.size
 
 
+BOUND_RULE = "bound: compute lower bound ≥ incumbent"
+MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
 MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
 
 

@@ -117,12 +117,24 @@ class SearchOptions:
 
 @dataclass
 class SearchStats:
+    families: int = 0
+    """Families of skeleton groups (device classes in order × TP degrees × micro-batch size)."""
     enumerated: int = 0
+    """Skeletons generated (one-template groups count their skeletons when generated)."""
+    enumerated_groups: int = 0
+    """Two-template groups generated; their skeletons are counted as they are expanded."""
     pruned: Counter = field(default_factory=Counter)
     solved: int = 0
 
     def to_json(self) -> dict:
-        return {"skeletons_enumerated": self.enumerated, "pruned": dict(self.pruned), "solved": self.solved}
+        return {"families": self.families, "skeletons_enumerated": self.enumerated,
+                "pair_groups_enumerated": self.enumerated_groups, "pruned": dict(self.pruned),
+                "solved": self.solved}
+
+
+def least_work(modes) -> str:
+    """The recompute mode with the least compute among `modes` (recompute only adds work)."""
+    return min(modes, key=DEFAULT_RECOMPUTE.index)
 
 
 def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions) -> list[int]:
@@ -206,12 +218,87 @@ class PairGroup:
             yield from self.skeletons_of(ra, rb, rc)
 
 
-def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
-                     ) -> Iterator[SkeletonGroup | PairGroup]:
-    """Every skeleton of the plan space, grouped; divisibility, depth and resource rules are applied while
-    enumerating (what they exclude is never generated, and counted per rule)."""
-    layers = inst.model.layers
+@dataclass(frozen=True)
+class Family:
+    """Skeleton groups that share the micro-batch size, the device classes (in stage order) and their TP
+    degrees, and differ in how many stages each class serves. `pair`: two single-class templates side by
+    side instead of one template across the classes. The search bounds a family by throughput before it
+    generates any of its groups."""
+
+    micro_batch: int
+    classes: tuple[DeviceClass, ...]
+    tps: tuple[int, ...]
+    pair: bool
+    total_micro_batches: int
+    recompute_options: tuple[str, ...]
+
+    def groups(self, inst: Instance, opts: SearchOptions, stats: SearchStats, replicas: int | None = None
+               ) -> Iterator[SkeletonGroup | PairGroup]:
+        """The family's groups; for one template only those with `replicas` replicas when given."""
+        if self.pair:
+            yield from self._pairs(inst, opts, stats)
+            return
+        for r in self.replica_counts(stats) if replicas is None else [replicas]:
+            yield from self._singles(inst, opts, stats, r)
+
+    def replica_counts(self, stats: SearchStats | None = None) -> list[int]:
+        """One template: the replica counts R it can have — R divides the M micro-batches, each class gives
+        every replica at least one stage, and m = M/R ≥ one stage per class."""
+        top = min(dc.gpus // t for dc, t in zip(self.classes, self.tps, strict=True))
+        total_mb = self.total_micro_batches
+        counts = [r for r in range(1, top + 1) if total_mb % r == 0 and total_mb // r >= len(self.classes)]
+        if stats is not None and top > len(counts):
+            stats.pruned[DIVISIBILITY_R] += top - len(counts)
+        return counts
+
+    def _singles(self, inst: Instance, opts: SearchOptions, stats: SearchStats, r: int) -> Iterator[SkeletonGroup]:
+        total_mb = self.total_micro_batches
+        cap = min(opts.max_stages, inst.model.layers, total_mb // r)  # m = M/R ≥ stages
+        ranges = [range(1, min(cap, dc.gpus // (t * r)) + 1) for dc, t in zip(self.classes, self.tps, strict=True)]
+        generated = 0
+        for stages in itertools.product(*ranges):
+            if sum(stages) > cap:
+                continue
+            generated += 1
+            segments = tuple(Segment(dc.gpu, dc.island, t, n)
+                             for dc, t, n in zip(self.classes, self.tps, stages, strict=True))
+            group = SkeletonGroup(self.micro_batch, segments, (r,), self.recompute_options, total_mb)
+            stats.enumerated += group.size
+            yield group
+        stats.pruned[DEPTH] += math.prod(len(x) for x in ranges) - generated
+
+    def _pairs(self, inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[PairGroup]:
+        total_mb, cap = self.total_micro_batches, min(opts.max_stages, inst.model.layers)
+        (ca, cb), (ta, tb) = self.classes, self.tps
+        for na in range(1, min(cap, ca.gpus // ta) + 1):
+            for nb in range(1, min(cap, cb.gpus // tb) + 1):
+                if total_mb < na + nb:
+                    stats.pruned[DIVISIBILITY] += 1
+                    continue
+                # each template keeps at least one micro-batch per stage for the other one's share
+                ra = tuple(range(1, min(ca.gpus // (ta * na), (total_mb - nb) // na) + 1))
+                rb = tuple(range(1, min(cb.gpus // (tb * nb), (total_mb - na) // nb) + 1))
+                group = PairGroup(self.micro_batch, Segment(ca.gpu, ca.island, ta, na),
+                                  Segment(cb.gpu, cb.island, tb, nb), ra, rb, self.recompute_options, total_mb)
+                stats.enumerated_groups += 1
+                yield group
+
+
+SYMMETRY = "symmetry: selective recompute equals none under flash attention (whole plan space, halved)"
+DIVISIBILITY_R = "divisibility: replica counts (per family) that do not divide the micro-batches"
+DIVISIBILITY = "divisibility: replicas must divide the micro-batches, m ≥ stages"
+DEPTH = "depth: stage-count choices over the layers, max_stages or the micro-batches per replica"
+
+
+def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
+    """The plan space as families: divisibility of the batch is applied here, the rest in `Family.groups`."""
     classes = list(inst.cluster.device_classes.values())
+    rc = tuple(opts.recompute)
+    if inst.spec.training.attention == "flash" and "none" in rc and "selective" in rc:
+        # symmetry: flash attention already recomputes its core, so selective recompute is no recompute —
+        # the same time and memory (cost.compute.layer_recompute, cost.memory.layer_activation_bytes)
+        rc = tuple(r for r in rc if r != "selective")
+        stats.pruned[SYMMETRY] += 1
     for b in opts.micro_batch:
         if inst.global_batch % b:
             stats.pruned["divisibility: micro-batch does not divide the global batch"] += 1
@@ -219,47 +306,22 @@ def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
         total_mb = inst.global_batch // b
         for k in range(1, min(opts.max_classes, len(classes)) + 1):
             for order in itertools.permutations(classes, k):
-                per_class = [[(t, n) for t in tp_options(inst, dc, opts) for n in range(1, opts.max_stages + 1)
-                              if t * n <= dc.gpus] for dc in order]
-                for choice in itertools.product(*per_class):
-                    depth = sum(n for _, n in choice)
-                    if depth > min(opts.max_stages, layers):
-                        stats.pruned["depth: more stages than layers or max_stages"] += 1
-                        continue
-                    max_r = min(dc.gpus // (t * n) for dc, (t, n) in zip(order, choice, strict=True))
-                    replicas = tuple(r for r in range(1, max_r + 1) if total_mb % r == 0 and total_mb // r >= depth)
-                    excluded = max_r - len(replicas)
-                    if excluded:
-                        stats.pruned["divisibility: replicas must divide the micro-batches, m ≥ stages"] += excluded
-                    if not replicas:
-                        continue
-                    segments = tuple(Segment(dc.gpu, dc.island, t, n) for dc, (t, n) in zip(order, choice, strict=True))
-                    group = SkeletonGroup(b, segments, replicas, tuple(opts.recompute), total_mb)
-                    stats.enumerated += group.size
-                    yield group
+                for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
+                    stats.families += 1
+                    yield Family(b, order, tps, False, total_mb, rc)
         if opts.max_templates >= 2:
-            yield from _pair_groups(inst, opts, stats, b, total_mb, classes)
+            for pair in itertools.combinations(classes, 2):
+                for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in pair)):
+                    stats.families += 1
+                    yield Family(b, pair, tps, True, total_mb, rc)
 
 
-def _pair_groups(inst: Instance, opts: SearchOptions, stats: SearchStats, b: int, total_mb: int,
-                 classes: list[DeviceClass]) -> Iterator[PairGroup]:
-    """Pairs of templates on two different device classes (one class each, the pair unordered)."""
-    depth_cap = min(opts.max_stages, inst.model.layers)
-
-    def options(dc: DeviceClass) -> list[tuple[Segment, tuple[int, ...]]]:
-        return [(Segment(dc.gpu, dc.island, t, n), tuple(range(1, dc.gpus // (t * n) + 1)))
-                for t in tp_options(inst, dc, opts) for n in range(1, depth_cap + 1) if t * n <= dc.gpus]
-
-    for ca, cb in itertools.combinations(classes, 2):
-        for (sa, ra), (sb, rb) in itertools.product(options(ca), options(cb)):
-            if total_mb < sa.stages + sb.stages:
-                stats.pruned["divisibility: replicas must divide the micro-batches, m ≥ stages"] += 1
-                continue
-            group = PairGroup(b, sa, sb, ra, rb, tuple(opts.recompute), total_mb)
-            size = group.size
-            if size:
-                stats.enumerated += size
-                yield group
+def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
+                     ) -> Iterator[SkeletonGroup | PairGroup]:
+    """Every skeleton of the plan space, grouped; divisibility, depth and resource rules are applied while
+    enumerating (what they exclude is never generated, and counted per rule)."""
+    for family in enumerate_families(inst, opts, stats):
+        yield from family.groups(inst, opts, stats)
 
 
 def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:

@@ -60,11 +60,11 @@ class DeviceClass:
     def label(self) -> str:
         return f"{self.gpu}@{self.island}"
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
-    @property
+    @cached_property
     def max_gpus_per_node(self) -> int:
         """The largest TP group that fits inside one node of this class."""
         return max(n.gpus for n in self.nodes)
