@@ -364,6 +364,56 @@ def calibrate(
             out.print(f"profile written to {target}")
 
 
+@app.command()
+def bench(
+    instance_names: Annotated[list[str] | None, typer.Argument(
+        metavar="[INSTANCE]...", help="Instance files or bundled names; default: every bundled instance.")] = None,
+    planners: Annotated[str, typer.Option("--planners", help="Comma-separated planners; default: all (hetopt, "
+                                                             "megatron, fastest-subset, proportional, amp-like, "
+                                                             "random, exhaustive).")] = "all",
+    scenarios: Annotated[str, typer.Option("--scenarios", help="Comma-separated scenario names, or all.")] = "all",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds per planner run.")] = 60.0,
+    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Simulated iterations per scenario.")] = 3,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random planner and the solvers.")] = 0,
+    out_dir: Annotated[str, typer.Option("--out", help="Directory for results.csv, results.md and the plots "
+                                                       "(or a .csv path: the rest go beside it).")] = "bench-results",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing result files.")] = False,
+) -> None:
+    """Run planners side by side, replay every plan in the simulator, write CSV, Markdown and plots."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from hetopt.baselines.registry import PLANNERS
+    from hetopt.bench import check_outputs, check_planners, run_bench, write_outputs
+    from hetopt.spec.instance import bundled_instances, load_instance
+
+    if time_limit <= 0:
+        raise InputError("--time-limit", [Problem("--time-limit", "must be positive seconds", time_limit, True)])
+    chosen = list(PLANNERS) if planners == "all" else check_planners([p.strip() for p in planners.split(",")])
+    names = instance_names or list(bundled_instances())
+    check_outputs(Path(out_dir), force)  # before any work: nothing a user has is overwritten without --force
+    insts = [load_instance(n) for n in names]
+    wanted = None if scenarios == "all" else [s.strip() for s in scenarios.split(",")]
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err) as bar:
+        task = bar.add_task("bench", total=len(insts) * len(chosen))
+        started = [False]
+
+        def progress(inst, planner: str) -> None:
+            if started[0]:
+                bar.advance(task)
+            started[0] = True
+            bar.update(task, description=f"{inst.name} ({inst.cluster.total_gpus} GPUs): {planner}")
+
+        result = run_bench(insts, chosen, wanted, time_limit, iterations, seed, progress=progress)
+        bar.update(task, completed=len(insts) * len(chosen), description="bench done")
+    paths = write_outputs(result, Path(out_dir), force)
+    out.print(Path(paths[1]).read_text(encoding="utf-8"), markup=False, highlight=False)
+    for p in paths:
+        out.print(f"written {p}")
+
+
 def _demo():
     from hetopt.spec.instance import DEMO_INSTANCE, load_instance
 

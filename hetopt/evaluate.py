@@ -139,6 +139,7 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
     replicas_total = plan.replicas
     act_bytes = cc.ACT_BYTES * b * s * m.hidden
     templates, gpus, memory = [], [], []
+    ring_load = dp_ring_load(cluster, plan, nodes_of)
     for j, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages)
         arr = np.zeros((p, N_PARTS, N_TERMS))
@@ -160,7 +161,7 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
                 arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
             arr[i, DP] = _dp_allreduce(cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp * GRAD_COMM_BYTES,
-                                       st.tp, gpu)
+                                       st.tp, gpu, ring_load)
             shard = replicas_total if plan.zero else 1
             arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[i, OPT, ITER] = 1
@@ -208,8 +209,26 @@ def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: fl
     return comm.transfer(nbytes, worst_gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
 
 
-def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, tp: int, gpu: GPUType) -> np.ndarray:
-    """Gradient all-reduce of one stage across the replicas of its template (`nodes`: one per replica)."""
+def dp_ring_load(cluster, plan: Plan, nodes_of) -> Counter:
+    """How many gradient rings cross each link (directed graph edge). The stages' all-reduces run at about
+    the same time — at the end of the iteration, within one backward chain of each other — so rings that
+    share a NIC or an island link share its bandwidth (the simulator's max-min shares, to first order)."""
+    load: Counter = Counter()
+    for j, pipe in enumerate(plan.pipelines):
+        if pipe.replicas <= 1:
+            continue
+        for i in range(len(pipe.stages)):
+            distinct = list(dict.fromkeys(nodes_of[(j, i)]))
+            if len(distinct) > 1:
+                for a, b in pairwise([*distinct, distinct[0]]):
+                    load.update(cluster.route(a, b).edges)
+    return load
+
+
+def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, tp: int, gpu: GPUType,
+                  load: Counter) -> np.ndarray:
+    """Gradient all-reduce of one stage across the replicas of its template (`nodes`: one per replica);
+    `load`: rings per link (`dp_ring_load`)."""
     if replicas <= 1:
         return np.zeros(N_TERMS)
     distinct = list(dict.fromkeys(nodes))
@@ -217,7 +236,7 @@ def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, t
     if len(distinct) == 1:
         return comm.all_reduce(rank_bytes, replicas, gpu.intra_node_gbps, intra_node=True)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    inter = min(r.gbps for r in ring)
+    inter = min(c / max(1, load[e]) for r in ring for e, c in zip(r.edges, r.edge_gbps, strict=True))
     latency = max(r.latency_us for r in ring) * 1e-6
     return comm.hierarchical_all_reduce(rank_bytes, per_node, len(distinct), gpu.intra_node_gbps, inter, columns=tp,
                                         inter_latency_s=latency)

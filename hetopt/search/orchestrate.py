@@ -25,6 +25,7 @@ import itertools
 import math
 import multiprocessing
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -343,8 +344,9 @@ def _solve_one(job: tuple[Skeleton, float]):
 
 
 def _pool(ctx: _Context, workers: int) -> ProcessPoolExecutor | None:
-    if workers <= 1:
-        return None
+    main_file = getattr(sys.modules["__main__"], "__file__", None)
+    if workers <= 1 or (main_file is not None and not os.path.exists(main_file)):
+        return None  # a spawned worker re-imports __main__, which a script read from stdin cannot be
     # spawn, not fork: the solver libraries keep thread pools that a forked child would inherit half-locked
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_init_worker, initargs=(ctx,))

@@ -1,0 +1,113 @@
+"""What every planner returns, and the pieces the heuristic planners share: uniform layouts, sub-clusters,
+and timing a candidate plan with the one cost model (after the independent verifier)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetopt.cost.profiles import Profiles
+from hetopt.errors import InfeasibleError, InputError
+from hetopt.evaluate import evaluate
+from hetopt.layout import Layout, expand_layout
+from hetopt.placement import place
+from hetopt.plan import Plan
+from hetopt.search.formulation import clock
+from hetopt.search.space import SearchOptions
+from hetopt.spec.instance import Instance, instance_from_spec
+from hetopt.verify import check_plan
+
+
+@dataclass
+class PlannerResult:
+    planner: str
+    plan: Plan | None
+    objective_s: float
+    """Predicted iteration time of the plan (the evaluator, stable bandwidths); inf without a plan."""
+    search_time_s: float
+    status: str
+    """optimal (proven), timeout (best found, with its gap), heuristic (no proof), infeasible, refused."""
+    gap: float | None = None
+    evaluated: int = 0
+    """Candidate plans the planner timed."""
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+class Candidates:
+    """The best verified, fitting plan among those a heuristic tries, under a time budget."""
+
+    def __init__(self, inst: Instance, profiles: Profiles, time_limit_s: float) -> None:
+        self.inst, self.profiles = inst, profiles
+        self.start, self.deadline = clock(), clock() + time_limit_s
+        self.best: Plan | None = None
+        self.best_s = math.inf
+        self.evaluated = 0
+
+    @property
+    def out_of_time(self) -> bool:
+        return clock() > self.deadline
+
+    def offer(self, plan: Plan, inst: Instance | None = None) -> float:
+        """Time `plan` (verified and placed on the real cluster); keep it if it fits and is the fastest."""
+        try:
+            plan = place(plan, self.inst.cluster)
+        except InfeasibleError:
+            return math.inf
+        if check_plan(self.inst, plan):
+            return math.inf
+        ev = evaluate(self.inst, plan, self.profiles)
+        self.evaluated += 1
+        if ev.fits and ev.iteration_time_s < self.best_s:
+            self.best, self.best_s = plan, ev.iteration_time_s
+        return ev.iteration_time_s if ev.fits else math.inf
+
+    def result(self, planner: str, note: str = "") -> PlannerResult:
+        status = "heuristic" if self.best is not None else "infeasible"
+        return PlannerResult(planner, self.best, self.best_s, clock() - self.start, status, None, self.evaluated,
+                             note or ("" if self.best is not None else "no candidate plan fits in memory"))
+
+
+def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_per_node: int) -> Iterator[Layout]:
+    """Every homogeneous layout over `gpus` GPUs (tp·pp·dp = gpus) in the instance's search space, with the
+    choices that never lose in the cost model fixed (SP on, ZeRO-1, 1F1B, no interleaving)."""
+    m = inst.model
+    for tp in options.tp:
+        if m.heads % tp or tp > max_gpus_per_node:
+            continue
+        for pp in range(1, min(m.layers, options.max_stages) + 1):
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            for mb in options.micro_batch:
+                if inst.global_batch % (mb * dp) or inst.global_batch // (mb * dp) < pp:
+                    continue
+                for rc in options.recompute:
+                    yield Layout(tp=tp, pp=pp, dp=dp, mb=mb, recompute=rc)
+
+
+def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
+    """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across nodes)."""
+    try:
+        return expand_layout(inst, layout)
+    except InputError:
+        return None
+
+
+def sub_instance(inst: Instance, gpu: str | None = None, as_gpu: str | None = None) -> Instance:
+    """The instance on the nodes of one GPU type only (`gpu`), or with every GPU replaced by `as_gpu`
+    (the view of a planner that assumes a homogeneous cluster). Node names stay the same, so a plan laid
+    out on the view is a plan on the real cluster. Scenarios are dropped: the views are timed stable."""
+    spec = inst.spec.model_copy(deep=True)
+    nodes = [n for n in spec.cluster.nodes if gpu is None or n.gpu == gpu]
+    if as_gpu is not None:
+        nodes = [n.model_copy(update={"gpu": as_gpu}) for n in nodes]
+    islands = {n.island for n in nodes}
+    links = [lk for lk in spec.cluster.network.links if lk.a in islands and lk.b in islands]
+    network = spec.cluster.network.model_copy(update={"links": links})
+    cluster = spec.cluster.model_copy(update={"nodes": nodes, "network": network})
+    spec = spec.model_copy(update={"cluster": cluster, "scenarios": []})
+    base = inst.path.parent if inst.path is not None else Path(".")
+    return instance_from_spec(spec, inst.name, base)

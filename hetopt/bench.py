@@ -1,0 +1,323 @@
+"""`hetopt bench`: planners side by side on instances, every plan verified and replayed in the simulator
+under every chosen scenario (DESIGN 7); results as CSV, Markdown and plots.
+
+One row per (instance, planner, scenario): tokens/s and iteration time are the simulator's mean over the
+replayed iterations; search time, status and gap are the planner's. The Markdown puts the best tokens/s
+of each scenario in bold and gives each planner's ratio to hetopt (hetopt's tokens/s ÷ the planner's:
+above 1, hetopt is faster by that factor).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hetopt.baselines.common import PlannerResult
+from hetopt.baselines.registry import PLANNERS
+from hetopt.cost.profiles import Profiles
+from hetopt.errors import InputError, Problem, did_you_mean
+from hetopt.evaluate import evaluate
+from hetopt.sim.engine import Simulation
+from hetopt.sim.scenarios import scenarios_of
+from hetopt.spec.instance import Instance
+from hetopt.verify import check_plan
+
+OUTPUTS = ("results.csv", "results.md", "throughput.png", "search_time.png", "iteration_times.png")
+CSV_FIELDS = ("instance", "gpus", "gpu_types", "planner", "scenario", "probability", "tokens_per_s",
+              "iteration_time_s", "predicted_s", "search_time_s", "status", "gap", "evaluated", "note")
+
+
+@dataclass
+class Row:
+    instance: str
+    gpus: int
+    gpu_types: int
+    planner: str
+    scenario: str
+    probability: float
+    tokens_per_s: float | None
+    iteration_time_s: float | None
+    predicted_s: float | None
+    search_time_s: float
+    status: str
+    gap: float | None
+    evaluated: int
+    note: str = ""
+
+
+@dataclass
+class BenchResult:
+    rows: list[Row] = field(default_factory=list)
+    samples: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    """(instance, planner) → simulated iteration times over every scenario (for the distributions)."""
+    dynamic: set[str] = field(default_factory=set)
+    """Instances with bandwidth scenarios."""
+
+
+def output_paths(out: Path) -> tuple[Path, list[Path]]:
+    """The directory and files `--out` stands for: a directory, or (DESIGN 2.4's form) a .csv path whose
+    directory takes the other files."""
+    if out.suffix == ".csv":
+        directory = out.parent
+        return directory, [out, *(directory / name for name in OUTPUTS[1:])]
+    return out, [out / name for name in OUTPUTS]
+
+
+def check_outputs(out: Path, force: bool) -> list[Path]:
+    """Refuse, before any work, to overwrite files a user has unless --force."""
+    _, paths = output_paths(out)
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise InputError("--out", [Problem("--out", f"{', '.join(str(p) for p in existing)} already exist; pass "
+                                                    "--force to overwrite them or choose another --out", str(out),
+                                           True)])
+    return paths
+
+
+def check_planners(names: list[str]) -> list[str]:
+    for name in names:
+        if name not in PLANNERS:
+            raise InputError("--planners", [Problem("--planners", f"unknown planner{did_you_mean(name, PLANNERS)}; "
+                                                                  f"available: {', '.join(PLANNERS)}", name, True)])
+    return names
+
+
+def run_bench(instances: list[Instance], planners: list[str], scenarios: list[str] | None = None,
+              time_limit_s: float = 60.0, iterations: int = 3, seed: int = 0, profiles: Profiles | None = None,
+              progress=None) -> BenchResult:
+    """Run every planner on every instance; `progress(instance, planner)` is called before each run."""
+    profiles = profiles or Profiles()
+    check_planners(planners)
+    _check_scenarios(instances, scenarios)
+    result = BenchResult()
+    for inst in instances:
+        chosen = [sc for sc in scenarios_of(inst, 3600.0) if scenarios is None or sc.name in scenarios]
+        if len(chosen) > 1 or any(sc.changes for sc in chosen):
+            result.dynamic.add(inst.name)
+        for name in planners:
+            if progress is not None:
+                progress(inst, name)
+            planned = PLANNERS[name](inst, time_limit_s, profiles, seed)
+            result.rows += _replay(inst, planned, chosen, iterations, profiles, result.samples)
+    return result
+
+
+def _replay(inst: Instance, planned: PlannerResult, scenarios, iterations: int, profiles: Profiles,
+            samples: dict) -> list[Row]:
+    base = dict(instance=inst.name, gpus=inst.cluster.total_gpus,
+                gpu_types=len({n.gpu for n in inst.cluster.nodes.values()}), planner=planned.planner,
+                search_time_s=planned.search_time_s, status=planned.status, gap=planned.gap,
+                evaluated=planned.evaluated, note=planned.note)
+    if planned.plan is None:
+        return [Row(scenario=sc.name, probability=sc.probability, tokens_per_s=None, iteration_time_s=None,
+                    predicted_s=None, **base) for sc in scenarios]
+    problems = check_plan(inst, planned.plan)
+    if problems:  # every planner's plan goes through the independent verifier
+        raise AssertionError(f"{planned.planner} returned a plan the verifier rejects: {problems}")
+    predicted = evaluate(inst, planned.plan, profiles).iteration_time_s
+    sim = Simulation(inst, planned.plan, profiles)
+    rows = []
+    for sc in scenarios:
+        times = sim.run(sc, iterations).iteration_times_s
+        samples.setdefault((inst.name, planned.planner), []).extend(times)
+        mean = float(np.mean(times))
+        rows.append(Row(scenario=sc.name, probability=sc.probability,
+                        tokens_per_s=inst.global_batch * inst.seq_len / mean, iteration_time_s=mean,
+                        predicted_s=predicted, **base))
+    return rows
+
+
+def _check_scenarios(instances: list[Instance], scenarios: list[str] | None) -> None:
+    if scenarios is None:
+        return
+    known = {sc.name for inst in instances for sc in scenarios_of(inst, 60.0)}
+    for name in scenarios:
+        if name not in known:
+            raise InputError("--scenarios", [Problem("--scenarios", f"no instance has this scenario"
+                                                                    f"{did_you_mean(name, sorted(known))}", name,
+                                                     True)])
+
+
+# -- outputs ---------------------------------------------------------------------------------------------
+
+def write_outputs(result: BenchResult, out: Path, force: bool = False) -> list[Path]:
+    paths = check_outputs(out, force)
+    output_paths(out)[0].mkdir(parents=True, exist_ok=True)
+    csv_path, md_path, throughput, search, distributions = paths
+    write_csv(result, csv_path)
+    md_path.write_text(markdown(result), encoding="utf-8")
+    plot_throughput(result, throughput)
+    plot_search_time(result, search)
+    plot_iteration_times(result, distributions)
+    return paths
+
+
+def write_csv(result: BenchResult, path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for row in result.rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in asdict(row).items()})
+
+
+def expected_tokens(result: BenchResult) -> dict[tuple[str, str], float | None]:
+    """(instance, planner) → probability-weighted tokens/s over the scenarios (None without a plan)."""
+    out: dict[tuple[str, str], float | None] = {}
+    for row in result.rows:
+        key = (row.instance, row.planner)
+        if row.tokens_per_s is None:
+            out[key] = None
+        elif out.get(key, 0.0) is not None:
+            out[key] = out.get(key, 0.0) + row.probability * row.tokens_per_s
+    return out
+
+
+def markdown(result: BenchResult) -> str:
+    lines = ["# hetopt bench", "",
+             "Tokens/s and iteration time are simulated (mean over the replayed iterations, each scenario); "
+             "`vs hetopt` is hetopt's tokens/s ÷ the planner's (above 1: hetopt is faster by that factor). "
+             "The best tokens/s of each scenario is in bold.", ""]
+    expected = expected_tokens(result)
+    instances = list(dict.fromkeys(r.instance for r in result.rows))
+    for name in instances:
+        rows = [r for r in result.rows if r.instance == name]
+        scenarios = list(dict.fromkeys(r.scenario for r in rows))
+        best = {sc: max((r.tokens_per_s for r in rows if r.scenario == sc and r.tokens_per_s), default=None)
+                for sc in scenarios}
+        lines += [f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} type{'s' if rows[0].gpu_types > 1 else ''})",
+                  "", "| planner | status | search s | predicted s | "
+                  + " | ".join(f"{sc} tokens/s" for sc in scenarios) + " | vs hetopt |",
+                  "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |"]
+        for planner in dict.fromkeys(r.planner for r in rows):
+            mine = [r for r in rows if r.planner == planner]
+            cells = []
+            for sc in scenarios:
+                r = next(x for x in mine if x.scenario == sc)
+                if r.tokens_per_s is None:
+                    cells.append("—")
+                else:
+                    text = f"{r.tokens_per_s:,.0f}"
+                    cells.append(f"**{text}**" if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9) else text)
+            ratio = _ratio(expected, name, planner)
+            status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if mine[0].gap else "")
+            predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
+            lines.append(f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
+                         + " | ".join(cells) + f" | {ratio} |")
+        lines.append("")
+    lines += summary(result)
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(expected, instance: str, planner: str) -> str:
+    mine, ours = expected.get((instance, planner)), expected.get((instance, "hetopt"))
+    if not mine or not ours:
+        return "—"
+    return f"{ours / mine:.2f}×"
+
+
+def speedups(result: BenchResult, heterogeneous_only: bool = True) -> dict[str, list[float]]:
+    """Per baseline, hetopt's expected tokens/s ÷ the baseline's on every instance where both have a plan."""
+    expected = expected_tokens(result)
+    types = {r.instance: r.gpu_types for r in result.rows}
+    out: dict[str, list[float]] = {}
+    for (instance, planner), tokens in expected.items():
+        ours = expected.get((instance, "hetopt"))
+        if planner == "hetopt" or not tokens or not ours or (heterogeneous_only and types[instance] < 2):
+            continue
+        out.setdefault(planner, []).append(ours / tokens)
+    return out
+
+
+def summary(result: BenchResult) -> list[str]:
+    gains = speedups(result)
+    if not gains:
+        return []
+    lines = ["## hetopt's gain on the heterogeneous instances", "",
+             "| baseline | instances | mean | geometric mean | min | max |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for planner, values in gains.items():
+        v = np.array(values)
+        lines.append(f"| {planner} | {len(v)} | {v.mean():.2f}× | {math.exp(np.log(v).mean()):.2f}× | "
+                     f"{v.min():.2f}× | {v.max():.2f}× |")
+    return [*lines, ""]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(result: BenchResult, path: Path) -> None:
+    """Expected tokens/s of each planner relative to hetopt's, per instance (hetopt = 1)."""
+    plt = _plt()
+    expected = expected_tokens(result)
+    instances = list(dict.fromkeys(r.instance for r in result.rows))
+    planners = list(dict.fromkeys(r.planner for r in result.rows))
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(instances)), 5))
+    width = 0.8 / len(planners)
+    for k, planner in enumerate(planners):
+        values = []
+        for inst in instances:
+            ours, mine = expected.get((inst, "hetopt")), expected.get((inst, planner))
+            values.append(mine / ours if mine and ours else 0.0)
+        ax.bar(np.arange(len(instances)) + (k - (len(planners) - 1) / 2) * width, values, width, label=planner)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(np.arange(len(instances)), instances, rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel("tokens/s relative to hetopt (expected over scenarios)")
+    ax.set_title("Throughput per planner (0 = no plan)")
+    ax.legend(fontsize=8, ncols=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_search_time(result: BenchResult, path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 5))
+    planners = list(dict.fromkeys(r.planner for r in result.rows))
+    seen = {}
+    for r in result.rows:
+        seen[(r.instance, r.planner)] = (r.gpus, r.search_time_s, r.status)
+    for planner in planners:
+        points = sorted((g, t) for (_, p), (g, t, _) in seen.items() if p == planner)
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", linestyle="", label=planner, alpha=0.8)
+    refused = [(g, t) for (_, p), (g, t, s) in seen.items() if s == "refused"]
+    if refused:
+        ax.scatter(*zip(*refused, strict=True), marker="x", color="black", s=60, label="refused (over budget)",
+                   zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs in the cluster")
+    ax.set_ylabel("search time, s")
+    ax.set_title("Search time against cluster size")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_iteration_times(result: BenchResult, path: Path) -> None:
+    """Simulated iteration times of every planner on the instances with dynamic bandwidth scenarios."""
+    plt = _plt()
+    dynamic = [i for i in dict.fromkeys(r.instance for r in result.rows) if i in result.dynamic]
+    fig, axes = plt.subplots(1, max(1, len(dynamic)), figsize=(max(6, 4.5 * len(dynamic)), 4.5), squeeze=False)
+    for ax, inst in zip(axes[0], dynamic, strict=False):
+        planners = [p for (i, p) in result.samples if i == inst]
+        ax.boxplot([result.samples[(inst, p)] for p in planners], tick_labels=planners)
+        ax.set_title(inst, fontsize=9)
+        ax.set_ylabel("iteration time, s (all scenarios)")
+        ax.tick_params(axis="x", rotation=40, labelsize=8)
+    if not dynamic:
+        axes[0][0].text(0.5, 0.5, "no instance with dynamic scenarios", ha="center", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
