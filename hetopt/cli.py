@@ -404,7 +404,11 @@ def bench(
             if started[0]:
                 bar.advance(task)
             started[0] = True
-            bar.update(task, description=f"{inst.name} ({inst.cluster.total_gpus} GPUs): {planner}")
+            what = f"{inst.name} ({inst.cluster.total_gpus} GPUs): {planner}"
+            bar.update(task, description=what)
+            if not err.is_terminal:  # no live bar in a log: one line per run instead
+                err.print(f"[{bar.tasks[0].completed + 1}/{bar.tasks[0].total}] {what}", markup=False,
+                          highlight=False)
 
         result = run_bench(insts, chosen, wanted, time_limit, iterations, seed, progress=progress)
         bar.update(task, completed=len(insts) * len(chosen), description="bench done")
