@@ -69,6 +69,8 @@ def solve(
                                                                             "(.lp/.mps for PuLP, .pb.txt for CP-SAT).")]
     = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out / --export-model files.")] = False,
+    no_warm_start: Annotated[bool, typer.Option("--no-warm-start", help="Do not start from heuristic plans "
+                                                                        "(amp-like, proportional).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest plan with a proven bound, verify it, and replay it under every scenario."""
@@ -90,7 +92,7 @@ def solve(
             status.update(f"planning {inst.name}: {solved} skeletons solved, {best}")
 
         result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
-                           progress=progress)
+                           progress=progress, warm_start=not no_warm_start)
     if out_path and result["plan"] is not None:
         Path(out_path).write_text(_json.dumps(result["plan"], indent=2) + "\n", encoding="utf-8")
     if as_json:

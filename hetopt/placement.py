@@ -9,6 +9,11 @@ Rules, in order:
   heavy pipeline traffic keeps off slow links;
 - among equally good nodes, best fit: the node with the fewest free GPUs that still hold the group, which
   keeps whole nodes free for wide groups.
+
+Two orders (the planner tries both, DESIGN 4's placement as a choice of the skeleton): `replica` packs one
+replica's stages together (pipeline sends stay inside nodes; the gradient rings cross them), `stage` packs
+the same stage of consecutive replicas together, as Megatron-LM's rank order does (gradient all-reduces
+start inside nodes; pipeline sends cross them) — better where gradients outweigh activations.
 """
 
 from __future__ import annotations
@@ -17,33 +22,42 @@ from hetopt.errors import InfeasibleError
 from hetopt.plan import PlacementEntry, Plan
 from hetopt.spec.cluster import Cluster
 
+ORDERS = ("replica", "stage")
 
-def place(plan: Plan, cluster: Cluster) -> Plan:
+
+def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
     """The plan with a placement (an existing placement is kept as given)."""
     if plan.placement:
         return plan
     free = {name: list(range(node.gpus)) for name, node in cluster.nodes.items()}
+    at: dict[tuple[int, int, int], str] = {}
     entries = []
     for p_index, pipe in enumerate(plan.pipelines):
-        for replica in range(pipe.replicas):
-            previous: str | None = None
-            for s_index, stage in enumerate(pipe.stages):
-                dc = cluster.device_classes.get(stage.device_class)
-                if dc is None:
-                    raise InfeasibleError(f"pipelines[{p_index}].stages[{s_index}]: no device class "
-                                          f"{stage.gpu}@{stage.island} in the cluster")
-                if previous is not None and cluster.nodes[previous].gpu == stage.gpu and \
-                        cluster.nodes[previous].island == stage.island and len(free[previous]) >= stage.tp:
-                    node = previous
-                else:
-                    node = _pick(cluster, [n.name for n in dc.nodes if len(free[n.name]) >= stage.tp], free, previous)
-                if node is None:
-                    raise InfeasibleError(
-                        f"pipelines[{p_index}] replica {replica} stage {s_index}: no node of "
-                        f"{stage.gpu}@{stage.island} has {stage.tp} free GPUs left for its TP group")
-                gpus, free[node] = free[node][: stage.tp], free[node][stage.tp:]
-                entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, node=node, gpus=gpus))
-                previous = node
+        pairs = [(r, s) for r in range(pipe.replicas) for s in range(len(pipe.stages))] if order == "replica" \
+            else [(r, s) for s in range(len(pipe.stages)) for r in range(pipe.replicas)]
+        for replica, s_index in pairs:
+            stage = pipe.stages[s_index]
+            dc = cluster.device_classes.get(stage.device_class)
+            if dc is None:
+                raise InfeasibleError(f"pipelines[{p_index}].stages[{s_index}]: no device class "
+                                      f"{stage.gpu}@{stage.island} in the cluster")
+            # the neighbour to stay with: the replica's previous stage, or (stage order) the previous replica's
+            # same stage; the one to be near when moving: the replica's previous stage
+            stay = at.get((p_index, replica, s_index - 1) if order == "replica" else (p_index, replica - 1, s_index))
+            near = at.get((p_index, replica, s_index - 1))
+            if stay is not None and cluster.nodes[stay].gpu == stage.gpu and \
+                    cluster.nodes[stay].island == stage.island and len(free[stay]) >= stage.tp:
+                node = stay
+            else:
+                node = _pick(cluster, [n.name for n in dc.nodes if len(free[n.name]) >= stage.tp], free, near)
+            if node is None:
+                raise InfeasibleError(
+                    f"pipelines[{p_index}] replica {replica} stage {s_index}: no node of "
+                    f"{stage.gpu}@{stage.island} has {stage.tp} free GPUs left for its TP group")
+            gpus, free[node] = free[node][: stage.tp], free[node][stage.tp:]
+            entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, node=node, gpus=gpus))
+            at[(p_index, replica, s_index)] = node
+    entries.sort(key=lambda e: (e.pipeline, e.replica, e.stage))
     return plan.model_copy(update={"placement": entries})
 
 

@@ -20,7 +20,8 @@ PLANNERS = ("ilp", "exhaustive")
 
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
           time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
-          simulate_iterations: int = 2, profiles: Profiles | None = None, progress=None) -> dict[str, Any]:
+          simulate_iterations: int = 2, profiles: Profiles | None = None, progress=None,
+          warm_start: bool = True) -> dict[str, Any]:
     if planner not in PLANNERS:
         raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
                                                             f"available: {', '.join(PLANNERS)}", planner, True)])
@@ -42,7 +43,7 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
                               "none", time_limit_s, seed, ex.stats)
     else:
         result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model,
-                             progress=progress, objective=objective)
+                             progress=progress, objective=objective, warm_start=warm_start)
     return report(inst, planner, result, objective, simulate_iterations, profiles)
 
 
@@ -61,6 +62,8 @@ def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterat
     }
     if r.reason:
         out["reason"] = r.reason
+    if r.warm_start is not None:
+        out["warm_start"] = {k: v for k, v in r.warm_start.items() if k != "plan"}
     if r.plan is None:
         return out
     from hetopt.placement import place

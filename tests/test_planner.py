@@ -56,8 +56,9 @@ def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, form
 
 def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     inst = load_instance(DEMO)
-    both = solve_exact(inst, backend="highs")
-    one_type = solve_exact(inst, backend="highs", options=SearchOptions(max_classes=1, max_templates=1))
+    both = solve_exact(inst, backend="highs", warm_start=False)
+    one_type = solve_exact(inst, backend="highs", options=SearchOptions(max_classes=1, max_templates=1),
+                           warm_start=False)  # heuristic seeds would bring plans of both types
     assert both.status == one_type.status == SolveStatus.OPTIMAL
     pipes = both.plan.pipelines
     assert len({s.gpu for p in pipes for s in p.stages}) > 1  # A100 and V100 both work
@@ -74,8 +75,8 @@ def test_non_uniform_shares_pay_on_the_demo():
     """Two templates (A100s with 3 micro-batches each, a V100 TP-4 pipeline with 4) beat the best single
     template (a 2-stage A100 → V100 pipeline): the fast GPUs get more of the batch."""
     inst = load_instance(DEMO)
-    two = solve_exact(inst, backend="highs")
-    one = solve_exact(inst, backend="highs", options=SearchOptions(max_templates=1))
+    two = solve_exact(inst, backend="highs", warm_start=False)
+    one = solve_exact(inst, backend="highs", options=SearchOptions(max_templates=1), warm_start=False)
     assert two.status == one.status == SolveStatus.OPTIMAL
     assert len(two.plan.pipelines) == 2 and len(one.plan.pipelines) == 1
     a100, v100 = sorted(two.plan.pipelines, key=lambda p: p.stages[0].gpu)
@@ -125,10 +126,20 @@ def test_infeasible_instance_says_what_binds(tmp_path):
 
 
 def test_timeout_returns_status_and_exit_1_when_no_plan_was_found():
-    result = run_hetopt("solve", str(DEMO), "--time-limit", "0.000001", "--json")
+    result = run_hetopt("solve", str(DEMO), "--time-limit", "0.000001", "--no-warm-start", "--json")
     assert result.returncode == 1
     data = json.loads(result.stdout)
     assert data["status"] == "timeout" and data["plan"] is None and data["time_limit_s"] == 1e-6
+
+
+def test_timeout_returns_the_warm_start_plan_with_its_gap():
+    result = run_hetopt("solve", str(DEMO), "--time-limit", "0.05", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "timeout" and data["plan"] is not None
+    assert data["warm_start"]["planner"] in ("amp-like", "proportional")
+    assert data["objective_s"] <= data["warm_start"]["objective_s"]  # never worse than where it started
+    assert 0 < data["gap"] < 1 and data["bound_s"] < data["objective_s"]
 
 
 @pytest.mark.parametrize("args,words", [
@@ -219,8 +230,8 @@ def test_the_linearised_skeleton_is_the_evaluator_for_every_split():
         for depth in sk.depths:  # a random split of the layers for every template
             cuts = sorted(rng.sample(range(1, inst.model.layers), depth - 1))
             layers += [b - a for a, b in zip([0, *cuts], [*cuts, inst.model.layers], strict=True)]
-        assert problem.iteration_time(layers) == pytest.approx(evaluate(inst, sk.plan(layers)).iteration_time_s,
-                                                               rel=1e-12)
+        placed = sk.placed(layers, inst.cluster)  # in the skeleton's placement order
+        assert problem.iteration_time(layers) == pytest.approx(evaluate(inst, placed).iteration_time_s, rel=1e-12)
         kinds.add(len(sk.templates))
         checked += 1
     assert kinds == {1, 2}

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError, Problem
 from hetopt.evaluate import plan_features, price
-from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.robust import aggregate, planning_scenarios
 from hetopt.search.space import SearchOptions, SearchStats, enumerate_skeletons
@@ -58,7 +57,7 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
     best, best_t, evaluated = None, math.inf, 0
     for sk in skeletons:
         try:
-            placement = place(sk.plan([1] * sk.depth), inst.cluster).placement
+            placement = sk.placed([1] * sk.depth, inst.cluster).placement
         except InfeasibleError:
             stats.pruned["placement"] += 1
             continue

@@ -210,6 +210,10 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
     pruned = ", ".join(f"{k}: {v:,}" for k, v in search["pruned"].items())
     parts.append(Text(f"search: {search['skeletons_enumerated']:,} skeletons enumerated, {search['solved']:,} "
                       f"solved; pruned — {pruned}", style="dim"))
+    warm = r.get("warm_start")
+    if warm:
+        fate = "no plan of the search space beats it: kept" if warm["kept"] else "beaten by the search"
+        parts.append(Text(f"warm start: {warm['planner']} at {warm['objective_s']:.3f} s — {fate}", style="dim"))
     if r["verified"]:
         parts.append(simulation_view(r["verified"]))
     return Group(*parts)

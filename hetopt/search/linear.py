@@ -37,7 +37,6 @@ from hetopt.evaluate import (
     stage_memory,
     stage_work,
 )
-from hetopt.placement import place
 from hetopt.search.space import Skeleton, least_work
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
@@ -177,7 +176,7 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
                   ) -> ScenarioProblem:
     """Linearise the evaluator for one skeleton (under `cluster`'s link bandwidths, default the instance's);
     raises InfeasibleError when it cannot be placed."""
-    plan1 = place(sk.plan([1] * sk.depth), inst.cluster)
+    plan1 = sk.placed([1] * sk.depth, inst.cluster)
     plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
     f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)
     templates = tuple(_template_problem(inst, f1, f2, j, t.micro_batches, profiles)

@@ -57,6 +57,7 @@ from hetopt.search.space import (
     SkeletonGroup,
     enumerate_families,
     least_work,
+    orders,
 )
 from hetopt.spec.instance import Instance
 
@@ -81,6 +82,8 @@ class SearchResult:
     stats: SearchStats = field(default_factory=SearchStats)
     skeleton: Skeleton | None = None
     reason: str = ""
+    warm_start: dict | None = None
+    """The best heuristic plan the search started from: its planner and time, and whether it stood."""
 
     @property
     def gap(self) -> float:
@@ -92,7 +95,7 @@ class SearchResult:
 def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "highs", time_limit_s: float = 60.0,
                 seed: int = 0, options: SearchOptions | None = None, profiles: Profiles | None = None,
                 export_model: str | None = None, progress=None, objective: str = "stable",
-                workers: int | None = None) -> SearchResult:
+                workers: int | None = None, warm_start: bool = True) -> SearchResult:
     form = pick(formulation, backend)
     scenarios = planning_scenarios(inst, objective)
     options = options or SearchOptions.from_instance(inst)
@@ -108,6 +111,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
         heap.append((family_bound(inst, profiles, family), next(tie), family))
     heapq.heapify(heap)
     incumbent, best, best_sk = math.inf, None, None
+    seeded = None
+    if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
+        seeded = seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s)
+        if seeded is not None:
+            incumbent, best = seeded["objective_s"], seeded.pop("plan")
     open_bound = math.inf  # the smallest bound among skeletons not finished
     timed_out = False
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
@@ -154,8 +162,9 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 if sol.status != SolveStatus.OPTIMAL:
                     timed_out = True
                     open_bound = min(open_bound, max(key, sol.bound_s))
-                if sol.layers is not None and t < incumbent:
-                    incumbent, best, best_sk = t, sk.plan(sol.layers), sk
+                # a tie with a heuristic seed goes to the search's plan: it is in the space the bound covers
+                if sol.layers is not None and (t < incumbent or (best_sk is None and t <= incumbent * (1 + 1e-12))):
+                    incumbent, best, best_sk = t, sk.placed(sol.layers, inst.cluster), sk
     finally:
         if pool is not None:
             pool.shutdown()
@@ -164,12 +173,39 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
         status = SolveStatus.TIMEOUT if timed_out else SolveStatus.INFEASIBLE
         return SearchResult(status, None, math.inf, open_bound if timed_out else math.inf, wall, form.name, backend,
                             time_limit_s, seed, stats, reason="" if timed_out else diagnose(inst, stats))
-    if export_model:
+    if export_model and best_sk is not None:
         form.solve(plan_problem(inst, best_sk, profiles, scenarios, objective), backend,
                    SolveOptions(time_limit_s=time_limit_s, seed=seed, export_path=export_model))
     bound = min(incumbent, open_bound)
     status = SolveStatus.OPTIMAL if bound >= incumbent * (1 - OPTIMALITY_TOLERANCE) else SolveStatus.TIMEOUT
-    return SearchResult(status, best, incumbent, bound, wall, form.name, backend, time_limit_s, seed, stats, best_sk)
+    if seeded is not None:
+        seeded["kept"] = best_sk is None
+    return SearchResult(status, best, incumbent, bound, wall, form.name, backend, time_limit_s, seed, stats, best_sk,
+                        warm_start=seeded)
+
+
+WARM_START_PLANNERS = ("amp-like", "proportional")
+"""Cheap heuristics whose best plan starts the search; they also reach plans outside the search's space
+(uniform layouts across every device class, templates over more classes than max_classes), so the answer is
+never worse than theirs. `megatron`'s plans are among amp-like's candidates (the same layouts, even split)."""
+
+
+def seed_incumbent(inst: Instance, profiles: Profiles, scenarios, objective: str, budget_s: float) -> dict | None:
+    """The best heuristic plan under the objective (each planner gets `budget_s`), or None."""
+    from hetopt.baselines.registry import PLANNERS
+    from hetopt.evaluate import evaluate
+    from hetopt.search.robust import aggregate
+
+    best = None
+    for name in WARM_START_PLANNERS:
+        found = PLANNERS[name](inst, budget_s, profiles)
+        if found.plan is None:
+            continue
+        times = [evaluate(inst, found.plan, profiles, cluster=sc.cluster).iteration_time_s for sc in scenarios]
+        t = aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)
+        if best is None or t < best["objective_s"]:
+            best = {"planner": name, "objective_s": t, "plan": found.plan}
+    return best
 
 
 @dataclass(frozen=True)
@@ -183,7 +219,7 @@ class PairSubgroup:
 
     @property
     def size(self) -> int:
-        return len(self.group.shares(self.ra, self.rb))
+        return len(self.group.shares(self.ra, self.rb)) * len(orders(max(self.ra, self.rb)))
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,8 @@ class Skeleton:
     micro_batch: int
     recompute: str
     templates: tuple[Template, ...]
+    order: str = "replica"
+    """Placement order (hetopt.placement): replica-major or stage-major."""
 
     @property
     def depth(self) -> int:
@@ -92,7 +94,13 @@ class Skeleton:
         for t in self.templates:
             segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}" for s in t.segments)
             parts.append(f"R={t.replicas} m={t.micro_batches}: {segs}")
-        return f"b={self.micro_batch} {self.recompute}: " + " ‖ ".join(parts)
+        return f"b={self.micro_batch} {self.recompute} {self.order}-major: " + " ‖ ".join(parts)
+
+    def placed(self, layers: list[int], cluster) -> Plan:
+        """The plan for a layer split, placed in this skeleton's order (which the split does not change)."""
+        from hetopt.placement import place
+
+        return place(self.plan(layers), cluster, self.order)
 
 
 @dataclass(frozen=True)
@@ -112,7 +120,7 @@ class SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
-                   max_templates=s.max_templates or 2)
+                   max_classes=s.max_classes or 3, max_templates=s.max_templates or 2)
 
 
 @dataclass
@@ -130,6 +138,11 @@ class SearchStats:
         return {"families": self.families, "skeletons_enumerated": self.enumerated,
                 "pair_groups_enumerated": self.enumerated_groups, "pruned": dict(self.pruned),
                 "solved": self.solved}
+
+
+def orders(replicas: int) -> tuple[str, ...]:
+    """Placement orders worth trying: with one replica both orders place the same."""
+    return ("replica", "stage") if replicas > 1 else ("replica",)
 
 
 def least_work(modes) -> str:
@@ -153,16 +166,17 @@ class SkeletonGroup:
 
     @property
     def size(self) -> int:
-        return len(self.replica_options) * len(self.recompute_options)
+        return sum(len(orders(r)) for r in self.replica_options) * len(self.recompute_options)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for r in self.replica_options:
             for rc in self.recompute_options:
-                yield self.skeleton(r, rc)
+                for order in orders(r):
+                    yield self.skeleton(r, rc, order)
 
-    def skeleton(self, replicas: int, recompute: str) -> Skeleton:
+    def skeleton(self, replicas: int, recompute: str, order: str = "replica") -> Skeleton:
         return Skeleton(self.micro_batch, recompute,
-                        (Template(self.segments, replicas, self.total_micro_batches // replicas),))
+                        (Template(self.segments, replicas, self.total_micro_batches // replicas),), order)
 
     def most_replicated(self) -> list[Skeleton]:
         """One skeleton per recompute mode at the largest replica count (the smallest compute bound)."""
@@ -206,12 +220,14 @@ class PairGroup:
     def skeletons_of(self, ra: int, rb: int, rc: str) -> Iterator[Skeleton]:
         for ma in self.shares(ra, rb):
             mb = (self.total_micro_batches - ra * ma) // rb
-            yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)))
+            for order in orders(max(ra, rb)):
+                yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)),
+                               order)
 
     @cached_property
     def size(self) -> int:
-        return sum(len(self.shares(ra, rb)) for ra in self.a_replicas for rb in self.b_replicas) * \
-            len(self.recompute_options)
+        return sum(len(self.shares(ra, rb)) * len(orders(max(ra, rb))) for ra in self.a_replicas
+                   for rb in self.b_replicas) * len(self.recompute_options)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for ra, rb, rc in self.subgroups():

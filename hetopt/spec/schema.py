@@ -158,6 +158,9 @@ class SearchSection(Section):
     micro_batch: list[PositiveInt] | None = Field(None, description="Allowed micro-batch sizes.")
     recompute: list[Recompute] | None = Field(None, description="Allowed activation-recompute modes.")
     max_stages: PositiveInt | None = Field(None, description="Largest pipeline depth to consider.")
+    max_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
+        None, description="Most device classes one pipeline template may span (default 3; more widens the "
+                          "search at a cost in time).")
     max_templates: Literal[1, 2] | None = Field(
         None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
                           "their own micro-batch shares.")
