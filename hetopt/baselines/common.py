@@ -88,6 +88,21 @@ def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_
                     yield Layout(tp=tp, pp=pp, dp=dp, mb=mb, recompute=rc)
 
 
+def layout_plans(inst: Instance, options: SearchOptions, cands: Candidates) -> Iterator[tuple[Layout, Plan]]:
+    """Every uniform layout over all of `inst`'s GPUs that can be laid out, with its plan, while time lasts."""
+    for layout in uniform_layouts(inst, inst.cluster.total_gpus, options, max_tp(inst)):
+        if cands.out_of_time:
+            return
+        plan = layout_plan(inst, layout)
+        if plan is not None:
+            yield layout, plan
+
+
+def max_tp(inst: Instance) -> int:
+    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of them)."""
+    return min(n.gpus for n in inst.cluster.nodes.values())
+
+
 def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
     """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across nodes)."""
     try:

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from hetopt.baselines.common import Candidates, PlannerResult, layout_plan, sub_instance, uniform_layouts
+from hetopt.baselines.common import Candidates, PlannerResult, layout_plan, layout_plans, sub_instance
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
 from hetopt.plan import Plan
@@ -33,12 +33,7 @@ def megatron(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | No
     view = sub_instance(inst, as_gpu=slowest.name)
     cands = Candidates(inst, profiles, time_limit_s)
     ranked = []
-    for layout in uniform_layouts(inst, inst.cluster.total_gpus, options, _max_tp(inst)):
-        if cands.out_of_time:
-            break
-        on_view = layout_plan(view, layout)
-        if on_view is None:
-            continue
+    for layout, on_view in layout_plans(view, options, cands):
         ev = evaluate(view, on_view, profiles)
         if ev.fits:
             ranked.append((ev.iteration_time_s, layout))
@@ -56,13 +51,8 @@ def fastest_subset(inst: Instance, time_limit_s: float = 60.0, profiles: Profile
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
     for gpu in sorted(inst.gpu_types):
-        view = sub_instance(inst, gpu=gpu)
-        for layout in uniform_layouts(view, view.cluster.total_gpus, options, _max_tp(view)):
-            if cands.out_of_time:
-                break
-            plan = layout_plan(view, layout)
-            if plan is not None:
-                cands.offer(plan)
+        for _, plan in layout_plans(sub_instance(inst, gpu=gpu), options, cands):
+            cands.offer(plan)
     best = cands.best
     used = best.pipelines[0].stages[0].gpu if best is not None else "none"
     return cands.result("fastest-subset", f"only the {used} GPUs")
@@ -73,12 +63,7 @@ def amp_like(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | No
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
-    for layout in uniform_layouts(inst, inst.cluster.total_gpus, options, _max_tp(inst)):
-        if cands.out_of_time:
-            break
-        plan = layout_plan(inst, layout)
-        if plan is None:
-            continue
+    for _, plan in layout_plans(inst, options, cands):
         cands.offer(plan)  # the even split, and the DP split
         layers = min_max_split(inst, profiles, plan)
         if layers is not None:
@@ -124,8 +109,3 @@ def with_layers(plan: Plan, layers: list[int]) -> Plan:
                                                     for st, n in zip(pipe.stages, layers, strict=True)]})
                  for pipe in plan.pipelines]
     return plan.model_copy(update={"pipelines": pipelines})
-
-
-def _max_tp(inst: Instance) -> int:
-    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of them)."""
-    return min(n.gpus for n in inst.cluster.nodes.values())
