@@ -13,7 +13,7 @@ from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Pipeline, Plan, Stage
-from hetopt.search.linear import _stage_line, max_layers_total, split_problem
+from hetopt.search.linear import max_layers_total, split_problem, stage_line
 from hetopt.search.orchestrate import speed_split
 from hetopt.search.space import SearchOptions, Segment, Skeleton, Template, tp_options
 from hetopt.spec.instance import Instance
@@ -70,7 +70,7 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
         if depth is None:
             continue
         r = dc.gpus // (tp * depth)
-        a, c = _stage_line(inst, profiles, dc.gpu, tp, b, rc, False, False)
+        a, c = stage_line(inst, profiles, dc.gpu, tp, b, rc, False, False)
         shapes.append((dc, depth, r, r / (a * layers / depth + c)))  # replicas × micro-batches per second
     if not shapes:
         return None

@@ -217,17 +217,9 @@ def group_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompute:
     the real-valued water level (at most the integer one), computed on lines with multiplicities."""
     key = (id(inst), id(profiles), micro_batch, recompute, segments)
     if key not in _REAL_LEVELS:
+        weighted = _weighted_lines(inst, profiles, micro_batch, recompute, segments)
         p = sum(seg.stages for seg in segments)
-        weighted: list[tuple[float, float, int]] = []
-        position = 0
-        for seg in segments:
-            for first, last, count in _segment_parts(position, seg.stages, p):
-                a, c = _stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last)
-                weighted.append((a, c, count))
-            position += seg.stages
-        layers = inst.model.layers
-        s = sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (layers - p)
-        _REAL_LEVELS[key] = (_water_level(weighted, layers, p), s)
+        _REAL_LEVELS[key] = (_water_level(weighted, inst.model.layers, p), _sum_bound(weighted, inst.model.layers))
     lam, s = _REAL_LEVELS[key]
     return (micro_batches - 1) * lam + s
 
@@ -289,11 +281,9 @@ def family_bound(inst: Instance, profiles: Profiles, family) -> float:
     τ ≥ a_k·L (a_k: its per-layer time, the intercept dropped when positive and folded into a_k when not),
     so a replica's bottleneck is at least N / Σ_i 1/a_i and T ≥ m·max τ; with R·n_k·t_k ≤ G_k GPUs of each
     class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side."""
-    rc = least_work(family.recompute_options)
     rate = 0.0
     for dc, tp in zip(family.classes, family.tps, strict=True):
-        a, c = _stage_line(inst, profiles, dc.gpu, tp, family.micro_batch, rc, False, False)
-        a += min(c, 0.0)
+        a = _per_layer_s(inst, profiles, family, dc, tp)
         if a <= 0:
             return 0.0
         rate += dc.gpus / (tp * a)
@@ -304,13 +294,11 @@ def bucket_bound(inst: Instance, profiles: Profiles, family, replicas: int, max_
     """`family_bound` at one replica count R: each replica has 1 ≤ n_k ≤ ⌊G_k/(t_k·R)⌋ stages of class k
     and at most P = min(max_stages, layers, M/R) in all, so max τ ≥ N / max Σ_k n_k/a_k (the extra stages
     go to the fastest classes first) and T ≥ (M/R)·max τ — whole GPUs, replicas and stages counted."""
-    rc = least_work(family.recompute_options)
     m = family.total_micro_batches // replicas
     cap = min(max_stages, inst.model.layers, m)
     classes = []
     for dc, tp in zip(family.classes, family.tps, strict=True):
-        a, c = _stage_line(inst, profiles, dc.gpu, tp, family.micro_batch, rc, False, False)
-        a += min(c, 0.0)
+        a = _per_layer_s(inst, profiles, family, dc, tp)
         if a <= 0:
             return 0.0
         classes.append((a, min(cap, dc.gpus // (tp * replicas))))
@@ -323,6 +311,15 @@ def bucket_bound(inst: Instance, profiles: Profiles, family, replicas: int, max_
         rate += k / a
         left -= k
     return m * inst.model.layers / rate
+
+
+def _per_layer_s(inst: Instance, profiles: Profiles, family, dc, tp: int) -> float:
+    """a with τ(L) ≥ a·L for a middle stage of class `dc` at TP `tp` in the family's least-work recompute
+    mode: the line a·L + c with a positive intercept dropped, a negative one folded in (a·L + c ≥ (a + c)·L
+    for L ≥ 1). First and last stages only add work."""
+    a, c = stage_line(inst, profiles, dc.gpu, tp, family.micro_batch, least_work(family.recompute_options),
+                      False, False)
+    return a + min(c, 0.0)
 
 
 _BOUNDS: dict[tuple, tuple[float, float]] = {}
@@ -338,23 +335,37 @@ def template_bound(inst: Instance, profiles: Profiles, micro_batch: int, recompu
     """
     key = (id(inst), id(profiles), micro_batch, recompute, segments)
     if key not in _BOUNDS:
-        lines = _stage_lines(inst, profiles, micro_batch, recompute, segments)
-        layers = inst.model.layers
-        s = sum(a + c for a, c in lines) + min(a for a, _ in lines) * (layers - len(lines))
-        _BOUNDS[key] = (_integer_level(lines, layers), s)
+        weighted = _weighted_lines(inst, profiles, micro_batch, recompute, segments)
+        lines = [(a, c) for a, c, n in weighted for _ in range(n)]
+        _BOUNDS[key] = (_integer_level(lines, inst.model.layers), _sum_bound(weighted, inst.model.layers))
     return _BOUNDS[key]
+
+
+def _weighted_lines(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple
+                    ) -> list[tuple[float, float, int]]:
+    """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. Stages of a segment share one line,
+    except the first and last stages (embedding, head): multiplicities keep deep pipelines cheap."""
+    p = sum(seg.stages for seg in segments)
+    weighted, position = [], 0
+    for seg in segments:
+        for first, last, count in _segment_parts(position, seg.stages, p):
+            weighted.append((*stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last),
+                             count))
+        position += seg.stages
+    return weighted
 
 
 def _stage_lines(inst: Instance, profiles: Profiles, micro_batch: int, recompute: str, segments: tuple
                  ) -> list[tuple[float, float]]:
-    """(a_i, c_i) of every stage: τ_i(L) ≥ a_i·L + c_i (first and last stages carry embedding and head)."""
-    p = sum(seg.stages for seg in segments)
-    lines, position = [], 0
-    for seg in segments:
-        for first, last, count in _segment_parts(position, seg.stages, p):
-            lines += [_stage_line(inst, profiles, seg.gpu, seg.tp, micro_batch, recompute, first, last)] * count
-        position += seg.stages
-    return lines
+    """(a_i, c_i) of every stage, in order."""
+    return [(a, c) for a, c, n in _weighted_lines(inst, profiles, micro_batch, recompute, segments)
+            for _ in range(n)]
+
+
+def _sum_bound(weighted: list[tuple[float, float, int]], layers: int) -> float:
+    """S = g(∞): the least Σ_i (a_i·L_i + c_i) over splits — one layer each, the rest on the cheapest a."""
+    stages = sum(n for _, _, n in weighted)
+    return sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (layers - stages)
 
 
 def _integer_level(lines: list[tuple[float, float]], layers: int) -> float:
@@ -479,7 +490,7 @@ def _segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool
 _LINES: dict[tuple, tuple[float, float]] = {}
 
 
-def _stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micro_batch: int, recompute: str,
+def stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micro_batch: int, recompute: str,
                 first: bool, last: bool) -> tuple[float, float]:
     """(a, c) with τ(L) ≥ a·L + c for one stage's compute: y ≥ d + s·h per pass, TP in device time."""
     key = (id(inst), id(profiles), gpu_name, tp, micro_batch, recompute, first, last)

@@ -268,14 +268,17 @@ class _Bounds:
                 return None
             return group_bound(inst, prof, group.micro_batch, rc, group.segments,
                                group.total_micro_batches // top)
-        top = max(group.a_replicas) + max(group.b_replicas)
-        modes = [rc for rc in group.recompute_options if self._fits(group.micro_batch, rc, (group.a,), top)
-                 and self._fits(group.micro_batch, rc, (group.b,), top)]
+        modes = self._pair_modes(group, group.recompute_options, max(group.a_replicas) + max(group.b_replicas))
         if not modes:
             self.stats.pruned[MEMORY_GROUPS_RULE] += 1
             return None
         return throughput_bound(inst, prof, group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
                                 [max(group.a_replicas), max(group.b_replicas)], group.total_micro_batches)
+
+    def _pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
+        """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
+        return tuple(rc for rc in modes if self._fits(group.micro_batch, rc, (group.a,), replicas_total)
+                     and self._fits(group.micro_batch, rc, (group.b,), replicas_total))
 
     def _range(self, r: PairRange) -> tuple[float, PairRange]:
         g = r.group
@@ -295,18 +298,13 @@ class _Bounds:
                 if key is not None:
                     out.append((key, group))
         elif isinstance(item, SkeletonGroup):
-            top = max(item.replica_options)
             for sk in item.skeletons():
-                # fewer replicas shard the optimizer less: a mode that fails at the most replicas fails at all
-                if self._fits(sk.micro_batch, sk.recompute, item.segments, top) and \
-                        self._fits(sk.micro_batch, sk.recompute, item.segments, sk.templates[0].replicas):
+                if self._fits(sk.micro_batch, sk.recompute, item.segments, sk.templates[0].replicas):
                     out.append((compute_lower_bound(inst, sk, prof), sk))
                 else:
                     self.stats.pruned[MEMORY_RULE] += 1
         elif isinstance(item, PairGroup):
-            top = max(item.a_replicas) + max(item.b_replicas)
-            modes = tuple(rc for rc in item.recompute_options if self._fits(item.micro_batch, rc, (item.a,), top)
-                          and self._fits(item.micro_batch, rc, (item.b,), top))
+            modes = self._pair_modes(item, item.recompute_options, max(item.a_replicas) + max(item.b_replicas))
             if modes:
                 out.append(self._range(PairRange(item, max(item.a_replicas), max(item.b_replicas), True, modes)))
         elif isinstance(item, PairRange):
@@ -319,11 +317,11 @@ class _Bounds:
                 if item.rb > 1:
                     out.append(self._range(PairRange(g, item.ra, item.rb - 1, False, item.modes)))
                 if g.shares(item.ra, item.rb):
+                    fitting = self._pair_modes(g, item.modes, item.ra + item.rb)
                     for rc in item.modes:
                         sub = PairSubgroup(g, item.ra, item.rb, rc)
                         self.stats.enumerated += sub.size
-                        both = item.ra + item.rb
-                        if self._fits(g.micro_batch, rc, (g.a,), both) and self._fits(g.micro_batch, rc, (g.b,), both):
+                        if rc in fitting:
                             out.append((pair_bound(inst, prof, g.micro_batch, rc, [(g.a,), (g.b,)],
                                                    [item.ra, item.rb], g.total_micro_batches), sub))
                         else:

@@ -21,7 +21,6 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from hetopt.plan import Pipeline, Plan, Stage
 from hetopt.spec.cluster import DeviceClass
@@ -178,10 +177,6 @@ class SkeletonGroup:
         return Skeleton(self.micro_batch, recompute,
                         (Template(self.segments, replicas, self.total_micro_batches // replicas),), order)
 
-    def most_replicated(self) -> list[Skeleton]:
-        """One skeleton per recompute mode at the largest replica count (the smallest compute bound)."""
-        return [self.skeleton(max(self.replica_options), rc) for rc in self.recompute_options]
-
 
 @dataclass(frozen=True)
 class PairGroup:
@@ -223,11 +218,6 @@ class PairGroup:
             for order in orders(max(ra, rb)):
                 yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)),
                                order)
-
-    @cached_property
-    def size(self) -> int:
-        return sum(len(self.shares(ra, rb)) * len(orders(max(ra, rb))) for ra in self.a_replicas
-                   for rb in self.b_replicas) * len(self.recompute_options)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for ra, rb, rc in self.subgroups():
