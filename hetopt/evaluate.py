@@ -195,18 +195,29 @@ def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: fl
     routes = [cluster.route(a, b) for a, b in pairs]
     load: Counter = Counter()
     for route, n in zip(routes, pairs.values(), strict=True):
-        if not route.intra_node:
-            for edge in route.edges:
-                load[edge] += n
-    worst, worst_s, worst_gbps = None, -1.0, 0.0
-    for r in routes:
-        gbps = r.gbps if r.intra_node else min(c / load[e] for e, c in zip(r.edges, r.edge_gbps, strict=True))
-        seconds = (nbytes / tp if r.intra_node else nbytes) / (gbps * comm.GBIT) + r.latency_us * 1e-6
-        if seconds > worst_s:
-            worst, worst_s, worst_gbps = r, seconds, gbps
-    if worst.intra_node:
-        return comm.transfer(nbytes / tp, worst_gbps, intra_node=True)
-    return comm.transfer(nbytes, worst_gbps, intra_node=False, latency_s=worst.latency_us * 1e-6)
+        for edge in route.edges:
+            load[edge] += n
+    return slowest_transfer([(r, nbytes / tp if r.intra_node else nbytes) for r in routes], load)
+
+
+def shared_gbps(route, load: Counter) -> float:
+    """A flow's bandwidth along `route` when `load[e]` flows share each link e evenly (their max-min fair
+    share when all run at once); inside a node, the node's interconnect."""
+    if route.intra_node:
+        return route.gbps
+    return min(c / max(1, load[e]) for e, c in zip(route.edges, route.edge_gbps, strict=True))
+
+
+def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
+    """Features of the slowest of concurrent sends (route, bytes) sharing links as `load` counts."""
+    def seconds(send) -> float:
+        route, nbytes = send
+        return nbytes / (shared_gbps(route, load) * comm.GBIT) + route.latency_us * 1e-6
+
+    route, nbytes = max(sends, key=seconds)
+    if route.intra_node:
+        return comm.transfer(nbytes, route.gbps, intra_node=True)
+    return comm.transfer(nbytes, shared_gbps(route, load), intra_node=False, latency_s=route.latency_us * 1e-6)
 
 
 def dp_ring_load(cluster, plan: Plan, nodes_of) -> Counter:
@@ -236,7 +247,7 @@ def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, t
     if len(distinct) == 1:
         return comm.all_reduce(rank_bytes, replicas, gpu.intra_node_gbps, intra_node=True)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    inter = min(c / max(1, load[e]) for r in ring for e, c in zip(r.edges, r.edge_gbps, strict=True))
+    inter = min(shared_gbps(r, load) for r in ring)
     latency = max(r.latency_us for r in ring) * 1e-6
     return comm.hierarchical_all_reduce(rank_bytes, per_node, len(distinct), gpu.intra_node_gbps, inter, columns=tp,
                                         inter_latency_s=latency)
@@ -266,18 +277,7 @@ def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
         flows += [(a, b, volume / channels) for a, b in zip(src[:channels], dst[:channels], strict=True)]
     routes = [cluster.route(a, b) for a, b, _ in flows]
     load: Counter = Counter(e for r in routes for e in r.edges)
-    worst, worst_s = np.zeros(N_TERMS), -1.0
-    for (_, _, nbytes), r in zip(flows, routes, strict=True):
-        if r.intra_node:  # two templates on one node: the exchange stays on its interconnect
-            feats = comm.transfer(nbytes, r.gbps, intra_node=True)
-            seconds = nbytes / (r.gbps * comm.GBIT)
-        else:
-            gbps = min(c / load[e] for e, c in zip(r.edges, r.edge_gbps, strict=True))
-            feats = comm.transfer(nbytes, gbps, intra_node=False, latency_s=r.latency_us * 1e-6)
-            seconds = nbytes / (gbps * comm.GBIT) + r.latency_us * 1e-6
-        if seconds > worst_s:
-            worst, worst_s = feats, seconds
-    return worst, flows
+    return slowest_transfer([(r, nbytes) for r, (_, _, nbytes) in zip(routes, flows, strict=True)], load), flows
 
 
 def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
