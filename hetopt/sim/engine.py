@@ -28,7 +28,7 @@ from hetopt.cost import comm
 from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.memory import stage_params
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.terms import LAT, NET, STEP
+from hetopt.cost.terms import NET
 from hetopt.errors import InputError, Problem
 from hetopt.evaluate import (
     BWD,
@@ -38,7 +38,6 @@ from hetopt.evaluate import (
     FWD_TP,
     GRAD_COMM_BYTES,
     OPT,
-    cross_seconds,
     p2p_features,
     plan_features,
     price_parts,
@@ -140,8 +139,7 @@ class Simulation:
             if route.intra_node:
                 self.transfers[key] = Transfer(float(feats @ w))
             else:
-                fixed = float(feats[STEP] * w[STEP] + feats[LAT] * w[LAT])
-                self.transfers[key] = Transfer(fixed, route.edges, self.act_bytes)
+                self.transfers[key] = Transfer(_fixed_s(feats, w), route.edges, self.act_bytes)
         return self.transfers[key]
 
     def dp_collectives(self) -> list[dict]:
@@ -156,7 +154,7 @@ class Simulation:
                 nodes = list(dict.fromkeys(self.node_of(m) for m in members))
                 w = self.weights[j][d]
                 dp_feats = self.features.templates[j][d, DP]
-                fixed = float(dp_feats @ w - dp_feats[NET] * w[NET])
+                fixed = _fixed_s(dp_feats, w)
                 flows = []
                 if len(nodes) > 1:
                     params = stage_params(self.inst.model, st.layers, d == 0, d == len(pipe.stages) - 1,
@@ -168,21 +166,21 @@ class Simulation:
                 out.append({"key": (j, d), "members": members, "fixed_s": fixed, "flows": flows})
         return out
 
-    def cross_exchange(self) -> tuple[float, list[tuple[tuple[Link, ...], float]]]:
-        """The templates' gradient exchange: its fixed part and its flows (intra-node ones are fixed time)."""
+    def cross_exchange(self) -> tuple[float, list[tuple[tuple[Link, ...], float]], float]:
+        """The templates' gradient exchange: the fixed part after its network flows, the flows, and the
+        longest of its copies that stay inside a node (cost-model time, as intra-node sends are)."""
         f = self.features
-        if not f.cross_flows:
-            return 0.0, []
-        w = self.weights[0][0]
-        flows = []
-        fixed = float(f.cross[STEP] * w[STEP] + f.cross[LAT] * w[LAT])
+        w = self.weights[0][0]  # network terms are not fitted per GPU type (evaluate.cross_seconds)
+        flows, fixed, inside_s = [], 0.0, 0.0
         for a, b, nbytes in f.cross_flows:
             route = self.cluster.route(a, b)
             if route.intra_node:
-                fixed = max(fixed, cross_seconds(f, self.profiles))
+                inside_s = max(inside_s, float(comm.transfer(nbytes, route.gbps, intra_node=True) @ w))
             else:
                 flows.append((route.edges, nbytes))
-        return fixed, flows
+                send = comm.transfer(nbytes, route.gbps, intra_node=False, latency_s=route.latency_us * 1e-6)
+                fixed = max(fixed, _fixed_s(send, w))
+        return fixed, flows, inside_s
 
     # -- running -------------------------------------------------------------------------------------------
 
@@ -427,12 +425,12 @@ class _Run:
 
     def _exchange(self, begin: float) -> float:
         """Run the templates' gradient exchange from `begin`; returns when it ends."""
-        fixed, flows = self.sim.cross_exchange()
+        fixed, flows, inside_s = self.sim.cross_exchange()
         self.now = begin
-        end = [begin]
+        end = [begin + inside_s]
 
         def done() -> None:
-            end[0] = self.now
+            end[0] = max(end[0], self.now)
             if self.record:
                 self.records.append(Record("dp", "exchange between templates", begin, self.now, (0, 0, 0)))
 
@@ -450,6 +448,12 @@ class _Run:
         self._net_changed()
         self._drain()
         return end[0]
+
+
+def _fixed_s(features: np.ndarray, w: np.ndarray) -> float:
+    """What a transfer costs besides its bytes on the network (latency, steps, any intra-node part): the
+    flow model carries the NET term, the rest is paid after it."""
+    return float(features @ w - features[NET] * w[NET])
 
 
 def _link_name(path: tuple[Link, ...]) -> str:
