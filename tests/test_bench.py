@@ -43,7 +43,7 @@ def test_no_baseline_beats_the_proven_optimum(path, optima):
         timed = evaluate(inst, result.plan)
         assert timed.fits and timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-12)
         assert timed.iteration_time_s >= best.objective_s * (1 - 1e-9), name
-    assert found >= 3
+    assert found == len(BASELINES)  # measured: every baseline finds a fitting plan on every small instance
 
 
 def test_heuristics_do_what_their_names_say():
@@ -88,13 +88,16 @@ def test_the_instance_library_names_what_each_instance_is_modelled_on():
     assert len(bundled) >= 14
     for name, path in bundled.items():
         header = [line for line in path.read_text().splitlines() if line.startswith("#")]
-        assert len(" ".join(header)) > 80, name  # a header comment saying what it models
+        # a header comment saying what it models: two full comment lines at least (the shortest: 2, 200 chars)
+        assert len(header) >= 2 and len(" ".join(header)) > 2 * 60, name
         inst = load_instance(name)
         assert inst.cluster.total_gpus > 0
     sizes = {load_instance(n).cluster.total_gpus for n in bundled}
     assert {256, 1024, 4096} <= sizes
     dynamic = [n for n in bundled if load_instance(n).spec.scenarios]
-    assert len(dynamic) >= 3
+    # the issue names three settings with dynamic bandwidth: mixed racks (the demo), two data centres over
+    # a WAN link, a cloud zone pair with a flapping link
+    assert {"demo-a100-v100-llama7b", "two-dc-wan-diurnal", "zone-pair-flapping-l4-a10g"} <= set(dynamic)
 
 
 def test_bench_writes_csv_markdown_and_plots_and_never_overwrites(tmp_path):
