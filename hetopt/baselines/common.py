@@ -17,7 +17,6 @@ from hetopt.plan import Plan
 from hetopt.search.formulation import clock
 from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance, instance_from_spec
-from hetopt.verify import check_plan
 
 
 @dataclass
@@ -54,11 +53,9 @@ class Candidates:
         """Time `plan` (verified and placed on the real cluster); keep it if it fits and is the fastest."""
         try:
             plan = place(plan, self.inst.cluster)
-        except InfeasibleError:
+            ev = evaluate(self.inst, plan, self.profiles)  # runs the verifier first: a rejected plan raises
+        except (InfeasibleError, InputError):
             return math.inf
-        if check_plan(self.inst, plan):
-            return math.inf
-        ev = evaluate(self.inst, plan, self.profiles)
         self.evaluated += 1
         if ev.fits and ev.iteration_time_s < self.best_s:
             self.best, self.best_s = plan, ev.iteration_time_s

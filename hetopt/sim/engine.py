@@ -147,9 +147,9 @@ class Simulation:
         out = []
         plan = self.plan
         for j, pipe in enumerate(plan.pipelines):
+            if pipe.replicas <= 1:
+                continue
             for d, st in enumerate(pipe.stages):
-                if pipe.replicas <= 1:
-                    continue
                 members = [(j, r, d) for r in range(pipe.replicas)]
                 nodes = list(dict.fromkeys(self.node_of(m) for m in members))
                 w = self.weights[j][d]
