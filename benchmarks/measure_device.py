@@ -159,6 +159,34 @@ def layer_configs(tiny: bool) -> list[tuple]:
     ]
 
 
+def time_layer(block: nn.Module, x, recompute: str, mean_s, repeats: int) -> tuple[float, float, float]:
+    """(forward s, forward + backward s, bytes the forward left allocated) of one layer on input x."""
+
+    def fwd():
+        if recompute == "full":
+            return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def fwd_only():
+        with torch.no_grad() if recompute == "full" else torch.enable_grad():
+            return fwd()
+
+    grad = torch.randn_like(x)
+    t_fwd = mean_s(fwd_only, repeats)
+    stored = 0.0
+    if x.is_cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        y = fwd()
+        torch.cuda.synchronize()
+        stored = float(torch.cuda.memory_allocated() - before - y.numel() * y.element_size())
+        del y
+    t_both = mean_s(lambda: fwd().backward(grad), repeats)
+    block.zero_grad(set_to_none=True)
+    x.grad = None
+    return t_fwd, t_both, stored
+
+
 def measure_layers(device: str, tiny: bool, gpu: str, software: str) -> list[dict]:
     mean_s = timer(device)
     rows = []
@@ -171,32 +199,7 @@ def measure_layers(device: str, tiny: bool, gpu: str, software: str) -> list[dic
             for b in mbs:
                 x = torch.randn(b, s, h, device=device, dtype=DTYPE, requires_grad=True)
                 for recompute in ("none", "full"):
-                    def fwd():
-                        if recompute == "full":
-                            return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-                        return block(x)
-
-                    def fwd_only():
-                        with torch.no_grad() if recompute == "full" else torch.enable_grad():
-                            return fwd()
-
-                    t_fwd = mean_s(fwd_only, repeats)
-                    grad = torch.randn(b, s, h, device=device, dtype=DTYPE)
-                    stored = 0.0
-                    if device.startswith("cuda"):
-                        torch.cuda.synchronize()
-                        before = torch.cuda.memory_allocated()
-                        y = fwd()
-                        torch.cuda.synchronize()
-                        stored = float(torch.cuda.memory_allocated() - before - y.numel() * y.element_size())
-                        del y
-
-                    def fwd_bwd():
-                        fwd().backward(grad)
-
-                    t_both = mean_s(fwd_bwd, repeats)
-                    block.zero_grad(set_to_none=True)
-                    x.grad = None
+                    t_fwd, t_both, stored = time_layer(block, x, recompute, mean_s, repeats)
                     rows.append({"model": name, "heads": heads, "kv_heads": kv, "hidden": h, "ffn_hidden": ffn,
                                  "gated_mlp": gated, "layers": 1, "tp": 1, "micro_batch": b, "seq_len": s,
                                  "vocab": 50257, "gpu": gpu, "attention": attention,
@@ -206,8 +209,6 @@ def measure_layers(device: str, tiny: bool, gpu: str, software: str) -> list[dic
                                  "layer_bwd_ms": round((t_both - t_fwd) * 1e3, 4),
                                  "layer_total_ms": round(t_both * 1e3, 4), "stored_bytes": stored,
                                  "source": f"hetopt benchmarks/measure_device.py ({software})"})
-                del x
-            del block
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
     return rows
@@ -219,11 +220,11 @@ def measure_device(device: str, tiny: bool) -> dict:
     n = 2**20 if tiny else 2**28
     a = torch.randn(n, device=device, dtype=DTYPE)
     b = torch.randn(n, device=device, dtype=DTYPE)
-    t_add = mean_s(lambda: a + b, 20)
-    t_copy = mean_s(lambda: a.clone(), 20)
+    t_add = mean_s(lambda a=a, b=b: a + b, 20)
+    t_copy = mean_s(lambda a=a: a.clone(), 20)
     out["elementwise_add_gbyte_s"] = 3 * n * 2 / t_add / 1e9
     out["copy_gbyte_s"] = 2 * n * 2 / t_copy / 1e9
-    del a, b
+    a = b = None  # free them before the allocation probe
     if not device.startswith("cuda"):
         return out
     torch.cuda.empty_cache()
@@ -260,7 +261,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     software = f"torch {torch.__version__}" + (f", CUDA {torch.version.cuda}" if torch.version.cuda else "")
     info = {"gpu": args.gpu, "date": dt.date.today().isoformat(), "software": software,
-            "method": "benchmarks/measure_device.py: CUDA-event means after warm-up", **measure_device(device, args.tiny)}
+            "method": "benchmarks/measure_device.py: CUDA-event means after warm-up",
+            **measure_device(device, args.tiny)}
     (args.out / "device.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info), flush=True)
     for name, rows in (("gemm.csv", measure_gemms(device, args.tiny, args.gpu, software)),
