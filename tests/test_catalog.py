@@ -51,7 +51,7 @@ def test_gpus_command_shows_every_gpu_and_source():
             assert source.split(":")[0] in result.stdout.replace("\n", " ")
     data = json.loads(run_hetopt("gpus", "--json").stdout)
     assert [g["name"] for g in data["gpus"]] == REQUIRED_GPUS
-    assert all(set(g["sources"]) == set(NUMBERS) for g in data["gpus"])
+    assert all(set(g["sources"]) == set(NUMBERS) | {"family", "tdp_w", "usable_memory_gib"} for g in data["gpus"])
 
 
 def test_presets_are_complete_and_sourced():
