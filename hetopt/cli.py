@@ -331,6 +331,9 @@ def calibrate(
                                                             "with PyTorch on this machine instead.")] = False,
     device: Annotated[str, typer.Option("--device", help="With --measure: cuda or cpu.")] = "cuda",
     tiny: Annotated[bool, typer.Option("--tiny", help="With --measure: a tiny model (tests, CPU).")] = False,
+    gemm: Annotated[str | None, typer.Option("--gemm", help="Fit the GEMM efficiency curve of every catalog type on "
+                                                            "this CSV (columns of gemm_achieved.csv); --out is then "
+                                                            "a directory for one profile per type.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
@@ -341,6 +344,9 @@ def calibrate(
     from hetopt.spec.gpus import CATALOG
 
     target = Path(out_path) if out_path else None
+    if gemm is not None:
+        _calibrate_gemm(gemm, target, force, as_json)
+        return
     if target is not None and target.exists() and not force:
         raise InputError(str(target), [Problem("--out", "exists; pass --force to overwrite it or choose another "
                                                         "path", str(target), True)])
@@ -364,6 +370,31 @@ def calibrate(
         out.print(calibration_view(params))
         if target is not None:
             out.print(f"profile written to {target}")
+
+
+def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
+    from hetopt.cost.gemm_fit import run_calibrate_gemm
+
+    if target is not None and target.exists() and any(target.glob("*.json")) and not force:
+        raise InputError(str(target), [Problem("--out", "holds profiles; pass --force to overwrite them",
+                                               str(target), True)])
+    table, _ = run_calibrate_gemm(path, target)
+    if as_json:
+        _print_json({"gemm_fit": table, "out": str(target) if target else None})
+        return
+    from rich.table import Table
+
+    view = Table(title="GEMM curve per GPU type: achieved = peak·η·F/(F + t_kernel·peak·η)")
+    for col in ("type", "family", "rows", "excl.", "η", "t_k µs", "mean err", "max err", "LOSO max", "t_k from"):
+        view.add_column(col)
+    for r in table:
+        loso = "" if r["loso_max_error"] is None else f"{r['loso_max_error']:.1%}"
+        view.add_row(r["gpu"], r["family"], str(r["rows"]), str(r["excluded"]), f"{r['eta']:.3f}",
+                     f"{r['t_kernel_us']:.1f}", f"{r['mean_error']:.1%}", f"{r['max_error']:.1%}", loso,
+                     r["kernel_from"])
+    out.print(view)
+    if target is not None:
+        out.print(f"profiles written to {target}")
 
 
 @app.command()

@@ -407,7 +407,7 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
                     for pipe in plan.pipelines for st in pipe.stages)
     peak_mem = [mem / GIB + profiles.for_gpu(g).reserve_gib
                 for mems, gpus in zip(f.memory_bytes, f.gpus, strict=True) for mem, g in zip(mems, gpus, strict=True)]
-    limits = [g.memory_gib for gpus in f.gpus for g in gpus]
+    limits = [g.usable_memory_gib for gpus in f.gpus for g in gpus]  # what a program can allocate
     return Evaluation(
         iteration_time_s=iteration, tokens_per_s=tokens / iteration,
         tflops_per_gpu=model_flops / iteration / plan.gpus_used / 1e12, mfu=model_flops / iteration / peak_used,

@@ -47,11 +47,11 @@ def test_gpus_command_shows_every_gpu_and_source():
     for name in REQUIRED_GPUS:
         assert name in result.stdout
     for gpu in CATALOG.values():
-        for source in gpu.sources.values():
-            assert source.split(":")[0] in result.stdout.replace("\n", " ")
+        for field in NUMBERS:
+            assert gpu.sources[field].split(":")[0] in result.stdout.replace("\n", " ")
     data = json.loads(run_hetopt("gpus", "--json").stdout)
     assert [g["name"] for g in data["gpus"]] == REQUIRED_GPUS
-    assert all(set(g["sources"]) == set(NUMBERS) for g in data["gpus"])
+    assert all(set(g["sources"]) == set(NUMBERS) | {"family", "tdp_w", "usable_memory_gib"} for g in data["gpus"])
 
 
 def test_presets_are_complete_and_sourced():

@@ -13,6 +13,7 @@ from hetopt.cost.memory import inflight_microbatches, layer_activation_bytes
 from hetopt.evaluate import evaluate
 from hetopt.layout import expand_layout, parse_layout
 from hetopt.plan import Pipeline, Plan, Stage, save_plan
+from hetopt.spec.gpus import CATALOG
 from hetopt.spec.instance import load_instance
 from hetopt.spec.presets import PRESETS
 
@@ -76,7 +77,8 @@ def test_evaluate_json_has_every_design_field():
     data = json.loads(result.stdout)
     assert set(data) == EVALUATE_FIELDS and set(data["breakdown"]) == BREAKDOWN_FIELDS
     assert len(data["peak_memory_gib"]) == len(data["memory_limit_gib"]) == 2
-    assert data["memory_limit_gib"] == [80, 32]  # stage 0 on the A100 rack, stage 1 on the V100 rack
+    # stage 0 on the A100 rack, stage 1 on the V100 rack; the limit is what a program can allocate
+    assert data["memory_limit_gib"] == [CATALOG["A100-80GB"].usable_memory_gib, CATALOG["V100-32GB"].usable_memory_gib]
 
 
 def test_breakdown_sums_to_the_iteration_and_rates_agree(demo):

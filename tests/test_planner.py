@@ -273,7 +273,7 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
         p, plan, total = len(stages), SimpleNamespace(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1), 0
         for i, seg in enumerate(stages):
             gpu = inst.gpu_types[seg.gpu]
-            limit = gpu.memory_gib - profiles.for_gpu(gpu).reserve_gib
+            limit = gpu.usable_memory_gib - profiles.for_gpu(gpu).reserve_gib
             most = 0
             for n in range(1, inst.model.layers + 1):
                 st = SimpleNamespace(layers=n, tp=seg.tp, sp=True, recompute=rc)

@@ -1,10 +1,12 @@
 """Which calibrated parameters price which GPU type.
 
-A GPU type with its own profile (shipped, fitted with `hetopt calibrate`, or measured with
-`hetopt calibrate --measure`) uses it. A GPU type without one derives from the calibrated type nearest in
-published peak tensor throughput (log ratio): it keeps that type's efficiencies and fixed latencies, while
-the cost features already scale with its own published peak FLOP/s, HBM and link bandwidths. So an
-H100 is priced as "an A100-like software stack on H100 peaks": efficiencies transfer, speeds do not.
+Every catalog type has a shipped profile (hetopt/cost/profiles/<GPU>.json: GEMM curve fitted per type, the rest
+from the A100-80GB fit; see cost/gemm_fit.py); a profile given with --profile (fitted with `hetopt calibrate`
+or measured with `hetopt calibrate --measure`) replaces it. A custom GPU type that names its `family` derives
+from that family's measured types (gemm_fit.derive_from_family: their mean efficiency, scaled by its power per
+peak TFLOP/s). A custom type without a family derives from the calibrated type nearest in published peak
+tensor throughput (log ratio), and its method says so: it keeps that type's efficiencies and fixed latencies,
+while the cost features scale with its own published peak FLOP/s, HBM and link bandwidths.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from hetopt.cost.terms import CostParams, shipped_profiles
+from hetopt.cost.terms import CostParams, profile_error, shipped_profiles
 from hetopt.errors import InputError, Problem
 from hetopt.spec.gpus import CATALOG, GPUType
 
@@ -34,14 +36,20 @@ class Profiles:
         return self._derived[gpu.name]
 
     def _derive(self, gpu: GPUType) -> CostParams:
+        if gpu.family:
+            from hetopt.cost.gemm_fit import derive_from_family
+
+            return derive_from_family(gpu, self.calibrated)
+
         def distance(name: str) -> float:
             base = CATALOG.get(name)
             return abs(math.log(gpu.peak_tflops / base.peak_tflops)) if base else math.inf
 
         nearest = min(self.calibrated, key=distance)
         base = self.calibrated[nearest]
-        return replace(base, gpu=gpu.name, method=f"derived from {nearest} ({base.method}); efficiencies and "
-                                                 f"latencies of {nearest}, peaks of {gpu.name}", fit={})
+        return replace(base, gpu=gpu.name, derived=True, fit={},
+                       method=f"no family declared: derived from {nearest}, the calibrated type nearest in peak "
+                              f"TFLOP/s ({base.method}); efficiencies and latencies of {nearest}, peaks of {gpu.name}")
 
 
 def load_profile_file(path: str | Path) -> CostParams:
@@ -51,5 +59,4 @@ def load_profile_file(path: str | Path) -> CostParams:
     except FileNotFoundError:
         raise InputError(str(path), [Problem("", "profile file does not exist")]) from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise InputError(str(path), [Problem("", f"not a hetopt calibration profile ({exc}); write one with "
-                                                 "`hetopt calibrate DATA.csv --gpu NAME --out FILE`")]) from None
+        raise profile_error(str(path), exc) from None

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hetopt.errors import InputError, Problem
+
 TERMS = ("GEMM", "KERN", "MEM", "LINK", "NET", "STEP", "PASS", "MB", "ITER", "LAT")
 GEMM, KERN, MEM, LINK, NET, STEP, PASS, MB, ITER, LAT = range(len(TERMS))
 N_TERMS = len(TERMS)
@@ -65,6 +67,14 @@ class CostParams:
     method: str = ""
     fit: dict = field(default_factory=dict)
     """Fit report (errors, data sets) when the parameters were fitted."""
+    family: str = ""
+    """Architecture family of the GPU type (hetopt.spec.gpus.FAMILIES)."""
+    derived: bool = False
+    """True when no parameter was fitted on this type's own data (all come from other types or a family)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Parameter (GEMM, KERN, ..., dp_overlap, launch_serial, reserve_gib) → its source or derivation rule."""
+    uncertainty: dict[str, float] = field(default_factory=dict)
+    """Relative uncertainty of parameters, e.g. {"gemm_efficiency": 0.05}; how it was obtained is in sources."""
 
     @property
     def w(self) -> np.ndarray:
@@ -89,17 +99,48 @@ class CostParams:
 
     @classmethod
     def from_json(cls, data: dict) -> CostParams:
-        weights = data["weights"]
+        """A profile from its JSON form. Every weight of TERMS, dp_overlap and launch_serial must be there: a
+        missing one raises MissingWeight (a silent 0 would price that term as free)."""
+        if "gpu" not in data:
+            raise MissingWeight("gpu")
+        weights = data.get("weights")
         if isinstance(weights, dict):
-            weights = [weights.get(t, 1.0 if t == "LAT" else 0.0) for t in TERMS]
-        return cls(gpu=data["gpu"], weights=tuple(float(x) for x in weights),
-                   dp_overlap=float(data.get("dp_overlap", 0.0)),
-                   launch_serial=float(data.get("launch_serial", 0.0)), reserve_gib=float(data.get("reserve_gib", 1.0)),
+            for t in TERMS:
+                if t not in weights:
+                    raise MissingWeight(f"weights.{t}")
+            weights = [weights[t] for t in TERMS]
+        elif not isinstance(weights, list | tuple) or len(weights) != N_TERMS:
+            raise MissingWeight("weights")
+        for key in ("dp_overlap", "launch_serial"):
+            if key not in data:
+                raise MissingWeight(key)
+        return cls(gpu=data["gpu"], weights=tuple(float(x) for x in weights), dp_overlap=float(data["dp_overlap"]),
+                   launch_serial=float(data["launch_serial"]), reserve_gib=float(data.get("reserve_gib", 1.0)),
                    source=data.get("source", ""), date=data.get("date", ""), method=data.get("method", ""),
-                   fit=data.get("fit", {}))
+                   fit=data.get("fit", {}), family=data.get("family", ""), derived=bool(data.get("derived", False)),
+                   sources=dict(data.get("sources", {})),
+                   uncertainty={k: float(v) for k, v in data.get("uncertainty", {}).items()})
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+class MissingWeight(ValueError):
+    """A profile lacks a weight (or another required entry); `name` says which."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"missing {name}")
+        self.name = name
+
+
+def profile_error(where: str, exc: Exception) -> InputError:
+    """The input error for a profile file that cannot be read as one."""
+    if isinstance(exc, MissingWeight):
+        return InputError(where, [Problem(exc.name, f"the profile has no {exc.name}: every weight of "
+                                                    f"{', '.join(TERMS)}, dp_overlap and launch_serial is required "
+                                                    "(write profiles with `hetopt calibrate`)")])
+    return InputError(where, [Problem("", f"not a hetopt calibration profile ({exc}); write one with "
+                                          "`hetopt calibrate DATA.csv --gpu NAME --out FILE`")])
 
 
 def shipped_profiles() -> dict[str, CostParams]:
@@ -107,6 +148,9 @@ def shipped_profiles() -> dict[str, CostParams]:
     found = {}
     for entry in resources.files("hetopt.cost").joinpath("profiles").iterdir():
         if entry.name.endswith(".json"):
-            params = CostParams.from_json(json.loads(entry.read_text(encoding="utf-8")))
+            try:
+                params = CostParams.from_json(json.loads(entry.read_text(encoding="utf-8")))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise profile_error(f"hetopt/cost/profiles/{entry.name}", exc) from None
             found[params.gpu] = params
     return found

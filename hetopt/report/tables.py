@@ -26,7 +26,9 @@ def gpu_table(catalog: dict[str, GPUType]) -> Group:
                          no_wrap=col != "interconnect")
     for g in catalog.values():
         refs = []
-        for source in g.sources.values():
+        for key, source in g.sources.items():
+            if key in ("family", "tdp_w", "usable_memory_gib"):
+                continue  # in `hetopt gpus --json`
             doc = _document(source)
             if doc not in documents:
                 documents.append(doc)

@@ -207,7 +207,7 @@ def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profil
         dp_overlap=tuple(p.dp_overlap for p in params),
         opt=tuple(_affine(x1[i, OPT], x2[i, OPT]) for i in range(n)),
         mem_gib=tuple(_affine(m1[i], m2[i]) for i in range(n)),
-        mem_limit_gib=tuple(g.memory_gib for g in gpus),
+        mem_limit_gib=tuple(g.usable_memory_gib for g in gpus),
     )
 
 
@@ -422,7 +422,7 @@ def max_layers_total(inst: Instance, profiles: Profiles, micro_batch: int, recom
     room, start = 0, 0
     for seg in segments:
         gpu = inst.gpu_types[seg.gpu]
-        limit = gpu.memory_gib - profiles.for_gpu(gpu).reserve_gib
+        limit = gpu.usable_memory_gib - profiles.for_gpu(gpu).reserve_gib
         cm = class_memory(inst, micro_batch, recompute, seg.gpu, seg.tp, replicas_total)
         for i in range(start, start + seg.stages):  # the stage's line (ClassMemory.stage, inlined: hot loop)
             slope = cm.state + cm.act * (p - i)

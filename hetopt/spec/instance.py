@@ -70,7 +70,8 @@ def instance_from_spec(spec: InstanceFile, source: str, base_dir: Path, lines: d
     gpu_types = {name: CATALOG[name] for name in used if name in CATALOG}
     for name, g in spec.cluster.gpus.items():
         gpu_types[name] = custom_gpu(name, g.peak_tflops, g.memory_gib, g.hbm_gbps, g.intra_node_gbps,
-                                     source=f"declared in {source} (cluster.gpus.{name})")
+                                     source=f"declared in {source} (cluster.gpus.{name})", family=g.family,
+                                     tdp_w=g.tdp_w)
     return Instance(spec=spec, model=model, seq_len=seq_len, gpu_types=gpu_types, path=path)
 
 

@@ -61,6 +61,11 @@ class CustomGPU(Section):
     hbm_gbps: PositiveFloat = Field(description="Device-memory bandwidth in Gbit/s, > 0.")
     intra_node_gbps: PositiveFloat = Field(
         description="Per-GPU, per-direction bandwidth to the other GPUs of its node in Gbit/s, > 0.")
+    family: Literal["volta", "turing", "ampere", "ada", "hopper", "cdna2", "cdna3"] | None = Field(
+        None, description="Architecture family it resembles: its efficiencies derive from that family's "
+                          "calibrated types (without it, from the type nearest in peak TFLOP/s).")
+    tdp_w: PositiveFloat | None = Field(
+        None, description="Board power in W, > 0: a low power per peak TFLOP/s lowers the derived efficiency.")
 
 
 class NodeGroup(Section):
