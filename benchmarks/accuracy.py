@@ -35,6 +35,7 @@ from hetopt.cost.runs import (  # noqa: E402
     LOSO_TARGET,
     NO_FIT_NOTE,
     Run,
+    acceptance,
     grouped,
     load_runs,
     loso,
@@ -213,6 +214,13 @@ def report(paths: list[Path], out: Path) -> dict:
         "model could reach — " + (", ".join(f"{g}: {f['floor_mape']:.1%} ({f['repeated_rows']} of {f['rows']} rows "
                                             "repeat a configuration)" for g, f in repeat_floor(runs).items())
                                  or "no expressed rows") + ".",
+        "",
+        "Acceptance per GPU type with ≥ 10 rows in the data:",
+        "",
+        *[f"- {g}: {a['expressed']} of {a['rows']} rows expressed; "
+          + ("not evaluable yet (< 10 expressed)" if a["passes"] is None else
+             f"LOSO MAPE {a['loso_mape']:.1%} → {'PASS' if a['passes'] else 'FAIL'}")
+          for g, a in acceptance(runs, cv).items()],
         "",
         *stats_table("Per source", per_source, None, key="source"),
         "### Where the predicted time goes (median share per row) and MFU",

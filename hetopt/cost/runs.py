@@ -630,8 +630,9 @@ def not_expressed_counts(runs: list[Run]) -> dict[str, int]:
 
 
 def fit_report(paths: list[str | Path], fit: Fit | None = None, profiles: Profiles | None = None) -> dict:
-    """Accuracy on end-to-end runs for `hetopt calibrate` to print: counts, per GPU type and per source
-    (plain and leave-one-source-out), the acceptance check, and the reasons rows are not expressed."""
+    """Accuracy on end-to-end runs for `hetopt calibrate` to print (JSON-serialisable): counts, per GPU
+    type and per source (plain and leave-one-source-out), the acceptance check per GPU type, rows not
+    expressed by reason, and the lowest MAPE the repeated measurements allow (`repeat_floor`)."""
     runs = load_runs(paths, profiles)
     cv = loso(runs, fit)
     expressed = [r for r in runs if r.expressed]
@@ -646,7 +647,24 @@ def fit_report(paths: list[str | Path], fit: Fit | None = None, profiles: Profil
         "per_source": grouped(runs, lambda r: r.source),
         "loso_per_gpu": cv["per_gpu"],
         "loso_per_source": cv["per_source"],
+        "repeat_floor": repeat_floor(runs),
+        "acceptance": acceptance(runs, cv),
     }
+
+
+def acceptance(runs: list[Run], cv: dict) -> dict[str, dict]:
+    """The issue's check for every GPU type with ≥ 10 rows in the data (expressed or not): LOSO MAPE ≤ 15%
+    when ≥ 10 rows are expressed; otherwise not evaluable yet (`passes` None), with the counts."""
+    counts = Counter(r.gpu for r in runs if r.gpu)
+    out = {}
+    for gpu, n in sorted(counts.items()):
+        if n < LOSO_MIN_ROWS:
+            continue
+        held = cv["per_gpu"].get(gpu, {"rows": 0})
+        ok = held["rows"] >= LOSO_MIN_ROWS
+        out[gpu] = {"rows": n, "expressed": held["rows"], "loso_mape": held.get("mape"),
+                    "target_mape": LOSO_TARGET, "passes": (held["mape"] <= LOSO_TARGET) if ok else None}
+    return out
 
 
 def repeat_floor(runs: list[Run]) -> dict[str, dict]:
