@@ -105,6 +105,21 @@ def breakdown_table(runs: list[Run]) -> list[str]:
     return [*lines, ""]
 
 
+def trend_table(runs: list[Run], what: str, key) -> list[str]:
+    """Median predicted/measured per GPU type and value of `key` (a trend shows a term the model misprices)."""
+    cells: dict[tuple, list[float]] = {}
+    for r in runs:
+        cells.setdefault((r.gpu, key(r)), []).append(r.predicted_s / r.measured_s)
+    values = sorted({k for _, k in cells})
+    lines = [f"| GPU type \\ {what} | " + " | ".join(str(v) for v in values) + " |",
+             "| --- | " + " | ".join("---:" for _ in values) + " |"]
+    for gpu in sorted({g for g, _ in cells}):
+        lines.append(f"| {gpu} | " + " | ".join(
+            f"{np.median(cells[(gpu, v)]):.2f} ({len(cells[(gpu, v)])})" if (gpu, v) in cells else "" for v in values)
+            + " |")
+    return [*lines, ""]
+
+
 def rows_table(runs: list[Run]) -> list[str]:
     lines = ["| row | GPU | source | model | layout | measured s | from | predicted s | error | fits | "
              "compute / bubble / tp / pp / dp / opt (s) | assumptions |",
@@ -226,6 +241,10 @@ def report(paths: list[Path], out: Path) -> dict:
         "### Where the predicted time goes (median share per row) and MFU",
         "",
         *breakdown_table(expressed),
+        "Median predicted/measured (rows) by sequence length and by nodes:",
+        "",
+        *trend_table(expressed, "seq_len", lambda r: r.instance.seq_len),
+        *trend_table(expressed, "nodes", lambda r: r.instance.spec.cluster.nodes[0].count),
         "## Expressed rows",
         "",
         *rows_table(expressed),
@@ -255,6 +274,10 @@ def report(paths: list[Path], out: Path) -> dict:
         "### PROXY: where the predicted time goes and MFU",
         "",
         *breakdown_table(proxy),
+        "PROXY median predicted/measured (rows) by sequence length and by nodes:",
+        "",
+        *trend_table(proxy, "seq_len", lambda r: r.instance.seq_len),
+        *trend_table(proxy, "nodes", lambda r: r.instance.spec.cluster.nodes[0].count),
         "### PROXY rows",
         "",
         *rows_table(proxy),
