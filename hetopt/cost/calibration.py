@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from hetopt.cost.terms import GEMM, ITER, KERN, LAT, LINK, MB, MEM, N_TERMS, NET, PASS, STEP, TERMS, CostParams
+from hetopt.cost.attention import FLASH_RATIO, attention_weight
+from hetopt.cost.terms import ATTN, GEMM, ITER, KERN, LAT, LINK, MB, MEM, N_TERMS, NET, PASS, STEP, TERMS, CostParams
 from hetopt.errors import InputError, Problem
 from hetopt.evaluate import (
     BWD,
@@ -41,6 +42,7 @@ from hetopt.evaluate import (
     stage_work,
 )
 from hetopt.layout import Layout, expand_layout
+from hetopt.spec.gpus import CATALOG
 from hetopt.spec.instance import instance_from_spec
 from hetopt.spec.load import validate_document
 from hetopt.spec.schema import InstanceFile
@@ -73,11 +75,13 @@ class DataSet:
     features: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mask: np.ndarray = field(default_factory=lambda: np.zeros(0))
     micro_batches: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    attn_ratio: float = FLASH_RATIO["ampere"].ratio
+    """Flash attention's efficiency over the GEMM's for the GPU's family (cost.attention): ATTN follows GEMM."""
 
     def subset(self, index: np.ndarray) -> DataSet:
         return DataSet(self.name, self.kind, self.measured_s[index], [self.labels[i] for i in index],
                        self.features[index], self.mask[index] if self.mask.size else self.mask,
-                       self.micro_batches[index] if self.micro_batches.size else self.micro_batches)
+                       self.micro_batches[index] if self.micro_batches.size else self.micro_batches, self.attn_ratio)
 
 
 def weights_of(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -92,6 +96,7 @@ def weights_of(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
 def predict(ds: DataSet, theta: np.ndarray) -> np.ndarray:
     """Predicted seconds for every row of a data set, with the evaluator's own formulas."""
     w, overlap, serial = weights_of(theta)
+    w[ATTN] = w[GEMM] / ds.attn_ratio
     times = price_parts(ds.features, w, serial)
     if ds.kind == "layer":
         return times[:, FWD] + times[:, FWD_TP]  # one layer's pass: compute + its TP collectives
@@ -111,19 +116,29 @@ def load_dataset(path: str | Path, gpu: str) -> DataSet:
     if not rows:
         raise InputError(str(path), [Problem("", "no rows; expected a CSV with a header line")])
     columns = set(rows[0])
+    family = CATALOG[gpu].family if gpu in CATALOG else ""
+    ratio = FLASH_RATIO.get(family, FLASH_RATIO["ampere"]).ratio
     if columns >= LAYOUT_COLUMNS:
-        return _layout_dataset(path, rows, gpu)
+        return replace(_layout_dataset(path, rows, gpu), attn_ratio=ratio)
     if columns >= LAYER_COLUMNS:
-        return _layer_dataset(path, rows, gpu)
+        return replace(_layer_dataset(path, rows, gpu), attn_ratio=ratio)
     raise InputError(str(path), [Problem("", f"unknown columns; a layout-runs file needs {sorted(LAYOUT_COLUMNS)}, a "
                                              f"layer-times file {sorted(LAYER_COLUMNS)}", sorted(columns), True)])
 
 
 def _instance(gpu: str, gpus: int, hidden: int, heads: int, layers: int, seq_len: int, vocab: int,
-              global_batch: int, source: str):
+              global_batch: int, source: str, kv_heads: int | None = None, ffn_hidden: int | None = None,
+              gated: bool = False):
+    model = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "max_seq_len": seq_len}
+    if kv_heads is not None:
+        model["kv_heads"] = kv_heads
+    if ffn_hidden is not None:
+        model["ffn_hidden"] = ffn_hidden
+    if gated:
+        model["gated_mlp"] = True
     data = {
         "name": "calibration",
-        "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "max_seq_len": seq_len},
+        "model": model,
         "training": {"seq_len": seq_len, "global_batch": global_batch, "precision": "fp16", "attention": "standard"},
         "cluster": {"nodes": [{"name": "node", "count": 1, "gpu": gpu, "gpus_per_node": gpus, "nic_gbps": 200}]},
     }
@@ -167,21 +182,28 @@ def _layout_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
 
 
 def _layer_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
+    """Layer times; optional columns (as benchmarks/measure_device.py writes them) say the layer's kind:
+    `attention` (standard unless stated), `kv_heads`, `ffn_hidden`, `gated_mlp`."""
     feats, measured, labels = [], [], []
     for r in rows:
         inst = _instance(gpu, int(r["tp"]), int(r["hidden"]), int(r["heads"]), int(r.get("layers", 1)),
-                         int(r["seq_len"]), int(r.get("vocab", GPT2_VOCAB)), int(r["micro_batch"]), str(path))
+                         int(r["seq_len"]), int(r.get("vocab", GPT2_VOCAB)), int(r["micro_batch"]), str(path),
+                         kv_heads=int(r.get("kv_heads") or r["heads"]),
+                         ffn_hidden=int(r.get("ffn_hidden") or 4 * int(r["hidden"])),
+                         gated=str(r.get("gated_mlp", "")).lower() == "true")
         config = r["config"].lower()
         sp = "sequence" in config
+        attention = r.get("attention") or "standard"
         work = stage_work(inst.model, inst.gpu_types[gpu], int(r["micro_batch"]), int(r["seq_len"]), int(r["tp"]),
-                           sp, "standard", _recompute_of(config), 1, False, False).copy()
+                          sp, attention, _recompute_of(config), 1, False, False).copy()
         work[:, MB] = 0.0  # one layer, not a whole micro-batch pass
         for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):  # each measured pass in the FWD slots
             row = np.zeros((N_PARTS, N_TERMS))
             row[FWD], row[FWD_TP] = work[compute], work[tp]
             feats.append(row)
         measured += [float(r["layer_fwd_ms"]) / 1e3, float(r["layer_bwd_ms"]) / 1e3]
-        labels += [f"{r['config']} fwd", f"{r['config']} bwd"]
+        name = f"{r.get('model', '')} {attention} mb={r['micro_batch']} {r['config']}".strip()
+        labels += [f"{name} fwd", f"{name} bwd"]
     return DataSet(path.name, "layer", np.array(measured), labels, np.array(feats))
 
 
@@ -244,6 +266,8 @@ def calibrate(paths: list[str | Path], gpu: str, folds: int = 5) -> CostParams:
     datasets = [load_dataset(p, gpu) for p in paths]
     theta = fit_theta(datasets)
     w, overlap, serial = weights_of(theta)
+    family = CATALOG[gpu].family if gpu in CATALOG else ""
+    w[ATTN], _ = attention_weight(family, w[GEMM])
     cv = cross_validate(datasets, folds) if any(ds.kind == "layout" for ds in datasets) else {}
     report = {ds.name: {**errors(ds, theta), **cv.get(ds.name, {})} for ds in datasets}
     return CostParams(

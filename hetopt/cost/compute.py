@@ -8,6 +8,12 @@ HBM bandwidth: a forward pass writes the activations it stores (memory.layer_act
 recompute) and the backward pass reads them and writes their gradients, twice the bytes.
 Backward GEMMs cost twice the forward (input and weight gradients). Full recompute adds one forward;
 selective recompute adds the attention core.
+
+The attention core (scores QKᵀ and context PV) depends on the kernel. Standard attention runs it as batched
+GEMMs over the whole s×s matrix (GEMM term, backward 2×). Flash attention (Dao 2022/2023) is one fused kernel
+with its own efficiency (ATTN term): it skips the masked half of a causal LM's s×s matrix, and its backward
+recomputes the scores, 5 matmuls against the forward's 2 — 2.5× the forward's FLOPs, the count
+flash-attention's own benchmarks use.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 from hetopt.cost import comm
 from hetopt.cost.flops import head_forward_flops, layer_forward_flops
 from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes
-from hetopt.cost.terms import GEMM, KERN, MEM, PASS, zeros
+from hetopt.cost.terms import ATTN, GEMM, KERN, MEM, PASS, zeros
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.presets import ModelArch
 
@@ -29,6 +35,10 @@ CROSS_ENTROPY_PASSES_FWD = 3
 """fp32 logits written once, read for the max/sum and read for the loss."""
 CROSS_ENTROPY_PASSES_BWD = 2
 """fp32 logits read once, their gradient written once."""
+CAUSAL_FRACTION = 0.5
+"""A causal LM's mask hides half of the s×s scores; flash attention skips those blocks."""
+FLASH_BACKWARD_FLOPS = 2.5
+"""Flash attention's backward recomputes the scores: 5 s×s matmuls against the forward's 2 (Dao 2023, §3.1)."""
 ADAM_BYTES_PER_PARAM = 30.0
 """Optimizer step: read the fp32 gradient (4), read and write fp32 master, m and v (24), write bf16 weight (2)."""
 
@@ -65,18 +75,36 @@ def attention_kernels(x: LayerShape) -> int:
     return 1 if x.attention == "flash" else 2
 
 
+def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
+    """The attention core of one layer's pass on one GPU of a TP group (its heads are split over TP)."""
+    flops = attention_core_flops(x) / x.tp
+    kernels = attention_kernels(x) * (2 if backward else 1)
+    if x.attention == "standard":
+        return _gemm(flops * (2 if backward else 1), kernels, gpu)
+    v = zeros()
+    v[ATTN] = CAUSAL_FRACTION * flops * (FLASH_BACKWARD_FLOPS if backward else 1.0) / gpu.peak_flops
+    v[KERN] = kernels
+    return v
+
+
+def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
+    """The projections' and MLP's GEMMs and the memory-bound work of one layer's forward."""
+    dense = layer_forward_flops(x.model, x.micro_batch, x.seq_len) - attention_core_flops(x)
+    stored = layer_activation_bytes(x.model, x.micro_batch, x.seq_len, x.tp, x.sp, x.attention, "none")
+    return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)  # QKV, output projection, MLP up(+gate), MLP down
+
+
 def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """One layer's forward compute on one GPU of a TP group (no communication)."""
-    kernels = 4 + attention_kernels(x)  # QKV, output projection, MLP up(+gate, fused), MLP down
-    stored = layer_activation_bytes(x.model, x.micro_batch, x.seq_len, x.tp, x.sp, x.attention, "none")
-    v = _gemm(layer_forward_flops(x.model, x.micro_batch, x.seq_len) / x.tp, kernels, gpu) + _mem(stored, gpu)
+    v = _dense_and_memory(x, gpu) + attention_core(x, gpu)
     v[PASS] = 1
     return v
 
 
 def layer_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
-    """One layer's backward compute: 2× the forward GEMMs and memory traffic."""
-    v = 2 * layer_forward(x, gpu)
+    """One layer's backward compute: 2× the forward's GEMMs and memory traffic (input and weight
+    gradients), and the attention core's backward."""
+    v = 2 * _dense_and_memory(x, gpu) + attention_core(x, gpu, backward=True)
     v[PASS] = 1
     return v
 
@@ -87,7 +115,7 @@ def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
         return layer_forward(x, gpu)
     if recompute == "selective" and x.attention == "standard":
         core_bytes = 5.0 * x.model.heads * x.seq_len**2 * x.micro_batch / x.tp
-        return _gemm(attention_core_flops(x) / x.tp, attention_kernels(x), gpu) + _mem(core_bytes, gpu)
+        return attention_core(x, gpu) + _mem(core_bytes, gpu)
     return zeros()  # flash attention recomputes its core in its own backward already
 
 

@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hetopt.cost.terms import GEMM, KERN, TERMS, CostParams
+from hetopt.cost.attention import attention_weight
+from hetopt.cost.terms import ATTN, GEMM, KERN, TERMS, CostParams
 from hetopt.errors import InputError, Problem
 from hetopt.spec.gpus import CATALOG, GPUType
 
@@ -307,6 +308,7 @@ def profile_for(fit: TypeFit, a100: CostParams, csv_name: str, typical_loso: flo
     w = list(a100.weights)
     w[GEMM], w[KERN] = 1 / fit.eta, fit.t_kernel
     sources = _inherited_sources(a100)
+    w[ATTN], sources["ATTN"] = attention_weight(gpu.family, w[GEMM])
     n = len(fit.kept)
     err = fit.report()
     if fit.shipped:
@@ -405,11 +407,13 @@ def derive_from_family(gpu: GPUType, profiles: dict[str, CostParams]) -> CostPar
                                                                                  for p, _ in members]))
     w = list(base.weights)
     w[GEMM], w[KERN] = 1 / eta, t_kernel
+    w[ATTN], attention_source = attention_weight(gpu.family, w[GEMM])
     power = (f"each scaled by min(1, w/w_m)^½ with w = {gpu.tdp_w:g} W / {gpu.peak_tflops:g} TFLOP/s "
              "(hetopt.cost.gemm_fit.derived_eta)" if gpu.tdp_w else "not scaled by power (no tdp_w declared)")
     sources = _inherited_sources(base)
     sources["GEMM"] = f"η = {eta:.4f}: mean η of the {gpu.family} family's measured types ({names}), {power}"
     sources["KERN"] = f"t_kernel = {t_kernel * 1e6:.1f} µs: mean of the {gpu.family} family's measured types"
+    sources["ATTN"] = attention_source
     sources["uncertainty"] = ("gemm_efficiency: the larger of the family rule's leave-one-out RMS error over the "
                               "catalog and the relative spread of the family's η")
     return CostParams(

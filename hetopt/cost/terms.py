@@ -18,6 +18,7 @@ features the evaluator computes, and fits the weights by least squares.
 | MB   | micro-batch passes per stage (count)               | host time per micro-batch pass (s)           |
 | ITER | iterations (count)                                 | fixed time per iteration (s)                 |
 | LAT  | physical link latency on the path (s)              | 1, not fitted: latency is in the instance    |
+| ATTN | flash-attention FLOPs executed / peak FLOP/s (s)   | 1 / flash-attention kernel efficiency        |
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import numpy as np
 
 from hetopt.errors import InputError, Problem
 
-TERMS = ("GEMM", "KERN", "MEM", "LINK", "NET", "STEP", "PASS", "MB", "ITER", "LAT")
-GEMM, KERN, MEM, LINK, NET, STEP, PASS, MB, ITER, LAT = range(len(TERMS))
+TERMS = ("GEMM", "KERN", "MEM", "LINK", "NET", "STEP", "PASS", "MB", "ITER", "LAT", "ATTN")
+GEMM, KERN, MEM, LINK, NET, STEP, PASS, MB, ITER, LAT, ATTN = range(len(TERMS))
 N_TERMS = len(TERMS)
 
 
@@ -88,7 +89,7 @@ class CostParams:
             "intra_node_link_efficiency": 1 / w[LINK], "network_efficiency": 1 / w[NET],
             "collective_step_us": w[STEP] * 1e6, "layer_pass_us": w[PASS] * 1e6,
             "microbatch_pass_us": w[MB] * 1e6, "iteration_ms": w[ITER] * 1e3, "dp_overlap": self.dp_overlap,
-            "launch_serial": self.launch_serial,
+            "launch_serial": self.launch_serial, "attention_efficiency": 1 / w[ATTN],
         }
 
     def to_json(self) -> dict:
