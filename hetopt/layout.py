@@ -98,6 +98,9 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         problems.append(Problem("tp*pp*dp", f"must equal the cluster's {len(gpus)} GPUs", used, True))
     if m.heads % layout.tp:
         problems.append(Problem("tp", f"must divide the model's {m.heads} attention heads", layout.tp, True))
+    elif m.kv_heads % layout.tp:
+        problems.append(Problem("tp", f"must divide the model's {m.kv_heads} kv_heads (grouped-query attention)",
+                                layout.tp, True))
     if layout.pp * layout.vp > m.layers:
         problems.append(Problem("pp", f"pp·vp = {layout.pp * layout.vp} stages for {m.layers} layers; at most one "
                                       "stage per layer", layout.pp, True))

@@ -33,6 +33,9 @@ def check_stages(inst: Instance, plan: Plan) -> list[Finding]:
                 continue
             if inst.model.heads % st.tp:
                 found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.heads} heads"))
+            elif inst.model.kv_heads % st.tp:
+                found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.kv_heads} kv_heads "
+                                            "(grouped-query attention: each TP rank holds whole key/value heads)"))
             if st.tp > dc.max_gpus_per_node:
                 found.append((f"{path}.tp", f"tp={st.tp} exceeds the {dc.max_gpus_per_node} GPUs of a "
                                             f"{dc.label} node; a TP group must sit inside one node"))

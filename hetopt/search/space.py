@@ -149,8 +149,14 @@ def least_work(modes) -> str:
     return min(modes, key=DEFAULT_RECOMPUTE.index)
 
 
+def tp_divides_heads(inst: Instance, tp: int) -> bool:
+    """A TP degree splits the attention heads and the key/value heads (grouped-query attention) evenly
+    (Megatron-LM requires both: num_attention_heads and num_query_groups divisible by the TP size)."""
+    return inst.model.heads % tp == 0 and inst.model.kv_heads % tp == 0
+
+
 def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions) -> list[int]:
-    return [t for t in opts.tp if inst.model.heads % t == 0 and t <= dc.max_gpus_per_node]
+    return [t for t in opts.tp if tp_divides_heads(inst, t) and t <= dc.max_gpus_per_node]
 
 
 @dataclass(frozen=True)
