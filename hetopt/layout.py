@@ -1,10 +1,10 @@
 """Layout shorthand (DESIGN 2.2): a homogeneous Megatron-style layout and its expansion into a plan.
 
-``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"``. tp·pp·dp must equal the
-cluster's GPUs. Ranks are laid out as Megatron-LM does (tensor-parallel fastest, then data-parallel, then
-pipeline) over the cluster's GPUs in the order the node groups are declared, so on a mixed cluster a
-layout's stages land on whatever GPU types those ranks have. Replicas whose stages land on the same
-device classes form one pipeline template.
+``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"`` (zero 0–3: the ZeRO stage,
+3 being FSDP FULL_SHARD). tp·pp·dp must equal the cluster's GPUs. Ranks are laid out as Megatron-LM does
+(tensor-parallel fastest, then data-parallel, then pipeline) over the cluster's GPUs in the order the node
+groups are declared, so on a mixed cluster a layout's stages land on whatever GPU types those ranks have.
+Replicas whose stages land on the same device classes form one pipeline template.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def parse_layout(text: str, source: str = "layout") -> Layout:
         if key in values:
             try:
                 ints[key] = int(values[key])
-                if ints[key] < (0 if key == "zero" else 1) or (key == "zero" and ints[key] > 1):
+                if ints[key] < (0 if key == "zero" else 1) or (key == "zero" and ints[key] > 3):
                     raise ValueError
             except ValueError:
-                expected = "0 or 1" if key == "zero" else "a positive integer"
+                expected = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 problems.append(Problem(key, f"must be {expected}", values[key], True))
     recompute = values.get("recompute", "none")
     if recompute not in ("none", "selective", "full"):

@@ -113,13 +113,17 @@ class SearchOptions:
     """Most device classes one pipeline template may span."""
     max_templates: int = 2
     """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
+    tp_across_nodes: bool = False
+    """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
+    search/linear.py price TP on the intra-node interconnect and would not bound a group over the network)."""
 
     @classmethod
     def from_instance(cls, inst: Instance) -> SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
-                   max_classes=s.max_classes or 3, max_templates=s.max_templates or 2)
+                   max_classes=s.max_classes or 3, max_templates=s.max_templates or 2,
+                   tp_across_nodes=s.tp_across_nodes)
 
 
 @dataclass
