@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetopt.errors import InputError, Problem
-from hetopt.plan import Pipeline, PlacementEntry, Plan, Stage
+from hetopt.plan import NodeGPUs, Pipeline, PlacementEntry, Plan, Stage
 from hetopt.spec.instance import Instance
 
 KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule")
@@ -114,19 +114,22 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
 
     layers = split_layers(m.layers, layout.pp)
     templates: dict[tuple, list[int]] = {}
-    groups: dict[tuple[int, int], tuple[str, list[int]]] = {}
+    groups: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}
     for d in range(layout.dp):
         classes = []
         for p in range(layout.pp):
             base = p * layout.tp * layout.dp + d * layout.tp
             members = gpus[base: base + layout.tp]
-            nodes = {name for name, _, _ in members}
-            if len(nodes) > 1:
-                span = f"ranks {base}..{base + layout.tp - 1} span {', '.join(sorted(nodes))}"
-                raise InputError(where, [Problem("tp", f"a tensor-parallel group must sit inside one node; {span}",
-                                                 layout.tp, True)])
+            by_node: dict[str, list[int]] = {}
+            for name, local, _ in members:
+                by_node.setdefault(name, []).append(local)
+            spanned = [inst.cluster.nodes[name] for name in by_node]
+            if len(by_node) > 1 and not _whole_nodes(spanned, by_node):
+                span = f"ranks {base}..{base + layout.tp - 1} span {', '.join(sorted(by_node))}"
+                raise InputError(where, [Problem("tp", "a tensor-parallel group sits inside one node or spans whole "
+                                                       f"nodes of one GPU type and size; {span}", layout.tp, True)])
             node = members[0][2]
-            groups[(d, p)] = (node.name, [local for _, local, _ in members])
+            groups[(d, p)] = list(by_node.items())
             classes.append((node.gpu, node.island))
         templates.setdefault(tuple(classes), []).append(d)
 
@@ -138,7 +141,15 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         pipelines.append(Pipeline(replicas=len(replicas), micro_batches=micro_batches, stages=stages))
         for r_index, d in enumerate(replicas):
             for p in range(layout.pp):
-                node, local = groups[(d, p)]
-                placement.append(PlacementEntry(pipeline=t_index, replica=r_index, stage=p, node=node, gpus=local))
+                (node, local), *more = groups[(d, p)]
+                placement.append(PlacementEntry(pipeline=t_index, replica=r_index, stage=p, node=node, gpus=local,
+                                                more_nodes=[NodeGPUs(node=n, gpus=g) for n, g in more]))
     return Plan(micro_batch=layout.mb, schedule=layout.schedule, virtual_stages=layout.vp, zero=layout.zero,
                 pipelines=pipelines, placement=placement)
+
+
+def _whole_nodes(nodes: list, used: dict[str, list[int]]) -> bool:
+    """A TP group over several nodes takes every GPU of each, all of one GPU type, island and size (verify.py)."""
+    first = nodes[0]
+    return all(len(used[n.name]) == n.gpus == first.gpus and (n.gpu, n.island) == (first.gpu, first.island)
+               for n in nodes)

@@ -195,6 +195,19 @@ def test_tp_over_two_four_gpu_nodes_is_priced_over_the_nic(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def test_a_layout_whose_tp_group_covers_whole_nodes_expands_to_more_nodes(tmp_path):
+    # Megatron's rank order puts TP 8 on ranks 0..7: both 4-GPU nodes, whole
+    inst, _ = _instance(tmp_path, SMALL, V100X4, training={"global_batch": 4})
+    plan = expand_layout(inst, parse_layout("tp=8,pp=1,dp=1"))
+    assert plan.placement[0].members == [("v-0", [0, 1, 2, 3]), ("v-1", [0, 1, 2, 3])]
+    assert evaluate(inst, plan).iteration_time_s == evaluate(inst, _one_stage(8, gpu="V100-32GB",
+                                                                              micro_batches=4)).iteration_time_s
+    nodes = [{"name": "v", "count": 2, "gpu": "V100-32GB", "gpus_per_node": 6, "nic_gbps": 100}]
+    _, path6 = _instance(tmp_path, SMALL, nodes, training={"global_batch": 6})
+    result = run_hetopt("evaluate", str(path6), "--layout", "tp=4,pp=1,dp=3", "--json")  # ranks 4..7: 2 + 2
+    assert result.returncode == 2 and "whole" in result.stderr
+
+
 def test_tp_across_nodes_only_over_whole_nodes_of_one_type(tmp_path):
     nodes = [*V100X4, {"name": "a", "count": 1, "gpu": "A100-80GB", "gpus_per_node": 4, "nic_gbps": 100}]
     inst, _ = _instance(tmp_path, SMALL, nodes, training={"global_batch": 4})

@@ -11,7 +11,8 @@ stage of every template.
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
 (less optimizer memory and a shorter optimizer step, the same gradient traffic), the 1F1B schedule
-(GPipe has the same time and more memory).
+(GPipe has the same time and more memory). ZeRO-2/3 trade traffic for memory and are not searched yet;
+nor are TP groups over several nodes or stages of 0 layers, which plans given by hand may have.
 """
 
 from __future__ import annotations
