@@ -317,12 +317,12 @@ def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i:
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
-    if st.recompute == "full":  # the layer being recomputed holds its full activations during its backward
+    if st.recompute == "full" and st.layers:  # the layer being recomputed holds its full activations in backward
         activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
     if i == stages - 1:
         activations += head_activation_bytes(m, b, s, st.tp)
     working = 0.0
-    if plan.zero >= 2:  # only the search's SimpleNamespace plans (zero=1) come without a ZeRO-2/3 working set
+    if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
         working = zero_working_bytes(largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp,
                                      plan.zero)
     return model_state_bytes(params, st.tp, replicas, plan.zero) + working + activations
