@@ -32,11 +32,14 @@ from hetopt.cost import compute as cc
 from hetopt.cost.flops import model_flops_per_token, total_params
 from hetopt.cost.memory import (
     GIB,
+    WEIGHT_BYTES,
     head_activation_bytes,
     inflight_microbatches,
+    largest_unit_params,
     layer_activation_bytes,
     model_state_bytes,
     stage_params,
+    zero_working_bytes,
 )
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import ITER, MB, N_TERMS, PASS
@@ -51,6 +54,13 @@ from hetopt.verify import check_plan
 
 GRAD_COMM_BYTES = 2.0
 """Gradients are reduced in 16 bits (Megatron-core's default grad_reduce_in_fp32=False; DeepSpeed fp16)."""
+FP32_BYTES = 4.0
+
+
+def grad_comm_bytes(inst: Instance) -> float:
+    """Bytes per gradient in the data-parallel reduction: `training.grad_reduce_dtype` fp32 (Megatron's
+    --grad-reduce-in-fp32, DeepSpeed's fp32 all-reduce) sends 4, the default 16 bits GRAD_COMM_BYTES."""
+    return FP32_BYTES if inst.spec.training.grad_reduce_dtype == "fp32" else GRAD_COMM_BYTES
 
 # Feature rows per stage, in this order.
 FWD, BWD, FWD_TP, BWD_TP, P2P, DP, OPT = range(7)
@@ -71,6 +81,10 @@ class PlanFeatures:
     """Features of the gradient exchange between templates (zero with one template)."""
     cross_flows: list[tuple[str, str, float]] = field(default_factory=list)
     """Its flows: (source node, destination node, bytes), all running at once."""
+    zero_passes: list[np.ndarray] = field(default_factory=list)
+    """ZeRO-2/3 collectives per micro-batch, per template (stages, 2, N_TERMS): forward, backward pass."""
+    zero_units: list[list[int]] = field(default_factory=list)
+    """Units (layers, embedding, head) each stage gathers or reduces one by one under ZeRO-2/3."""
 
 
 @dataclass
@@ -140,14 +154,21 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
     act_bytes = cc.ACT_BYTES * b * s * m.hidden
     templates, gpus, memory = [], [], []
     ring_load = dp_ring_load(cluster, plan, nodes_of)
+    grad_bytes = grad_comm_bytes(inst)
+    spans = tp_spans(cluster, plan)
+    zero_passes, zero_units = [], []
     for j, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages)
         arr = np.zeros((p, N_PARTS, N_TERMS))
         t_gpus, t_mem = [], []
+        z_arr, z_units = np.zeros((p, 2, N_TERMS)), []
         for i, st in enumerate(pipe.stages):
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
             arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
+            span = spans.get((j, i))
+            if span is not None:  # a TP group over several nodes: its collectives cross the network
+                arr[i, FWD_TP:BWD_TP + 1] = spanning_tp_work(m, gpu, b, s, st.recompute, st.layers, first, last, span)
             # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
             # model chunk; with interleaving the last stage also passes activations on to the first stage's
             # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
@@ -160,19 +181,26 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
             if sends_bwd:
                 arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
-            arr[i, DP] = _dp_allreduce(cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp * GRAD_COMM_BYTES,
-                                       st.tp, gpu, ring_load)
+            columns = nic_columns(cluster, nodes_of[(j, i)], st.tp)
+            arr[i, DP] = _dp_allreduce(cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp * grad_bytes,
+                                       columns, gpu, ring_load)
             shard = replicas_total if plan.zero else 1
             arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[i, OPT, ITER] = 1
+            if plan.zero >= 2:
+                zero_stage(arr[i], z_arr[i], plan.zero, cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp,
+                           grad_bytes, columns, gpu, ring_load)
+            z_units.append(st.layers + first + last)
             t_gpus.append(gpu)
             t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
         templates.append(arr)
         gpus.append(t_gpus)
         memory.append(t_mem)
-    cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * GRAD_COMM_BYTES)
+        zero_passes.append(z_arr)
+        zero_units.append(z_units)
+    cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * grad_bytes)
     return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, plan.virtual_stages, memory,
-                        cross, flows)
+                        cross, flows, zero_passes if plan.zero >= 2 else [], zero_units)
 
 
 def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
@@ -255,8 +283,8 @@ def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, t
 
 def template_nodes(plan: Plan, template: int) -> list[str]:
     """The distinct nodes a template's replicas use, in placement order."""
-    return list(dict.fromkeys(e.node for e in sorted(plan.placement, key=lambda e: (e.replica, e.stage))
-                              if e.pipeline == template))
+    return list(dict.fromkeys(node for e in sorted(plan.placement, key=lambda e: (e.replica, e.stage))
+                              if e.pipeline == template for node, _ in e.members))
 
 
 def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
@@ -289,11 +317,139 @@ def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i:
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
-    if st.recompute == "full":  # the layer being recomputed holds its full activations during its backward
+    if st.recompute == "full" and st.layers:  # the layer being recomputed holds its full activations in backward
         activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
     if i == stages - 1:
         activations += head_activation_bytes(m, b, s, st.tp)
-    return model_state_bytes(params, st.tp, replicas, plan.zero) + activations
+    working = 0.0
+    if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
+        working = zero_working_bytes(largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp,
+                                     plan.zero)
+    return model_state_bytes(params, st.tp, replicas, plan.zero) + working + activations
+
+
+# -- TP across nodes, ZeRO-2/3 ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TPSpan:
+    """A TP group over `nodes` whole nodes of `per_node` GPUs, joined by `inter_gbps` (their NIC route)."""
+
+    per_node: int
+    nodes: int
+    inter_gbps: float
+    latency_s: float
+
+
+def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], TPSpan]:
+    """(template, stage) → the span of its TP groups, for stages placed over several nodes. The replicas of
+    a stage may sit on nodes with different NICs: the narrowest ring sets the pace (1F1B runs them in
+    lockstep). Each group has its nodes to itself (whole nodes), so no other TP group shares their NICs."""
+    out: dict[tuple[int, int], TPSpan] = {}
+    for e in plan.placement:
+        if not e.more_nodes:
+            continue
+        nodes = [node for node, _ in e.members]
+        ring = [cluster.route(a, b) for a, b in pairwise([*nodes, nodes[0]])]
+        span = TPSpan(len(e.gpus), len(nodes), min(r.gbps for r in ring), max(r.latency_us for r in ring) * 1e-6)
+        key = (e.pipeline, e.stage)
+        if key not in out or span.inter_gbps < out[key].inter_gbps:
+            out[key] = span
+    return out
+
+
+def spanning_all_reduce(nbytes: float, gpu: GPUType, span: TPSpan) -> np.ndarray:
+    """The one place a TP collective across nodes is priced: hierarchical all-reduce, inside each node on its
+    interconnect, across the nodes over their NIC route (cost/comm.py)."""
+    return comm.hierarchical_all_reduce(nbytes, span.per_node, span.nodes, gpu.intra_node_gbps, span.inter_gbps,
+                                        columns=1, inter_latency_s=span.latency_s)
+
+
+def spanning_tp_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, recompute: str, layers: int,
+                     first: bool, last: bool, span: TPSpan) -> np.ndarray:
+    """FWD_TP and BWD_TP features (2, N_TERMS) of a stage whose TP group spans nodes: the collectives
+    `stage_work` counts — two all-reduces of the b·s·h activations per layer and pass (cc.tp_comm_per_pass;
+    the backward's twice under full recompute), one for the embedding (cc.embedding_tp_comm), three of one
+    fp32 per token for the vocabulary-parallel cross-entropy (cc.head_tp_comm) — each over the network."""
+    act = cc.ACT_BYTES * micro_batch * seq_len * model.hidden
+    per_pass = 2 * spanning_all_reduce(act, gpu, span)
+    fwd = layers * per_pass
+    bwd = layers * per_pass * (2 if recompute == "full" else 1)
+    if first:
+        fwd = fwd + spanning_all_reduce(act, gpu, span)
+    if last:
+        fwd = fwd + 3 * spanning_all_reduce(FP32_BYTES * micro_batch * seq_len, gpu, span)
+    return np.stack([fwd, bwd])
+
+
+def nic_columns(cluster, nodes: list[str], tp: int) -> int:
+    """TP ranks of a stage on one node, each with its own data-parallel group through that node's NIC:
+    the TP degree, or the GPUs of a node when the group spans nodes (the other nodes' NICs carry the rest)."""
+    return min(tp, cluster.nodes[nodes[0]].gpus)
+
+
+def zero_stage(row: np.ndarray, passes: np.ndarray, zero: int, cluster, replicas: int, nodes: list[str],
+               params_per_gpu: float, grad_bytes: float, columns: int, gpu: GPUType, load: Counter) -> None:
+    """ZeRO-2/3 collectives of one stage over its data-parallel group (the template's replicas), written into
+    its feature `row` (N_PARTS, N_TERMS) and its per-micro-batch `passes` (forward, backward).
+
+    Assumptions (stated, as real runs differ): gradients are reduce-scattered after every micro-batch's
+    backward, so that only the 1/N_d shard of them is kept (DeepSpeed ZeRO-2 reduces at every micro-step;
+    FSDP without no_sync); ZeRO-3 (FSDP FULL_SHARD, reshard after forward) all-gathers the 16-bit weights
+    in every forward and again in every backward. ZeRO-2 all-gathers the updated 16-bit weights once, after
+    the optimizer step (in OPT); ZeRO-3 needs no such gather. Neither has an end-of-iteration all-reduce.
+    With one micro-batch, ZeRO-2 moves what ZeRO-1's all-reduce does (reduce-scatter + all-gather)."""
+    gather = _zero_collective(cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, gpu, load)
+    scatter = _zero_collective(cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, gpu, load)
+    row[DP] = 0.0
+    passes[1] = scatter
+    if zero >= 3:
+        passes[0] = gather
+        passes[1] = passes[1] + gather
+    else:
+        row[OPT] += gather
+
+
+def _zero_collective(cluster, replicas: int, nodes: list[str], rank_bytes: float, columns: int, gpu: GPUType,
+                     load: Counter) -> np.ndarray:
+    """Reduce-scatter (or all-gather: the same cost) of `rank_bytes` per rank among a stage's replicas
+    (`nodes`: one per replica), ring over the distinct nodes sharing links as in `_dp_allreduce`."""
+    if replicas <= 1:
+        return np.zeros(N_TERMS)
+    distinct = list(dict.fromkeys(nodes))
+    if len(distinct) == 1:
+        return comm.reduce_scatter(rank_bytes, replicas, gpu.intra_node_gbps, intra_node=True)
+    ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
+    return comm.hierarchical_reduce_scatter(rank_bytes, max(nodes.count(n) for n in distinct), len(distinct),
+                                            gpu.intra_node_gbps, min(shared_gbps(r, load) for r in ring), columns,
+                                            max(r.latency_us for r in ring) * 1e-6)
+
+
+def zero_exposed(times: np.ndarray, passes: np.ndarray, units: list[int], weights: np.ndarray) -> np.ndarray:
+    """Seconds the ZeRO-2/3 collectives add to each stage's forward and backward pass, (stages, 2).
+
+    Rule: a pass works through its n units (layers, embedding, head) in order and each unit's collective
+    is prefetched one unit ahead on its own stream (FSDP's forward/backward prefetch; the reduce-scatter of
+    a unit's gradients runs during the next unit's backward) — a two-machine flow shop of n equal steps,
+    compute c = P/n and communication k = K/n per unit, which takes n·max(c, k) + min(c, k) =
+    max(P, K) + min(P, K)/n: the first gather (or the last reduce-scatter) is never hidden, the rest hides
+    behind compute while compute is the longer. P: the pass with its TP collectives; K: its ZeRO
+    collectives. Units are taken as equal (the embedding and head differ from a layer: an approximation)."""
+    comm_s = np.einsum("spk,sk->sp", passes, weights) if weights.ndim == 2 else passes @ weights
+    compute_s = np.stack([times[:, FWD] + times[:, FWD_TP], times[:, BWD] + times[:, BWD_TP]], axis=1)
+    n = np.asarray(units, dtype=float)[:, None]
+    return np.maximum(compute_s, comm_s) + np.minimum(compute_s, comm_s) / n - compute_s
+
+
+def price_template(f: PlanFeatures, j: int, weights: np.ndarray, serial) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per part of template j's stages (`price_parts`), the exposed ZeRO-2/3 collectives added to
+    the passes' communication parts; also returns those exposed seconds per stage (for the breakdown)."""
+    times = price_parts(f.templates[j], weights, serial)
+    if not f.zero_passes:
+        return times, np.zeros(len(times))
+    extra = zero_exposed(times, f.zero_passes[j], f.zero_units[j], weights)
+    times[:, FWD_TP] += extra[:, 0]
+    times[:, BWD_TP] += extra[:, 1]
+    return times, extra.sum(axis=1)
 
 
 # -- pricing --------------------------------------------------------------------------------------------
@@ -376,12 +532,14 @@ def cross_seconds(f: PlanFeatures, profiles: Profiles) -> float:
 
 
 def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Evaluation:
-    priced = []
-    for arr, gpus in zip(f.templates, f.gpus, strict=True):
+    priced, zero_s = [], []
+    for j, gpus in enumerate(f.gpus):
         params = [profiles.for_gpu(g) for g in gpus]
         weights = np.stack([p.w for p in params])  # (stages, N_TERMS)
         serial = np.array([p.launch_serial for p in params])
-        priced.append((price_parts(arr, weights, serial), np.array([p.dp_overlap for p in params])))
+        times, exposed = price_template(f, j, weights, serial)
+        priced.append((times, np.array([p.dp_overlap for p in params])))
+        zero_s.append(exposed)
     pipes = [pipe_times(times, m, f.virtual_stages) for (times, _), m in zip(priced, f.micro_batches, strict=True)]
     # The slowest template sets the pace; gradient all-reduces wait for every template's replicas.
     crit = max(range(len(pipes)), key=lambda j: float(pipes[j][0]))
@@ -400,6 +558,9 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
         "dp_comm": t_dp - t_pipe + t_cross,
         "optimizer": t_opt,
     }
+    # ZeRO-2/3's exposed collectives sit in the passes' communication parts; they are data-parallel traffic
+    breakdown["tp_comm"] -= m * float(zero_s[crit][k])
+    breakdown["dp_comm"] += m * float(zero_s[crit][k])
     iteration = t_dp + t_cross + t_opt
     tokens = inst.global_batch * inst.seq_len
     model_flops = model_flops_per_token(inst.model, inst.seq_len) * tokens

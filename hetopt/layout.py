@@ -1,10 +1,10 @@
 """Layout shorthand (DESIGN 2.2): a homogeneous Megatron-style layout and its expansion into a plan.
 
-``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"``. tp·pp·dp must equal the
-cluster's GPUs. Ranks are laid out as Megatron-LM does (tensor-parallel fastest, then data-parallel, then
-pipeline) over the cluster's GPUs in the order the node groups are declared, so on a mixed cluster a
-layout's stages land on whatever GPU types those ranks have. Replicas whose stages land on the same
-device classes form one pipeline template.
+``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"`` (zero 0–3: the ZeRO stage,
+3 being FSDP FULL_SHARD). tp·pp·dp must equal the cluster's GPUs. Ranks are laid out as Megatron-LM does
+(tensor-parallel fastest, then data-parallel, then pipeline) over the cluster's GPUs in the order the node
+groups are declared, so on a mixed cluster a layout's stages land on whatever GPU types those ranks have.
+Replicas whose stages land on the same device classes form one pipeline template.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetopt.errors import InputError, Problem
-from hetopt.plan import Pipeline, PlacementEntry, Plan, Stage
+from hetopt.plan import NodeGPUs, Pipeline, PlacementEntry, Plan, Stage
 from hetopt.spec.instance import Instance
 
 KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule")
@@ -57,10 +57,10 @@ def parse_layout(text: str, source: str = "layout") -> Layout:
         if key in values:
             try:
                 ints[key] = int(values[key])
-                if ints[key] < (0 if key == "zero" else 1) or (key == "zero" and ints[key] > 1):
+                if ints[key] < (0 if key == "zero" else 1) or (key == "zero" and ints[key] > 3):
                     raise ValueError
             except ValueError:
-                expected = "0 or 1" if key == "zero" else "a positive integer"
+                expected = "0, 1, 2 or 3" if key == "zero" else "a positive integer"
                 problems.append(Problem(key, f"must be {expected}", values[key], True))
     recompute = values.get("recompute", "none")
     if recompute not in ("none", "selective", "full"):
@@ -98,6 +98,9 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         problems.append(Problem("tp*pp*dp", f"must equal the cluster's {len(gpus)} GPUs", used, True))
     if m.heads % layout.tp:
         problems.append(Problem("tp", f"must divide the model's {m.heads} attention heads", layout.tp, True))
+    elif m.kv_heads % layout.tp:
+        problems.append(Problem("tp", f"must divide the model's {m.kv_heads} kv_heads (grouped-query attention)",
+                                layout.tp, True))
     if layout.pp * layout.vp > m.layers:
         problems.append(Problem("pp", f"pp·vp = {layout.pp * layout.vp} stages for {m.layers} layers; at most one "
                                       "stage per layer", layout.pp, True))
@@ -111,19 +114,22 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
 
     layers = split_layers(m.layers, layout.pp)
     templates: dict[tuple, list[int]] = {}
-    groups: dict[tuple[int, int], tuple[str, list[int]]] = {}
+    groups: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}
     for d in range(layout.dp):
         classes = []
         for p in range(layout.pp):
             base = p * layout.tp * layout.dp + d * layout.tp
             members = gpus[base: base + layout.tp]
-            nodes = {name for name, _, _ in members}
-            if len(nodes) > 1:
-                span = f"ranks {base}..{base + layout.tp - 1} span {', '.join(sorted(nodes))}"
-                raise InputError(where, [Problem("tp", f"a tensor-parallel group must sit inside one node; {span}",
-                                                 layout.tp, True)])
+            by_node: dict[str, list[int]] = {}
+            for name, local, _ in members:
+                by_node.setdefault(name, []).append(local)
+            spanned = [inst.cluster.nodes[name] for name in by_node]
+            if len(by_node) > 1 and not _whole_nodes(spanned, by_node):
+                span = f"ranks {base}..{base + layout.tp - 1} span {', '.join(sorted(by_node))}"
+                raise InputError(where, [Problem("tp", "a tensor-parallel group sits inside one node or spans whole "
+                                                       f"nodes of one GPU type and size; {span}", layout.tp, True)])
             node = members[0][2]
-            groups[(d, p)] = (node.name, [local for _, local, _ in members])
+            groups[(d, p)] = list(by_node.items())
             classes.append((node.gpu, node.island))
         templates.setdefault(tuple(classes), []).append(d)
 
@@ -135,7 +141,15 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         pipelines.append(Pipeline(replicas=len(replicas), micro_batches=micro_batches, stages=stages))
         for r_index, d in enumerate(replicas):
             for p in range(layout.pp):
-                node, local = groups[(d, p)]
-                placement.append(PlacementEntry(pipeline=t_index, replica=r_index, stage=p, node=node, gpus=local))
+                (node, local), *more = groups[(d, p)]
+                placement.append(PlacementEntry(pipeline=t_index, replica=r_index, stage=p, node=node, gpus=local,
+                                                more_nodes=[NodeGPUs(node=n, gpus=g) for n, g in more]))
     return Plan(micro_batch=layout.mb, schedule=layout.schedule, virtual_stages=layout.vp, zero=layout.zero,
                 pipelines=pipelines, placement=placement)
+
+
+def _whole_nodes(nodes: list, used: dict[str, list[int]]) -> bool:
+    """A TP group over several nodes takes every GPU of each, all of one GPU type, island and size (verify.py)."""
+    first = nodes[0]
+    return all(len(used[n.name]) == n.gpus == first.gpus and (n.gpu, n.island) == (first.gpu, first.island)
+               for n in nodes)

@@ -1,7 +1,8 @@
 """Placing an aggregated plan onto concrete nodes and GPUs (DESIGN 4).
 
 Rules, in order:
-- a stage's TP group sits inside one node; every GPU is used at most once;
+- a stage's TP group sits inside one node; every GPU is used at most once; a TP group wider than any node
+  of its class takes whole free nodes of one size (`span_nodes`), recorded in the entry's `more_nodes`;
 - stages of one replica stay on the node of the previous stage when it has room (their point-to-point
   traffic then stays on NVLink);
 - otherwise the stage goes where the route from the previous stage's node is widest (networkx widest paths
@@ -19,7 +20,7 @@ start inside nodes; pipeline sends cross them) — better where gradients outwei
 from __future__ import annotations
 
 from hetopt.errors import InfeasibleError
-from hetopt.plan import PlacementEntry, Plan
+from hetopt.plan import NodeGPUs, PlacementEntry, Plan
 from hetopt.spec.cluster import Cluster
 
 ORDERS = ("replica", "stage")
@@ -45,6 +46,11 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
             # same stage; the one to be near when moving: the replica's previous stage
             stay = at.get((p_index, replica, s_index - 1) if order == "replica" else (p_index, replica - 1, s_index))
             near = at.get((p_index, replica, s_index - 1))
+            if stage.tp > dc.max_gpus_per_node:
+                entry = span_nodes(cluster, dc, stage.tp, free, near, (p_index, replica, s_index))
+                entries.append(entry)
+                at[(p_index, replica, s_index)] = entry.node
+                continue
             if stay is not None and cluster.nodes[stay].gpu == stage.gpu and \
                     cluster.nodes[stay].island == stage.island and len(free[stay]) >= stage.tp:
                 node = stay
@@ -75,3 +81,23 @@ def _pick(cluster: Cluster, fits: list[str], free: dict[str, list[int]], previou
             widest = max(width.values())
             fits = [name for name in fits if width[cluster.nodes[name].nic_gbps] == widest]
     return min(fits, key=lambda name: len(free[name]))
+
+
+def span_nodes(cluster: Cluster, dc, tp: int, free: dict[str, list[int]], near: str | None,
+               key: tuple[int, int, int]) -> PlacementEntry:
+    """A TP group wider than a node: whole free nodes of one size g with g | tp, the first of them the
+    widest route from `near` (`_pick`), the others in declaration order (one island: the same fabric)."""
+    for g in sorted({n.gpus for n in dc.nodes}, reverse=True):
+        whole = [n.name for n in dc.nodes if n.gpus == g and len(free[n.name]) == g]
+        if tp % g or len(whole) < tp // g:
+            continue
+        head = _pick(cluster, whole, free, near)
+        chosen = [head, *[name for name in whole if name != head][: tp // g - 1]]
+        groups = [free[name] for name in chosen]
+        for name in chosen:
+            free[name] = []
+        return PlacementEntry(pipeline=key[0], replica=key[1], stage=key[2], node=chosen[0], gpus=groups[0],
+                              more_nodes=[NodeGPUs(node=n, gpus=gp) for n, gp in zip(chosen[1:], groups[1:],
+                                                                                      strict=True)])
+    raise InfeasibleError(f"pipelines[{key[0]}] replica {key[1]} stage {key[2]}: its TP group of {tp} GPUs needs "
+                          f"{dc.label} nodes of one size dividing {tp}, all free")

@@ -21,10 +21,12 @@ NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
 class Stage(Section):
-    layers: PositiveInt = Field(description="Transformer layers this stage holds.")
+    layers: NonNegativeInt = Field(description="Transformer layers this stage holds; 0 only on the first stage (it "
+                                               "then holds the embedding alone) or the last (the output head).")
     gpu: str = Field(description="GPU type of the stage's device class.")
     island: Name = Field(description="Island of the stage's device class.")
-    tp: PositiveInt = Field(description="Tensor-parallel degree (GPUs of the stage, inside one node).")
+    tp: PositiveInt = Field(description="Tensor-parallel degree: GPUs of the stage, inside one node, or whole nodes "
+                                        "of its device class when it exceeds a node (placement `more_nodes`).")
     recompute: Recompute = Field("none", description="Activation recompute: none, selective or full.")
     sp: bool = Field(True, description="Sequence parallelism.")
 
@@ -43,19 +45,34 @@ class Pipeline(Section):
         return sum(s.layers for s in self.stages)
 
 
+class NodeGPUs(Section):
+    node: str = Field(description="A node name, <group>-<index>.")
+    gpus: list[NonNegativeInt] = Field(min_length=1, description="Local GPU indices inside the node.")
+
+
 class PlacementEntry(Section):
     pipeline: NonNegativeInt
     replica: NonNegativeInt
     stage: NonNegativeInt
     node: str = Field(description="A node name, <group>-<index>.")
     gpus: list[NonNegativeInt] = Field(min_length=1, description="Local GPU indices inside the node.")
+    more_nodes: list[NodeGPUs] = Field(
+        default_factory=list, description="Further nodes of a TP group wider than one node (whole nodes of the "
+                                          "stage's device class); empty when the group sits inside `node`.")
+
+    @property
+    def members(self) -> list[tuple[str, list[int]]]:
+        """Every (node, local GPUs) of the stage's TP group, `node` first."""
+        return [(self.node, self.gpus), *((n.node, n.gpus) for n in self.more_nodes)]
 
 
 class Plan(Section):
     micro_batch: PositiveInt = Field(description="Sequences per micro-batch.")
     schedule: Schedule = Field("1f1b", description="gpipe, 1f1b or interleaved.")
     virtual_stages: PositiveInt = Field(1, description="Virtual stages per GPU (interleaved schedule when > 1).")
-    zero: Literal[0, 1] = Field(1, description="1: ZeRO-1 / distributed optimizer shards optimizer states.")
+    zero: Literal[0, 1, 2, 3] = Field(
+        1, description="ZeRO stage over the data-parallel group: 1 shards the optimizer states (distributed "
+                       "optimizer), 2 also the gradients, 3 (FSDP FULL_SHARD) also the 16-bit weights.")
     pipelines: list[Pipeline] = Field(min_length=1)
     placement: list[PlacementEntry] = Field(default_factory=list)
 

@@ -17,7 +17,7 @@ Finding = tuple[str, str]
 
 def check_plan(inst: Instance, plan: Plan) -> list[Finding]:
     return [*check_stages(inst, plan), *check_layers(inst, plan), *check_batch(inst, plan),
-            *check_resources(inst, plan), *check_placement(inst, plan)]
+            *check_resources(inst, plan), *check_zero(plan), *check_placement(inst, plan)]
 
 
 def check_stages(inst: Instance, plan: Plan) -> list[Finding]:
@@ -33,10 +33,21 @@ def check_stages(inst: Instance, plan: Plan) -> list[Finding]:
                 continue
             if inst.model.heads % st.tp:
                 found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.heads} heads"))
-            if st.tp > dc.max_gpus_per_node:
+            elif inst.model.kv_heads % st.tp:
+                found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.kv_heads} kv_heads "
+                                            "(grouped-query attention: each TP rank holds whole key/value heads)"))
+            if st.tp > dc.max_gpus_per_node and not whole_nodes(dc, st.tp):
+                sizes = sorted({n.gpus for n in dc.nodes})
                 found.append((f"{path}.tp", f"tp={st.tp} exceeds the {dc.max_gpus_per_node} GPUs of a "
-                                            f"{dc.label} node; a TP group must sit inside one node"))
+                                            f"{dc.label} node and is not a multiple of a node size ({sizes}) "
+                                            "with that many nodes in the class; a TP group sits inside one "
+                                            "node or spans whole nodes of one GPU type"))
     return found
+
+
+def whole_nodes(dc, tp: int) -> bool:
+    """Whether `tp` GPUs are whole nodes of one size in device class `dc` (one GPU type, one island)."""
+    return any(tp % g == 0 and sum(n.gpus == g for n in dc.nodes) >= tp // g for g in {n.gpus for n in dc.nodes})
 
 
 def check_layers(inst: Instance, plan: Plan) -> list[Finding]:
@@ -45,6 +56,14 @@ def check_layers(inst: Instance, plan: Plan) -> list[Finding]:
         total = sum(st.layers for st in pipe.stages)
         if total != inst.model.layers:
             found.append((f"pipelines[{i}].stages", f"stages hold {total} layers; the model has {inst.model.layers}"))
+        for j, st in enumerate(pipe.stages):
+            if st.layers == 0 and 0 < j < len(pipe.stages) - 1:
+                found.append((f"pipelines[{i}].stages[{j}].layers", "a middle stage needs at least one layer; only "
+                                                                    "the first stage (embedding alone) or the last "
+                                                                    "(output head alone) may hold 0 layers"))
+            elif st.layers == 0 and plan.virtual_stages > 1:
+                found.append((f"pipelines[{i}].stages[{j}].layers", "a stage of 0 layers needs virtual_stages 1 "
+                                                                    "(its model chunks would be empty)"))
         if plan.virtual_stages > 1:
             for j, st in enumerate(pipe.stages):
                 if st.layers % plan.virtual_stages:
@@ -74,6 +93,13 @@ def check_resources(inst: Instance, plan: Plan) -> list[Finding]:
     return found
 
 
+def check_zero(plan: Plan) -> list[Finding]:
+    if plan.zero >= 2 and len(plan.pipelines) > 1:
+        return [("zero", f"ZeRO-{plan.zero} shards over one data-parallel group of identical pipelines; this plan "
+                         f"has {len(plan.pipelines)} templates with different layer splits — use zero 0 or 1")]
+    return []
+
+
 def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
     if not plan.placement:
         return []
@@ -92,19 +118,32 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
                                 "which the plan does not have"))
             continue
         stage = plan.pipelines[e.pipeline].stages[e.stage]
-        node = nodes.get(e.node)
-        if node is None:
-            found.append((f"{path}.node", f"no node named {e.node!r}"))
-            continue
-        if (node.gpu, node.island) != (stage.gpu, stage.island):
-            found.append((f"{path}.node", f"{e.node} is {node.gpu}@{node.island}; the stage is "
-                                          f"{stage.gpu}@{stage.island}"))
-        if len(set(e.gpus)) != stage.tp:
-            found.append((f"{path}.gpus", f"{len(set(e.gpus))} distinct GPUs for a stage of tp={stage.tp}"))
-        for g in e.gpus:
-            if g >= node.gpus:
-                found.append((f"{path}.gpus", f"GPU {g} does not exist on {e.node} ({node.gpus} GPUs)"))
-            gpus_taken[(e.node, g)] += 1
+        members = e.members
+        if len({name for name, _ in members}) != len(members):
+            found.append((f"{path}.more_nodes", "names a node twice; list each node of the TP group once"))
+        used = sum(len(set(gpus)) for _, gpus in members)
+        if used != stage.tp:
+            found.append((f"{path}.gpus", f"{used} distinct GPUs for a stage of tp={stage.tp}"))
+        for m, (name, gpus) in enumerate(members):
+            where = path if m == 0 else f"{path}.more_nodes[{m - 1}]"
+            node = nodes.get(name)
+            if node is None:
+                found.append((f"{where}.node", f"no node named {name!r}"))
+                continue
+            if (node.gpu, node.island) != (stage.gpu, stage.island):
+                found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
+                                               f"{stage.gpu}@{stage.island}"))
+            if len(members) > 1 and len(set(gpus)) != node.gpus:
+                found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
+                                               f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
+            head = nodes.get(members[0][0])
+            if m > 0 and head is not None and node.gpus != head.gpus:
+                found.append((f"{where}.node", f"{name} has {node.gpus} GPUs, {head.name} {head.gpus}; the nodes of "
+                                               "a TP group over several nodes have as many GPUs each"))
+            for g in gpus:
+                if g >= node.gpus:
+                    found.append((f"{where}.gpus", f"GPU {g} does not exist on {name} ({node.gpus} GPUs)"))
+                gpus_taken[(name, g)] += 1
     for key in sorted(expected - set(seen)):
         found.append(("placement", f"pipeline {key[0]} replica {key[1]} stage {key[2]} is not placed"))
     for key, n in seen.items():

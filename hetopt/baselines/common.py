@@ -15,7 +15,7 @@ from hetopt.layout import Layout, expand_layout
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.formulation import clock
-from hetopt.search.space import SearchOptions
+from hetopt.search.space import SearchOptions, tp_divides_heads
 from hetopt.spec.instance import Instance, instance_from_spec
 
 
@@ -72,7 +72,7 @@ def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_
     choices that never lose in the cost model fixed (SP on, ZeRO-1, 1F1B, no interleaving)."""
     m = inst.model
     for tp in options.tp:
-        if m.heads % tp or tp > max_gpus_per_node:
+        if not tp_divides_heads(inst, tp) or tp > max_gpus_per_node:
             continue
         for pp in range(1, min(m.layers, options.max_stages) + 1):
             if gpus % (tp * pp):

@@ -56,3 +56,19 @@ def hierarchical_all_reduce(rank_bytes: float, per_node: int, nodes: int, intra_
     return (reduce_scatter(rank_bytes, per_node, intra_gbps, intra_node=True)
             + all_reduce(columns * rank_bytes, nodes, inter_gbps, intra_node=False, latency_s=inter_latency_s)
             + all_gather(rank_bytes, per_node, intra_gbps, intra_node=True))
+
+
+def hierarchical_reduce_scatter(rank_bytes: float, per_node: int, nodes: int, intra_gbps: float, inter_gbps: float,
+                                columns: int = 1, inter_latency_s: float = 0.0) -> np.ndarray:
+    """Reduce-scatter of `rank_bytes` per rank over `per_node` ranks in each of `nodes` nodes (shapes as in
+    `hierarchical_all_reduce`): inside each node first, then the node's share across nodes — each node
+    pushes (N−1)/N · columns · rank_bytes through `inter_gbps`. Half of the hierarchical all-reduce: with
+    the all-gather below it adds up to it term by term."""
+    if nodes <= 1:
+        return reduce_scatter(rank_bytes, per_node, intra_gbps, intra_node=True)
+    return (reduce_scatter(rank_bytes, per_node, intra_gbps, intra_node=True)
+            + reduce_scatter(columns * rank_bytes, nodes, inter_gbps, intra_node=False, latency_s=inter_latency_s))
+
+
+hierarchical_all_gather = hierarchical_reduce_scatter
+"""The same bytes and steps in the other direction (across nodes first, then inside each node)."""

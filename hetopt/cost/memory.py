@@ -76,10 +76,38 @@ def stage_params(m: ModelArch, layers: int, first: bool, last: bool, stages: int
 
 
 def model_state_bytes(params: float, tp: int, dp: int, zero: int) -> float:
-    """Weights + gradients + optimizer states per GPU; ZeRO-1 shards the optimizer states over dp."""
+    """Weights + gradients + optimizer states per GPU, ZeRO stage `zero` sharding over the dp group
+    (Rajbhandari et al. 2020, ZeRO §5.1: P_os 2Ψ + 2Ψ + KΨ/N_d, P_os+g 2Ψ + (2 + K)Ψ/N_d, P_os+g+p
+    (2 + 2 + K)Ψ/N_d; hetopt keeps fp32 gradients, so GRAD_BYTES = 4 where the paper has 2):
+    ZeRO-1 shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the 16-bit weights."""
     per_gpu = params / tp
+    weights = per_gpu * WEIGHT_BYTES / (dp if zero >= 3 else 1)
+    grads = per_gpu * GRAD_BYTES / (dp if zero >= 2 else 1)
     optimizer = per_gpu * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)
-    return per_gpu * (WEIGHT_BYTES + GRAD_BYTES) + optimizer
+    return weights + grads + optimizer
+
+
+def largest_unit_params(m: ModelArch, layers: int, first: bool, last: bool, stages: int) -> float:
+    """The largest unit ZeRO-3 gathers at once on a stage (FSDP wraps each transformer layer, the embedding
+    and the output head as units, as torchtitan does): a layer, the embedding or the head."""
+    units = [layer_params(m)] if layers else []
+    if first:
+        units.append(stage_params(m, 0, True, False, stages))
+    if last:
+        units.append(stage_params(m, 0, False, True, stages))
+    return float(max(units, default=0))
+
+
+def zero_working_bytes(unit_params: float, tp: int, zero: int) -> float:
+    """Unsharded buffers ZeRO-2/3 hold besides their shards, for the largest unit of the stage (per GPU of a
+    TP group): ZeRO-2 one unit's full gradient before its reduce-scatter; ZeRO-3 also two units' gathered
+    16-bit weights — the one computing and the next, prefetched (FSDP's default forward/backward prefetch)."""
+    per_gpu = unit_params / tp
+    if zero >= 3:
+        return per_gpu * (2 * WEIGHT_BYTES + GRAD_BYTES)
+    if zero == 2:
+        return per_gpu * GRAD_BYTES
+    return 0.0
 
 
 def head_activation_bytes(m: ModelArch, micro_batch: int, seq_len: int, tp: int) -> float:

@@ -11,7 +11,8 @@ stage of every template.
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
 (less optimizer memory and a shorter optimizer step, the same gradient traffic), the 1F1B schedule
-(GPipe has the same time and more memory).
+(GPipe has the same time and more memory). ZeRO-2/3 trade traffic for memory and are not searched yet;
+nor are TP groups over several nodes or stages of 0 layers, which plans given by hand may have.
 """
 
 from __future__ import annotations
@@ -113,13 +114,17 @@ class SearchOptions:
     """Most device classes one pipeline template may span."""
     max_templates: int = 2
     """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
+    tp_across_nodes: bool = False
+    """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
+    search/linear.py price TP on the intra-node interconnect and would not bound a group over the network)."""
 
     @classmethod
     def from_instance(cls, inst: Instance) -> SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
-                   max_classes=s.max_classes or 3, max_templates=s.max_templates or 2)
+                   max_classes=s.max_classes or 3, max_templates=s.max_templates or 2,
+                   tp_across_nodes=s.tp_across_nodes)
 
 
 @dataclass
@@ -149,8 +154,14 @@ def least_work(modes) -> str:
     return min(modes, key=DEFAULT_RECOMPUTE.index)
 
 
+def tp_divides_heads(inst: Instance, tp: int) -> bool:
+    """A TP degree splits the attention heads and the key/value heads (grouped-query attention) evenly
+    (Megatron-LM requires both: num_attention_heads and num_query_groups divisible by the TP size)."""
+    return inst.model.heads % tp == 0 and inst.model.kv_heads % tp == 0
+
+
 def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions) -> list[int]:
-    return [t for t in opts.tp if inst.model.heads % t == 0 and t <= dc.max_gpus_per_node]
+    return [t for t in opts.tp if tp_divides_heads(inst, t) and t <= dc.max_gpus_per_node]
 
 
 @dataclass(frozen=True)

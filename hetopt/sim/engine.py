@@ -1,7 +1,7 @@
 """The discrete-event simulator (DESIGN 5).
 
 Over the concrete placement of a plan: every micro-batch's forward and backward on every stage of every
-replica (durations from the one cost model: `evaluate.plan_features` priced by `price_parts`, TP
+replica (durations from the one cost model: `evaluate.plan_features` priced by `price_template`, TP
 collectives included since they stay inside a node), point-to-point sends between stages (the sender
 blocks until its send completes, as Megatron's 1F1B exchanges do), gradient all-reduces per stage among
 its template's replicas (they start when every replica is `dp_overlap` into its last backward), with
@@ -36,11 +36,12 @@ from hetopt.evaluate import (
     DP,
     FWD,
     FWD_TP,
-    GRAD_COMM_BYTES,
     OPT,
+    grad_comm_bytes,
+    nic_columns,
     p2p_features,
     plan_features,
-    price_parts,
+    price_template,
     stage_nodes,
 )
 from hetopt.placement import place
@@ -99,10 +100,11 @@ class Simulation:
         self.times: list[np.ndarray] = []
         self.weights: list[list[np.ndarray]] = []
         self.overlap: list[list[float]] = []
-        for arr, gpus in zip(feats.templates, feats.gpus, strict=True):
+        for j, gpus in enumerate(feats.gpus):
             params = [self.profiles.for_gpu(g) for g in gpus]
             w = np.stack([p.w for p in params])
-            self.times.append(price_parts(arr, w, np.array([p.launch_serial for p in params])))
+            # ZeRO-2/3's per-micro-batch collectives are in the passes by evaluate's overlap rule, not flows
+            self.times.append(price_template(feats, j, w, np.array([p.launch_serial for p in params]))[0])
             self.weights.append([p.w for p in params])
             self.overlap.append([p.dp_overlap for p in params])
         w0 = self.weights[0][0]
@@ -147,7 +149,7 @@ class Simulation:
         out = []
         plan = self.plan
         for j, pipe in enumerate(plan.pipelines):
-            if pipe.replicas <= 1:
+            if pipe.replicas <= 1 or plan.zero >= 2:  # ZeRO-2/3: no end-of-iteration all-reduce
                 continue
             for d, st in enumerate(pipe.stages):
                 members = [(j, r, d) for r in range(pipe.replicas)]
@@ -159,8 +161,9 @@ class Simulation:
                 if len(nodes) > 1:
                     params = stage_params(self.inst.model, st.layers, d == 0, d == len(pipe.stages) - 1,
                                           len(pipe.stages))
-                    rank_bytes = params / st.tp * GRAD_COMM_BYTES
-                    ring_bytes = 2 * (len(nodes) - 1) / len(nodes) * st.tp * rank_bytes
+                    rank_bytes = params / st.tp * grad_comm_bytes(self.inst)
+                    columns = nic_columns(self.cluster, nodes, st.tp)
+                    ring_bytes = 2 * (len(nodes) - 1) / len(nodes) * columns * rank_bytes
                     for a, b in itertools.pairwise([*nodes, nodes[0]]):
                         flows.append((self.cluster.route(a, b).edges, ring_bytes))
                 out.append({"key": (j, d), "members": members, "fixed_s": fixed, "flows": flows})

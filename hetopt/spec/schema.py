@@ -51,6 +51,10 @@ class TrainingSection(Section):
     precision: Literal["bf16", "fp16"] = Field("bf16", description="16-bit mixed precision with fp32 master.")
     attention: Literal["flash", "standard"] = Field(
         "flash", description="flash does not store the s×s score matrices; standard does.")
+    grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = Field(
+        None, description="Data type of the data-parallel gradient reduction (and the templates' exchange): "
+                          "fp32 as Megatron's --grad-reduce-in-fp32 or DeepSpeed's fp32 all-reduce (4 bytes per "
+                          "gradient); default 16 bits (2 bytes), as training.precision.")
 
 
 class CustomGPU(Section):
@@ -166,6 +170,10 @@ class SearchSection(Section):
     max_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
         None, description="Most device classes one pipeline template may span (default 3; more widens the "
                           "search at a cost in time).")
+    tp_across_nodes: bool = Field(
+        False, description="Allow TP groups over several whole nodes (TP collectives over the network). Plans "
+                           "given to evaluate/simulate may have them regardless; the search does not generate "
+                           "them yet (its TP degrees stay within a node), so true changes no search today.")
     max_templates: Literal[1, 2] | None = Field(
         None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
                           "their own micro-batch shares.")
