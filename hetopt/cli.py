@@ -331,10 +331,18 @@ def calibrate(
                                                             "with PyTorch on this machine instead.")] = False,
     device: Annotated[str, typer.Option("--device", help="With --measure: cuda or cpu.")] = "cuda",
     tiny: Annotated[bool, typer.Option("--tiny", help="With --measure: a tiny model (tests, CPU).")] = False,
+    fabrics_csv: Annotated[str | None, typer.Option("--fabrics", help="Fit the fabric table (η, α per fabric) "
+                                                                      "to a collectives CSV instead.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
     from pathlib import Path
+
+    if fabrics_csv is not None:
+        from hetopt.cost.fabrics import calibrate_cli
+
+        calibrate_cli(fabrics_csv, out_path, force, as_json, out)
+        return
 
     from hetopt.cost.terms import CostParams
     from hetopt.report.tables import calibration_view

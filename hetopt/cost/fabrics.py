@@ -392,3 +392,30 @@ def save(fab: dict[str, Fabric], report: dict, path: str | Path) -> None:
                         for n, f in fab.items() if n != "ideal"},
             "report": report["fabrics"], "left_out": report["left_out"]}
     Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: bool, console) -> None:
+    """`hetopt calibrate --fabrics CSV [--out FILE]`: fit, print the per-fabric report, write the table."""
+    from hetopt.errors import InputError, Problem
+
+    if not Path(csv_path).is_file():
+        raise InputError(csv_path, [Problem("--fabrics", "file does not exist", csv_path, True)])
+    if out_path and Path(out_path).exists() and not force:
+        raise InputError(out_path, [Problem("--out", "exists; pass --force to overwrite it", out_path, True)])
+    fab, report = fit(csv_path)
+    if out_path:
+        save(fab, report, out_path)
+    if as_json:
+        print(json.dumps(report))
+        return
+    console.print(f"{'fabric':11} {'rows':>4} {'≥64MiB':>6} {'η':>6} {'α µs':>8} {'mean err':>8} {'max err':>8} "
+                  f"{'LOSO':>6}")
+    for name, r in report["fabrics"].items():
+        def pct(x):
+            return "-" if x is None else f"{100 * x:.1f}%"
+        console.print(f"{name:11} {r['rows']:>4} {r.get('rows_ge_64MiB', 0):>6} {r['eta']:>6.3f} {r['alpha_us']:>8.2f} "
+                      f"{pct(r.get('mean_abs_error_ge_64MiB')):>8} {pct(r.get('max_abs_error_ge_64MiB')):>8} "
+                      f"{pct(r.get('loso_mean_abs_error')):>6}")
+    console.print(f"{len(report['left_out'])} rows left out: " + "; ".join(report["left_out"]), soft_wrap=True)
+    if out_path:
+        console.print(f"fabric table written to {out_path}")
