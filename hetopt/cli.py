@@ -334,10 +334,18 @@ def calibrate(
     gemm: Annotated[str | None, typer.Option("--gemm", help="Fit the GEMM efficiency curve of every catalog type on "
                                                             "this CSV (columns of gemm_achieved.csv); --out is then "
                                                             "a directory for one profile per type.")] = None,
+    fabrics_csv: Annotated[str | None, typer.Option("--fabrics", help="Fit the fabric table (η, α per fabric) "
+                                                                      "to a collectives CSV instead.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
     from pathlib import Path
+
+    if fabrics_csv is not None:
+        from hetopt.cost.fabrics import calibrate_cli
+
+        calibrate_cli(fabrics_csv, out_path, force, as_json, out)
+        return
 
     from hetopt.cost.terms import CostParams
     from hetopt.report.tables import calibration_view

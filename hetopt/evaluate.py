@@ -46,7 +46,7 @@ from hetopt.cost.terms import ITER, MB, N_TERMS, PASS
 from hetopt.errors import InputError, Problem
 from hetopt.placement import place
 from hetopt.plan import Plan
-from hetopt.spec.cluster import Cluster
+from hetopt.spec.cluster import Cluster, intra_route
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.instance import Instance
 from hetopt.spec.presets import ModelArch
@@ -124,22 +124,24 @@ def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, sourc
 
 @lru_cache(maxsize=65536)
 def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
-                attention: str, recompute: str, layers: int, first: bool, last: bool) -> np.ndarray:
-    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS)."""
+                attention: str, recompute: str, layers: int, first: bool, last: bool, intra=None) -> np.ndarray:
+    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP collectives
+    over `intra` (the stage's intra-node Route; default the GPU's catalog interconnect)."""
     x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention)
+    intra = intra or intra_route(gpu)
     fwd = layers * cc.layer_forward(x, gpu)
     bwd = layers * (cc.layer_backward(x, gpu) + cc.layer_recompute(x, gpu, recompute))
-    tp_pass = cc.tp_comm_per_pass(x, gpu)
+    tp_pass = cc.tp_comm_per_pass(x, intra)
     fwd_tp = layers * tp_pass
     bwd_tp = layers * tp_pass * (2 if recompute == "full" else 1)
     if first:
         fwd = fwd + cc.embedding_forward(x, gpu)
         bwd = bwd + 2 * cc.embedding_forward(x, gpu)
-        fwd_tp = fwd_tp + cc.embedding_tp_comm(x, gpu)
+        fwd_tp = fwd_tp + cc.embedding_tp_comm(x, intra)
     if last:
         fwd = fwd + cc.head_forward(x, gpu)
         bwd = bwd + cc.head_backward(x, gpu)
-        fwd_tp = fwd_tp + cc.head_tp_comm(x, gpu)
+        fwd_tp = fwd_tp + cc.head_tp_comm(x, intra)
     fwd[MB] += 1
     bwd[MB] += 1
     return np.stack([fwd, bwd, fwd_tp, bwd_tp])
@@ -165,7 +167,8 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
         for i, st in enumerate(pipe.stages):
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
-            arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last)
+            arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last,
+                                    cluster.slowest_intra(nodes_of[(j, i)]))
             span = spans.get((j, i))
             if span is not None:  # a TP group over several nodes: its collectives cross the network
                 arr[i, FWD_TP:BWD_TP + 1] = spanning_tp_work(m, gpu, b, s, st.recompute, st.layers, first, last, span)
@@ -232,20 +235,19 @@ def shared_gbps(route, load: Counter) -> float:
     """A flow's bandwidth along `route` when `load[e]` flows share each link e evenly (their max-min fair
     share when all run at once); inside a node, the node's interconnect."""
     if route.intra_node:
-        return route.gbps
-    return min(c / max(1, load[e]) for e, c in zip(route.edges, route.edge_gbps, strict=True))
+        return route.effective_gbps
+    return min(c / max(1, load[e]) for e, c in zip(route.edges, route.edge_effective, strict=True))
 
 
 def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
     """Features of the slowest of concurrent sends (route, bytes) sharing links as `load` counts."""
     def seconds(send) -> float:
         route, nbytes = send
-        return nbytes / (shared_gbps(route, load) * comm.GBIT) + route.latency_us * 1e-6
+        return nbytes / (shared_gbps(route, load) * comm.GBIT) + route.latency_us * 1e-6 + route.alpha_s
 
     route, nbytes = max(sends, key=seconds)
-    if route.intra_node:
-        return comm.transfer(nbytes, route.gbps, intra_node=True)
-    return comm.transfer(nbytes, shared_gbps(route, load), intra_node=False, latency_s=route.latency_us * 1e-6)
+    return comm.transfer(nbytes, shared_gbps(route, load), route.intra_node, latency_s=route.latency_us * 1e-6,
+                         alpha_s=route.alpha_s)
 
 
 def dp_ring_load(cluster, plan: Plan, nodes_of) -> Counter:
@@ -272,13 +274,14 @@ def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, t
         return np.zeros(N_TERMS)
     distinct = list(dict.fromkeys(nodes))
     per_node = max(nodes.count(n) for n in distinct)
+    intra = cluster.slowest_intra(distinct)
     if len(distinct) == 1:
-        return comm.all_reduce(rank_bytes, replicas, gpu.intra_node_gbps, intra_node=True)
+        return comm.collective("all_reduce", rank_bytes, replicas, intra)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
     inter = min(shared_gbps(r, load) for r in ring)
     latency = max(r.latency_us for r in ring) * 1e-6
-    return comm.hierarchical_all_reduce(rank_bytes, per_node, len(distinct), gpu.intra_node_gbps, inter, columns=tp,
-                                        inter_latency_s=latency)
+    return comm.hierarchical_all_reduce(rank_bytes, per_node, len(distinct), intra, inter, columns=tp,
+                                        inter_latency_s=latency, inter_alpha_s=max(r.alpha_s for r in ring))
 
 
 def template_nodes(plan: Plan, template: int) -> list[str]:
@@ -332,12 +335,15 @@ def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i:
 
 @dataclass(frozen=True)
 class TPSpan:
-    """A TP group over `nodes` whole nodes of `per_node` GPUs, joined by `inter_gbps` (their NIC route)."""
+    """A TP group over `nodes` whole nodes of `per_node` GPUs, joined by `inter_gbps` (their NIC route's
+    effective bandwidth), inside each node on `intra` (its Route)."""
 
     per_node: int
     nodes: int
     inter_gbps: float
     latency_s: float
+    alpha_s: float
+    intra: object
 
 
 def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], TPSpan]:
@@ -350,7 +356,9 @@ def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], TPSpan]:
             continue
         nodes = [node for node, _ in e.members]
         ring = [cluster.route(a, b) for a, b in pairwise([*nodes, nodes[0]])]
-        span = TPSpan(len(e.gpus), len(nodes), min(r.gbps for r in ring), max(r.latency_us for r in ring) * 1e-6)
+        span = TPSpan(len(e.gpus), len(nodes), min(r.effective_gbps for r in ring),
+                      max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring),
+                      cluster.slowest_intra(nodes))
         key = (e.pipeline, e.stage)
         if key not in out or span.inter_gbps < out[key].inter_gbps:
             out[key] = span
@@ -360,8 +368,8 @@ def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], TPSpan]:
 def spanning_all_reduce(nbytes: float, gpu: GPUType, span: TPSpan) -> np.ndarray:
     """The one place a TP collective across nodes is priced: hierarchical all-reduce, inside each node on its
     interconnect, across the nodes over their NIC route (cost/comm.py)."""
-    return comm.hierarchical_all_reduce(nbytes, span.per_node, span.nodes, gpu.intra_node_gbps, span.inter_gbps,
-                                        columns=1, inter_latency_s=span.latency_s)
+    return comm.hierarchical_all_reduce(nbytes, span.per_node, span.nodes, span.intra, span.inter_gbps,
+                                        columns=1, inter_latency_s=span.latency_s, inter_alpha_s=span.alpha_s)
 
 
 def spanning_tp_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, recompute: str, layers: int,
@@ -416,12 +424,13 @@ def _zero_collective(cluster, replicas: int, nodes: list[str], rank_bytes: float
     if replicas <= 1:
         return np.zeros(N_TERMS)
     distinct = list(dict.fromkeys(nodes))
+    intra = cluster.slowest_intra(distinct)
     if len(distinct) == 1:
-        return comm.reduce_scatter(rank_bytes, replicas, gpu.intra_node_gbps, intra_node=True)
+        return comm.collective("reduce_scatter", rank_bytes, replicas, intra)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
     return comm.hierarchical_reduce_scatter(rank_bytes, max(nodes.count(n) for n in distinct), len(distinct),
-                                            gpu.intra_node_gbps, min(shared_gbps(r, load) for r in ring), columns,
-                                            max(r.latency_us for r in ring) * 1e-6)
+                                            intra, min(shared_gbps(r, load) for r in ring), columns,
+                                            max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring))
 
 
 def zero_exposed(times: np.ndarray, passes: np.ndarray, units: list[int], weights: np.ndarray) -> np.ndarray:

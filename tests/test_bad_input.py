@@ -32,6 +32,7 @@ CASES = {
     "top_level_list.yaml": ("", "top level must be a mapping"),
     "unknown_generator_kind.yaml": ("scenarios[0].generator.kind", "got 'sine': unknown kind"),
     "custom_model_missing_fields.yaml": ("model.layers", "required when no preset is given"),
+    "unknown_fabric.yaml": ("cluster.nodes[1].intra_fabric", "got 'nvlink9': input should be 'nvlink2'"),
 }
 
 

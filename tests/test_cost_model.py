@@ -214,7 +214,8 @@ def test_calibrate_never_overwrites_without_force(tmp_path):
 def test_the_exchange_between_two_templates_worked_by_hand(demo):
     """Two templates of 2 replicas × TP 8 (one node each): the exchange is a 2-way ring all-reduce of the
     model's 16-bit gradients, 2(K−1)/K·G = G bytes each way, over min(2, 2) = 2 node pairs, so G/2 per flow.
-    Both flows of a direction cross the 400 Gbit/s uplink, 200 Gbit/s each: G/2·8/200e9 s + 10 µs."""
+    Both flows of a direction cross the 400 Gbit/s uplink, 200 Gbit/s each, times the η of its fabric (400
+    Gbit/s names none: infiniband by the default rule), plus 10 µs and infiniband's per-step α."""
     from hetopt.cost.flops import total_params
     from hetopt.cost.profiles import Profiles
     from hetopt.cost.terms import LAT, NET, STEP
@@ -229,7 +230,11 @@ def test_the_exchange_between_two_templates_worked_by_hand(demo):
     grad_bytes = total_params(demo.model) * GRAD_COMM_BYTES
     assert sorted(n for _, _, n in f.cross_flows) == [grad_bytes / 2] * 4
     profile = Profiles().for_gpu(demo.gpu_types["A100-80GB"])
-    by_hand = (grad_bytes / 2 * 8 / 200e9) * profile.w[NET] + 10e-6 * profile.w[LAT] + profile.w[STEP]
+    from hetopt.cost import fabrics
+
+    ib = fabrics.get("infiniband")
+    by_hand = (grad_bytes / 2 * 8 / (200e9 * ib.eta)) * profile.w[NET] + (10e-6 + ib.alpha_s) * profile.w[LAT] \
+        + profile.w[STEP]
     assert cross_seconds(f, Profiles()) == pytest.approx(by_hand, rel=1e-12)
     one = place(Plan(micro_batch=2, pipelines=[Pipeline(replicas=2, micro_batches=64, stages=a)]), demo.cluster)
     assert plan_features(demo, one).cross_flows == [] and cross_seconds(plan_features(demo, one), Profiles()) == 0

@@ -57,3 +57,8 @@ def attention_weight(family: str, gemm_weight: float) -> tuple[float, str]:
     note = "" if entry else f"family {family or 'unknown'} has no entry: "
     entry = entry or AMPERE
     return gemm_weight / entry.ratio, f"{note}1/(ρ·η_gemm) with ρ = {entry.ratio:.3f}: {entry.source}"
+
+
+def attention_uncertainty(family: str) -> float:
+    """Relative uncertainty of η_attn for a type of `family` (Ampere's where the family has no entry)."""
+    return FLASH_RATIO.get(family, AMPERE).uncertainty

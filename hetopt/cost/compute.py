@@ -119,11 +119,11 @@ def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
     return zeros()  # flash attention recomputes its core in its own backward already
 
 
-def tp_comm_per_pass(x: LayerShape, gpu: GPUType) -> np.ndarray:
+def tp_comm_per_pass(x: LayerShape, intra) -> np.ndarray:
     """Two all-reduces of the b·s·h activations per layer and pass (reduce-scatter + all-gather with
-    sequence parallelism: the same bytes), over the intra-node interconnect."""
+    sequence parallelism: the same bytes), over the intra-node interconnect `intra` (a Route)."""
     nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
-    return 2 * comm.all_reduce(nbytes, x.tp, gpu.intra_node_gbps, intra_node=True)
+    return 2 * comm.collective("all_reduce", nbytes, x.tp, intra)
 
 
 def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
@@ -139,9 +139,9 @@ def head_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
             + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu))
 
 
-def head_tp_comm(x: LayerShape, gpu: GPUType) -> np.ndarray:
+def head_tp_comm(x: LayerShape, intra) -> np.ndarray:
     """Vocabulary-parallel cross-entropy: three all-reduces of one fp32 per token (max, sum, target)."""
-    return 3 * comm.all_reduce(4.0 * x.micro_batch * x.seq_len, x.tp, gpu.intra_node_gbps, intra_node=True)
+    return 3 * comm.collective("all_reduce", 4.0 * x.micro_batch * x.seq_len, x.tp, intra)
 
 
 def embedding_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
@@ -150,9 +150,9 @@ def embedding_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     return _mem(nbytes, gpu)
 
 
-def embedding_tp_comm(x: LayerShape, gpu: GPUType) -> np.ndarray:
+def embedding_tp_comm(x: LayerShape, intra) -> np.ndarray:
     nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
-    return comm.all_reduce(nbytes, x.tp, gpu.intra_node_gbps, intra_node=True)
+    return comm.collective("all_reduce", nbytes, x.tp, intra)
 
 
 def optimizer_step(params_per_gpu: float, gpu: GPUType) -> np.ndarray:

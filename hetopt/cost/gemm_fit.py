@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetopt.cost.attention import attention_weight
+from hetopt.cost.attention import attention_uncertainty, attention_weight
 from hetopt.cost.terms import ATTN, GEMM, KERN, TERMS, CostParams
 from hetopt.errors import InputError, Problem
 from hetopt.spec.gpus import CATALOG, GPUType
@@ -335,6 +335,7 @@ def profile_for(fit: TypeFit, a100: CostParams, csv_name: str, typical_loso: flo
         sources["uncertainty"] = (f"gemm_efficiency: one source only, so the larger of the fit's RMS relative "
                                   f"residual and the RMS of the worst leave-one-source-out errors of the types with "
                                   f"several sources ({typical_loso:.1%})")
+    uncertainty["attention_efficiency"] = attention_uncertainty(gpu.family)
     for note_gpu, note in NOTES_CSV_MAP.items():
         if any(r.csv_gpu == note_gpu for r in fit.kept):
             sources["GEMM"] += f"; {note}"
@@ -422,7 +423,8 @@ def derive_from_family(gpu: GPUType, profiles: dict[str, CostParams]) -> CostPar
         date=dt.date.today().isoformat(),
         method=(f"derived from the {gpu.family} family ({names}): GEMM and KERN from the family, peaks of "
                 f"{gpu.name}; every other weight from A100-80GB"),
-        family=gpu.family, derived=True, sources=sources, uncertainty={"gemm_efficiency": max(unc, spread)})
+        family=gpu.family, derived=True, sources=sources,
+        uncertainty={"gemm_efficiency": max(unc, spread), "attention_efficiency": attention_uncertainty(gpu.family)})
 
 
 def calibrate_gemm(path: str | Path, a100: CostParams) -> tuple[dict[str, TypeFit], dict[str, CostParams]]:

@@ -498,10 +498,14 @@ def stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micro
         gpu = inst.gpu_types[gpu_name]
         params = profiles.for_gpu(gpu)
         w, s = params.w, params.launch_serial
+        # the fastest interconnect of any node with this GPU type: the bound holds wherever the stage goes
+        intra = max(
+            (inst.cluster.route(n.name, n.name) for n in inst.cluster.nodes.values() if n.gpu == gpu_name),
+            key=lambda r: (r.effective_gbps, -r.alpha_s))
         ends = []
         for n in (1, 2):
             work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, tp, True, inst.spec.training.attention,
-                              recompute, n, first, last)
+                              recompute, n, first, last, intra)
             host, dev = host_device(work, w)
             ends.append(dev[FWD] + dev[FWD_TP] + s * host[FWD] + dev[BWD] + dev[BWD_TP] + s * host[BWD])
         _LINES[key] = (float(ends[1] - ends[0]), float(2 * ends[0] - ends[1]))

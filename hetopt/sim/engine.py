@@ -121,7 +121,7 @@ class Simulation:
         for u, v, d in self.cluster.graph.edges(data=True):
             if math.isinf(d["gbps"]):
                 continue
-            bps = d["gbps"] * comm.GBIT / self.net_weight
+            bps = d["gbps"] * d["eta"] * comm.GBIT / self.net_weight  # what the link's fabric delivers
             cap[(u, v)] = cap[(v, u)] = bps
         return cap
 
@@ -177,11 +177,12 @@ class Simulation:
         flows, fixed, inside_s = [], 0.0, 0.0
         for a, b, nbytes in f.cross_flows:
             route = self.cluster.route(a, b)
+            send = comm.transfer(nbytes, route.effective_gbps, route.intra_node, latency_s=route.latency_us * 1e-6,
+                                 alpha_s=route.alpha_s)
             if route.intra_node:
-                inside_s = max(inside_s, float(comm.transfer(nbytes, route.gbps, intra_node=True) @ w))
+                inside_s = max(inside_s, float(send @ w))
             else:
                 flows.append((route.edges, nbytes))
-                send = comm.transfer(nbytes, route.gbps, intra_node=False, latency_s=route.latency_us * 1e-6)
                 fixed = max(fixed, _fixed_s(send, w))
         return fixed, flows, inside_s
 
@@ -246,7 +247,7 @@ class _Run:
     def _apply_change(self, link: tuple[str, str], gbps: float) -> None:
         self._integrate_capacity()
         u, v = island_vertex(link[0]), island_vertex(link[1])
-        bps = gbps * comm.GBIT / self.sim.net_weight
+        bps = gbps * self.sim.cluster.graph.edges[u, v]["eta"] * comm.GBIT / self.sim.net_weight
         for edge in ((u, v), (v, u)):
             if edge in self.net.capacity:
                 self.net.set_capacity(self.now, edge, bps)

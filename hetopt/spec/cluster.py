@@ -2,13 +2,15 @@
 
 Vertices: one per node (``kind="node"``), one per island (``kind="island"``, a non-blocking switch), and
 ``fabric`` (``kind="fabric"``) joining every island. Edges carry ``gbps`` (capacity per direction) and
-``latency_us``:
-- node — its island: the node's NIC (``nic_gbps``), no latency of its own;
+``latency_us``, and their fabric (``fabric``, with its achieved fraction ``eta`` and per-step latency
+``alpha_s``, hetopt/cost/fabrics.py):
+- node — its island: the node's NIC (``nic_gbps``, ``nic_fabric``), no latency of its own;
 - island — island: a declared link (``cluster.network.links``);
-- island — fabric: unlimited. DESIGN 2.1: islands with no path through the declared links meet on a
-  non-blocking fabric limited only by the NICs.
+- island — fabric: unlimited and ideal. DESIGN 2.1: islands with no path through the declared links meet
+  on a non-blocking fabric limited only by the NICs.
 
-Routing: traffic inside a node stays on the intra-node interconnect (NVLink / PCIe). Between nodes it goes
+Routing: traffic inside a node stays on the intra-node interconnect (NVLink / PCIe; the node group's
+``intra_fabric``, default its GPU's catalog interconnect). Between nodes it goes
 NIC → island → ... → island → NIC. Between islands it takes the widest path through the declared links
 (the path in the maximum spanning tree by bandwidth, which maximises the bottleneck); only islands that
 the links do not connect at all meet through the fabric.
@@ -23,6 +25,7 @@ from itertools import pairwise
 
 import networkx as nx
 
+from hetopt.cost import fabrics
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.schema import ClusterSection
 
@@ -42,6 +45,10 @@ class Node:
     gpus: int
     island: str
     nic_gbps: float
+    intra_fabric: str = ""
+    """Fabric inside the node; empty: from the GPU's catalog interconnect."""
+    nic_fabric: str = ""
+    """Fabric of the NIC; empty: by its speed (fabrics.nic_default)."""
 
 
 @dataclass(frozen=True)
@@ -83,15 +90,35 @@ class Route:
     edges: tuple[tuple[str, str], ...]
     """Graph edges on the path, in order; empty inside a node."""
     edge_gbps: tuple[float, ...] = ()
-    """Capacity of each edge on the path, in order."""
+    """Capacity of each edge on the path, in order (nominal)."""
+    edge_eta: tuple[float, ...] = ()
+    """Achieved fraction of each edge's capacity (its fabric's η)."""
+    alpha_s: float = 0.0
+    """Per-step latency of the route's fabrics (the largest on the path)."""
+    eta: float = 1.0
+    """Inside a node: the intra-node fabric's η."""
+    mesh_peers: int = 0
+    """Inside a node on a mesh fabric (xGMI): links per GPU (gpus − 1); 0 otherwise."""
+    fabrics: tuple[str, ...] = ()
+    """Fabric names on the path (inside a node: the intra-node fabric)."""
 
     @property
     def intra_node(self) -> bool:
         return not self.edges
 
+    @property
+    def edge_effective(self) -> tuple[float, ...]:
+        """What each edge delivers, Gbit/s: capacity × η of its fabric."""
+        return tuple(g * e for g, e in zip(self.edge_gbps, self.edge_eta, strict=True))
+
+    @property
+    def effective_gbps(self) -> float:
+        """min over the edges of capacity × η (inside a node: the interconnect × η)."""
+        return self.gbps * self.eta if self.intra_node else min(self.edge_effective)
+
 
 class Cluster:
-    def __init__(self, nodes: list[Node], links: list[tuple[str, str, float, float]],
+    def __init__(self, nodes: list[Node], links: list[tuple[str, str, float, float, str]],
                  gpu_types: dict[str, GPUType]) -> None:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.gpu_types = gpu_types
@@ -100,12 +127,15 @@ class Cluster:
         self.graph.add_node(FABRIC, kind="fabric")
         for island in sorted({n.island for n in nodes}):
             self.graph.add_node(island_vertex(island), kind="island", island=island)
-            self.graph.add_edge(island_vertex(island), FABRIC, gbps=math.inf, latency_us=0.0, kind="fabric")
+            self.graph.add_edge(island_vertex(island), FABRIC, gbps=math.inf, latency_us=0.0, kind="fabric",
+                                **_fabric("ideal"))
         for n in nodes:
             self.graph.add_node(n.name, kind="node", gpu=n.gpu, gpus=n.gpus, island=n.island, group=n.group)
-            self.graph.add_edge(n.name, island_vertex(n.island), gbps=n.nic_gbps, latency_us=0.0, kind="nic")
-        for a, b, gbps, latency_us in links:
-            self.graph.add_edge(island_vertex(a), island_vertex(b), gbps=gbps, latency_us=latency_us, kind="link")
+            self.graph.add_edge(n.name, island_vertex(n.island), gbps=n.nic_gbps, latency_us=0.0, kind="nic",
+                                **_fabric(n.nic_fabric or fabrics.nic_default(n.nic_gbps)))
+        for a, b, gbps, latency_us, fabric in links:
+            self.graph.add_edge(island_vertex(a), island_vertex(b), gbps=gbps, latency_us=latency_us, kind="link",
+                                **_fabric(fabric or fabrics.nic_default(gbps)))
 
     def with_link_gbps(self, gbps: dict[tuple[str, str], float]) -> Cluster:
         """The same nodes with other island-link bandwidths (a bandwidth scenario); keys are island pairs."""
@@ -114,14 +144,14 @@ class Cluster:
             if d["kind"] == "link":
                 a, b = self.graph.nodes[u]["island"], self.graph.nodes[v]["island"]
                 key = (a, b) if a <= b else (b, a)
-                links.append((a, b, gbps.get(key, d["gbps"]), d["latency_us"]))
+                links.append((a, b, gbps.get(key, d["gbps"]), d["latency_us"], d["fabric"]))
         return Cluster(list(self.nodes.values()), links, self.gpu_types)
 
     @classmethod
     def from_spec(cls, spec: ClusterSection, gpu_types: dict[str, GPUType]) -> Cluster:
-        nodes = [Node(f"{g.name}-{i}", g.name, g.gpu, g.gpus_per_node, g.island, g.nic_gbps)
-                 for g in spec.nodes for i in range(g.count)]
-        links = [(lk.a, lk.b, lk.gbps, lk.latency_us) for lk in spec.network.links]
+        nodes = [Node(f"{g.name}-{i}", g.name, g.gpu, g.gpus_per_node, g.island, g.nic_gbps, g.intra_fabric or "",
+                      g.nic_fabric or "") for g in spec.nodes for i in range(g.count)]
+        links = [(lk.a, lk.b, lk.gbps, lk.latency_us, lk.fabric or "") for lk in spec.network.links]
         return cls(nodes, links, gpu_types)
 
     # -- summaries -------------------------------------------------------------------------------------
@@ -176,11 +206,18 @@ class Cluster:
         if cached is None:
             na, nb = self.nodes[a], self.nodes[b]
             if a == b:
-                cached = Route(self.gpu_types[na.gpu].intra_node_gbps, 0.0, ())
+                cached = self.intra_route(na)
             else:
                 cached = self._route_along([a, *self.island_path(na.island, nb.island), b])
             self._routes[(a, b)] = cached
         return cached
+
+    def intra_route(self, node: Node) -> Route:
+        return intra_route(self.gpu_types[node.gpu], node.intra_fabric, node.gpus)
+
+    def slowest_intra(self, names) -> Route:
+        """The slowest intra-node route among the nodes `names` (a stage's replicas)."""
+        return min((self.route(n, n) for n in names), key=lambda r: (r.effective_gbps, -r.alpha_s))
 
     def class_route(self, c1: tuple[str, str], c2: tuple[str, str]) -> Route:
         """Bottleneck route between two device classes: the least-connected node of each.
@@ -201,4 +238,20 @@ class Cluster:
         edges = tuple(pairwise(vertices))
         data = [self.graph.edges[u, v] for u, v in edges]
         capacities = tuple(d["gbps"] for d in data)
-        return Route(min(capacities), sum(d["latency_us"] for d in data), edges, capacities)
+        return Route(min(capacities), sum(d["latency_us"] for d in data), edges, capacities,
+                     tuple(d["eta"] for d in data), max(d["alpha_s"] for d in data),
+                     fabrics=tuple(d["fabric"] for d in data))
+
+
+def intra_route(gpu: GPUType, fabric: str = "", gpus: int = 8) -> Route:
+    """The interconnect inside a node of `gpus` GPUs: the GPU's per-direction bandwidth on `fabric`
+    (default: the GPU's catalog interconnect)."""
+    f = fabrics.get(fabric or fabrics.intra_default(gpu.interconnect))
+    return Route(gpu.intra_node_gbps, 0.0, (), alpha_s=f.alpha_s, eta=f.eta, mesh_peers=gpus - 1 if f.mesh else 0,
+                 fabrics=(f.name,))
+
+
+def _fabric(name: str) -> dict:
+    """Edge attributes of a fabric: its name, η and α."""
+    f = fabrics.get(name)
+    return {"fabric": f.name, "eta": f.eta, "alpha_s": f.alpha_s}

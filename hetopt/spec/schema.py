@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hetopt.cost.fabrics import NAMES as FABRIC_NAMES
+
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -18,6 +20,8 @@ Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.
 LinkEnds = Annotated[list[Name], Field(min_length=2, max_length=2,
                                        description="The two islands the link joins, e.g. [rack0, rack1].")]
 Recompute = Literal["none", "selective", "full"]
+FabricName = Literal[FABRIC_NAMES]
+"""A fabric of hetopt/cost/fabrics.py (achieved bandwidth fraction and per-step latency)."""
 
 
 class Section(BaseModel):
@@ -81,6 +85,11 @@ class NodeGroup(Section):
     gpus_per_node: PositiveInt = Field(8, description="GPUs in each node, ≥ 1.")
     island: Name = Field("default", description="Rack / zone / data centre the nodes sit in.")
     nic_gbps: PositiveFloat = Field(description="Network bandwidth out of one node in Gbit/s, > 0.")
+    nic_fabric: FabricName | None = Field(
+        None, description="Fabric of the nodes' NICs. Default: tcp below 100 Gbit/s, infiniband from 100 on.")
+    intra_fabric: FabricName | None = Field(
+        None, description="Fabric joining the GPUs inside a node, overriding the GPU's catalog interconnect "
+                          "(e.g. pcie4_host for a box without peer-to-peer).")
 
 
 class Link(Section):
@@ -88,6 +97,8 @@ class Link(Section):
     b: Name = Field(description="Another island that some node group names.")
     gbps: PositiveFloat = Field(description="Link bandwidth in Gbit/s, > 0.")
     latency_us: NonNegativeFloat = Field(0.0, description="One-way latency in microseconds, ≥ 0.")
+    fabric: FabricName | None = Field(
+        None, description="Fabric of the link. Default: tcp below 100 Gbit/s, infiniband from 100 on.")
 
 
 class Network(Section):
