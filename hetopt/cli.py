@@ -336,11 +336,18 @@ def calibrate(
                                                             "a directory for one profile per type.")] = None,
     fabrics_csv: Annotated[str | None, typer.Option("--fabrics", help="Fit the fabric table (η, α per fabric) "
                                                                       "to a collectives CSV instead.")] = None,
+    runs_csv: Annotated[list[str] | None, typer.Option("--runs", help="Report accuracy on end-to-end training "
+                                                                       "runs (columns of training_throughput_"
+                                                                       "non_a100.csv), per GPU type and source, "
+                                                                       "with leave-one-source-out.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
     from pathlib import Path
 
+    if runs_csv:
+        _calibrate_runs(runs_csv, as_json)
+        return
     if fabrics_csv is not None:
         from hetopt.cost.fabrics import calibrate_cli
 
@@ -378,6 +385,37 @@ def calibrate(
         out.print(calibration_view(params))
         if target is not None:
             out.print(f"profile written to {target}")
+
+
+def _calibrate_runs(paths: list[str], as_json: bool) -> None:
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from hetopt.cost.runs import fit_report
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
+    report = fit_report(paths)
+    if as_json:
+        _print_json(report)
+        return
+    view = Table(title=f"End-to-end runs: {report['expressed']} of {report['rows']} expressed; error = "
+                       "predicted / measured − 1")
+    for col in ("GPU type", "rows", "MAPE", "median pred/meas", "Spearman", "LOSO MAPE", "≤ 15%"):
+        view.add_column(col)
+    for gpu, s in report["per_gpu"].items():
+        held = report["loso_per_gpu"].get(gpu, {})
+        verdict = report["acceptance"].get(gpu, {}).get("passes")
+        view.add_row(gpu, str(s["rows"]), f"{s['mape']:.1%}", f"{s['median_ratio']:.3f}",
+                     f"{s['spearman']:.3f}" if s.get("spearman") is not None else "–",
+                     f"{held['mape']:.1%}" if "mape" in held else "–",
+                     {True: "yes", False: "no", None: "n/a"}[verdict])
+    out.print(view)
+    if report["note"]:
+        out.print(report["note"])
+    out.print("not expressed: " + ", ".join(f"{k} {v}" for k, v in report["not_expressed"].items()))
 
 
 def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:

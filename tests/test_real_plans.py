@@ -118,7 +118,8 @@ def test_the_planner_still_equals_the_evaluator_with_fp32_gradients(tmp_path):
     inst = load_instance(path)
     result = solve_exact(inst, "split-milp", "highs", time_limit_s=60)
     timed = evaluate(inst, result.plan)
-    assert timed.breakdown["dp_comm"] > 0  # the plan reduces gradients across replicas
+    # the plan reduces gradients across replicas (whether that time is exposed depends on the overlap)
+    assert max(pipe.replicas for pipe in result.plan.pipelines) > 1 or len(result.plan.pipelines) > 1
     assert timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
 
 

@@ -108,9 +108,17 @@ GPU = "GPU type not in the catalog"
 SCHEDULE = "schedule not stated"
 EVALUATOR = "evaluator rejects the plan"
 
+H100_96GB_500W = {"peak_tflops": 989.0, "memory_gib": 96.0, "hbm_gbps": 3350 * 8, "intra_node_gbps": 450 * 8,
+                  "family": "hopper", "tdp_w": 500.0}
+"""torchtitan's 2024 H100s (96 GB HBM2e at 500 W, its benchmark's own words): H100-SXM's datasheet peak,
+bandwidths and NVLink 4 (assumed: no datasheet for this variant), the stated memory and power."""
 MI250X_GCD = {"peak_tflops": 191.5, "memory_gib": 64.0, "hbm_gbps": 1638.4 * 8, "intra_node_gbps": 400 * 8 / 2}
 """One MI250X GCD: half the package's datasheet figures (383 TFLOP/s, 128 GB, 3276.8 GB/s); per-direction
 xGMI as the catalog's package entry (an approximation: a GCD reaches its peers over fewer links)."""
+
+
+INTRA_FABRIC = {"H100-96GB-500W": {"intra_fabric": "nvlink4"}}
+"""Custom types default to PCIe inside a node (cost.fabrics); these have NVLink."""
 
 
 @dataclass
@@ -232,8 +240,10 @@ def map_gpu(row: dict) -> tuple[str, list[str], dict]:
     low = f"{name} {variant}".lower()
     if name.upper() == "H100-SXM":
         if "96gb" in low.replace(" ", ""):
-            return "H100-SXM", [f"GPU '{variant}' priced as the catalog's H100-SXM (80 GB HBM3, 700 W): memory "
-                                "limit conservative, peak optimistic at 500 W"], {}
+            return "H100-96GB-500W", [f"GPU '{variant}': custom type H100-96GB-500W of the hopper family at 500 W "
+                                      "(H100-SXM's peak, HBM bandwidth and NVLink 4; its efficiency derived from "
+                                      "the family by the power rule, cost.gemm_fit.derived_eta)"], {
+                "H100-96GB-500W": H100_96GB_500W}
         return "H100-SXM", [], {}
     if name.upper() == "H100":
         if gpn == 8 and "pcie" not in low:
@@ -278,6 +288,20 @@ def nic_gbps(row: dict, gpu: str, nodes: int, gpn: int) -> tuple[float | None, s
     if nodes == 1:
         return 100.0, "single node: NIC unused (100 Gbit/s placeholder)"
     return None, fabric
+
+
+NIC_FABRICS = (("omni-path", "omnipath"), ("roce", "roce"), ("ndr", "infiniband"), ("infiniband", "infiniband"),
+               ("rdma", "infiniband"))
+"""Words of `inter_node_fabric` → hetopt fabric (cost.fabrics); generic 'RDMA' counts as InfiniBand."""
+
+
+def nic_fabric(row: dict) -> tuple[str | None, str]:
+    """The fabric of the nodes' NICs from `inter_node_fabric` (None: hetopt's default by speed), and a note."""
+    text = (row.get("inter_node_fabric") or "").strip()
+    for word, fabric in NIC_FABRICS:
+        if word in text.lower():
+            return fabric, f"NIC fabric {fabric} ('{text}')"
+    return None, ""
 
 
 def _family(model: str) -> str:
@@ -479,12 +503,16 @@ def run_from_row(row: dict, line: int, path: str = "runs.csv") -> Run:
         return run
     run.notes.append(nic_note)
     precision = "fp16" if "fp16" in run.precision.lower() else "bf16"
+    nic_kind, fabric_note = nic_fabric(row)
+    fabric = {"nic_fabric": nic_kind} if nic_kind and nodes > 1 else {}
+    if fabric:
+        run.notes.append(fabric_note)
     data = {
         "name": f"run-line{line}",
         "model": model,
         "training": {"seq_len": seq, "global_batch": gb, "precision": precision, "attention": attention},
         "cluster": {"gpus": custom, "nodes": [{"name": "node", "count": nodes, "gpu": gpu, "gpus_per_node": gpn,
-                                               "nic_gbps": nic}]},
+                                               "nic_gbps": nic, **INTRA_FABRIC.get(gpu, {}), **fabric}]},
     }
     where = f"{path}:{line}"
     try:
