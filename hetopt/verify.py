@@ -124,22 +124,26 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
         used = sum(len(set(gpus)) for _, gpus in members)
         if used != stage.tp:
             found.append((f"{path}.gpus", f"{used} distinct GPUs for a stage of tp={stage.tp}"))
+        head = nodes.get(members[0][0])
         for m, (name, gpus) in enumerate(members):
             where = path if m == 0 else f"{path}.more_nodes[{m - 1}]"
             node = nodes.get(name)
             if node is None:
                 found.append((f"{where}.node", f"no node named {name!r}"))
                 continue
-            if (node.gpu, node.island) != (stage.gpu, stage.island):
+            if node.gpu != stage.gpu or node.island != stage.island:
                 found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
                                                f"{stage.gpu}@{stage.island}"))
-            if len(members) > 1 and len(set(gpus)) != node.gpus:
+            if m > 0:
+                if len(set(gpus)) != node.gpus:
+                    found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
+                                                   f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
+                if head is not None and node.gpus != head.gpus:
+                    found.append((f"{where}.node", f"{name} has {node.gpus} GPUs, {head.name} {head.gpus}; the "
+                                                   "nodes of a TP group over several nodes have as many GPUs each"))
+            elif len(members) > 1 and len(set(gpus)) != node.gpus:
                 found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
                                                f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
-            head = nodes.get(members[0][0])
-            if m > 0 and head is not None and node.gpus != head.gpus:
-                found.append((f"{where}.node", f"{name} has {node.gpus} GPUs, {head.name} {head.gpus}; the nodes of "
-                                               "a TP group over several nodes have as many GPUs each"))
             for g in gpus:
                 if g >= node.gpus:
                     found.append((f"{where}.gpus", f"GPU {g} does not exist on {name} ({node.gpus} GPUs)"))

@@ -106,12 +106,12 @@ class Route:
     def intra_node(self) -> bool:
         return not self.edges
 
-    @property
+    @cached_property
     def edge_effective(self) -> tuple[float, ...]:
         """What each edge delivers, Gbit/s: capacity × η of its fabric."""
         return tuple(g * e for g, e in zip(self.edge_gbps, self.edge_eta, strict=True))
 
-    @property
+    @cached_property
     def effective_gbps(self) -> float:
         """min over the edges of capacity × η (inside a node: the interconnect × η)."""
         return self.gbps * self.eta if self.intra_node else min(self.edge_effective)
@@ -123,6 +123,7 @@ class Cluster:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.gpu_types = gpu_types
         self._routes: dict[tuple[str, str], Route] = {}
+        self._slowest_intra: dict[tuple[str, ...], Route] = {}
         self.graph = nx.Graph()
         self.graph.add_node(FABRIC, kind="fabric")
         for island in sorted({n.island for n in nodes}):
@@ -216,8 +217,13 @@ class Cluster:
         return intra_route(self.gpu_types[node.gpu], node.intra_fabric, node.gpus)
 
     def slowest_intra(self, names) -> Route:
-        """The slowest intra-node route among the nodes `names` (a stage's replicas)."""
-        return min((self.route(n, n) for n in names), key=lambda r: (r.effective_gbps, -r.alpha_s))
+        """The slowest intra-node route among the nodes `names` (a stage's replicas); cached by the names."""
+        key = tuple(names)
+        cached = self._slowest_intra.get(key)
+        if cached is None:
+            cached = min((self.route(n, n) for n in key), key=lambda r: (r.effective_gbps, -r.alpha_s))
+            self._slowest_intra[key] = cached
+        return cached
 
     def class_route(self, c1: tuple[str, str], c2: tuple[str, str]) -> Route:
         """Bottleneck route between two device classes: the least-connected node of each.
