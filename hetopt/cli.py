@@ -387,7 +387,12 @@ def calibrate(
             out.print(f"profile written to {target}")
 
 
+RUN_COLUMNS = {"gpu", "num_gpus", "gpus_per_node", "model", "seq_len", "micro_batch", "tp", "pp", "dp", "source"}
+"""Columns an end-to-end runs CSV must have (hetopt.cost.runs reads more where present)."""
+
+
 def _calibrate_runs(paths: list[str], as_json: bool) -> None:
+    import csv
     from pathlib import Path
 
     from rich.table import Table
@@ -397,6 +402,13 @@ def _calibrate_runs(paths: list[str], as_json: bool) -> None:
     for path in paths:
         if not Path(path).is_file():
             raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
+        with open(path, newline="", encoding="utf-8") as fh:
+            header = set(next(csv.reader(fh), []))
+        missing = sorted(RUN_COLUMNS - header)
+        if missing:
+            raise InputError(path, [Problem("columns", f"not an end-to-end runs CSV: missing {', '.join(missing)} "
+                                                       "(the columns of shared/data/calibration/public/"
+                                                       "training_throughput_non_a100.csv)", sorted(header), True)])
     report = fit_report(paths)
     if as_json:
         _print_json(report)
@@ -421,6 +433,9 @@ def _calibrate_runs(paths: list[str], as_json: bool) -> None:
 def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
     from hetopt.cost.gemm_fit import run_calibrate_gemm
 
+    if target is not None and target.exists() and not target.is_dir():
+        raise InputError(str(target), [Problem("--out", "with --gemm, --out is a directory (one profile per GPU "
+                                                        "type)", str(target), True)])
     if target is not None and target.exists() and any(target.glob("*.json")) and not force:
         raise InputError(str(target), [Problem("--out", "holds profiles; pass --force to overwrite them",
                                                str(target), True)])

@@ -185,8 +185,8 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
                 arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
             params = stage_params(m, st.layers, first, last, p)
             columns = nic_columns(cluster, nodes_of[(j, i)], st.tp)
-            arr[i, DP] = _dp_allreduce(cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp * grad_bytes,
-                                       columns, gpu, ring_load)
+            arr[i, DP] = _dp_collective("all_reduce", cluster, pipe.replicas, nodes_of[(j, i)],
+                                        params / st.tp * grad_bytes, columns, ring_load)
             shard = replicas_total if plan.zero else 1
             arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[i, OPT, ITER] = 1
@@ -266,22 +266,23 @@ def dp_ring_load(cluster, plan: Plan, nodes_of) -> Counter:
     return load
 
 
-def _dp_allreduce(cluster, replicas: int, nodes: list[str], rank_bytes: float, tp: int, gpu: GPUType,
-                  load: Counter) -> np.ndarray:
-    """Gradient all-reduce of one stage across the replicas of its template (`nodes`: one per replica);
-    `load`: rings per link (`dp_ring_load`)."""
+def _dp_collective(kind: str, cluster, replicas: int, nodes: list[str], rank_bytes: float, columns: int,
+                   load: Counter) -> np.ndarray:
+    """A collective (`all_reduce`, or `reduce_scatter`/`all_gather`: the same cost) of `rank_bytes` per rank
+    among a stage's replicas (`nodes`: one per replica): inside one node on its interconnect, else
+    hierarchical, ringing over the distinct nodes; `load`: rings per link (`dp_ring_load`)."""
     if replicas <= 1:
         return np.zeros(N_TERMS)
     distinct = list(dict.fromkeys(nodes))
-    per_node = max(nodes.count(n) for n in distinct)
     intra = cluster.slowest_intra(distinct)
     if len(distinct) == 1:
-        return comm.collective("all_reduce", rank_bytes, replicas, intra)
+        return comm.collective(kind, rank_bytes, replicas, intra)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    inter = min(shared_gbps(r, load) for r in ring)
-    latency = max(r.latency_us for r in ring) * 1e-6
-    return comm.hierarchical_all_reduce(rank_bytes, per_node, len(distinct), intra, inter, columns=tp,
-                                        inter_latency_s=latency, inter_alpha_s=max(r.alpha_s for r in ring))
+    hierarchical = comm.hierarchical_all_reduce if kind == "all_reduce" else comm.hierarchical_reduce_scatter
+    return hierarchical(rank_bytes, max(nodes.count(n) for n in distinct), len(distinct), intra,
+                        min(shared_gbps(r, load) for r in ring), columns=columns,
+                        inter_latency_s=max(r.latency_us for r in ring) * 1e-6,
+                        inter_alpha_s=max(r.alpha_s for r in ring))
 
 
 def template_nodes(plan: Plan, template: int) -> list[str]:
@@ -406,8 +407,8 @@ def zero_stage(row: np.ndarray, passes: np.ndarray, zero: int, cluster, replicas
     in every forward and again in every backward. ZeRO-2 all-gathers the updated 16-bit weights once, after
     the optimizer step (in OPT); ZeRO-3 needs no such gather. Neither has an end-of-iteration all-reduce.
     With one micro-batch, ZeRO-2 moves what ZeRO-1's all-reduce does (reduce-scatter + all-gather)."""
-    gather = _zero_collective(cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, gpu, load)
-    scatter = _zero_collective(cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, gpu, load)
+    gather = _dp_collective("all_gather", cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, load)
+    scatter = _dp_collective("reduce_scatter", cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, load)
     row[DP] = 0.0
     passes[1] = scatter
     if zero >= 3:
@@ -415,22 +416,6 @@ def zero_stage(row: np.ndarray, passes: np.ndarray, zero: int, cluster, replicas
         passes[1] = passes[1] + gather
     else:
         row[OPT] += gather
-
-
-def _zero_collective(cluster, replicas: int, nodes: list[str], rank_bytes: float, columns: int, gpu: GPUType,
-                     load: Counter) -> np.ndarray:
-    """Reduce-scatter (or all-gather: the same cost) of `rank_bytes` per rank among a stage's replicas
-    (`nodes`: one per replica), ring over the distinct nodes sharing links as in `_dp_allreduce`."""
-    if replicas <= 1:
-        return np.zeros(N_TERMS)
-    distinct = list(dict.fromkeys(nodes))
-    intra = cluster.slowest_intra(distinct)
-    if len(distinct) == 1:
-        return comm.collective("reduce_scatter", rank_bytes, replicas, intra)
-    ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    return comm.hierarchical_reduce_scatter(rank_bytes, max(nodes.count(n) for n in distinct), len(distinct),
-                                            intra, min(shared_gbps(r, load) for r in ring), columns,
-                                            max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring))
 
 
 def zero_exposed(times: np.ndarray, passes: np.ndarray, units: list[int], weights: np.ndarray) -> np.ndarray:

@@ -9,6 +9,9 @@ plus the fabric's per-step latency α in LAT.
 Hierarchical all-reduce across nodes: reduce-scatter inside each node, all-reduce of the node's share
 across nodes, all-gather inside each node; NCCL pipelines chunks through the phases, so the intra-node
 bytes hide behind the inter-node ones (or the reverse): the slower phase's seconds count, every step counts.
+The max is taken on the features (seconds at the fabrics' achieved bandwidth), before the profile's LINK
+and NET weights multiply them: exact when both are 1, and with the A100 fit's LINK of 1.24 the hidden
+intra-node seconds are priced as if at NET's weight (at most 24% of the intra-node phase too cheap).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def hierarchical_all_reduce(rank_bytes: float, per_node: int, nodes: int, intra,
     `columns` groups of this shape run at once on the same nodes (the TP ranks of a stage each have their
     own data-parallel group). After the intra-node reduce-scatter every GPU holds 1/per_node of its data,
     so each node pushes 2(N−1)/N · columns · rank_bytes through `inter_gbps`, its bottleneck to the others.
-    The phases are pipelined: max(intra, inter) seconds, written as inter + the intra excess.
+    The phases are pipelined: max(intra, inter) feature seconds, written as inter + the intra excess.
     """
     if nodes <= 1:
         return collective("all_reduce", rank_bytes, per_node, intra)

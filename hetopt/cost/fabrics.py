@@ -338,6 +338,11 @@ def _fit_one(name: str, rows: list[Row], fab: dict[str, Fabric]) -> tuple[float,
     return float(res.x[0]), (float(res.x[1]) * 1e-6 if sweep else alpha0), sweep
 
 
+CAVEAT = {"omnipath": "; caveat: measured on Jean Zay's shared Omni-Path, whose own README says NCCL did not reach "
+                        "the 400 Gbit/s the nodes have: a property of that deployment more than of the link"}
+"""What a fabric's only data says about itself, carried into its source."""
+
+
 def fit(path: str | Path) -> tuple[dict[str, Fabric], dict]:
     """Fit every fabric with data; returns the table and a report (per fabric: rows, errors, LOSO)."""
     rows, skipped = read_rows(path)
@@ -349,7 +354,8 @@ def fit(path: str | Path) -> tuple[dict[str, Fabric], dict]:
         how = "η and α by least squares on the rows' message sizes" if sweep else \
             f"η by least squares on large-message rows; α = {ALPHA_RULE[name]}'s (rule)"
         sources = sorted({r.source for r in by[name]})
-        fab[name] = Fabric(name, eta, alpha, f"{how}; {len(by[name])} rows from: " + " | ".join(sources))
+        fab[name] = Fabric(name, eta, alpha, f"{how}; {len(by[name])} rows from: " + " | ".join(sources)
+                           + CAVEAT.get(name, ""))
     # no data: host-routed PCIe 5 takes PCIe 5's η times the host/switch ratio measured for Gen3 and Gen4
     ratio = np.mean([fab["pcie3_host"].eta / fab["pcie3"].eta, fab["pcie4_host"].eta / fab["pcie4"].eta])
     fab["pcie5_host"] = Fabric("pcie5_host", fab["pcie5"].eta * ratio, fab["pcie5"].alpha_s,
@@ -394,6 +400,11 @@ def save(fab: dict[str, Fabric], report: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+CSV_COLUMNS = {"fabric", "nominal_gbit_s", "collective", "message_size_bytes", "busbw_GBps", "algbw_GBps",
+               "other_metric", "num_gpus", "num_nodes", "gpus_per_node", "algorithm_or_env", "source"}
+"""The columns the fabric fit reads."""
+
+
 def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: bool, console) -> None:
     """`hetopt calibrate --fabrics CSV [--out FILE]`: fit, print the per-fabric report, write the table."""
     from hetopt.errors import InputError, Problem
@@ -402,7 +413,19 @@ def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: boo
         raise InputError(csv_path, [Problem("--fabrics", "file does not exist", csv_path, True)])
     if out_path and Path(out_path).exists() and not force:
         raise InputError(out_path, [Problem("--out", "exists; pass --force to overwrite it", out_path, True)])
-    fab, report = fit(csv_path)
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        header = set(next(csv.reader(fh), []))
+    missing = sorted(CSV_COLUMNS - header)
+    if missing:
+        raise InputError(csv_path, [Problem("columns", f"not a collectives CSV: missing {', '.join(missing)} (the "
+                                                       "columns of shared/data/calibration/public/"
+                                                       "collectives_achieved.csv)", sorted(header), True)])
+    try:
+        fab, report = fit(csv_path)
+    except KeyError as exc:  # a fabric whose α is borrowed from one the file has no rows for
+        raise InputError(csv_path, [Problem("fabric", f"no usable rows for fabric {exc}, which the fit needs "
+                                                      "(its α lends to others); add its rows or use the full file",
+                                            str(exc), True)]) from None
     if out_path:
         save(fab, report, out_path)
     if as_json:

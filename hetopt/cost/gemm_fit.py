@@ -340,7 +340,8 @@ def profile_for(fit: TypeFit, a100: CostParams, csv_name: str, typical_loso: flo
         if any(r.csv_gpu == note_gpu for r in fit.kept):
             sources["GEMM"] += f"; {note}"
     if fit.gpu == "A100-80GB":
-        return replace(a100, family=gpu.family, derived=False, sources=sources, uncertainty=uncertainty,
+        return replace(a100, weights=tuple(float(x) for x in w), family=gpu.family, derived=False, sources=sources,
+                       uncertainty=uncertainty,
                        fit={**{k: v for k, v in a100.fit.items() if k != csv_name}, csv_name: err})
     return CostParams(
         gpu=fit.gpu, weights=tuple(float(x) for x in w), dp_overlap=a100.dp_overlap, launch_serial=a100.launch_serial,

@@ -22,7 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from hetopt.cost.terms import GEMM, KERN, MB, MEM, PASS, CostParams
+from hetopt.cost.attention import attention_weight
+from hetopt.cost.terms import ATTN, GEMM, KERN, MB, MEM, PASS, CostParams
 from hetopt.errors import InputError, Problem
 
 SIZES = {
@@ -118,6 +119,7 @@ def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress
     base = Profiles().for_gpu(spec)
     weights = list(base.weights)
     weights[GEMM], weights[KERN], weights[MEM] = 1 / gemm_eff, t_small, 1 / mem_eff
+    weights[ATTN], _ = attention_weight(spec.family, weights[GEMM])  # flash attention follows the GEMM (ρ)
 
     block = _block(torch, hidden, heads).to(device=device, dtype=dtype)
     inp = torch.randn(mb, seq, hidden, device=device, dtype=dtype, requires_grad=True)

@@ -17,12 +17,12 @@ Measured iteration time, in this order:
 GPU names → catalog (`hetopt gpus`):
 - ``H100`` with the form factor unstated, on 8-GPU NVLink nodes (MosaicML's llm-foundry tables) → H100-SXM
   (only the SXM part comes in 8-GPU NVLink/NVSwitch nodes); ``H100-SXM`` → H100-SXM. torchtitan's 2024
-  runs used H100 SXM *96 GB HBM2e at 500 W*: still H100-SXM (80 GB HBM3, 700 W) — the memory limit is
-  then conservative and the peak optimistic; said per row.
+  runs used H100 SXM *96 GB HBM2e at 500 W*: a custom type ``H100-96GB-500W`` of the hopper family (H100-SXM's
+  peak, bandwidths and NVLink 4; 96 GB; 500 W), whose efficiency the family's power rule derives; said per row.
 - ``V100`` SXM2 32GB → V100-32GB; ``H200`` → H200; ``A100-SXM`` / A100 80GB → A100-80GB.
 - ``MI250X``: the catalog's MI250X is the whole package (two GCDs: 383 TFLOP/s, 128 GB). The rows count one
   GCD as a GPU, so such a row would declare a custom GPU ``MI250X-GCD`` with half of every package figure
-  (191.5 TFLOP/s, 64 GiB, 1638.4 GB/s) and the package's xGMI link. The MI250X rows in the data are partial
+  (191.5 TFLOP/s, 64 GiB, 1638.4 GB/s, half the package's xGMI bandwidth). The MI250X rows in the data are partial
   (no TP/PP/batch), so none is expressed today.
 
 Model from the row's dims (n_layers, hidden, ffn_hidden, n_heads, n_kv_heads, vocab); ``max_seq_len`` =
@@ -56,8 +56,7 @@ Megatron-LM 2021 and Megatron-DeepSpeed (it predates sequence parallelism).
 ZeRO from ``sharding``: FSDP FULL_SHARD, FSDP2 (torchtitan's default reshard-after-forward) and
 Megatron-FSDP → 3; FSDP SHARD_GRAD_OP → 2; ZeRO-1 → 1; DDP → 0; empty → 1 for NeMo (its distributed
 optimizer is on by default), 1 for Megatron-DeepSpeed rows whose notes name ZeRO-1, else 0.
-A plan the evaluator rejects (ZeRO-2/3 today: plans know zero 0|1) is not expressed, with the evaluator's
-message as the reason; once the evaluator accepts it the row is expressed with no change here.
+A plan the evaluator rejects is not expressed, with the evaluator's message as the reason.
 Attention: flash for llm-foundry, torchtitan, NeMo/Megatron-Bridge and Meta; standard for Megatron-LM
 2021 and Megatron-DeepSpeed on V100 (no FlashAttention on Volta). Precision: bf16 or fp16 as the row says;
 any fp8 (Transformer Engine, torchao Float8, amp_fp8) is not expressible: hetopt prices 16-bit GEMMs.

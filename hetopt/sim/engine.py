@@ -2,7 +2,9 @@
 
 Over the concrete placement of a plan: every micro-batch's forward and backward on every stage of every
 replica (durations from the one cost model: `evaluate.plan_features` priced by `price_template`, TP
-collectives included since they stay inside a node), point-to-point sends between stages (the sender
+collectives included — inside a node, and for a TP group over several nodes or ZeRO-2/3's per-pass
+gathers and scatters, their cost-model time, not flows: they do not share NICs with the flows below and
+do not follow a scenario's bandwidth trace), point-to-point sends between stages (the sender
 blocks until its send completes, as Megatron's 1F1B exchanges do), gradient all-reduces per stage among
 its template's replicas (they start when every replica is `dp_overlap` into its last backward), with
 several templates their exchange of the reduced gradients, then the optimizer step. Transfers that leave

@@ -253,8 +253,15 @@ def intra_route(gpu: GPUType, fabric: str = "", gpus: int = 8) -> Route:
     """The interconnect inside a node of `gpus` GPUs: the GPU's per-direction bandwidth on `fabric`
     (default: the GPU's catalog interconnect)."""
     f = fabrics.get(fabric or fabrics.intra_default(gpu.interconnect))
-    return Route(gpu.intra_node_gbps, 0.0, (), alpha_s=f.alpha_s, eta=f.eta, mesh_peers=gpus - 1 if f.mesh else 0,
-                 fabrics=(f.name,))
+    return Route(gpu.intra_node_gbps, 0.0, (), alpha_s=f.alpha_s, eta=f.eta,
+                 mesh_peers=mesh_links(gpu, gpus) if f.mesh else 0, fabrics=(f.name,))
+
+
+def mesh_links(gpu: GPUType, gpus: int) -> int:
+    """Links per GPU of a mesh fabric: the catalog's count ('xGMI ×7': the per-direction figure is the sum over
+    7 links, one per peer of an 8-GPU node), else one per peer in the node (a declared GPU's own figure)."""
+    head, _, count = gpu.interconnect.partition("×")
+    return int(count) if head.strip().startswith("xGMI") and count.strip().isdigit() else max(1, gpus - 1)
 
 
 def _fabric(name: str) -> dict:
