@@ -100,6 +100,36 @@ def check_zero(plan: Plan) -> list[Finding]:
     return []
 
 
+def _check_group(nodes: dict, stage, e, path: str) -> list[Finding]:
+    """A placement entry whose TP group spans several whole nodes (`more_nodes`)."""
+    found = []
+    members = e.members
+    if len({name for name, _ in members}) != len(members):
+        found.append((f"{path}.more_nodes", "names a node twice; list each node of the TP group once"))
+    used = sum(len(set(gpus)) for _, gpus in members)
+    if used != stage.tp:
+        found.append((f"{path}.gpus", f"{used} distinct GPUs for a stage of tp={stage.tp}"))
+    head = nodes.get(members[0][0])
+    for m, (name, gpus) in enumerate(members):
+        where = path if m == 0 else f"{path}.more_nodes[{m - 1}]"
+        node = nodes.get(name)
+        if node is None:
+            found.append((f"{where}.node", f"no node named {name!r}"))
+            continue
+        if node.gpu != stage.gpu or node.island != stage.island:
+            found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
+                                           f"{stage.gpu}@{stage.island}"))
+        if len(set(gpus)) != node.gpus:
+            found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
+                                           f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
+        if m > 0 and head is not None and node.gpus != head.gpus:
+            found.append((f"{where}.node", f"{name} has {node.gpus} GPUs, {head.name} {head.gpus}; the nodes of "
+                                           "a TP group over several nodes have as many GPUs each"))
+        found += [(f"{where}.gpus", f"GPU {g} does not exist on {name} ({node.gpus} GPUs)")
+                  for g in gpus if g >= node.gpus]
+    return found
+
+
 def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
     if not plan.placement:
         return []
@@ -118,36 +148,23 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
                                 "which the plan does not have"))
             continue
         stage = plan.pipelines[e.pipeline].stages[e.stage]
-        members = e.members
-        if len({name for name, _ in members}) != len(members):
-            found.append((f"{path}.more_nodes", "names a node twice; list each node of the TP group once"))
-        used = sum(len(set(gpus)) for _, gpus in members)
-        if used != stage.tp:
-            found.append((f"{path}.gpus", f"{used} distinct GPUs for a stage of tp={stage.tp}"))
-        head = nodes.get(members[0][0])
-        for m, (name, gpus) in enumerate(members):
-            where = path if m == 0 else f"{path}.more_nodes[{m - 1}]"
-            node = nodes.get(name)
+        if e.more_nodes:
+            found += _check_group(nodes, stage, e, path)
+        else:  # the common case: a TP group inside one node
+            node = nodes.get(e.node)
             if node is None:
-                found.append((f"{where}.node", f"no node named {name!r}"))
+                found.append((f"{path}.node", f"no node named {e.node!r}"))
                 continue
             if node.gpu != stage.gpu or node.island != stage.island:
-                found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
-                                               f"{stage.gpu}@{stage.island}"))
-            if m > 0:
-                if len(set(gpus)) != node.gpus:
-                    found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
-                                                   f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
-                if head is not None and node.gpus != head.gpus:
-                    found.append((f"{where}.node", f"{name} has {node.gpus} GPUs, {head.name} {head.gpus}; the "
-                                                   "nodes of a TP group over several nodes have as many GPUs each"))
-            elif len(members) > 1 and len(set(gpus)) != node.gpus:
-                found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
-                                               f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
-            for g in gpus:
-                if g >= node.gpus:
-                    found.append((f"{where}.gpus", f"GPU {g} does not exist on {name} ({node.gpus} GPUs)"))
-                gpus_taken[(name, g)] += 1
+                found.append((f"{path}.node", f"{e.node} is {node.gpu}@{node.island}; the stage is "
+                                              f"{stage.gpu}@{stage.island}"))
+            if len(set(e.gpus)) != stage.tp:
+                found.append((f"{path}.gpus", f"{len(set(e.gpus))} distinct GPUs for a stage of tp={stage.tp}"))
+            if max(e.gpus) >= node.gpus:
+                found += [(f"{path}.gpus", f"GPU {g} does not exist on {e.node} ({node.gpus} GPUs)")
+                          for g in e.gpus if g >= node.gpus]
+        for name, gpus in (e.members if e.more_nodes else ((e.node, e.gpus),)):
+            gpus_taken.update((name, g) for g in gpus)
     for key in sorted(expected - set(seen)):
         found.append(("placement", f"pipeline {key[0]} replica {key[1]} stage {key[2]} is not placed"))
     for key, n in seen.items():
