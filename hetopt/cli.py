@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from hetopt import __version__
-from hetopt.errors import ExitCode, InfeasibleError, InputError, Problem, did_you_mean
+from hetopt.errors import ExitCode, InfeasibleError, InputError, Problem, did_you_mean, require_columns
 
 app = typer.Typer(
     name="hetopt",
@@ -392,7 +392,6 @@ RUN_COLUMNS = {"gpu", "num_gpus", "gpus_per_node", "model", "seq_len", "micro_ba
 
 
 def _calibrate_runs(paths: list[str], as_json: bool) -> None:
-    import csv
     from pathlib import Path
 
     from rich.table import Table
@@ -402,13 +401,8 @@ def _calibrate_runs(paths: list[str], as_json: bool) -> None:
     for path in paths:
         if not Path(path).is_file():
             raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
-        with open(path, newline="", encoding="utf-8") as fh:
-            header = set(next(csv.reader(fh), []))
-        missing = sorted(RUN_COLUMNS - header)
-        if missing:
-            raise InputError(path, [Problem("columns", f"not an end-to-end runs CSV: missing {', '.join(missing)} "
-                                                       "(the columns of shared/data/calibration/public/"
-                                                       "training_throughput_non_a100.csv)", sorted(header), True)])
+        require_columns(path, RUN_COLUMNS, "an end-to-end runs CSV (the columns of shared/data/calibration/"
+                                           "public/training_throughput_non_a100.csv)")
     report = fit_report(paths)
     if as_json:
         _print_json(report)

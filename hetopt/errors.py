@@ -101,3 +101,16 @@ def format_path(loc: Sequence[str | int]) -> str:
 def _short_repr(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def require_columns(path: str, required: set[str], what: str) -> None:
+    """Bad input (exit 2) unless the CSV file at `path` has every column of `required`; `what` names the
+    file kind and where its columns are shown (e.g. "a collectives CSV ... collectives_achieved.csv")."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as fh:
+        header = set(next(csv.reader(fh), []))
+    missing = sorted(required - header)
+    if missing:
+        raise InputError(path, [Problem("columns", f"not {what}: missing {', '.join(missing)}", sorted(header),
+                                        True)])

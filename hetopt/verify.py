@@ -112,22 +112,32 @@ def _check_group(nodes: dict, stage, e, path: str) -> list[Finding]:
     head = nodes.get(members[0][0])
     for m, (name, gpus) in enumerate(members):
         where = path if m == 0 else f"{path}.more_nodes[{m - 1}]"
-        node = nodes.get(name)
+        node, problems = _node_findings(nodes, stage, name, gpus, where)
+        found += problems
         if node is None:
-            found.append((f"{where}.node", f"no node named {name!r}"))
             continue
-        if node.gpu != stage.gpu or node.island != stage.island:
-            found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
-                                           f"{stage.gpu}@{stage.island}"))
         if len(set(gpus)) != node.gpus:
             found.append((f"{where}.gpus", f"a TP group over several nodes takes whole nodes; {name} has "
                                            f"{node.gpus} GPUs, the group uses {len(set(gpus))}"))
         if m > 0 and head is not None and node.gpus != head.gpus:
             found.append((f"{where}.node", f"{name} has {node.gpus} GPUs, {head.name} {head.gpus}; the nodes of "
                                            "a TP group over several nodes have as many GPUs each"))
+    return found
+
+
+def _node_findings(nodes: dict, stage, name: str, gpus: list[int], where: str) -> tuple:
+    """(the node or None, findings): the node exists, is of the stage's device class, has these GPUs."""
+    node = nodes.get(name)
+    if node is None:
+        return None, [(f"{where}.node", f"no node named {name!r}")]
+    found = []
+    if node.gpu != stage.gpu or node.island != stage.island:
+        found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
+                                       f"{stage.gpu}@{stage.island}"))
+    if max(gpus) >= node.gpus:
         found += [(f"{where}.gpus", f"GPU {g} does not exist on {name} ({node.gpus} GPUs)")
                   for g in gpus if g >= node.gpus]
-    return found
+    return node, found
 
 
 def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
@@ -151,18 +161,12 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
         if e.more_nodes:
             found += _check_group(nodes, stage, e, path)
         else:  # the common case: a TP group inside one node
-            node = nodes.get(e.node)
+            node, problems = _node_findings(nodes, stage, e.node, e.gpus, path)
+            found += problems
             if node is None:
-                found.append((f"{path}.node", f"no node named {e.node!r}"))
                 continue
-            if node.gpu != stage.gpu or node.island != stage.island:
-                found.append((f"{path}.node", f"{e.node} is {node.gpu}@{node.island}; the stage is "
-                                              f"{stage.gpu}@{stage.island}"))
             if len(set(e.gpus)) != stage.tp:
                 found.append((f"{path}.gpus", f"{len(set(e.gpus))} distinct GPUs for a stage of tp={stage.tp}"))
-            if max(e.gpus) >= node.gpus:
-                found += [(f"{path}.gpus", f"GPU {g} does not exist on {e.node} ({node.gpus} GPUs)")
-                          for g in e.gpus if g >= node.gpus]
         for name, gpus in (e.members if e.more_nodes else ((e.node, e.gpus),)):
             gpus_taken.update((name, g) for g in gpus)
     for key in sorted(expected - set(seen)):

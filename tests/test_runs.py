@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_hetopt
 
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.runs import (
@@ -151,3 +151,25 @@ def test_loso_fits_without_the_held_out_source():
     assert cv["fitted_on_end_to_end"] is True
     for r in runs:  # the stand-in fit returns the shipped profiles: same predictions
         assert cv["predicted"][id(r)] == pytest.approx(r.predicted_s)
+
+
+@pytest.mark.parametrize("option", ["--runs", "--fabrics"])
+def test_calibrate_refuses_a_csv_of_another_kind_with_exit_2(tmp_path, option):
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b\n1,2\n")
+    result = run_hetopt("calibrate", option, str(bad))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(bad) in result.stderr and "missing" in result.stderr and "source" in result.stderr
+
+
+def test_calibrate_runs_reports_every_gpu_type_with_its_leave_one_source_out_error():
+    if not DATA.is_file():
+        pytest.skip("shared calibration data not found")
+    result = run_hetopt("calibrate", "--runs", str(DATA), "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    report = json.loads(result.stdout)
+    assert report["rows"] == report["expressed"] + sum(report["not_expressed"].values())
+    for gpu, stats in report["per_gpu"].items():  # nothing is fitted on these rows: LOSO = plain error
+        assert report["loso_per_gpu"][gpu]["mape"] == pytest.approx(stats["mape"])

@@ -407,19 +407,14 @@ CSV_COLUMNS = {"fabric", "nominal_gbit_s", "collective", "message_size_bytes", "
 
 def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: bool, console) -> None:
     """`hetopt calibrate --fabrics CSV [--out FILE]`: fit, print the per-fabric report, write the table."""
-    from hetopt.errors import InputError, Problem
+    from hetopt.errors import InputError, Problem, require_columns
 
     if not Path(csv_path).is_file():
         raise InputError(csv_path, [Problem("--fabrics", "file does not exist", csv_path, True)])
     if out_path and Path(out_path).exists() and not force:
         raise InputError(out_path, [Problem("--out", "exists; pass --force to overwrite it", out_path, True)])
-    with open(csv_path, newline="", encoding="utf-8") as fh:
-        header = set(next(csv.reader(fh), []))
-    missing = sorted(CSV_COLUMNS - header)
-    if missing:
-        raise InputError(csv_path, [Problem("columns", f"not a collectives CSV: missing {', '.join(missing)} (the "
-                                                       "columns of shared/data/calibration/public/"
-                                                       "collectives_achieved.csv)", sorted(header), True)])
+    require_columns(csv_path, CSV_COLUMNS, "a collectives CSV (the columns of shared/data/calibration/public/"
+                                           "collectives_achieved.csv)")
     try:
         fab, report = fit(csv_path)
     except KeyError as exc:  # a fabric whose α is borrowed from one the file has no rows for
