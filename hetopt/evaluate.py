@@ -126,7 +126,8 @@ def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, sourc
 def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
                 attention: str, recompute: str, layers: int, first: bool, last: bool, intra=None) -> np.ndarray:
     """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP collectives
-    over `intra` (the stage's intra-node Route; default the GPU's catalog interconnect)."""
+    over `intra` (the stage's intra-node Route, or a comm.Span when its TP group spans nodes; default the
+    GPU's catalog interconnect)."""
     x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention)
     intra = intra or intra_route(gpu)
     fwd = layers * cc.layer_forward(x, gpu)
@@ -167,11 +168,10 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
         for i, st in enumerate(pipe.stages):
             gpu = inst.gpu_types[st.gpu]
             first, last = i == 0, i == p - 1
+            # TP collectives inside the stage's nodes, or over the network when its TP group spans nodes
+            tp_path = spans.get((j, i)) or cluster.slowest_intra(nodes_of[(j, i)])
             arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last,
-                                    cluster.slowest_intra(nodes_of[(j, i)]))
-            span = spans.get((j, i))
-            if span is not None:  # a TP group over several nodes: its collectives cross the network
-                arr[i, FWD_TP:BWD_TP + 1] = spanning_tp_work(m, gpu, b, s, st.recompute, st.layers, first, last, span)
+                                    tp_path)
             # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
             # model chunk; with interleaving the last stage also passes activations on to the first stage's
             # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
@@ -334,60 +334,23 @@ def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i:
 
 # -- TP across nodes, ZeRO-2/3 ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class TPSpan:
-    """A TP group over `nodes` whole nodes of `per_node` GPUs, joined by `inter_gbps` (their NIC route's
-    effective bandwidth), inside each node on `intra` (its Route)."""
-
-    per_node: int
-    nodes: int
-    inter_gbps: float
-    latency_s: float
-    alpha_s: float
-    intra: object
-
-
-def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], TPSpan]:
+def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], comm.Span]:
     """(template, stage) → the span of its TP groups, for stages placed over several nodes. The replicas of
     a stage may sit on nodes with different NICs: the narrowest ring sets the pace (1F1B runs them in
     lockstep). Each group has its nodes to itself (whole nodes), so no other TP group shares their NICs."""
-    out: dict[tuple[int, int], TPSpan] = {}
+    out: dict[tuple[int, int], comm.Span] = {}
     for e in plan.placement:
         if not e.more_nodes:
             continue
         nodes = [node for node, _ in e.members]
         ring = [cluster.route(a, b) for a, b in pairwise([*nodes, nodes[0]])]
-        span = TPSpan(len(e.gpus), len(nodes), min(r.effective_gbps for r in ring),
-                      max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring),
-                      cluster.slowest_intra(nodes))
+        span = comm.Span(len(e.gpus), len(nodes), min(r.effective_gbps for r in ring),
+                         max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring),
+                         cluster.slowest_intra(nodes))
         key = (e.pipeline, e.stage)
         if key not in out or span.inter_gbps < out[key].inter_gbps:
             out[key] = span
     return out
-
-
-def spanning_all_reduce(nbytes: float, gpu: GPUType, span: TPSpan) -> np.ndarray:
-    """The one place a TP collective across nodes is priced: hierarchical all-reduce, inside each node on its
-    interconnect, across the nodes over their NIC route (cost/comm.py)."""
-    return comm.hierarchical_all_reduce(nbytes, span.per_node, span.nodes, span.intra, span.inter_gbps,
-                                        columns=1, inter_latency_s=span.latency_s, inter_alpha_s=span.alpha_s)
-
-
-def spanning_tp_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, recompute: str, layers: int,
-                     first: bool, last: bool, span: TPSpan) -> np.ndarray:
-    """FWD_TP and BWD_TP features (2, N_TERMS) of a stage whose TP group spans nodes: the collectives
-    `stage_work` counts — two all-reduces of the b·s·h activations per layer and pass (cc.tp_comm_per_pass;
-    the backward's twice under full recompute), one for the embedding (cc.embedding_tp_comm), three of one
-    fp32 per token for the vocabulary-parallel cross-entropy (cc.head_tp_comm) — each over the network."""
-    act = cc.ACT_BYTES * micro_batch * seq_len * model.hidden
-    per_pass = 2 * spanning_all_reduce(act, gpu, span)
-    fwd = layers * per_pass
-    bwd = layers * per_pass * (2 if recompute == "full" else 1)
-    if first:
-        fwd = fwd + spanning_all_reduce(act, gpu, span)
-    if last:
-        fwd = fwd + 3 * spanning_all_reduce(FP32_BYTES * micro_batch * seq_len, gpu, span)
-    return np.stack([fwd, bwd])
 
 
 def nic_columns(cluster, nodes: list[str], tp: int) -> int:

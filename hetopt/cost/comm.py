@@ -16,6 +16,8 @@ intra-node seconds are priced as if at NET's weight (at most 24% of the intra-no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from hetopt.cost.terms import LAT, LINK, NET, STEP, zeros
@@ -63,9 +65,28 @@ def group_gbps(path, ranks: int) -> float:
     return path.effective_gbps
 
 
+@dataclass(frozen=True)
+class Span:
+    """A group over `nodes` whole nodes of `per_node` GPUs each (a TP group wider than a node): inside each
+    node on `intra` (its Route), across the nodes at `inter_gbps` (their NIC route's effective bandwidth,
+    physical latency `latency_s`, fabric latency `alpha_s` per step)."""
+
+    per_node: int
+    nodes: int
+    inter_gbps: float
+    latency_s: float
+    alpha_s: float
+    intra: object
+
+
 def collective(kind: str, nbytes: float, ranks: int, path) -> np.ndarray:
     """A collective of `nbytes` per rank over `path` (a spec.cluster.Route: effective bandwidth, fabric
-    latency per step, physical latency) — the one place a collective meets its fabric."""
+    latency per step, physical latency; or a Span: hierarchical over its nodes) — the one place a collective
+    meets its fabric."""
+    if isinstance(path, Span):
+        hierarchical = hierarchical_all_reduce if kind == "all_reduce" else hierarchical_reduce_scatter
+        return hierarchical(nbytes, path.per_node, path.nodes, path.intra, path.inter_gbps, columns=1,
+                            inter_latency_s=path.latency_s, inter_alpha_s=path.alpha_s)
     return KINDS[kind](nbytes, ranks, group_gbps(path, ranks), path.intra_node, path.latency_us * 1e-6,
                        path.alpha_s)
 
