@@ -278,11 +278,9 @@ def _dp_collective(kind: str, cluster, replicas: int, nodes: list[str], rank_byt
     if len(distinct) == 1:
         return comm.collective(kind, rank_bytes, replicas, intra)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    hierarchical = comm.hierarchical_all_reduce if kind == "all_reduce" else comm.hierarchical_reduce_scatter
-    return hierarchical(rank_bytes, max(nodes.count(n) for n in distinct), len(distinct), intra,
-                        min(shared_gbps(r, load) for r in ring), columns=columns,
-                        inter_latency_s=max(r.latency_us for r in ring) * 1e-6,
-                        inter_alpha_s=max(r.alpha_s for r in ring))
+    span = comm.Span(max(nodes.count(n) for n in distinct), len(distinct), min(shared_gbps(r, load) for r in ring),
+                     max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring), intra, columns)
+    return comm.collective(kind, rank_bytes, replicas, span)
 
 
 def template_nodes(plan: Plan, template: int) -> list[str]:

@@ -67,9 +67,10 @@ def group_gbps(path, ranks: int) -> float:
 
 @dataclass(frozen=True)
 class Span:
-    """A group over `nodes` whole nodes of `per_node` GPUs each (a TP group wider than a node): inside each
-    node on `intra` (its Route), across the nodes at `inter_gbps` (their NIC route's effective bandwidth,
-    physical latency `latency_s`, fabric latency `alpha_s` per step)."""
+    """A group over `nodes` nodes, `per_node` of its ranks in each (a TP group wider than a node, a stage's
+    data-parallel replicas): inside each node on `intra` (its Route), across the nodes at `inter_gbps` (their
+    route's effective bandwidth, physical latency `latency_s`, fabric latency `alpha_s` per step);
+    `columns` such groups run at once on the same nodes (see `hierarchical_all_reduce`)."""
 
     per_node: int
     nodes: int
@@ -77,6 +78,7 @@ class Span:
     latency_s: float
     alpha_s: float
     intra: object
+    columns: int = 1
 
 
 def collective(kind: str, nbytes: float, ranks: int, path) -> np.ndarray:
@@ -85,7 +87,7 @@ def collective(kind: str, nbytes: float, ranks: int, path) -> np.ndarray:
     meets its fabric."""
     if isinstance(path, Span):
         hierarchical = hierarchical_all_reduce if kind == "all_reduce" else hierarchical_reduce_scatter
-        return hierarchical(nbytes, path.per_node, path.nodes, path.intra, path.inter_gbps, columns=1,
+        return hierarchical(nbytes, path.per_node, path.nodes, path.intra, path.inter_gbps, columns=path.columns,
                             inter_latency_s=path.latency_s, inter_alpha_s=path.alpha_s)
     return KINDS[kind](nbytes, ranks, group_gbps(path, ranks), path.intra_node, path.latency_us * 1e-6,
                        path.alpha_s)
