@@ -255,22 +255,6 @@ def _rows_of(r: dict, label: str) -> list[Row]:
 
 # -- the model of a row, through comm.py ------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Path_:
-    """The minimum of a route that comm.collective needs (see spec.cluster.Route)."""
-
-    gbps: float
-    eta: float
-    alpha_s: float
-    mesh_peers: int = 0
-    latency_us: float = 0.0
-    intra_node: bool = True
-
-    @property
-    def effective_gbps(self) -> float:
-        return self.gbps * self.eta
-
-
 def _bare():
     """Weights of a bare NCCL run: LINK = NET = LAT = 1, no framework step overhead (STEP = 0)."""
     from hetopt.cost.terms import LAT, LINK, NET, zeros
@@ -283,15 +267,16 @@ def _bare():
 def row_seconds(row: Row, fab: dict[str, Fabric]) -> float:
     """The model's time for a row: one collective inside a node, or hierarchical across nodes."""
     from hetopt.cost import comm
+    from hetopt.spec.cluster import Route  # spec.cluster imports this module
 
     f = fab[row.fabric]
     if row.nodes == 1:
         peers = 7 if f.mesh else 0  # the MI300X rows: nodes of 8 GPUs
-        path = Path_(row.nominal_gbps, f.eta, f.alpha_s, peers)
+        path = Route(row.nominal_gbps, 0.0, (), alpha_s=f.alpha_s, eta=f.eta, mesh_peers=peers)
         v = comm.collective(row.kind, row.nbytes, row.ranks, path)
     else:
         i = fab[row.intra]
-        intra = Path_(NOMINAL_GBPS[row.intra], i.eta, i.alpha_s)
+        intra = Route(NOMINAL_GBPS[row.intra], 0.0, (), alpha_s=i.alpha_s, eta=i.eta)
         v = comm.hierarchical_all_reduce(row.nbytes, row.per_node, row.nodes, intra,
                                          row.nominal_gbps * f.eta, inter_alpha_s=f.alpha_s)
     return float(v @ _bare())
