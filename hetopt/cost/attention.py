@@ -30,11 +30,11 @@ _FA2_A100 = ("FlashAttention-2 paper (Dao 2023, Fig. 4): A100 SXM4 80GB, causal,
              "backward at sequence 2k–16k ≈ 185 TFLOP/s in its own FLOP count (causal halved, backward 2.5× "
              "forward, as here) = 0.59 of 312; ÷ the A100-80GB profile's GEMM η 0.893")
 _H200 = ("fitted on the 49 flash-attention layer passes ≥ 2 ms measured on the H200 here "
-         "(benchmarks/measured/H200-2026-11-30, PyTorch 2.11 SDPA; benchmarks/fit_attention.py): η_attn = 0.287 "
-         "over the H200 profile's GEMM η 0.783; MAPE of those passes 8.2%, max 26.7% (forward alone gives "
-         "ρ 0.43, backward alone 0.34: part of the backward's excess over 2× the forward lands here)")
+         "(benchmarks/measured/H200-2026-11-30, PyTorch 2.11 SDPA; benchmarks/fit_attention.py): η_attn = 0.283 "
+         "over the H200 profile's GEMM η 0.783; MAPE of those passes 8.1%, max 26.6% (forward alone gives "
+         "ρ 0.42, backward alone 0.33: part of the backward's excess over 2× the forward lands here)")
 AMPERE = FlashRatio(0.59 / 0.893, 0.15, _FA2_A100)
-HOPPER = FlashRatio(0.287 / 0.783, 0.25, _H200)  # η_attn over the H200 profile's GEMM η
+HOPPER = FlashRatio(0.283 / 0.783, 0.25, _H200)  # η_attn over the H200 profile's GEMM η
 
 FLASH_RATIO: dict[str, FlashRatio] = {
     "ampere": AMPERE,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetopt.cost.attention import FLASH_RATIO, attention_weight
+from hetopt.cost.attention import attention_weight
 from hetopt.cost.terms import ATTN, GEMM, ITER, KERN, LAT, LINK, MB, MEM, N_TERMS, NET, PASS, STEP, TERMS, CostParams
 from hetopt.errors import InputError, Problem
 from hetopt.evaluate import (
@@ -75,13 +75,13 @@ class DataSet:
     features: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mask: np.ndarray = field(default_factory=lambda: np.zeros(0))
     micro_batches: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    attn_ratio: float = FLASH_RATIO["ampere"].ratio
-    """Flash attention's efficiency over the GEMM's for the GPU's family (cost.attention): ATTN follows GEMM."""
+    family: str = ""
+    """The GPU's architecture family: flash attention's weight follows its GEMM weight (cost.attention)."""
 
     def subset(self, index: np.ndarray) -> DataSet:
         return DataSet(self.name, self.kind, self.measured_s[index], [self.labels[i] for i in index],
                        self.features[index], self.mask[index] if self.mask.size else self.mask,
-                       self.micro_batches[index] if self.micro_batches.size else self.micro_batches, self.attn_ratio)
+                       self.micro_batches[index] if self.micro_batches.size else self.micro_batches, self.family)
 
 
 def weights_of(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -96,7 +96,7 @@ def weights_of(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
 def predict(ds: DataSet, theta: np.ndarray) -> np.ndarray:
     """Predicted seconds for every row of a data set, with the evaluator's own formulas."""
     w, overlap, serial = weights_of(theta)
-    w[ATTN] = w[GEMM] / ds.attn_ratio
+    w[ATTN], _ = attention_weight(ds.family, w[GEMM])
     times = price_parts(ds.features, w, serial)
     if ds.kind == "layer":
         return times[:, FWD] + times[:, FWD_TP]  # one layer's pass: compute + its TP collectives
@@ -117,11 +117,10 @@ def load_dataset(path: str | Path, gpu: str) -> DataSet:
         raise InputError(str(path), [Problem("", "no rows; expected a CSV with a header line")])
     columns = set(rows[0])
     family = CATALOG[gpu].family if gpu in CATALOG else ""
-    ratio = FLASH_RATIO.get(family, FLASH_RATIO["ampere"]).ratio
     if columns >= LAYOUT_COLUMNS:
-        return replace(_layout_dataset(path, rows, gpu), attn_ratio=ratio)
+        return replace(_layout_dataset(path, rows, gpu), family=family)
     if columns >= LAYER_COLUMNS:
-        return replace(_layer_dataset(path, rows, gpu), attn_ratio=ratio)
+        return replace(_layer_dataset(path, rows, gpu), family=family)
     raise InputError(str(path), [Problem("", f"unknown columns; a layout-runs file needs {sorted(LAYOUT_COLUMNS)}, a "
                                              f"layer-times file {sorted(LAYER_COLUMNS)}", sorted(columns), True)])
 
