@@ -339,14 +339,15 @@ def calibrate(
     runs_csv: Annotated[list[str] | None, typer.Option("--runs", help="Report accuracy on end-to-end training "
                                                                        "runs (columns of training_throughput_"
                                                                        "non_a100.csv), per GPU type and source, "
-                                                                       "with leave-one-source-out.")] = None,
+                                                                       "with leave-one-source-out; fits the "
+                                                                       "framework stacks (--out: write them).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
     from pathlib import Path
 
     if runs_csv:
-        _calibrate_runs(runs_csv, as_json)
+        _calibrate_runs(runs_csv, out_path, force, as_json)
         return
     if fabrics_csv is not None:
         from hetopt.cost.fabrics import calibrate_cli
@@ -391,21 +392,33 @@ RUN_COLUMNS = {"gpu", "num_gpus", "gpus_per_node", "model", "seq_len", "micro_ba
 """Columns an end-to-end runs CSV must have (hetopt.cost.runs reads more where present)."""
 
 
-def _calibrate_runs(paths: list[str], as_json: bool) -> None:
+def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
     from pathlib import Path
 
     from rich.table import Table
 
-    from hetopt.cost.runs import fit_report
+    from hetopt.cost.profiles import Profiles
+    from hetopt.cost.runs import fit_report, fit_stacks, load_runs, stack_fit
+    from hetopt.cost.stacks import save_stacks
 
     for path in paths:
         if not Path(path).is_file():
             raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
         require_columns(path, RUN_COLUMNS, "an end-to-end runs CSV (the columns of shared/data/calibration/"
                                            "public/training_throughput_non_a100.csv)")
-    report = fit_report(paths)
+    target = Path(out_path) if out_path else None
+    if target is not None and (target.is_dir() or (target.exists() and not force)):
+        raise InputError(str(target), [Problem("--out", "exists; pass --force to overwrite it or choose another "
+                                                        "file" if not target.is_dir() else
+                                                        "is a directory; with --runs, --out is the stack table "
+                                                        "file (stacks.json)", str(target), True)])
+    stacks = fit_stacks(load_runs(paths))
+    report = fit_report(paths, fit=stack_fit, profiles=Profiles(stacks=stacks))
+    report["stacks"] = {name: s.to_json() for name, s in stacks.items()}
+    if target is not None:
+        save_stacks(stacks, target, [Path(p).name for p in paths])
     if as_json:
-        _print_json(report)
+        _print_json({**report, "out": str(target) if target else None})
         return
     view = Table(title=f"End-to-end runs: {report['expressed']} of {report['rows']} expressed; error = "
                        "predicted / measured − 1")
@@ -419,8 +432,13 @@ def _calibrate_runs(paths: list[str], as_json: bool) -> None:
                      f"{held['mape']:.1%}" if "mape" in held else "–",
                      {True: "yes", False: "no", None: "n/a"}[verdict])
     out.print(view)
+    for name, st in stacks.items():
+        fitted = f"fitted on {st.fit['rows']} rows, MAPE {st.fit['mape']:.1%}" if st.fit.get("rows") else st.source
+        out.print(f"stack {name}: device compute at {st.compute_efficiency:.3f} ({fitted})")
     if report["note"]:
         out.print(report["note"])
+    if target is not None:
+        out.print(f"stack table written to {target}")
     out.print("not expressed: " + ", ".join(f"{k} {v}" for k, v in report["not_expressed"].items()))
 
 

@@ -489,7 +489,7 @@ def cross_seconds(f: PlanFeatures, profiles: Profiles) -> float:
 def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Evaluation:
     priced, zero_s = [], []
     for j, gpus in enumerate(f.gpus):
-        params = [profiles.for_gpu(g) for g in gpus]
+        params = [profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
         weights = np.stack([p.w for p in params])  # (stages, N_TERMS)
         serial = np.array([p.launch_serial for p in params])
         times, exposed = price_template(f, j, weights, serial)

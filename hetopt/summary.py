@@ -35,7 +35,7 @@ def instance_summary(inst: Instance) -> dict[str, Any]:
         "training": {
             "seq_len": inst.seq_len, "global_batch": inst.global_batch,
             "tokens_per_iteration": tokens_per_iteration, "precision": inst.spec.training.precision,
-            "attention": inst.spec.training.attention,
+            "attention": inst.spec.training.attention, "framework": inst.spec.training.framework,
         },
         "flops_per_token": flops_per_token,
         "flops_per_iteration": flops_per_iteration,

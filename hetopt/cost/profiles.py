@@ -7,6 +7,9 @@ from that family's measured types (gemm_fit.derive_from_family: their mean effic
 peak TFLOP/s). A custom type without a family derives from the calibrated type nearest in published peak
 tensor throughput (log ratio), and its method says so: it keeps that type's efficiencies and fixed latencies,
 while the cost features scale with its own published peak FLOP/s, HBM and link bandwidths.
+
+The instance's `training.framework` then divides the device-compute weights by that stack's fitted compute
+efficiency (cost/stacks.py; 1 for megatron, the stack the profiles were fitted on).
 """
 
 from __future__ import annotations
@@ -16,19 +19,35 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from hetopt.cost.stacks import Stack, scale_weights, shipped_stacks
 from hetopt.cost.terms import CostParams, profile_error, shipped_profiles
 from hetopt.errors import InputError, Problem
 from hetopt.spec.gpus import CATALOG, GPUType
 
 
 class Profiles:
-    def __init__(self, extra: list[CostParams] | None = None) -> None:
+    def __init__(self, extra: list[CostParams] | None = None, stacks: dict[str, Stack] | None = None) -> None:
         self.calibrated: dict[str, CostParams] = shipped_profiles()
         for params in extra or []:
             self.calibrated[params.gpu] = params
+        self.stacks: dict[str, Stack] = {**shipped_stacks(), **(stacks or {})}
         self._derived: dict[str, CostParams] = {}
+        self._stacked: dict[tuple[str, str], CostParams] = {}
 
-    def for_gpu(self, gpu: GPUType) -> CostParams:
+    def for_gpu(self, gpu: GPUType, framework: str = "megatron") -> CostParams:
+        """The parameters that price `gpu` under the training stack `framework` (cost/stacks.py)."""
+        base = self._base(gpu)
+        eff = self.stacks[framework].compute_efficiency
+        if eff == 1.0:
+            return base
+        key = (gpu.name, framework)
+        if key not in self._stacked:
+            w = scale_weights(base.w, eff)
+            self._stacked[key] = replace(base, weights=tuple(float(x) for x in w),
+                                         method=f"{base.method}; device compute / {eff:.3f} ({framework} stack)")
+        return self._stacked[key]
+
+    def _base(self, gpu: GPUType) -> CostParams:
         if gpu.name in self.calibrated:
             return self.calibrated[gpu.name]
         if gpu.name not in self._derived:

@@ -63,12 +63,16 @@ any fp8 (Transformer Engine, torchao Float8, amp_fp8) is not expressible: hetopt
 torch.compile and AsyncTP in 16 bits are expressible; hetopt does not model their fusion / overlap
 (said per row).
 
+Framework (`training.framework`, cost/stacks.py): fsdp for llm-foundry (Composer on PyTorch FSDP) and
+torchtitan; megatron for the Megatron family (Megatron-LM, Megatron-DeepSpeed, NeMo, Megatron-Bridge) and
+every other row.
+
 Leave-one-source-out (`loso`, `fit_report`): sources are the repository or paper of the ``source`` column
 (`source_key`). Parameters fitted on end-to-end rows (an optional `fit` callback: expressed training rows →
-Profiles) are fitted without the held-out source and then predict it. hetopt's cost model as shipped fits
-nothing on end-to-end rows (its profiles come from GEMM/layer/collective measurements fitted elsewhere), so
-with no callback the held-out prediction is the plain prediction and LOSO error equals the plain error;
-the report says so (``fitted_on_end_to_end: false``).
+Profiles) are fitted without the held-out source and then predict it. The one parameter hetopt fits on
+end-to-end rows is the compute efficiency of each non-Megatron stack (`stack_fit`); every GPU and fabric
+parameter comes from GEMM/layer/collective measurements fitted elsewhere. A stack with no rows outside the
+held-out source is priced at 1 (as Megatron) in that fold: nothing of the held-out source leaks in.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.cost.profiles import Profiles
+from hetopt.cost.stacks import FRAMEWORKS, Stack, fit_efficiency
 from hetopt.errors import InputError, Problem
 from hetopt.evaluate import evaluate
 from hetopt.layout import Layout, expand_layout
@@ -368,6 +373,11 @@ def _framework_kind(framework: str) -> str:
     return "other"
 
 
+def framework_of(kind: str) -> str:
+    """The training stack of a row's framework kind (cost/stacks.py)."""
+    return "fsdp" if kind in ("llm-foundry", "torchtitan") else "megatron"
+
+
 def zero_of(row: dict, kind: str) -> tuple[int, str]:
     sharding = (row.get("sharding") or "").strip()
     low = sharding.lower()
@@ -490,6 +500,7 @@ def run_from_row(row: dict, line: int, path: str = "runs.csv") -> Run:
     sp = tp > 1 and kind in ("nemo", "torchtitan", "meta")
     attention = "standard" if kind in ("megatron2021", "megds") else "flash"
     run.notes.append(f"attention {attention}" + (" (no FlashAttention on Volta)" if attention == "standard" else ""))
+    run.notes.append(f"framework {framework_of(kind)}")
     if "compile" in framework.lower():
         run.notes.append("torch.compile fusion not modelled")
     if "async" in framework.lower():
@@ -509,7 +520,8 @@ def run_from_row(row: dict, line: int, path: str = "runs.csv") -> Run:
     data = {
         "name": f"run-line{line}",
         "model": model,
-        "training": {"seq_len": seq, "global_batch": gb, "precision": precision, "attention": attention},
+        "training": {"seq_len": seq, "global_batch": gb, "precision": precision, "attention": attention,
+                     "framework": framework_of(kind)},
         "cluster": {"gpus": custom, "nodes": [{"name": "node", "count": nodes, "gpu": gpu, "gpus_per_node": gpn,
                                                "nic_gbps": nic, **INTRA_FABRIC.get(gpu, {}), **fabric}]},
     }
@@ -644,6 +656,39 @@ def loso(runs: list[Run], fit: Fit | None = None) -> dict:
                            "passes": (s["mape"] <= LOSO_TARGET) if applies else None}
     return {"fitted_on_end_to_end": fit is not None, "per_gpu": per_gpu,
             "per_source": grouped(runs, lambda r: r.source, held), "predicted": held}
+
+
+def fit_stacks(runs: list[Run]) -> dict[str, Stack]:
+    """Every stack of FRAMEWORKS: megatron at 1 (the profiles' own stack); each other stack's compute
+    efficiency fitted (least mean relative error) on the expressed `runs` of that stack, or 1 when there
+    are none (`fit.rows` 0 says so)."""
+    stacks = {fw: Stack(fw, 1.0, "the stack the GPU profiles were fitted on (Megatron-DeepSpeed, Megatron "
+                                 "layer times, cuBLAS GEMMs): 1 by construction", {"rows": 0})
+              for fw in FRAMEWORKS}
+    for fw in FRAMEWORKS[1:]:
+        rows = [r for r in runs if r.expressed and r.instance.spec.training.framework == fw]
+        if not rows:
+            stacks[fw] = Stack(fw, 1.0, "no end-to-end rows of this stack to fit on: priced as megatron",
+                               {"rows": 0})
+            continue
+
+        def predict(eff: float, fw=fw, rows=rows) -> np.ndarray:
+            copies = [replace(r, predicted_s=None, breakdown={}, fits=None) for r in rows]
+            predict_runs(copies, Profiles(stacks={fw: Stack(fw, eff)}))
+            return np.array([c.predicted_s for c in copies])
+
+        eff, fit = fit_efficiency(predict, np.array([r.measured_s for r in rows]))
+        sources = sorted({r.source for r in rows})
+        fit["sources"] = {src: sum(r.source == src for r in rows) for src in sources}
+        fit["data"] = sorted({Path(r.path).name for r in rows})
+        stacks[fw] = Stack(fw, eff, f"fitted on {len(rows)} end-to-end rows ({', '.join(sources)}): least mean "
+                                    "relative error of the iteration time, GPU and fabric profiles as shipped", fit)
+    return stacks
+
+
+def stack_fit(runs: list[Run]) -> Profiles:
+    """The `Fit` hetopt uses: profiles as shipped, stack efficiencies fitted on `runs` (`fit_stacks`)."""
+    return Profiles(stacks=fit_stacks(runs))
 
 
 NO_FIT_NOTE = ("hetopt fits no parameter on end-to-end rows (its profiles come from GEMM/layer/collective "

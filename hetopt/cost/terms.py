@@ -148,7 +148,8 @@ def shipped_profiles() -> dict[str, CostParams]:
     """Calibration profiles shipped with the package (hetopt/cost/profiles/*.json), by GPU type."""
     found = {}
     for entry in resources.files("hetopt.cost").joinpath("profiles").iterdir():
-        if entry.name.endswith(".json") and entry.name != "fabrics.json":  # the fabric table (cost/fabrics.py)
+        # fabrics.json and stacks.json are the fabric and framework tables (cost/fabrics.py, cost/stacks.py)
+        if entry.name.endswith(".json") and entry.name not in ("fabrics.json", "stacks.json"):
             try:
                 params = CostParams.from_json(json.loads(entry.read_text(encoding="utf-8")))
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

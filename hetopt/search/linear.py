@@ -186,7 +186,7 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
 
 def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles) -> SplitProblem:
     gpus = f1.gpus[j]
-    params = [profiles.for_gpu(g) for g in gpus]
+    params = [profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
     parts = []
     for f in (f1, f2):
         host, dev = host_device(f.templates[j], np.stack([p.w for p in params]))
@@ -496,7 +496,7 @@ def stage_line(inst: Instance, profiles: Profiles, gpu_name: str, tp: int, micro
     key = (id(inst), id(profiles), gpu_name, tp, micro_batch, recompute, first, last)
     if key not in _LINES:
         gpu = inst.gpu_types[gpu_name]
-        params = profiles.for_gpu(gpu)
+        params = profiles.for_gpu(gpu, inst.spec.training.framework)
         w, s = params.w, params.launch_serial
         # the fastest interconnect of any node with this GPU type: the bound holds wherever the stage goes
         intra = max(

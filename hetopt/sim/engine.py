@@ -103,7 +103,7 @@ class Simulation:
         self.weights: list[list[np.ndarray]] = []
         self.overlap: list[list[float]] = []
         for j, gpus in enumerate(feats.gpus):
-            params = [self.profiles.for_gpu(g) for g in gpus]
+            params = [self.profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
             w = np.stack([p.w for p in params])
             # ZeRO-2/3's per-micro-batch collectives are in the passes by evaluate's overlap rule, not flows
             self.times.append(price_template(feats, j, w, np.array([p.launch_serial for p in params]))[0])

@@ -59,6 +59,11 @@ class TrainingSection(Section):
         None, description="Data type of the data-parallel gradient reduction (and the templates' exchange): "
                           "fp32 as Megatron's --grad-reduce-in-fp32 or DeepSpeed's fp32 all-reduce (4 bytes per "
                           "gradient); default 16 bits (2 bytes), as training.precision.")
+    framework: Literal["megatron", "fsdp"] = Field(
+        "megatron", description="The training stack: megatron (Megatron-LM, Megatron-DeepSpeed, NeMo: fused "
+                                "kernels, what the GPU profiles were fitted on) or fsdp (PyTorch FSDP stacks such "
+                                "as torchtitan or llm-foundry: device compute at the fitted efficiency of "
+                                "hetopt/cost/profiles/stacks.json).")
 
 
 class CustomGPU(Section):
