@@ -60,7 +60,7 @@ def test_heuristics_do_what_their_names_say():
 def test_amp_dynamic_program_finds_the_best_min_max_split():
     """On a 2-stage A100 → V100 layout the DP split must equal the best of all splits by brute force."""
     from hetopt.layout import Layout, expand_layout
-    from hetopt.search.linear import stage_line
+    from hetopt.search.bounds import Bounds
 
     inst = load_instance("demo")
     plan = expand_layout(inst, Layout(tp=8, pp=4, dp=1, mb=1))
@@ -72,7 +72,7 @@ def test_amp_dynamic_program_finds_the_best_min_max_split():
         worst = 0.0
         for i, n in enumerate(split):
             st = plan.pipelines[0].stages[i]
-            a, c = stage_line(inst, profiles, st.gpu, st.tp, 1, st.recompute, i == 0, i == p - 1)
+            a, c = Bounds(inst, profiles).stage_line(st.gpu, st.tp, 1, st.recompute, i == 0, i == p - 1)
             worst = max(worst, a * n + c)
         return worst
 

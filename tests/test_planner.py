@@ -260,7 +260,7 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
     from hetopt.cost.memory import GIB, stage_params
     from hetopt.cost.profiles import Profiles
     from hetopt.evaluate import stage_memory
-    from hetopt.search.linear import max_layers_total
+    from hetopt.search.bounds import Bounds
     from hetopt.search.space import Segment
 
     inst, profiles, rng = load_instance("instances/scale-256-three-types.yaml"), Profiles(), random.Random(2)
@@ -282,7 +282,7 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
                     break
                 most = n
             total = -1 if most == 0 or total < 0 else total + most
-        assert max_layers_total(inst, profiles, b, rc, segments, replicas) == total
+        assert Bounds(inst, profiles).max_layers_total(b, rc, segments, replicas) == total
 
 
 @pytest.mark.parametrize("name", ["s2-a100-v100", "s4-three-types"])
@@ -294,7 +294,7 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name):
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
-    from hetopt.search.linear import compute_lower_bound
+    from hetopt.search.bounds import Bounds
     from hetopt.search.orchestrate import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import SearchStats, enumerate_groups
@@ -311,6 +311,6 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name):
                 continue
             best = min(problem.iteration_time([n for t in split for n in t]) for split in
                        itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
-            assert compute_lower_bound(inst, sk, profiles) <= best * (1 + 1e-12)
+            assert Bounds(inst, profiles).compute_lower_bound(sk) <= best * (1 + 1e-12)
             checked.add(len(sk.templates))
     assert checked == {1, 2}

@@ -13,7 +13,8 @@ from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Pipeline, Plan, Stage
-from hetopt.search.linear import max_layers_total, split_problem, stage_line
+from hetopt.search.bounds import Bounds
+from hetopt.search.linear import split_problem
 from hetopt.search.orchestrate import speed_split
 from hetopt.search.space import SearchOptions, Segment, Skeleton, Template, tp_options
 from hetopt.spec.instance import Instance
@@ -61,16 +62,17 @@ def one_template(inst, profiles, options, classes, b, rc, tp, total_mb):
 
 def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -> Plan | None:
     layers = inst.model.layers
+    bounds = Bounds(inst, profiles)
     shapes = []
     for dc in classes:  # the fewest stages that hold the model (ZeRO counted over this class's replicas only)
         depth = next((n for n in range(1, min(options.max_stages, layers) + 1)
-                      if dc.gpus // (tp * n) >= 1 and max_layers_total(
-                          inst, profiles, b, rc, (Segment(dc.gpu, dc.island, tp, n),), dc.gpus // (tp * n)) >= layers),
+                      if dc.gpus // (tp * n) >= 1 and bounds.max_layers_total(
+                          b, rc, (Segment(dc.gpu, dc.island, tp, n),), dc.gpus // (tp * n)) >= layers),
                      None)
         if depth is None:
             continue
         r = dc.gpus // (tp * depth)
-        a, c = stage_line(inst, profiles, dc.gpu, tp, b, rc, False, False)
+        a, c = bounds.stage_line(dc.gpu, tp, b, rc, False, False)
         shapes.append((dc, depth, r, r / (a * layers / depth + c)))  # replicas × micro-batches per second
     if not shapes:
         return None

@@ -20,7 +20,7 @@ from hetopt.baselines.common import Candidates, PlannerResult, layout_plan, layo
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
 from hetopt.plan import Plan
-from hetopt.search.linear import stage_line
+from hetopt.search.bounds import Bounds
 from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 
@@ -81,10 +81,11 @@ def min_max_split(inst: Instance, profiles: Profiles, plan: Plan) -> list[int] |
         return None
 
     tau = np.zeros((p, n_layers + 1))
+    bounds = Bounds(inst, profiles)
     for i in range(p):
         for pipe in plan.pipelines:
             st = pipe.stages[i]
-            a, c = stage_line(inst, profiles, st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1)
+            a, c = bounds.stage_line(st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1)
             tau[i] = np.maximum(tau[i], a * np.arange(n_layers + 1) + c)
     best = np.full(n_layers + 1, np.inf)
     best[0] = 0.0

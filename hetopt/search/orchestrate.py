@@ -1,17 +1,16 @@
 """Best-first search over skeletons with a proven bound (DESIGN 4).
 
-1. Enumerate the skeletons in groups (divisibility, depth and resource rules prune while enumerating;
-   identical GPUs are counts, so no two skeletons differ only by which GPUs they name).
-2. Key each group by a compute lower bound on every skeleton in it (no placement needed) and visit them in
-   increasing bound order, expanding a group only when it reaches the top: one-template groups into
-   skeletons, two-template groups into replica counts and recompute, then into micro-batch shares. What a
-   group holds that cannot fit in memory even at its most ZeRO sharding is dropped on expansion (pruned:
-   memory). Bounds hold under every scenario, hence for every robust objective (each is at least the
-   smallest T_s).
-3. For each skeleton: place it (else pruned: placement), linearise the evaluator, drop it if a stage cannot
-   hold a layer or the stages cannot hold the model (pruned: memory), and solve its integer program.
-4. Stop when the next bound is no better than the incumbent: every skeleton left is proven no better
-   (pruned: bound). The best bound is then the incumbent itself — the plan is optimal.
+The plan space is a tree (hetopt/search/tree.py): families of device classes and TP degrees at the root,
+then replica counts, groups and two-template ranges, then skeletons as leaves; every node carries a lower
+bound on all the skeletons under it (hetopt/search/bounds.py) and is expanded only when it reaches the top
+of the heap. For each leaf the skeleton is placed (else pruned: placement), the evaluator is linearised
+(hetopt/search/linear.py), a stage that cannot hold a layer drops it (pruned: memory), and its integer
+program is solved. The search stops when the next bound is no better than the incumbent: every node left
+is proven no better (pruned: bound), and the plan is optimal. Bounds come from compute alone, so they hold
+under every scenario and for every robust objective (each is at least the smallest T_s).
+
+`solve_exact` runs `_Run`: `plant` the roots, `seed` a heuristic incumbent, then `select` leaves, solve
+them, `absorb` each result, and `answer`.
 With a time limit the search stops early and reports the best plan, the smallest bound of what it did not
 finish, and the gap between them. A search still solving after PARALLEL_AFTER_S solves the next few
 skeletons by bound side by side in worker processes (both cores); the best-first order and the proof are
@@ -34,31 +33,12 @@ from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Plan
+from hetopt.search.bounds import Bounds
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
-from hetopt.search.linear import (
-    PlanProblem,
-    bucket_bound,
-    compute_lower_bound,
-    family_bound,
-    group_bound,
-    pair_bound,
-    split_problem,
-    template_fits,
-    throughput_bound,
-)
+from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
-from hetopt.search.space import (
-    DEFAULT_RECOMPUTE,
-    Family,
-    PairGroup,
-    SearchOptions,
-    SearchStats,
-    Skeleton,
-    SkeletonGroup,
-    enumerate_families,
-    least_work,
-    orders,
-)
+from hetopt.search.space import SearchOptions, SearchStats, Skeleton
+from hetopt.search.tree import MEMORY_RULE, Node, SkeletonNode, Tree
 from hetopt.spec.instance import Instance
 
 PARALLEL_AFTER_S = 2.0
@@ -96,92 +76,144 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 seed: int = 0, options: SearchOptions | None = None, profiles: Profiles | None = None,
                 export_model: str | None = None, progress=None, objective: str = "stable",
                 workers: int | None = None, warm_start: bool = True) -> SearchResult:
+    """The best plan of the instance's plan space, proven optimal unless the time limit ends the search.
+
+    Parameters: inst — the instance; formulation, backend — how each skeleton is solved (`hetopt
+    formulations`); time_limit_s — wall-clock budget; seed — solver seed; options — the plan space (default:
+    the instance's `search:` section); profiles — calibrated weights (default: shipped); export_model — write
+    the best skeleton's model here; progress — called as progress(skeletons solved, incumbent s); objective —
+    stable, expected, worst or cvar over the instance's scenarios; workers — processes solving skeletons
+    side by side (default: up to 2, started after PARALLEL_AFTER_S); warm_start — start from the best
+    heuristic plan (WARM_START_PLANNERS).
+    Returns: a SearchResult — status optimal (bound = objective), timeout (best plan, smallest open bound
+    and gap) or infeasible (with the binding constraint in `reason`)."""
     form = pick(formulation, backend)
     scenarios = planning_scenarios(inst, objective)
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
-    start = clock()
-    stats = SearchStats()
-    # Best-first over a heap of groups (keyed by their smallest bound: the most replicated skeleton) and
-    # skeletons (keyed by their own bound); a group is expanded only when it reaches the top.
-    heap: list[tuple[float, int, object]] = []
-    tie = itertools.count()
-    bounds = _Bounds(inst, profiles, options, stats)
-    for family in enumerate_families(inst, options, stats):
-        heap.append((family_bound(inst, profiles, family), next(tie), family))
-    heapq.heapify(heap)
-    incumbent, best, best_sk = math.inf, None, None
-    seeded = None
+    run = _Run(inst, time_limit_s)
+    run.plant(Tree(inst, options, run.stats, Bounds(inst, profiles)))
     if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
-        seeded = seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s)
-        if seeded is not None:
-            incumbent, best = seeded["objective_s"], seeded.pop("plan")
-    open_bound = math.inf  # the smallest bound among skeletons not finished
-    timed_out = False
+        run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
     workers = min(2, os.cpu_count() or 1) if lazy else workers
     pool = None if lazy else _pool(ctx, workers)
     solving_since = clock()
     try:
-        while heap:
+        while True:
             if pool is None and lazy and workers > 1 and clock() - solving_since > PARALLEL_AFTER_S:
                 pool = _pool(ctx, workers)
-            key = heap[0][0]
-            if key >= incumbent * (1 - OPTIMALITY_TOLERANCE):
-                for _, _, it in heap:
-                    _count_bound_pruned(stats, it)
+            batch = run.select(2 * workers if pool is not None else 1)
+            if not batch:
                 break
-            left = time_limit_s - (clock() - start)
-            if left <= 0:
-                timed_out = True
-                open_bound = min(open_bound, key)
-                break
-            # The next few skeletons by bound (groups on the way are expanded), solved side by side.
-            batch: list[tuple[float, Skeleton]] = []
-            size = 2 * workers if pool is not None else 1
-            while heap and len(batch) < size and heap[0][0] < incumbent * (1 - OPTIMALITY_TOLERANCE):
-                key, _, item = heapq.heappop(heap)
-                if isinstance(item, Skeleton):
-                    batch.append((key, item))
-                else:
-                    for child_key, child in bounds.expand(item):
-                        heapq.heappush(heap, (max(key, child_key), next(tie), child))
-            jobs = [(sk, left) for _, sk in batch]
+            jobs = [(node.skeleton, run.left_s()) for node in batch]
             outcomes = list(pool.map(_solve_one, jobs)) if pool is not None and len(jobs) > 1 else \
                 [_solve_with(ctx, sk, t) for sk, t in jobs]
-            for (key, sk), (kind, sol, t) in zip(batch, outcomes, strict=True):
-                if kind != "solved":
-                    stats.pruned[kind] += 1
-                    continue
-                stats.solved += 1
-                if progress is not None:
-                    progress(stats.solved, incumbent)
-                if sol.status == SolveStatus.INFEASIBLE:
-                    continue
-                if sol.status != SolveStatus.OPTIMAL:
-                    timed_out = True
-                    open_bound = min(open_bound, max(key, sol.bound_s))
-                # a tie with a heuristic seed goes to the search's plan: it is in the space the bound covers
-                if sol.layers is not None and (t < incumbent or (best_sk is None and t <= incumbent * (1 + 1e-12))):
-                    incumbent, best, best_sk = t, sk.placed(sol.layers, inst.cluster), sk
+            for node, outcome in zip(batch, outcomes, strict=True):
+                run.absorb(node, *outcome)
+                if progress is not None and outcome[0] == "solved":
+                    progress(run.stats.solved, run.incumbent)
     finally:
         if pool is not None:
             pool.shutdown()
-    wall = clock() - start
-    if best is None:
-        status = SolveStatus.TIMEOUT if timed_out else SolveStatus.INFEASIBLE
-        return SearchResult(status, None, math.inf, open_bound if timed_out else math.inf, wall, form.name, backend,
-                            time_limit_s, seed, stats, reason="" if timed_out else diagnose(inst, stats))
-    if export_model and best_sk is not None:
-        form.solve(plan_problem(inst, best_sk, profiles, scenarios, objective), backend,
+    result = run.answer(form.name, backend, seed)
+    if export_model and result.skeleton is not None:
+        form.solve(plan_problem(inst, result.skeleton, profiles, scenarios, objective), backend,
                    SolveOptions(time_limit_s=time_limit_s, seed=seed, export_path=export_model))
-    bound = min(incumbent, open_bound)
-    status = SolveStatus.OPTIMAL if bound >= incumbent * (1 - OPTIMALITY_TOLERANCE) else SolveStatus.TIMEOUT
-    if seeded is not None:
-        seeded["kept"] = best_sk is None
-    return SearchResult(status, best, incumbent, bound, wall, form.name, backend, time_limit_s, seed, stats, best_sk,
-                        warm_start=seeded)
+    return result
+
+
+class _Run:
+    """The state of one best-first search: the open nodes, the incumbent and what is proven.
+
+    `plant` the tree's roots, `seed` a heuristic incumbent, `select` the next leaves to solve (expanding
+    the nodes above them), `absorb` each solved leaf, and `answer` with the result."""
+
+    def __init__(self, inst: Instance, time_limit_s: float) -> None:
+        self.inst, self.time_limit_s, self.start = inst, time_limit_s, clock()
+        self.stats = SearchStats()
+        self.heap: list[tuple[float, int, Node]] = []
+        self.tie = itertools.count()
+        self.tree: Tree | None = None
+        self.incumbent, self.best, self.best_sk = math.inf, None, None
+        self.seeded: dict | None = None
+        self.open_bound = math.inf  # the smallest bound among skeletons not finished
+        self.timed_out = False
+
+    def plant(self, tree: Tree) -> None:
+        self.tree = tree
+        self.heap = [(n.bound, next(self.tie), n) for n in tree.roots()]
+        heapq.heapify(self.heap)
+
+    def seed(self, seeded: dict | None) -> None:
+        if seeded is not None:
+            self.seeded = seeded
+            self.incumbent, self.best = seeded["objective_s"], seeded.pop("plan")
+
+    def left_s(self) -> float:
+        return self.time_limit_s - (clock() - self.start)
+
+    def _open(self, bound: float) -> bool:
+        """Whether a node of this bound may still hold a better plan than the incumbent."""
+        return bound < self.incumbent * (1 - OPTIMALITY_TOLERANCE)
+
+    def select(self, size: int) -> list[SkeletonNode]:
+        """Up to `size` leaves of smallest bound, expanding the nodes on the way; [] when the search ends:
+        every open node is proven no better (counted as pruned), or the time is up (its bound kept open)."""
+        assert self.tree is not None
+        if not self.heap:
+            return []
+        if not self._open(self.heap[0][0]):
+            for _, _, node in self.heap:
+                node.count_pruned(self.stats)
+            self.heap.clear()
+            return []
+        if self.left_s() <= 0:
+            self.timed_out = True
+            self.open_bound = min(self.open_bound, self.heap[0][0])
+            return []
+        batch: list[SkeletonNode] = []
+        while self.heap and len(batch) < size and self._open(self.heap[0][0]):
+            _, _, node = heapq.heappop(self.heap)
+            if node.is_leaf:
+                batch.append(node)
+            else:
+                for child in node.expand(self.tree):
+                    heapq.heappush(self.heap, (child.bound, next(self.tie), child))
+        return batch
+
+    def absorb(self, node: SkeletonNode, kind: str, sol, t: float) -> None:
+        """Take in one leaf's outcome: a prune rule, or a solution and its exact (evaluator) time."""
+        if kind != "solved":
+            self.stats.pruned[kind] += 1
+            return
+        self.stats.solved += 1
+        if sol.status == SolveStatus.INFEASIBLE:
+            return
+        if sol.status != SolveStatus.OPTIMAL:  # not proven: its bound stays open
+            self.timed_out = True
+            self.open_bound = min(self.open_bound, max(node.bound, sol.bound_s))
+        # a tie with a heuristic seed goes to the search's plan: it is in the space the bound covers
+        if sol.layers is not None and (t < self.incumbent
+                                       or (self.best_sk is None and t <= self.incumbent * (1 + 1e-12))):
+            sk = node.skeleton
+            self.incumbent, self.best, self.best_sk = t, sk.placed(sol.layers, self.inst.cluster), sk
+
+    def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:
+        wall = clock() - self.start
+        if self.best is None:
+            status = SolveStatus.TIMEOUT if self.timed_out else SolveStatus.INFEASIBLE
+            return SearchResult(status, None, math.inf, self.open_bound if self.timed_out else math.inf, wall,
+                                formulation, backend, self.time_limit_s, seed, self.stats,
+                                reason="" if self.timed_out else diagnose(self.inst, self.stats))
+        bound = min(self.incumbent, self.open_bound)
+        proven = bound >= self.incumbent * (1 - OPTIMALITY_TOLERANCE)
+        if self.seeded is not None:
+            self.seeded["kept"] = self.best_sk is None
+        return SearchResult(SolveStatus.OPTIMAL if proven else SolveStatus.TIMEOUT, self.best, self.incumbent,
+                            bound, wall, formulation, backend, self.time_limit_s, seed, self.stats, self.best_sk,
+                            warm_start=self.seeded)
 
 
 WARM_START_PLANNERS = ("amp-like", "proportional")
@@ -206,149 +238,6 @@ def seed_incumbent(inst: Instance, profiles: Profiles, scenarios, objective: str
         if best is None or t < best["objective_s"]:
             best = {"planner": name, "objective_s": t, "plan": found.plan}
     return best
-
-
-@dataclass(frozen=True)
-class PairSubgroup:
-    """A pair group at fixed replica counts and recompute mode; its skeletons differ in the shares."""
-
-    group: PairGroup
-    ra: int
-    rb: int
-    recompute: str
-
-    @property
-    def size(self) -> int:
-        return len(self.group.shares(self.ra, self.rb)) * len(orders(max(self.ra, self.rb)))
-
-
-@dataclass(frozen=True)
-class PairRange:
-    """The replica counts of a pair group not yet expanded: (ra, r) for every r ≤ rb — and with `rows`
-    also every ra' < ra with any rb. The throughput bound falls with every replica count, so its value at
-    (ra, rb) bounds the whole range; expanding peels off the top row or the top cell."""
-
-    group: PairGroup
-    ra: int
-    rb: int
-    rows: bool
-    modes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """A one-template family at one replica count R (its groups differ in stages per class)."""
-
-    family: Family
-    replicas: int
-
-
-class _Bounds:
-    """Lower bounds and memory pruning for the heap's items, from compute and memory alone (no placement):
-    every item is keyed by a bound on all the skeletons in it and expanded only when it reaches the top."""
-
-    def __init__(self, inst: Instance, profiles: Profiles, options: SearchOptions, stats: SearchStats) -> None:
-        self.inst, self.profiles, self.options, self.stats = inst, profiles, options, stats
-
-    def _fits(self, b: int, rc: str, segments: tuple, replicas_total: int) -> bool:
-        return template_fits(self.inst, self.profiles, b, rc, segments, replicas_total)
-
-    def _group_key(self, group) -> float | None:
-        """A bound on a group at its largest replica counts (the most ZeRO sharding: least memory, and the
-        smallest compute bound) and the least-work recompute mode that fits (recompute only adds work);
-        None when no mode fits, so no skeleton of it can hold the model."""
-        inst, prof = self.inst, self.profiles
-        if isinstance(group, SkeletonGroup):
-            top = max(group.replica_options)
-            # by increasing work: the first mode that fits bounds every mode that does
-            rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
-                       if self._fits(group.micro_batch, rc, group.segments, top)), None)
-            if rc is None:
-                self.stats.pruned[MEMORY_RULE] += group.size
-                return None
-            return group_bound(inst, prof, group.micro_batch, rc, group.segments,
-                               group.total_micro_batches // top)
-        modes = self._pair_modes(group, group.recompute_options, max(group.a_replicas) + max(group.b_replicas))
-        if not modes:
-            self.stats.pruned[MEMORY_GROUPS_RULE] += 1
-            return None
-        return throughput_bound(inst, prof, group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
-                                [max(group.a_replicas), max(group.b_replicas)], group.total_micro_batches)
-
-    def _pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
-        """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
-        return tuple(rc for rc in modes if self._fits(group.micro_batch, rc, (group.a,), replicas_total)
-                     and self._fits(group.micro_batch, rc, (group.b,), replicas_total))
-
-    def _range(self, r: PairRange) -> tuple[float, PairRange]:
-        g = r.group
-        return throughput_bound(self.inst, self.profiles, g.micro_batch, least_work(r.modes), [(g.a,), (g.b,)],
-                                [r.ra, r.rb], g.total_micro_batches), r
-
-    def expand(self, item) -> list[tuple[float, object]]:
-        inst, prof = self.inst, self.profiles
-        out: list[tuple[float, object]] = []
-        if isinstance(item, Family) and not item.pair:
-            for r in item.replica_counts(self.stats):
-                out.append((bucket_bound(inst, prof, item, r, self.options.max_stages), Bucket(item, r)))
-        elif isinstance(item, (Family, Bucket)):
-            family, r = (item, None) if isinstance(item, Family) else (item.family, item.replicas)
-            for group in family.groups(inst, self.options, self.stats, r):
-                key = self._group_key(group)
-                if key is not None:
-                    out.append((key, group))
-        elif isinstance(item, SkeletonGroup):
-            for sk in item.skeletons():
-                if self._fits(sk.micro_batch, sk.recompute, item.segments, sk.templates[0].replicas):
-                    out.append((compute_lower_bound(inst, sk, prof), sk))
-                else:
-                    self.stats.pruned[MEMORY_RULE] += 1
-        elif isinstance(item, PairGroup):
-            modes = self._pair_modes(item, item.recompute_options, max(item.a_replicas) + max(item.b_replicas))
-            if modes:
-                out.append(self._range(PairRange(item, max(item.a_replicas), max(item.b_replicas), True, modes)))
-        elif isinstance(item, PairRange):
-            g = item.group
-            if item.rows:  # the top row as a range of its own, and the rows below
-                out.append(self._range(PairRange(g, item.ra, item.rb, False, item.modes)))
-                if item.ra > 1:
-                    out.append(self._range(PairRange(g, item.ra - 1, item.rb, True, item.modes)))
-            else:  # the top cell's subgroups, and the rest of the row
-                if item.rb > 1:
-                    out.append(self._range(PairRange(g, item.ra, item.rb - 1, False, item.modes)))
-                if g.shares(item.ra, item.rb):
-                    fitting = self._pair_modes(g, item.modes, item.ra + item.rb)
-                    for rc in item.modes:
-                        sub = PairSubgroup(g, item.ra, item.rb, rc)
-                        self.stats.enumerated += sub.size
-                        if rc in fitting:
-                            out.append((pair_bound(inst, prof, g.micro_batch, rc, [(g.a,), (g.b,)],
-                                                   [item.ra, item.rb], g.total_micro_batches), sub))
-                        else:
-                            self.stats.pruned[MEMORY_RULE] += sub.size
-        else:
-            for sk in item.group.skeletons_of(item.ra, item.rb, item.recompute):
-                out.append((compute_lower_bound(inst, sk, prof), sk))
-        return out
-
-
-def _count_bound_pruned(stats: SearchStats, item) -> None:
-    """What the bound proves no better, counted in skeletons where they are known without generating."""
-    if isinstance(item, Family):
-        stats.pruned["bound: whole families never generated (device classes × TP degrees)"] += 1
-    elif isinstance(item, Bucket):
-        stats.pruned["bound: families at one replica count never generated"] += 1
-    elif isinstance(item, PairGroup):
-        stats.pruned["bound: two-template groups never expanded"] += 1
-    elif isinstance(item, PairRange):
-        stats.pruned["bound: two-template replica-count ranges never expanded"] += 1
-    else:
-        stats.pruned[BOUND_RULE] += 1 if isinstance(item, Skeleton) else item.size
-
-
-BOUND_RULE = "bound: compute lower bound ≥ incumbent"
-MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
-MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,264 @@
+"""The search space as a tree of nodes, each a set of skeletons with a lower bound on all of them.
+
+Every node answers two questions: `bound` — no split of any skeleton in it beats this (hetopt/search/bounds.py
+says why each holds) — and `expand` — its children, each keyed by a bound at least its parent's. Leaves are
+single skeletons, solved by a formulation. The best-first search (orchestrate.py) pops the node of smallest
+bound; a node whose bound reaches the incumbent is pruned with everything under it (`count_pruned`).
+
+    FamilyNode        device classes × TP degrees × micro-batch (space.Family), the roots
+    ├─ BucketNode     one-template family at one replica count R
+    │  └─ GroupNode   stages per class at R (space.SkeletonGroup)
+    │     └─ SkeletonNode
+    └─ PairGroupNode  two templates side by side (space.PairGroup)
+       └─ PairRangeNode     replica counts (ra', rb') ≤ (ra, rb), peeled a row or a cell at a time
+          └─ PairSubgroupNode  fixed (ra, rb) and recompute: the micro-batch shares
+             └─ SkeletonNode
+
+What cannot hold the model in memory even at its most ZeRO sharding is dropped on expansion and counted
+(`MEMORY_RULE`, `MEMORY_GROUPS_RULE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetopt.search.bounds import Bounds
+from hetopt.search.space import (
+    DEFAULT_RECOMPUTE,
+    Family,
+    PairGroup,
+    SearchOptions,
+    SearchStats,
+    Skeleton,
+    SkeletonGroup,
+    enumerate_families,
+    least_work,
+    orders,
+)
+from hetopt.spec.instance import Instance
+
+BOUND_RULE = "bound: compute lower bound ≥ incumbent"
+MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
+MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
+
+
+class Tree:
+    """The search tree of one instance: its roots and what expanding a node needs (bounds, memory tests).
+
+    Parameters: inst — the instance; options — the plan space; stats — counters this run fills;
+    bounds — this run's `Bounds` (their caches live as long as the tree)."""
+
+    def __init__(self, inst: Instance, options: SearchOptions, stats: SearchStats, bounds: Bounds) -> None:
+        self.inst, self.options, self.stats, self.bounds = inst, options, stats, bounds
+
+    def roots(self) -> list[Node]:
+        """Every family of the plan space, keyed by its throughput bound."""
+        return [FamilyNode(self.bounds.family_bound(f), f)
+                for f in enumerate_families(self.inst, self.options, self.stats)]
+
+    def fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> bool:
+        return self.bounds.template_fits(micro_batch, recompute, segments, replicas_total)
+
+    def pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
+        """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
+        return tuple(rc for rc in modes if self.fits(group.micro_batch, rc, (group.a,), replicas_total)
+                     and self.fits(group.micro_batch, rc, (group.b,), replicas_total))
+
+    def range_node(self, group: PairGroup, ra: int, rb: int, rows: bool, modes: tuple[str, ...]) -> PairRangeNode:
+        bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
+                                             [ra, rb], group.total_micro_batches)
+        return PairRangeNode(bound, group, ra, rb, rows, modes)
+
+    def group_node(self, group) -> Node | None:
+        """A group keyed at its largest replica counts (the most ZeRO sharding: least memory, and the
+        smallest compute bound) and the least-work recompute mode that fits (recompute only adds work);
+        None, counted as pruned, when no mode fits."""
+        if isinstance(group, SkeletonGroup):
+            top = max(group.replica_options)
+            # by increasing work: the first mode that fits bounds every mode that does
+            rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
+                       if self.fits(group.micro_batch, rc, group.segments, top)), None)
+            if rc is None:
+                self.stats.pruned[MEMORY_RULE] += group.size
+                return None
+            return GroupNode(self.bounds.group_bound(group.micro_batch, rc, group.segments,
+                                                     group.total_micro_batches // top), group)
+        modes = self.pair_modes(group, group.recompute_options, max(group.a_replicas) + max(group.b_replicas))
+        if not modes:
+            self.stats.pruned[MEMORY_GROUPS_RULE] += 1
+            return None
+        bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
+                                             [max(group.a_replicas), max(group.b_replicas)],
+                                             group.total_micro_batches)
+        return PairGroupNode(bound, group)
+
+    def skeleton_node(self, sk: Skeleton) -> SkeletonNode:
+        return SkeletonNode(self.bounds.compute_lower_bound(sk), sk)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A set of skeletons; `bound` holds for every one of them."""
+
+    bound: float
+
+    is_leaf = False
+
+    def expand(self, tree: Tree) -> list[Node]:
+        """The children, each keyed by a bound at least this node's."""
+        raise NotImplementedError
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        """Count what the bound proves no better, in skeletons where they are known without generating."""
+        raise NotImplementedError
+
+
+def _children(parent: Node, nodes: list[Node]) -> list[Node]:
+    """Children keyed by max(their bound, the parent's): a subset's bound is at least its set's."""
+    return [n if n.bound >= parent.bound else _rekey(n, parent.bound) for n in nodes]
+
+
+def _rekey(node: Node, bound: float) -> Node:
+    from dataclasses import replace
+
+    return replace(node, bound=bound)
+
+
+@dataclass(frozen=True)
+class FamilyNode(Node):
+    family: Family
+
+    def expand(self, tree: Tree) -> list[Node]:
+        if not self.family.pair:
+            out: list[Node] = [BucketNode(tree.bounds.bucket_bound(self.family, r, tree.options.max_stages),
+                                          self.family, r)
+                               for r in self.family.replica_counts(tree.stats)]
+        else:
+            out = [n for g in self.family.groups(tree.inst, tree.options, tree.stats)
+                   if (n := tree.group_node(g)) is not None]
+        return _children(self, out)
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned["bound: whole families never generated (device classes × TP degrees)"] += 1
+
+
+@dataclass(frozen=True)
+class BucketNode(Node):
+    """A one-template family at one replica count R (its groups differ in stages per class)."""
+
+    family: Family
+    replicas: int
+
+    def expand(self, tree: Tree) -> list[Node]:
+        return _children(self, [n for g in self.family.groups(tree.inst, tree.options, tree.stats, self.replicas)
+                                if (n := tree.group_node(g)) is not None])
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned["bound: families at one replica count never generated"] += 1
+
+
+@dataclass(frozen=True)
+class GroupNode(Node):
+    group: SkeletonGroup
+
+    def expand(self, tree: Tree) -> list[Node]:
+        out: list[Node] = []
+        for sk in self.group.skeletons():
+            if tree.fits(sk.micro_batch, sk.recompute, self.group.segments, sk.templates[0].replicas):
+                out.append(tree.skeleton_node(sk))
+            else:
+                tree.stats.pruned[MEMORY_RULE] += 1
+        return _children(self, out)
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned[BOUND_RULE] += self.group.size
+
+
+@dataclass(frozen=True)
+class PairGroupNode(Node):
+    group: PairGroup
+
+    def expand(self, tree: Tree) -> list[Node]:
+        g = self.group
+        modes = tree.pair_modes(g, g.recompute_options, max(g.a_replicas) + max(g.b_replicas))
+        if not modes:
+            return []
+        return _children(self, [tree.range_node(g, max(g.a_replicas), max(g.b_replicas), True, modes)])
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned["bound: two-template groups never expanded"] += 1
+
+
+@dataclass(frozen=True)
+class PairRangeNode(Node):
+    """The replica counts of a pair group not yet expanded: (ra, r) for every r ≤ rb — and with `rows`
+    also every ra' < ra with any rb. The throughput bound falls with every replica count, so its value at
+    (ra, rb) bounds the whole range; expanding peels off the top row or the top cell."""
+
+    group: PairGroup
+    ra: int
+    rb: int
+    rows: bool
+    modes: tuple[str, ...]
+
+    def expand(self, tree: Tree) -> list[Node]:
+        g, out = self.group, []
+        if self.rows:  # the top row as a range of its own, and the rows below
+            out.append(tree.range_node(g, self.ra, self.rb, False, self.modes))
+            if self.ra > 1:
+                out.append(tree.range_node(g, self.ra - 1, self.rb, True, self.modes))
+            return _children(self, out)
+        # the top cell's subgroups, and the rest of the row
+        if self.rb > 1:
+            out.append(tree.range_node(g, self.ra, self.rb - 1, False, self.modes))
+        if g.shares(self.ra, self.rb):
+            fitting = tree.pair_modes(g, self.modes, self.ra + self.rb)
+            for rc in self.modes:
+                sub = PairSubgroupNode(0.0, g, self.ra, self.rb, rc)
+                tree.stats.enumerated += sub.size
+                if rc in fitting:
+                    bound = tree.bounds.pair_bound(g.micro_batch, rc, [(g.a,), (g.b,)], [self.ra, self.rb],
+                                                   g.total_micro_batches)
+                    out.append(_rekey(sub, bound))
+                else:
+                    tree.stats.pruned[MEMORY_RULE] += sub.size
+        return _children(self, out)
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned["bound: two-template replica-count ranges never expanded"] += 1
+
+
+@dataclass(frozen=True)
+class PairSubgroupNode(Node):
+    """A pair group at fixed replica counts and recompute mode; its skeletons differ in the shares."""
+
+    group: PairGroup
+    ra: int
+    rb: int
+    recompute: str
+
+    @property
+    def size(self) -> int:
+        return len(self.group.shares(self.ra, self.rb)) * len(orders(max(self.ra, self.rb)))
+
+    def expand(self, tree: Tree) -> list[Node]:
+        return _children(self, [tree.skeleton_node(sk)
+                                for sk in self.group.skeletons_of(self.ra, self.rb, self.recompute)])
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned[BOUND_RULE] += self.size
+
+
+@dataclass(frozen=True)
+class SkeletonNode(Node):
+    """A leaf: one skeleton, solved by a formulation."""
+
+    skeleton: Skeleton
+
+    is_leaf = True
+
+    def expand(self, tree: Tree) -> list[Node]:
+        return []
+
+    def count_pruned(self, stats: SearchStats) -> None:
+        stats.pruned[BOUND_RULE] += 1
