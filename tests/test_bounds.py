@@ -1,0 +1,70 @@
+"""The search's bounds (hetopt/search/bounds.py) and tree (hetopt/search/tree.py).
+
+Each bound must hold for every skeleton under the node it keys; `compute_lower_bound` itself is checked
+against every split of sampled skeletons in test_planner.py (bound ≤ the skeleton's optimum)."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+from conftest import DEMO, REPO
+
+from hetopt.cost.profiles import Profiles
+from hetopt.search.bounds import Bounds
+from hetopt.search.space import SearchOptions, SearchStats
+from hetopt.search.tree import Tree
+from hetopt.spec.instance import load_instance
+
+SMALL = Path(__file__).parent / "small"
+
+
+def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
+    """Every leaf under `node` with the stored bounds of its ancestors."""
+    if node.is_leaf:
+        return [([*path, node], tree.bounds.compute_lower_bound(node.skeleton))]
+    out = []
+    for child in node.expand(tree):
+        out += _leaf_bounds(tree, child, [*path, node])
+    return out
+
+
+@pytest.mark.parametrize("name", ["s2-a100-v100", "s3-two-islands", "s4-three-types", "s6-h100-a100"])
+def test_every_node_bound_holds_for_every_skeleton_under_it(name):
+    """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each skeleton
+    they key (which is ≤ its optimum); children never key below their parent."""
+    inst = load_instance(SMALL / f"{name}.yaml")
+    tree = Tree(inst, SearchOptions.from_instance(inst), SearchStats(), Bounds(inst, Profiles()))
+    kinds, leaves = set(), 0
+    for root in tree.roots():
+        for path, leaf_bound in _leaf_bounds(tree, root, []):
+            leaves += 1
+            for node in path:
+                kinds.add(type(node).__name__)
+                assert node.bound <= leaf_bound * (1 + 1e-12) or math.isinf(leaf_bound), (type(node), node.bound,
+                                                                                          leaf_bound)
+            assert all(a.bound <= b.bound for a, b in itertools.pairwise(path))  # keys never fall going down
+    assert leaves > 0
+    assert kinds == {"FamilyNode", "BucketNode", "GroupNode", "PairGroupNode", "PairRangeNode", "PairSubgroupNode",
+                     "SkeletonNode"}
+
+
+def test_bounds_of_one_instance_are_not_served_to_another():
+    """Regression (issue 11): module caches keyed by id(inst) served the demo instance dgx-175B's template
+    bound once Python reused the id. Bounds now live on one run's object."""
+    demo = load_instance(DEMO)
+    seg = next(iter(Tree(demo, SearchOptions.from_instance(demo), SearchStats(),
+                         Bounds(demo, Profiles())).roots()))
+    family = seg.family
+    want = Bounds(demo, Profiles()).family_bound(family)
+    for _ in range(5):
+        big = load_instance(REPO / "instances" / "dgx-a100-gpt3-175b.yaml")
+        b = Bounds(big, Profiles())
+        b.stage_line("A100-80GB", 8, 1, "full", False, False)
+        del big, b
+        gc.collect()
+        again = load_instance(DEMO)
+        assert Bounds(again, Profiles()).family_bound(family) == pytest.approx(want, rel=1e-15)
