@@ -26,21 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.cost.attention import attention_weight
+from hetopt.cost.features import BWD, BWD_TP, FWD, FWD_TP, N_PARTS, OPT, plan_features, stage_work
+from hetopt.cost.pricing import dp_finish, pipe_times, price_parts
 from hetopt.cost.terms import ATTN, GEMM, ITER, KERN, LAT, LINK, MB, MEM, N_TERMS, NET, PASS, STEP, TERMS, CostParams
 from hetopt.errors import InputError, Problem
-from hetopt.evaluate import (
-    BWD,
-    BWD_TP,
-    FWD,
-    FWD_TP,
-    N_PARTS,
-    OPT,
-    dp_finish,
-    pipe_times,
-    plan_features,
-    price_parts,
-    stage_work,
-)
 from hetopt.layout import Layout, expand_layout
 from hetopt.spec.gpus import CATALOG
 from hetopt.spec.instance import instance_from_spec

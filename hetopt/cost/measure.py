@@ -81,8 +81,9 @@ def _block(torch, hidden: int, heads: int):
 
 
 def measure_profile(gpu: str, device: str = "cuda", tiny: bool = False, progress=None) -> CostParams:
+    from hetopt.cost.features import BWD, FWD, stage_work
+    from hetopt.cost.pricing import host_device, price_parts
     from hetopt.cost.profiles import Profiles
-    from hetopt.evaluate import BWD, FWD, host_device, price_parts, stage_work
     from hetopt.spec.gpus import CATALOG
     from hetopt.spec.presets import ModelArch
 

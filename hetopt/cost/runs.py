@@ -87,10 +87,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hetopt.cost.pricing import evaluate
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.stacks import FRAMEWORKS, Stack, fit_efficiency
 from hetopt.errors import InputError, Problem
-from hetopt.evaluate import evaluate
 from hetopt.layout import Layout, expand_layout
 from hetopt.plan import Plan
 from hetopt.spec.instance import Instance, instance_from_spec

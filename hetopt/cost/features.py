@@ -1,0 +1,350 @@
+"""Cost features of a placed plan (DESIGN 3): everything the iteration time depends on that calibration
+does not fit — FLOPs, bytes, kernel and collective-step counts per stage, per `Part` — and peak memory.
+
+`plan_features` turns a placed plan into, per template, an array (stages, N_PARTS, N_TERMS) that
+hetopt.cost.pricing prices with each stage's calibrated weights: work per micro-batch of every stage
+(`stage_work`: layers, embedding, head, recompute and TP collectives), the point-to-point sends it makes,
+its gradient all-reduce (sharing NICs with the rings beside it), the optimizer step, ZeRO-2/3 collectives
+per pass, and the templates' gradient exchange (`cross_template_exchange`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import lru_cache
+from itertools import pairwise
+
+import numpy as np
+
+from hetopt.cost import comm
+from hetopt.cost import compute as cc
+from hetopt.cost.flops import total_params
+from hetopt.cost.memory import (
+    WEIGHT_BYTES,
+    head_activation_bytes,
+    inflight_microbatches,
+    largest_unit_params,
+    layer_activation_bytes,
+    model_state_bytes,
+    stage_params,
+    zero_working_bytes,
+)
+from hetopt.cost.terms import ITER, MB, N_TERMS
+from hetopt.plan import Plan
+from hetopt.spec.cluster import Cluster, intra_route
+from hetopt.spec.gpus import GPUType
+from hetopt.spec.instance import Instance
+from hetopt.spec.presets import ModelArch
+
+GRAD_COMM_BYTES = 2.0
+"""Gradients are reduced in 16 bits (Megatron-core's default grad_reduce_in_fp32=False; DeepSpeed fp16)."""
+FP32_BYTES = 4.0
+
+
+def grad_comm_bytes(inst: Instance) -> float:
+    """Bytes per gradient in the data-parallel reduction: `training.grad_reduce_dtype` fp32 (Megatron's
+    --grad-reduce-in-fp32, DeepSpeed's fp32 all-reduce) sends 4, the default 16 bits GRAD_COMM_BYTES."""
+    return FP32_BYTES if inst.spec.training.grad_reduce_dtype == "fp32" else GRAD_COMM_BYTES
+
+class Part(IntEnum):
+    """The named rows of a stage's cost: features (N_PARTS, N_TERMS) and priced seconds (N_PARTS,) per stage.
+
+    FWD, BWD — one micro-batch's forward and backward compute (recompute in BWD); FWD_TP, BWD_TP — what
+    their tensor-parallel (and exposed ZeRO-2/3) collectives add; P2P — the point-to-point sends per
+    micro-batch; DP — the gradient all-reduce per iteration; OPT — the optimizer step per iteration.
+    Arrays stay arrays (batched pricing and calibration need them); index them by these names."""
+
+    FWD = 0
+    BWD = 1
+    FWD_TP = 2
+    BWD_TP = 3
+    P2P = 4
+    DP = 5
+    OPT = 6
+
+
+FWD, BWD, FWD_TP, BWD_TP, P2P, DP, OPT = Part
+N_PARTS = len(Part)
+
+
+
+
+@dataclass
+class PlanFeatures:
+    """Cost features of a placed plan: per template an array (stages, N_PARTS, N_TERMS)."""
+
+    templates: list[np.ndarray]
+    micro_batches: list[int]
+    gpus: list[list[GPUType]]
+    """GPU type of every stage, per template."""
+    virtual_stages: int
+    memory_bytes: list[list[float]]
+    cross: np.ndarray = field(default_factory=lambda: np.zeros(N_TERMS))
+    """Features of the gradient exchange between templates (zero with one template)."""
+    cross_flows: list[tuple[str, str, float]] = field(default_factory=list)
+    """Its flows: (source node, destination node, bytes), all running at once."""
+    zero_passes: list[np.ndarray] = field(default_factory=list)
+    """ZeRO-2/3 collectives per micro-batch, per template (stages, 2, N_TERMS): forward, backward pass."""
+    zero_units: list[list[int]] = field(default_factory=list)
+    """Units (layers, embedding, head) each stage gathers or reduces one by one under ZeRO-2/3."""
+
+
+# -- features -------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=65536)
+def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
+                attention: str, recompute: str, layers: int, first: bool, last: bool, intra=None) -> np.ndarray:
+    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP collectives
+    over `intra` (the stage's intra-node Route, or a comm.Span when its TP group spans nodes; default the
+    GPU's catalog interconnect)."""
+    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention)
+    intra = intra or intra_route(gpu)
+    fwd = layers * cc.layer_forward(x, gpu)
+    bwd = layers * (cc.layer_backward(x, gpu) + cc.layer_recompute(x, gpu, recompute))
+    tp_pass = cc.tp_comm_per_pass(x, intra)
+    fwd_tp = layers * tp_pass
+    bwd_tp = layers * tp_pass * (2 if recompute == "full" else 1)
+    if first:
+        fwd = fwd + cc.embedding_forward(x, gpu)
+        bwd = bwd + 2 * cc.embedding_forward(x, gpu)
+        fwd_tp = fwd_tp + cc.embedding_tp_comm(x, intra)
+    if last:
+        fwd = fwd + cc.head_forward(x, gpu)
+        bwd = bwd + cc.head_backward(x, gpu)
+        fwd_tp = fwd_tp + cc.head_tp_comm(x, intra)
+    fwd[MB] += 1
+    bwd[MB] += 1
+    return np.stack([fwd, bwd, fwd_tp, bwd_tp])
+
+
+def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) -> PlanFeatures:
+    m, s, b = inst.model, inst.seq_len, plan.micro_batch
+    attention = inst.spec.training.attention
+    cluster = cluster or inst.cluster
+    nodes_of = stage_nodes(plan)
+    replicas_total = plan.replicas
+    act_bytes = cc.ACT_BYTES * b * s * m.hidden
+    templates, gpus, memory = [], [], []
+    ring_load = dp_ring_load(cluster, plan, nodes_of)
+    grad_bytes = grad_comm_bytes(inst)
+    spans = tp_spans(cluster, plan)
+    zero_passes, zero_units = [], []
+    for j, pipe in enumerate(plan.pipelines):
+        p = len(pipe.stages)
+        arr = np.zeros((p, N_PARTS, N_TERMS))
+        t_gpus, t_mem = [], []
+        z_arr, z_units = np.zeros((p, 2, N_TERMS)), []
+        for i, st in enumerate(pipe.stages):
+            gpu = inst.gpu_types[st.gpu]
+            first, last = i == 0, i == p - 1
+            # TP collectives inside the stage's nodes, or over the network when its TP group spans nodes
+            tp_path = spans.get((j, i)) or cluster.slowest_intra(nodes_of[(j, i)])
+            arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last,
+                                    tp_path)
+            # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
+            # model chunk; with interleaving the last stage also passes activations on to the first stage's
+            # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
+            vp = plan.virtual_stages
+            nxt, prv = (i + 1) % p, (i - 1) % p
+            sends_fwd = vp if not last else vp - 1
+            sends_bwd = vp if not first else vp - 1
+            if sends_fwd:
+                arr[i, P2P] += sends_fwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes, st.tp)
+            if sends_bwd:
+                arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
+            params = stage_params(m, st.layers, first, last, p)
+            columns = nic_columns(cluster, nodes_of[(j, i)], st.tp)
+            arr[i, DP] = _dp_collective("all_reduce", cluster, pipe.replicas, nodes_of[(j, i)],
+                                        params / st.tp * grad_bytes, columns, ring_load)
+            shard = replicas_total if plan.zero else 1
+            arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
+            arr[i, OPT, ITER] = 1
+            if plan.zero >= 2:
+                zero_stage(arr[i], z_arr[i], plan.zero, cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp,
+                           grad_bytes, columns, gpu, ring_load)
+            z_units.append(st.layers + first + last)
+            t_gpus.append(gpu)
+            t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
+        templates.append(arr)
+        gpus.append(t_gpus)
+        memory.append(t_mem)
+        zero_passes.append(z_arr)
+        zero_units.append(z_units)
+    cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * grad_bytes)
+    return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, plan.virtual_stages, memory,
+                        cross, flows, zero_passes if plan.zero >= 2 else [], zero_units)
+
+
+def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
+    """(template, stage) → the node of each replica."""
+    out: dict[tuple[int, int], list[str]] = {}
+    for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica)):
+        out.setdefault((e.pipeline, e.stage), []).append(e.node)
+    return out
+
+
+def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int) -> np.ndarray:
+    """One activation (or gradient) send across a stage boundary: the slowest replica's.
+
+    Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
+    link, across nodes all shares go through the node's bottleneck. The replicas of a template cross the
+    same boundary at about the same time (1F1B runs them in lockstep), so flows in the same direction on
+    one link split it evenly — the max-min fair share the simulator gives them.
+    """
+    pairs = Counter(zip(src_nodes, dst_nodes, strict=True))
+    routes = [cluster.route(a, b) for a, b in pairs]
+    load: Counter = Counter()
+    for route, n in zip(routes, pairs.values(), strict=True):
+        for edge in route.edges:
+            load[edge] += n
+    return slowest_transfer([(r, nbytes / tp if r.intra_node else nbytes) for r in routes], load)
+
+
+def shared_gbps(route, load: Counter) -> float:
+    """A flow's bandwidth along `route` when `load[e]` flows share each link e evenly (their max-min fair
+    share when all run at once); inside a node, the node's interconnect."""
+    if route.intra_node:
+        return route.effective_gbps
+    return min(c / max(1, load[e]) for e, c in zip(route.edges, route.edge_effective, strict=True))
+
+
+def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
+    """Features of the slowest of concurrent sends (route, bytes) sharing links as `load` counts."""
+    def seconds(send) -> float:
+        route, nbytes = send
+        return nbytes / (shared_gbps(route, load) * comm.GBIT) + route.latency_us * 1e-6 + route.alpha_s
+
+    route, nbytes = max(sends, key=seconds)
+    return comm.transfer(nbytes, shared_gbps(route, load), route.intra_node, latency_s=route.latency_us * 1e-6,
+                         alpha_s=route.alpha_s)
+
+
+def dp_ring_load(cluster, plan: Plan, nodes_of) -> Counter:
+    """How many gradient rings cross each link (directed graph edge). The stages' all-reduces run at about
+    the same time — at the end of the iteration, within one backward chain of each other — so rings that
+    share a NIC or an island link share its bandwidth (the simulator's max-min shares, to first order)."""
+    load: Counter = Counter()
+    for j, pipe in enumerate(plan.pipelines):
+        if pipe.replicas <= 1:
+            continue
+        for i in range(len(pipe.stages)):
+            distinct = list(dict.fromkeys(nodes_of[(j, i)]))
+            if len(distinct) > 1:
+                for a, b in pairwise([*distinct, distinct[0]]):
+                    load.update(cluster.route(a, b).edges)
+    return load
+
+
+def _dp_collective(kind: str, cluster, replicas: int, nodes: list[str], rank_bytes: float, columns: int,
+                   load: Counter) -> np.ndarray:
+    """A collective (`all_reduce`, or `reduce_scatter`/`all_gather`: the same cost) of `rank_bytes` per rank
+    among a stage's replicas (`nodes`: one per replica): inside one node on its interconnect, else
+    hierarchical, ringing over the distinct nodes; `load`: rings per link (`dp_ring_load`)."""
+    if replicas <= 1:
+        return np.zeros(N_TERMS)
+    distinct = list(dict.fromkeys(nodes))
+    intra = cluster.slowest_intra(distinct)
+    if len(distinct) == 1:
+        return comm.collective(kind, rank_bytes, replicas, intra)
+    ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
+    span = comm.Span(max(nodes.count(n) for n in distinct), len(distinct), min(shared_gbps(r, load) for r in ring),
+                     max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring), intra, columns)
+    return comm.collective(kind, rank_bytes, replicas, span)
+
+
+def template_nodes(plan: Plan, template: int) -> list[str]:
+    """The distinct nodes a template's replicas use, in placement order."""
+    return list(dict.fromkeys(node for e in sorted(plan.placement, key=lambda e: (e.replica, e.stage))
+                              if e.pipeline == template for node, _ in e.members))
+
+
+def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
+    """Second level of the gradient reduction with K ≥ 2 templates: a ring all-reduce of the model's
+    `grad_bytes` among the templates (each sends 2(K−1)/K of it to the next). A hop from template j to
+    j + 1 is spread evenly over pairs of their nodes (as many as the smaller template has), so it uses
+    every NIC it can; flows sharing a link split it (as in `p2p_features`). Returns the features of the
+    slowest flow and the flows themselves."""
+    k = len(plan.pipelines)
+    if k < 2:
+        return np.zeros(N_TERMS), []
+    nodes = [template_nodes(plan, j) for j in range(k)]
+    volume = 2 * (k - 1) / k * grad_bytes
+    flows = []
+    for j in range(k):
+        src, dst = nodes[j], nodes[(j + 1) % k]
+        channels = min(len(src), len(dst))
+        flows += [(a, b, volume / channels) for a, b in zip(src[:channels], dst[:channels], strict=True)]
+    routes = [cluster.route(a, b) for a, b, _ in flows]
+    load: Counter = Counter(e for r in routes for e in r.edges)
+    return slowest_transfer([(r, nbytes) for r, (_, _, nbytes) in zip(routes, flows, strict=True)], load), flows
+
+
+def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
+                 replicas: int) -> float:
+    """Peak bytes of stage i (of `stages`) of a template; `plan` gives the micro-batch size, schedule,
+    virtual stages and ZeRO stage; `replicas` is every replica of the plan (ZeRO-1 shards over all)."""
+    m, s, b = inst.model, inst.seq_len, plan.micro_batch
+    attention = inst.spec.training.attention
+    per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
+    held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
+    activations = st.layers * per_layer * held
+    if st.recompute == "full" and st.layers:  # the layer being recomputed holds its full activations in backward
+        activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
+    if i == stages - 1:
+        activations += head_activation_bytes(m, b, s, st.tp)
+    working = 0.0
+    if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
+        working = zero_working_bytes(largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp,
+                                     plan.zero)
+    return model_state_bytes(params, st.tp, replicas, plan.zero) + working + activations
+
+
+# -- TP across nodes, ZeRO-2/3 ---------------------------------------------------------------------------
+
+def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], comm.Span]:
+    """(template, stage) → the span of its TP groups, for stages placed over several nodes. The replicas of
+    a stage may sit on nodes with different NICs: the narrowest ring sets the pace (1F1B runs them in
+    lockstep). Each group has its nodes to itself (whole nodes), so no other TP group shares their NICs."""
+    out: dict[tuple[int, int], comm.Span] = {}
+    for e in plan.placement:
+        if not e.more_nodes:
+            continue
+        nodes = [node for node, _ in e.members]
+        ring = [cluster.route(a, b) for a, b in pairwise([*nodes, nodes[0]])]
+        span = comm.Span(len(e.gpus), len(nodes), min(r.effective_gbps for r in ring),
+                         max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring),
+                         cluster.slowest_intra(nodes))
+        key = (e.pipeline, e.stage)
+        if key not in out or span.inter_gbps < out[key].inter_gbps:
+            out[key] = span
+    return out
+
+
+def nic_columns(cluster, nodes: list[str], tp: int) -> int:
+    """TP ranks of a stage on one node, each with its own data-parallel group through that node's NIC:
+    the TP degree, or the GPUs of a node when the group spans nodes (the other nodes' NICs carry the rest)."""
+    return min(tp, cluster.nodes[nodes[0]].gpus)
+
+
+def zero_stage(row: np.ndarray, passes: np.ndarray, zero: int, cluster, replicas: int, nodes: list[str],
+               params_per_gpu: float, grad_bytes: float, columns: int, gpu: GPUType, load: Counter) -> None:
+    """ZeRO-2/3 collectives of one stage over its data-parallel group (the template's replicas), written into
+    its feature `row` (N_PARTS, N_TERMS) and its per-micro-batch `passes` (forward, backward).
+
+    Assumptions (stated, as real runs differ): gradients are reduce-scattered after every micro-batch's
+    backward, so that only the 1/N_d shard of them is kept (DeepSpeed ZeRO-2 reduces at every micro-step;
+    FSDP without no_sync); ZeRO-3 (FSDP FULL_SHARD, reshard after forward) all-gathers the 16-bit weights
+    in every forward and again in every backward. ZeRO-2 all-gathers the updated 16-bit weights once, after
+    the optimizer step (in OPT); ZeRO-3 needs no such gather. Neither has an end-of-iteration all-reduce.
+    With one micro-batch, ZeRO-2 moves what ZeRO-1's all-reduce does (reduce-scatter + all-gather)."""
+    gather = _dp_collective("all_gather", cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, load)
+    scatter = _dp_collective("reduce_scatter", cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, load)
+    row[DP] = 0.0
+    passes[1] = scatter
+    if zero >= 3:
+        passes[0] = gather
+        passes[1] = passes[1] + gather
+    else:
+        row[OPT] += gather

@@ -1,0 +1,228 @@
+"""Pricing: seconds from cost features and calibrated weights, and the iteration time of a plan (DESIGN 3).
+
+Two steps, so that calibration can reuse the first: `plan_features` turns a placed plan into cost
+features per stage (hetopt.cost.features: work that does not depend on calibrated parameters), and `price` prices them
+with the weights of each stage's GPU type and combines the stages:
+
+- stage time per micro-batch τ_i = forward + backward (+ recompute) + its tensor-parallel collectives
+  + the point-to-point sends it makes (activations downstream, gradients upstream, once per model chunk);
+- 1F1B and GPipe: T_pipe = m·max τ + (Σ τ − max τ); interleaved with vp virtual stages divides the
+  fill-and-drain term by vp (Narayanan et al. 2021, §2.2);
+- each stage's gradient all-reduce starts when the last micro-batch's backward has left it (stage i is
+  done Σ_{k<i} backward times before stage 0) and its (1 − dp_overlap) exposed part may run past the
+  pipeline; the optimizer step follows, then a fixed per-iteration time.
+Several templates run side by side; the iteration waits for the slowest. Their layer splits differ, so a
+stage's gradients are reduced in two levels: first among the replicas of its own template (as above), then
+the templates exchange their reduced gradients — a ring all-reduce of the whole model's gradients among the
+K templates, each ring hop spread over node pairs of neighbouring templates (`cross_template_exchange`).
+Neither level depends on the layer split, which keeps the planner's program linear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetopt.cost.features import BWD, BWD_TP, DP, FWD, FWD_TP, OPT, P2P, PlanFeatures, plan_features
+from hetopt.cost.flops import model_flops_per_token
+from hetopt.cost.memory import (
+    GIB,
+)
+from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import MB, N_TERMS, PASS
+from hetopt.errors import InputError, Problem
+from hetopt.placement import place
+from hetopt.plan import Plan
+from hetopt.spec.cluster import Cluster
+from hetopt.spec.instance import Instance
+from hetopt.verify import check_plan
+
+
+@dataclass
+class Evaluation:
+    iteration_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    fits: bool
+    peak_memory_gib: list[float]
+    memory_limit_gib: list[float]
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "fits": self.fits,
+            "peak_memory_gib": self.peak_memory_gib, "memory_limit_gib": self.memory_limit_gib,
+            "breakdown": self.breakdown,
+        }
+
+
+def zero_exposed(times: np.ndarray, passes: np.ndarray, units: list[int], weights: np.ndarray) -> np.ndarray:
+    """Seconds the ZeRO-2/3 collectives add to each stage's forward and backward pass, (stages, 2).
+
+    Rule: a pass works through its n units (layers, embedding, head) in order and each unit's collective
+    is prefetched one unit ahead on its own stream (FSDP's forward/backward prefetch; the reduce-scatter of
+    a unit's gradients runs during the next unit's backward) — a two-machine flow shop of n equal steps,
+    compute c = P/n and communication k = K/n per unit, which takes n·max(c, k) + min(c, k) =
+    max(P, K) + min(P, K)/n: the first gather (or the last reduce-scatter) is never hidden, the rest hides
+    behind compute while compute is the longer. P: the pass with its TP collectives; K: its ZeRO
+    collectives. Units are taken as equal (the embedding and head differ from a layer: an approximation)."""
+    comm_s = np.einsum("spk,sk->sp", passes, weights) if weights.ndim == 2 else passes @ weights
+    compute_s = np.stack([times[:, FWD] + times[:, FWD_TP], times[:, BWD] + times[:, BWD_TP]], axis=1)
+    n = np.asarray(units, dtype=float)[:, None]
+    return np.maximum(compute_s, comm_s) + np.minimum(compute_s, comm_s) / n - compute_s
+
+
+def price_template(f: PlanFeatures, j: int, weights: np.ndarray, serial) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per part of template j's stages (`price_parts`), the exposed ZeRO-2/3 collectives added to
+    the passes' communication parts; also returns those exposed seconds per stage (for the breakdown)."""
+    times = price_parts(f.templates[j], weights, serial)
+    if not f.zero_passes:
+        return times, np.zeros(len(times))
+    extra = zero_exposed(times, f.zero_passes[j], f.zero_units[j], weights)
+    times[:, FWD_TP] += extra[:, 0]
+    times[:, BWD_TP] += extra[:, 1]
+    return times, extra.sum(axis=1)
+
+
+# -- pricing --------------------------------------------------------------------------------------------
+
+CPU_TERMS = [PASS, MB]
+"""Terms paid on the host (launching kernels, framework bookkeeping); all others are device time."""
+_CPU = np.isin(np.arange(N_TERMS), CPU_TERMS)
+
+
+def overlap_host_device(host_s, device_s, serial):
+    """A pass whose kernels are launched asynchronously takes the longer of host and device time; the
+    `serial` fraction of the shorter one cannot hide behind it (synchronisation points)."""
+    return np.maximum(host_s, device_s) + serial * np.minimum(host_s, device_s)
+
+
+def host_device(features: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Host and device seconds of features (..., N_TERMS), priced by weights (N_TERMS,) or by a weight
+    vector per leading row (..., N_TERMS) — the one place features meet weights."""
+    if weights.ndim == 1:  # one GPU type for every row (calibration): a matrix product
+        return features[..., _CPU] @ weights[_CPU], features[..., ~_CPU] @ weights[~_CPU]
+    # a weight vector per stage; features per stage (and part)
+    rule = "spk,sk->sp" if features.ndim == 3 else "sk,sk->s"
+    return (np.einsum(rule, features[..., _CPU], weights[..., _CPU]),
+            np.einsum(rule, features[..., ~_CPU], weights[..., ~_CPU]))
+
+
+def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray:
+    """Seconds per part from features (..., N_PARTS, N_TERMS) and weights (..., N_TERMS).
+
+    Forward and backward passes overlap host and device work; their tensor-parallel collectives are
+    device work, and the FWD_TP/BWD_TP parts hold what they add to the pass.
+    """
+    host, device = host_device(features, weights)
+    out = host + device
+    for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):
+        alone = overlap_host_device(host[..., compute], device[..., compute], serial)
+        with_tp = overlap_host_device(host[..., compute], device[..., compute] + device[..., tp], serial)
+        out[..., compute] = alone
+        out[..., tp] = with_tp - alone
+    return out
+
+
+def pipe_times(times: np.ndarray, micro_batches, virtual_stages: int, mask: np.ndarray | None = None):
+    """Pipeline time and per-stage τ from priced stage parts `times` (..., stages, N_PARTS), seconds.
+
+    Works on one template or on a batch (calibration); `mask` marks real stages in a padded batch.
+    """
+    if mask is None:
+        mask = np.ones(times.shape[:-1], dtype=bool)
+    m = np.asarray(micro_batches, dtype=float)
+    tau = (times[..., FWD] + times[..., BWD] + times[..., FWD_TP] + times[..., BWD_TP] + times[..., P2P]) * mask
+    tau_max = tau.max(axis=-1)
+    t_pipe = m * tau_max + (tau.sum(axis=-1) - tau_max) / virtual_stages
+    return t_pipe, tau
+
+
+def dp_finish(times: np.ndarray, t_sync, dp_overlap, mask: np.ndarray | None = None):
+    """When the last gradient all-reduce ends, given when the pipelines drain (`t_sync`).
+
+    Gradients of a stage are reduced once per iteration, after its last micro-batch; buckets start
+    streaming during that last backward pass, for the `dp_overlap` fraction of it (DDP-style overlap).
+    """
+    if mask is None:
+        mask = np.ones(times.shape[:-1], dtype=bool)
+    bwd = (times[..., BWD] + times[..., BWD_TP]) * mask
+    send_back = 0.5 * times[..., P2P] * mask  # the gradient half of a stage's point-to-point time
+    send_back[..., 0] = 0.0  # the first stage sends no gradient
+    # The last micro-batch's backward runs from the last stage down to stage 0, which ends at t_sync;
+    # stage i's last backward compute ends the backward and sends of the stages before it earlier.
+    chain = bwd + send_back
+    compute_end = np.asarray(t_sync)[..., None] - (np.cumsum(chain, axis=-1) - chain) - send_back
+    dp_end = compute_end - dp_overlap * bwd + times[..., DP]
+    return np.maximum(t_sync, np.where(mask, dp_end, -np.inf).max(axis=-1))
+
+
+def cross_seconds(f: PlanFeatures, profiles: Profiles) -> float:
+    """The exchange between templates, priced with the first stage's weights (network terms are the same
+    for every GPU type: they are not fitted per type)."""
+    return float(f.cross @ profiles.for_gpu(f.gpus[0][0]).w)
+
+
+def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Evaluation:
+    priced, zero_s = [], []
+    for j, gpus in enumerate(f.gpus):
+        params = [profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
+        weights = np.stack([p.w for p in params])  # (stages, N_TERMS)
+        serial = np.array([p.launch_serial for p in params])
+        times, exposed = price_template(f, j, weights, serial)
+        priced.append((times, np.array([p.dp_overlap for p in params])))
+        zero_s.append(exposed)
+    pipes = [pipe_times(times, m, f.virtual_stages) for (times, _), m in zip(priced, f.micro_batches, strict=True)]
+    # The slowest template sets the pace; gradient all-reduces wait for every template's replicas.
+    crit = max(range(len(pipes)), key=lambda j: float(pipes[j][0]))
+    t_pipe = float(pipes[crit][0])
+    t_dp = max(float(dp_finish(times, t_pipe, overlap)) for times, overlap in priced)
+    t_opt = max(float(times[:, OPT].max()) for times, _ in priced)
+    t_cross = cross_seconds(f, profiles)
+    times, tau = priced[crit][0], pipes[crit][1]
+    k = int(np.argmax(tau))
+    m = f.micro_batches[crit]
+    breakdown = {
+        "compute": m * float(times[k, FWD] + times[k, BWD]),
+        "bubble": t_pipe - m * float(tau[k]),
+        "tp_comm": m * float(times[k, FWD_TP] + times[k, BWD_TP]),
+        "pp_comm": m * float(times[k, P2P]),
+        "dp_comm": t_dp - t_pipe + t_cross,
+        "optimizer": t_opt,
+    }
+    # ZeRO-2/3's exposed collectives sit in the passes' communication parts; they are data-parallel traffic
+    breakdown["tp_comm"] -= m * float(zero_s[crit][k])
+    breakdown["dp_comm"] += m * float(zero_s[crit][k])
+    iteration = t_dp + t_cross + t_opt
+    tokens = inst.global_batch * inst.seq_len
+    model_flops = model_flops_per_token(inst.model, inst.seq_len) * tokens
+    peak_used = sum(pipe.replicas * st.tp * inst.gpu_types[st.gpu].peak_flops
+                    for pipe in plan.pipelines for st in pipe.stages)
+    peak_mem = [mem / GIB + profiles.for_gpu(g).reserve_gib
+                for mems, gpus in zip(f.memory_bytes, f.gpus, strict=True) for mem, g in zip(mems, gpus, strict=True)]
+    limits = [g.usable_memory_gib for gpus in f.gpus for g in gpus]  # what a program can allocate
+    return Evaluation(
+        iteration_time_s=iteration, tokens_per_s=tokens / iteration,
+        tflops_per_gpu=model_flops / iteration / plan.gpus_used / 1e12, mfu=model_flops / iteration / peak_used,
+        fits=all(p <= lim for p, lim in zip(peak_mem, limits, strict=True)),
+        peak_memory_gib=peak_mem, memory_limit_gib=limits, breakdown=breakdown)
+
+
+def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan",
+             cluster: Cluster | None = None) -> Evaluation:
+    """Analytic time and memory of a plan; structural errors in the plan are bad input (exit 2).
+
+    Parameters: inst — the instance; plan — the plan (placed or not; it is placed here); profiles —
+    calibrated weights (default: shipped); source — the name error messages give the plan; cluster —
+    overrides the instance's (the same nodes with other link bandwidths: a scenario).
+    Returns: an Evaluation — iteration time, throughput, MFU, peak memory per stage against its limit,
+    whether it fits, and the time breakdown."""
+    problems = check_plan(inst, plan)
+    if problems:
+        raise InputError(source, [Problem(path, message) for path, message in problems])
+    plan = place(plan, inst.cluster)
+    feats = plan_features(inst, plan, cluster)
+    return price(inst, plan, feats, profiles or Profiles())
