@@ -167,6 +167,13 @@ def cross_seconds(f: PlanFeatures, profiles: Profiles) -> float:
 
 
 def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Evaluation:
+    """Price a placed plan's features with each stage's calibrated weights (module docstring).
+
+    Parameters: inst — the instance (its training stack picks the weights); plan — the placed plan `f`
+    was built from; f — its cost features (`plan_features`); profiles — calibrated weights per GPU type.
+    Returns: the Evaluation — iteration time (slowest template's pipeline, gradient all-reduces, templates'
+    exchange, optimizer step), tokens/s, TFLOP/s per GPU, MFU, peak memory per stage and its limit, whether
+    every stage fits, and the breakdown of the critical template's time."""
     priced, zero_s = [], []
     for j, gpus in enumerate(f.gpus):
         params = [profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]

@@ -90,6 +90,12 @@ class SimResult:
 
 
 class Simulation:
+    """A discrete-event replay of one plan: every pass, send and collective as an event, network transfers
+    as flows sharing links under the scenario's bandwidth changes.
+
+    Parameters: inst — the instance; plan — the plan (checked, then placed); profiles — calibrated weights
+    (default: shipped). `run` replays it."""
+
     def __init__(self, inst: Instance, plan: Plan, profiles: Profiles | None = None) -> None:
         problems = check_plan(inst, plan)
         if problems:
@@ -191,6 +197,9 @@ class Simulation:
     # -- running -------------------------------------------------------------------------------------------
 
     def run(self, scenario: BandwidthScenario, iterations: int = 1, record: bool = False) -> SimResult:
+        """Replay `iterations` iterations under `scenario` (its bandwidth changes applied as they come);
+        `record` keeps every event for the timeline. Returns the SimResult: per-iteration times and, when
+        recorded, the events."""
         return _Run(self, scenario, iterations, record).go()
 
 
