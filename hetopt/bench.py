@@ -204,6 +204,8 @@ def markdown(result: BenchResult) -> str:
                     cells.append(f"**{text}**" if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9) else text)
             ratio = _ratio(expected, name, planner)
             status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if mine[0].gap else "")
+            if mine[0].note.startswith("warm-start plan"):  # registry.run_hetopt: a heuristic plan kept
+                status += " (warm-start plan outside the searched space: no plan of the space is better)"
             predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
             lines.append(f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
                          + " | ".join(cells) + f" | {ratio} |")

@@ -21,9 +21,14 @@ def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | 
 
     r = solve_exact(inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles)
     status = r.status.value if r.plan is not None else ("timeout" if r.status.value == "timeout" else "infeasible")
+    note = r.reason
+    outside = (r.warm_start or {}).get("outside_space")
+    if outside:
+        note = (f"warm-start plan ({r.warm_start['planner']}) kept; it lies outside the searched space ("
+                + "; ".join(outside) + ")")
     return PlannerResult("hetopt", r.plan, r.objective_s, r.solve_time_s, status,
-                         r.gap if math.isfinite(r.gap) else None, r.stats.solved, r.reason,
-                         {"skeletons_enumerated": r.stats.enumerated})
+                         r.gap if math.isfinite(r.gap) else None, r.stats.solved, note,
+                         {"skeletons_enumerated": r.stats.enumerated, "outside_space": bool(outside)})
 
 
 def run_exhaustive(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0

@@ -37,7 +37,7 @@ from hetopt.search.bounds import Bounds
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
 from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
-from hetopt.search.space import SearchOptions, SearchStats, Skeleton
+from hetopt.search.space import SearchOptions, SearchStats, Skeleton, outside_space
 from hetopt.search.tree import MEMORY_RULE, Node, SkeletonNode, Tree
 from hetopt.spec.instance import Instance
 
@@ -91,7 +91,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     scenarios = planning_scenarios(inst, objective)
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
-    run = _Run(inst, time_limit_s)
+    run = _Run(inst, options, time_limit_s)
     run.plant(Tree(inst, options, run.stats, Bounds(inst, profiles)))
     if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
         run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
@@ -130,8 +130,8 @@ class _Run:
     `plant` the tree's roots, `seed` a heuristic incumbent, `select` the next leaves to solve (expanding
     the nodes above them), `absorb` each solved leaf, and `answer` with the result."""
 
-    def __init__(self, inst: Instance, time_limit_s: float) -> None:
-        self.inst, self.time_limit_s, self.start = inst, time_limit_s, clock()
+    def __init__(self, inst: Instance, options: SearchOptions, time_limit_s: float) -> None:
+        self.inst, self.options, self.time_limit_s, self.start = inst, options, time_limit_s, clock()
         self.stats = SearchStats()
         self.heap: list[tuple[float, int, Node]] = []
         self.tie = itertools.count()
@@ -211,6 +211,8 @@ class _Run:
         proven = bound >= self.incumbent * (1 - OPTIMALITY_TOLERANCE)
         if self.seeded is not None:
             self.seeded["kept"] = self.best_sk is None
+            if self.best_sk is None:  # the answer is the heuristic's plan: say whether the space holds it
+                self.seeded["outside_space"] = outside_space(self.inst, self.best, self.options)
         return SearchResult(SolveStatus.OPTIMAL if proven else SolveStatus.TIMEOUT, self.best, self.incumbent,
                             bound, wall, formulation, backend, self.time_limit_s, seed, self.stats, self.best_sk,
                             warm_start=self.seeded)

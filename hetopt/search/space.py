@@ -344,3 +344,47 @@ def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
 def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
     for group in enumerate_groups(inst, opts, stats):
         yield from group.skeletons()
+
+
+def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
+    """Why `plan` is not a plan of the search space (every rule it breaks; [] when it is one): the space's
+    plans are 1F1B, one virtual stage, ZeRO-1, sequence parallel, one micro-batch size and recompute mode
+    from the options, TP from the options and inside a node, at most max_stages stages and max_classes
+    device classes per template, each class one contiguous run at one TP, and at most max_templates
+    templates — two only as single-class templates side by side."""
+    why = []
+    if plan.schedule != "1f1b" or plan.virtual_stages != 1:
+        why.append(f"schedule {plan.schedule} with {plan.virtual_stages} virtual stages (the space: 1f1b, 1)")
+    if plan.zero != 1:
+        why.append(f"ZeRO stage {plan.zero} (the space: 1)")
+    if plan.micro_batch not in opts.micro_batch:
+        why.append(f"micro-batch {plan.micro_batch} not in {list(opts.micro_batch)}")
+    stages = [st for pipe in plan.pipelines for st in pipe.stages]
+    modes = {st.recompute for st in stages}
+    if len(modes) > 1 or not modes <= set(opts.recompute):
+        why.append(f"recompute {sorted(modes)} (the space: one of {list(opts.recompute)} for every stage)")
+    if any(not st.sp for st in stages):
+        why.append("a stage without sequence parallelism")
+    node_gpus = {}
+    for node in inst.cluster.nodes.values():
+        key = (node.gpu, node.island)
+        node_gpus[key] = max(node_gpus.get(key, 0), node.gpus)
+    if any(st.tp not in opts.tp or st.tp > node_gpus.get((st.gpu, st.island), 0) for st in stages):
+        why.append(f"TP {sorted({st.tp for st in stages})} not within {list(opts.tp)} inside a node")
+    if len(plan.pipelines) > opts.max_templates:
+        why.append(f"{len(plan.pipelines)} templates (the space: at most {opts.max_templates})")
+    for j, pipe in enumerate(plan.pipelines):
+        runs = [(st.gpu, st.island, st.tp) for k, st in enumerate(pipe.stages)
+                if k == 0 or (st.gpu, st.island, st.tp) != (pipe.stages[k - 1].gpu, pipe.stages[k - 1].island,
+                                                            pipe.stages[k - 1].tp)]
+        classes = [(g, i) for g, i, _ in runs]
+        if len(pipe.stages) > opts.max_stages:
+            why.append(f"template {j}: {len(pipe.stages)} stages (the space: at most {opts.max_stages})")
+        if len(set(classes)) != len(classes):
+            why.append(f"template {j}: a device class in more than one run or at two TP degrees")
+        if len(set(classes)) > opts.max_classes:
+            why.append(f"template {j}: {len(set(classes))} device classes (the space: at most {opts.max_classes})")
+        if len(plan.pipelines) > 1 and len(set(classes)) > 1:
+            why.append(f"template {j}: several device classes beside another template (the space: single-class "
+                       "templates side by side)")
+    return why
