@@ -294,7 +294,7 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name):
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
-    from hetopt.search.bounds import Bounds
+    from hetopt.search.bounds import Bounds, placed_bound
     from hetopt.search.orchestrate import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import SearchStats, enumerate_groups
@@ -312,5 +312,6 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name):
             best = min(problem.iteration_time([n for t in split for n in t]) for split in
                        itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
             assert Bounds(inst, profiles).compute_lower_bound(sk) <= best * (1 + 1e-12)
+            assert placed_bound(problem) <= best * (1 + 1e-12)
             checked.add(len(sk.templates))
     assert checked == {1, 2}

@@ -11,7 +11,7 @@ affine in a stage's layers. Every bound has a brute-force test on sampled skelet
 | bound                    | keys                         | statement                                          |
 | ------------------------ | ---------------------------- | -------------------------------------------------- |
 | `family_bound`           | a family (classes × TP)      | T ≥ M·N / Σ_k G_k/(t_k·a_k)                         |
-| `bucket_bound`           | a family at R replicas       | T ≥ (M/R)·N / max Σ_k n_k/a_k                       |
+| `bucket_bound`           | a family at R replicas       | T ≥ (m − 1)·λ + max(λ, N·min a), λ = N/max Σ n_k/a_k |
 | `group_bound`            | a one-template group         | T ≥ (m − 1)·λ* + S (real water level λ*)            |
 | `throughput_bound`       | a two-template range         | T ≥ M / Σ_j R_j/λ_j                                 |
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
@@ -28,9 +28,10 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.memory import GIB, stage_params
 from hetopt.cost.profiles import Profiles
-from hetopt.evaluate import BWD, BWD_TP, FWD, FWD_TP, host_device, stage_memory, stage_work
+from hetopt.evaluate import BWD, BWD_TP, FWD, FWD_TP, host_device, p2p_features, stage_memory, stage_work
 from hetopt.search.linear import Affine
 from hetopt.search.space import Skeleton, least_work
 from hetopt.spec.instance import Instance
@@ -63,8 +64,11 @@ class Bounds:
     Parameters: inst — the instance; profiles — the calibrated weights the evaluator uses.
     Every method is memoised on this object only."""
 
-    def __init__(self, inst: Instance, profiles: Profiles) -> None:
+    def __init__(self, inst: Instance, profiles: Profiles, clusters: list | None = None) -> None:
         self.inst, self.profiles = inst, profiles
+        self.clusters = clusters or [inst.cluster]
+        """Every cluster a plan is timed on (the planning scenarios'): a send is bounded by its fastest."""
+        self._sends: dict[tuple, float] = {}
         self._lines: dict[tuple, Line] = {}
         self._templates: dict[tuple, tuple[float, float]] = {}
         self._real_levels: dict[tuple, tuple[float, float]] = {}
@@ -102,16 +106,56 @@ class Bounds:
         a, c = self.stage_line(gpu_name, tp, micro_batch, recompute, False, False)
         return a + min(c, 0.0)
 
+    def send_s(self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int) -> float:
+        """Least seconds of one activation (or gradient) send from a stage of device class `src` (GPU type,
+        island) at TP `tp` to a stage of class `dst`: the fastest pair of their nodes, alone on its links
+        (features.p2p_features, priced with the sender's weights), under the fastest planning cluster.
+        Different GPU types never share a node, so a send between classes always crosses NICs."""
+        key = (src, dst, tp, micro_batch)
+        if key not in self._sends:
+            inst = self.inst
+            nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
+            w = self.profiles.for_gpu(inst.gpu_types[src[0]], inst.spec.training.framework).w
+            groups: dict[str, list[str]] = {}
+            for node in inst.cluster.nodes.values():
+                groups.setdefault(node.group, []).append(node.name)
+            reps = {cls: [names for g, names in groups.items()
+                          if (inst.cluster.nodes[names[0]].gpu, inst.cluster.nodes[names[0]].island) == cls]
+                    for cls in (src, dst)}
+            pairs = []
+            for a_names in reps[src]:  # one node of each node group stands for its identical nodes
+                for b_names in reps[dst]:
+                    pairs.append((a_names[0], b_names[0]))
+                    if a_names is b_names and len(a_names) > 1:
+                        pairs.append((a_names[0], a_names[1]))
+            self._sends[key] = min(float(p2p_features(cluster, [a], [b], nbytes, tp) @ w)
+                                   for cluster in self.clusters for a, b in pairs)
+        return self._sends[key]
+
     # -- one template ---------------------------------------------------------------------------------
 
     def weighted_lines(self, micro_batch: int, recompute: str, segments: tuple) -> list[tuple[float, float, int]]:
-        """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. Stages of a segment share one
-        line, except the first and last (embedding, head): multiplicities keep deep pipelines cheap."""
+        """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. τ includes the stage's sends
+        (the sender pays, as in the evaluator): an activation forward unless it is the last stage, a
+        gradient back unless it is the first, each at least `send_s` — across NICs at a change of device
+        class. Stages of a segment share one line except its first and last (embedding, head, the sends
+        to the neighbouring classes): multiplicities keep deep pipelines cheap."""
         p = sum(seg.stages for seg in segments)
         weighted, position = [], 0
-        for seg in segments:
-            for first, last, count in segment_parts(position, seg.stages, p):
-                weighted.append((*self.stage_line(seg.gpu, seg.tp, micro_batch, recompute, first, last), count))
+        for j, seg in enumerate(segments):
+            here = (seg.gpu, seg.island)
+            nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < len(segments) else None
+            prv = (segments[j - 1].gpu, segments[j - 1].island) if j > 0 else None
+            inner = self.send_s(here, here, seg.tp, micro_batch)
+            for k, count in _positions(seg.stages):
+                i = position + k
+                first, last = i == 0, i == p - 1
+                a, c = self.stage_line(seg.gpu, seg.tp, micro_batch, recompute, first, last)
+                if not last:  # activation forward
+                    c += self.send_s(here, nxt, seg.tp, micro_batch) if k == seg.stages - 1 else inner
+                if not first:  # gradient back
+                    c += self.send_s(here, prv, seg.tp, micro_batch) if k == 0 else inner
+                weighted.append((a, c, count))
             position += seg.stages
         return weighted
 
@@ -201,8 +245,12 @@ class Bounds:
 
     def bucket_bound(self, family, replicas: int, max_stages: int) -> float:
         """`family_bound` at one replica count R: each replica has 1 ≤ n_k ≤ ⌊G_k/(t_k·R)⌋ stages of class
-        k and at most P = min(max_stages, layers, M/R) in all, so max τ ≥ N / max Σ_k n_k/a_k (the extra
-        stages go to the fastest classes first) and T ≥ (M/R)·max τ; inf when no replica fits at R."""
+        k and at most P = min(max_stages, layers, M/R) in all (the extra stages go to the fastest classes
+        first); inf when no replica fits at R. The two stages beside each change of class pay a send over
+        NICs, c_i ≥ `send_s`, in every configuration: τ_i ≥ a_i·L_i + c_i gives
+        max τ ≥ λ = (N + Σ c_i/a_i) / max Σ_k n_k/a_k. With m = M/R micro-batches T ≥ (m − 1)·max τ + Σ τ,
+        and Σ τ ≥ max τ ≥ λ as well as Σ τ ≥ N·min_k a_k + Σ c_i (every layer at least at the fastest
+        class's per-layer time): T ≥ (m − 1)·λ + max(λ, N·min_k a_k + Σ c_i)."""
         m = family.total_micro_batches // replicas
         cap = min(max_stages, self.inst.model.layers, m)
         rc = least_work(family.recompute_options)
@@ -220,7 +268,16 @@ class Bounds:
             k = min(u - 1, left)
             rate += k / a
             left -= k
-        return m * self.inst.model.layers / rate
+        # every configuration has a stage on each side of each change of class, paying a send over NICs
+        sends = []  # (per-layer time of the paying stage's class, its send)
+        cls = [(dc.gpu, dc.island) for dc in family.classes]
+        for k in range(len(cls) - 1):
+            sends.append((classes[k][0], self.send_s(cls[k], cls[k + 1], family.tps[k], family.micro_batch)))
+            sends.append((classes[k + 1][0],
+                          self.send_s(cls[k + 1], cls[k], family.tps[k + 1], family.micro_batch)))
+        layers = self.inst.model.layers
+        lam = (layers + sum(c / a for a, c in sends)) / rate
+        return (m - 1) * lam + max(lam, layers * min(a for a, _ in classes) + sum(c for _, c in sends))
 
     # -- memory ---------------------------------------------------------------------------------------
 
@@ -276,6 +333,15 @@ class Bounds:
 
 
 # -- pure functions of lines ----------------------------------------------------------------------------
+
+def _positions(stages: int) -> list[tuple[int, int]]:
+    """(position in the segment, count): its first stage, the middle ones as one run, its last stage."""
+    if stages == 1:
+        return [(0, 1)]
+    if stages == 2:
+        return [(0, 1), (1, 1)]
+    return [(0, 1), (1, stages - 2), (stages - 1, 1)]
+
 
 def segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool, int]]:
     """(first, last, count) runs of a segment's stages at positions start .. start + stages − 1."""
@@ -343,3 +409,51 @@ def water_level(weighted: list[tuple[float, float, int]], layers: int, depth: in
         if lam <= nxt:
             return max(lam, order[0][0] + order[0][1])
     return lam
+
+
+# -- a placed skeleton ----------------------------------------------------------------------------------
+
+def placed_bound(problem) -> float:
+    """A bound on a skeleton once it is placed and linearised (search.linear.PlanProblem), before its
+    integer program is solved: its communication is now known.
+
+    Per scenario and template, stage i takes τ_i(L) = y^f_i(L) + y^b_i(L) + c_i with the exact sends c_i,
+    and y(L) = max(h, d) + s·min(h, d) ≥ d + s·h, a line a_i·L + b_i; so T_sync ≥ (m − 1)·λ + g(λ + Δ) as in
+    `Bounds.pipeline_bound` (memory caps only shrink the space: ignoring them keeps the bound). Stage 0's
+    gradient all-reduce ends at T_sync − o_0·y^b_0(L_0) + D_0(L_0) ≥ T_sync + min over its layer counts;
+    the optimizer step is at least every stage's at one layer; the templates' exchange is a constant. The
+    scenario times combine by the objective, which rises with each of them (robust.aggregate)."""
+    from hetopt.search.robust import aggregate
+
+    times = []
+    for sc in problem.scenarios:
+        t_sync, drain, t_opt = 0.0, 0.0, 0.0
+        for pr in sc.templates:
+            lines = []
+            for i in range(pr.depth):
+                s = pr.serial[i]
+                a = sum(f.slope for f in (pr.dev_fwd[i], pr.dev_bwd[i])) \
+                    + s * sum(f.slope for f in (pr.host_fwd[i], pr.host_bwd[i]))
+                b = sum(f.intercept for f in (pr.dev_fwd[i], pr.dev_bwd[i])) \
+                    + s * sum(f.intercept for f in (pr.host_fwd[i], pr.host_bwd[i])) + pr.p2p[i]
+                lines.append((max(a, 1e-15), b))
+            layers, m = pr.layers, pr.micro_batches
+            lam = integer_level(lines, layers)
+            least_sum = sum_bound([(a, b, 1) for a, b in lines], layers)
+            if m <= 1:
+                pipe = max(lam, least_sum)
+            else:
+                delta = (cheapest_sum(lines, layers, lam) - least_sum) / (m - 1)
+                pipe = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta)
+            t_sync = max(t_sync, pipe)
+            top = max(1, min(pr.max_layers()[0], layers))
+            drain = max(drain, min(pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n) for n in range(1, top + 1)))
+            t_opt = max(t_opt, max(f.at(1) for f in pr.opt))
+        times.append(t_sync + max(0.0, drain) + sc.cross_s + t_opt)
+    return aggregate(times, list(problem.probabilities), problem.objective, problem.alpha)
+
+
+def _pass(pr, n: int) -> float:
+    """Stage 0's backward pass at n layers, as the evaluator prices it: max(h, d) + s·min(h, d)."""
+    h, d, s = pr.host_bwd[0].at(n), pr.dev_bwd[0].at(n), pr.serial[0]
+    return max(h, d) + s * min(h, d)

@@ -33,7 +33,7 @@ from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Plan
-from hetopt.search.bounds import Bounds
+from hetopt.search.bounds import Bounds, placed_bound
 from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
 from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
@@ -44,6 +44,7 @@ from hetopt.spec.instance import Instance
 PARALLEL_AFTER_S = 2.0
 """By default worker processes start once skeletons have been solved for this long: starting them (spawn,
 imports) costs about a second, more than solving a small instance takes in all."""
+PLACED_BOUND_RULE = "bound: placed skeleton's bound (communication included) ≥ incumbent"
 OPTIMALITY_TOLERANCE = 1e-9
 """Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling tolerance)."""
 
@@ -92,7 +93,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
     run = _Run(inst, options, time_limit_s)
-    run.plant(Tree(inst, options, run.stats, Bounds(inst, profiles)))
+    run.plant(Tree(inst, options, run.stats, Bounds(inst, profiles, [sc.cluster for sc in scenarios])))
     if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
         run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
@@ -107,9 +108,9 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             batch = run.select(2 * workers if pool is not None else 1)
             if not batch:
                 break
-            jobs = [(node.skeleton, run.left_s()) for node in batch]
+            jobs = [(node.skeleton, run.left_s(), run.incumbent) for node in batch]
             outcomes = list(pool.map(_solve_one, jobs)) if pool is not None and len(jobs) > 1 else \
-                [_solve_with(ctx, sk, t) for sk, t in jobs]
+                [_solve_with(ctx, *job) for job in jobs]
             for node, outcome in zip(batch, outcomes, strict=True):
                 run.absorb(node, *outcome)
                 if progress is not None and outcome[0] == "solved":
@@ -263,7 +264,7 @@ def _init_worker(ctx: _Context) -> None:
     _WORKER = ctx
 
 
-def _solve_one(job: tuple[Skeleton, float]):
+def _solve_one(job: tuple[Skeleton, float, float]):
     assert _WORKER is not None
     return _solve_with(_WORKER, *job)
 
@@ -277,8 +278,10 @@ def _pool(ctx: _Context, workers: int) -> ProcessPoolExecutor | None:
                                initializer=_init_worker, initargs=(ctx,))
 
 
-def _solve_with(ctx: _Context, sk: Skeleton, left_s: float):
-    """Place, linearise and solve one skeleton: ("solved", solution, exact time) or (prune rule, None, inf)."""
+def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = math.inf):
+    """Place, linearise and solve one skeleton: ("solved", solution, exact time) or (prune rule, None, inf)
+    — pruned by its bound once placed (`placed_bound`, communication included) when that reaches
+    `incumbent`."""
     try:
         pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
     except InfeasibleError:
@@ -287,6 +290,8 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float):
         max_layers = template.max_layers()
         if min(max_layers) < 1 or sum(max_layers) < ctx.inst.model.layers:
             return MEMORY_RULE, None, math.inf
+    if placed_bound(pr) >= incumbent * (1 - OPTIMALITY_TOLERANCE):
+        return PLACED_BOUND_RULE, None, math.inf
     form = pick(ctx.formulation, ctx.backend)
     sol = form.solve(pr, ctx.backend, SolveOptions(time_limit_s=left_s, seed=ctx.seed,
                                                    hint=tuple(x for t in pr.base.templates for x in speed_split(t))))
