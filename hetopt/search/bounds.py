@@ -69,6 +69,7 @@ class Bounds:
         self.clusters = clusters or [inst.cluster]
         """Every cluster a plan is timed on (the planning scenarios'): a send is bounded by its fastest."""
         self._sends: dict[tuple, float] = {}
+        self._segments: dict[tuple, list[tuple[float, float, int]]] = {}
         self._lines: dict[tuple, Line] = {}
         self._templates: dict[tuple, tuple[float, float]] = {}
         self._real_levels: dict[tuple, tuple[float, float]] = {}
@@ -140,24 +141,33 @@ class Bounds:
         gradient back unless it is the first, each at least `send_s` — across NICs at a change of device
         class. Stages of a segment share one line except its first and last (embedding, head, the sends
         to the neighbouring classes): multiplicities keep deep pipelines cheap."""
-        p = sum(seg.stages for seg in segments)
-        weighted, position = [], 0
+        weighted = []
+        n = len(segments)
         for j, seg in enumerate(segments):
-            here = (seg.gpu, seg.island)
-            nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < len(segments) else None
+            nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < n else None
             prv = (segments[j - 1].gpu, segments[j - 1].island) if j > 0 else None
+            weighted += self._segment_lines(seg, prv, nxt, micro_batch, recompute)
+        return weighted
+
+    def _segment_lines(self, seg, prv: tuple | None, nxt: tuple | None, micro_batch: int, recompute: str
+                       ) -> list[tuple[float, float, int]]:
+        """`weighted_lines` of one segment between the classes `prv` and `nxt` (None: the pipeline's end),
+        memoised: segments recur across the groups of a family."""
+        key = (seg, prv, nxt, micro_batch, recompute)
+        if key not in self._segments:
+            here = (seg.gpu, seg.island)
             inner = self.send_s(here, here, seg.tp, micro_batch)
+            out = []
             for k, count in _positions(seg.stages):
-                i = position + k
-                first, last = i == 0, i == p - 1
+                first, last = prv is None and k == 0, nxt is None and k == seg.stages - 1
                 a, c = self.stage_line(seg.gpu, seg.tp, micro_batch, recompute, first, last)
                 if not last:  # activation forward
                     c += self.send_s(here, nxt, seg.tp, micro_batch) if k == seg.stages - 1 else inner
                 if not first:  # gradient back
                     c += self.send_s(here, prv, seg.tp, micro_batch) if k == 0 else inner
-                weighted.append((a, c, count))
-            position += seg.stages
-        return weighted
+                out.append((a, c, count))
+            self._segments[key] = out
+        return self._segments[key]
 
     def stage_lines(self, micro_batch: int, recompute: str, segments: tuple) -> list[Line]:
         """(a_i, c_i) of every stage, in order."""

@@ -144,6 +144,7 @@ class _Run:
 
     def plant(self, tree: Tree) -> None:
         self.tree = tree
+        tree.tolerance = OPTIMALITY_TOLERANCE
         self.heap = [(n.bound, next(self.tie), n) for n in tree.roots()]
         heapq.heapify(self.heap)
 
@@ -151,6 +152,8 @@ class _Run:
         if seeded is not None:
             self.seeded = seeded
             self.incumbent, self.best = seeded["objective_s"], seeded.pop("plan")
+            if self.tree is not None:
+                self.tree.incumbent = self.incumbent
 
     def left_s(self) -> float:
         return self.time_limit_s - (clock() - self.start)
@@ -200,6 +203,8 @@ class _Run:
                                        or (self.best_sk is None and t <= self.incumbent * (1 + 1e-12))):
             sk = node.skeleton
             self.incumbent, self.best, self.best_sk = t, sk.placed(sol.layers, self.inst.cluster), sk
+            if self.tree is not None:
+                self.tree.incumbent = t
 
     def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:
         wall = clock() - self.start

@@ -20,6 +20,7 @@ What cannot hold the model in memory even at its most ZeRO sharding is dropped o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hetopt.search.bounds import Bounds
@@ -50,6 +51,14 @@ class Tree:
 
     def __init__(self, inst: Instance, options: SearchOptions, stats: SearchStats, bounds: Bounds) -> None:
         self.inst, self.options, self.stats, self.bounds = inst, options, stats, bounds
+        self.incumbent = math.inf
+        """The search's best time so far (set by the search): a child keyed at or above it is pruned as it
+        is made, before its memory is checked."""
+        self.tolerance = 0.0
+        """Relative: a bound within this of the incumbent proves no better (the search's)."""
+
+    def beaten(self, bound: float) -> bool:
+        return bound >= self.incumbent * (1 - self.tolerance)
 
     def roots(self) -> list[Node]:
         """Every family of the plan space, keyed by its throughput bound."""
@@ -75,6 +84,12 @@ class Tree:
         None, counted as pruned, when no mode fits."""
         if isinstance(group, SkeletonGroup):
             top = max(group.replica_options)
+            # the least-work mode of all bounds every mode: no better than the incumbent, no memory check
+            cheap = self.bounds.group_bound(group.micro_batch, least_work(group.recompute_options), group.segments,
+                                            group.total_micro_batches // top)
+            if self.beaten(cheap):
+                self.stats.pruned[BOUND_RULE] += group.size
+                return None
             # by increasing work: the first mode that fits bounds every mode that does
             rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
                        if self.fits(group.micro_batch, rc, group.segments, top)), None)
