@@ -1,16 +1,21 @@
-"""Solve time and gap of the exact planner per instance and backend.
+"""Solve time and gap of the exact planner per instance and backend, with and without `search:` narrowing.
 
-Run: python benchmarks/bench_solve.py [INSTANCE ...] [--backends highs cbc cpsat] [--time-limit S]
+Run: python benchmarks/bench_solve.py [INSTANCE ...] [--all] [--backends highs cbc cpsat] [--time-limit S]
+                                      [--narrowing on|off|both]
 Default instances: the bundled demo, the WAN-flapping pair of data centres and the 256, 1,024 and 4,096-GPU
-scale instances. Aims (issue 5): proven optimal within 10 s at 1,024 GPUs and within 60 s at 4,096.
+scale instances; --all: every bundled instance. --narrowing off drops the instance's `search:` section (the
+default plan space: TP 1–8, micro-batch 1–8, every recompute mode, 16 stages, 3 classes, 2 templates).
+Aims (issues 5, 11): every bundled instance proven optimal within 60 s on 2 cores, with and without its
+narrowing; without narrowing 1,024 GPUs of 4 types within 10 s and 4,096 within 60 s.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from hetopt.search.orchestrate import solve_exact
-from hetopt.spec.instance import load_instance
+from hetopt.spec.instance import instance_from_spec, load_instance, resolve_instance_path
 
 DEFAULT = ["demo-a100-v100-llama7b", "wan-flapping-a100-v100", "scale-256-three-types", "scale-1024-four-islands",
            "scale-4096-four-types"]
@@ -21,17 +26,29 @@ def main() -> None:
     parser.add_argument("instances", nargs="*", default=DEFAULT)
     parser.add_argument("--backends", nargs="+", default=["highs", "cbc", "cpsat"])
     parser.add_argument("--time-limit", type=float, default=120.0)
+    parser.add_argument("--all", action="store_true", help="every bundled instance")
+    parser.add_argument("--narrowing", choices=("on", "off", "both"), default="on")
     args = parser.parse_args()
-    print(f"{'instance':<28}{'GPUs':>6}{'backend':>8}{'status':>9}{'iteration s':>13}{'gap':>8}{'solve s':>9}"
-          f"{'families':>10}{'skeletons':>11}{'solved':>8}")
-    for name in args.instances:
-        inst = load_instance(name)
-        for backend in args.backends:
-            r = solve_exact(inst, backend=backend, time_limit_s=args.time_limit)
-            print(f"{inst.name:<28}{inst.cluster.total_gpus:>6}{backend:>8}{r.status.value:>9}"
-                  f"{r.objective_s:>13.4f}{r.gap:>8.1%}{r.solve_time_s:>9.2f}{r.stats.families:>10,}"
-                  f"{r.stats.enumerated:>11,}{r.stats.solved:>8}", flush=True)
+    names = sorted(p.stem for p in BUNDLED.glob("*.yaml")) if args.all else args.instances
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.narrowing]
+    print(f"{'instance':<28}{'search:':>8}{'GPUs':>6}{'backend':>8}{'status':>9}{'iteration s':>13}{'gap':>8}"
+          f"{'solve s':>9}{'families':>10}{'skeletons':>11}{'solved':>8}")
+    for name in names:
+        for narrowed in modes:
+            inst = load_instance(name) if narrowed else unnarrowed(name)
+            for backend in args.backends:
+                r = solve_exact(inst, backend=backend, time_limit_s=args.time_limit)
+                print(f"{inst.name:<28}{'kept' if narrowed else 'off':>8}{inst.cluster.total_gpus:>6}"
+                      f"{backend:>8}{r.status.value:>9}{r.objective_s:>13.4f}{r.gap:>8.1%}{r.solve_time_s:>9.2f}"
+                      f"{r.stats.families:>10,}{r.stats.enumerated:>11,}{r.stats.solved:>8}", flush=True)
 
 
-if __name__ == "__main__":
-    main()
+BUNDLED = Path(__file__).resolve().parents[1] / "instances"
+
+
+def unnarrowed(name: str):
+    """The bundled instance `name` without its `search:` section: the default plan space."""
+    inst = load_instance(name)
+    spec = inst.spec.model_copy(update={"search": type(inst.spec.search)()})
+    path = resolve_instance_path(name)
+    return instance_from_spec(spec, str(path), path.parent, None, path)
