@@ -52,3 +52,7 @@ def unnarrowed(name: str):
     spec = inst.spec.model_copy(update={"search": type(inst.spec.search)()})
     path = resolve_instance_path(name)
     return instance_from_spec(spec, str(path), path.parent, None, path)
+
+
+if __name__ == "__main__":
+    main()
