@@ -256,8 +256,9 @@ def simulate(
     layout: Annotated[str | None, typer.Option("--layout", help="Or a layout shorthand.")] = None,
     scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "all",
     iterations: Annotated[int | None, typer.Option(
-        "--iterations", min=1, help="Iterations back to back. Default: the instance's horizon "
-                                    "(search.horizon_s, 60 s) — iterations start until it is reached.")] = None,
+        "--iterations", min=1,
+        help="Iterations back to back. Default: the instance's horizon (search.horizon_s, 60 s) — "
+             "iterations start until it is reached.")] = None,
     trace: Annotated[str | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace JSON here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a timeline PNG here.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --trace/--plot files.")] = False,

@@ -198,7 +198,8 @@ class Simulation:
             scenario: the capacity trace.
             iterations: how many iterations at least.
             record: keep every operation and transfer (for traces and plots).
-            until_s: also keep starting iterations while the clock is before this time (the horizon).
+            until_s: also keep starting iterations while the clock is before this time (the
+                horizon).
         Returns: the iteration times and what the replay measured.
         """
         return _Run(self, scenario, iterations, record, until_s).go()

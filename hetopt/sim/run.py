@@ -1,10 +1,11 @@
 """`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise.
 
-By default a replay covers the instance's horizon H (`search.horizon_s`, hetopt.sim.scenarios.horizon_of):
-iterations back to back from t = 0 for as long as the next one starts before H, under the traces generated
-to H — the very traces the robust objectives price (hetopt.search.robust). A scenario whose bandwidth never
-changes after t = 0 replays one iteration: every other would be the same. `iterations` replays exactly that
-many instead, under traces generated far enough to cover them.
+By default a replay covers the instance's horizon H (`search.horizon_s`,
+hetopt.sim.scenarios.horizon_of): iterations back to back from t = 0 for as long as the next one
+starts before H, under the traces generated to H — the very traces the robust objectives price
+(hetopt.search.robust). A scenario whose bandwidth never changes after t = 0 replays one iteration:
+every other would be the same. `iterations` replays exactly that many instead, under traces
+generated far enough to cover them.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def _one(args) -> tuple[dict[str, Any], SimResult | None]:
 
 
 def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int | None = None,
-             profiles: Profiles | None = None, keep_records: bool = False, workers: int | None = None):
+             profiles: Profiles | None = None, keep_records: bool = False,
+             workers: int | None = None):
     """Simulate every chosen scenario.
 
     Parameters:
@@ -84,12 +86,14 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
         scenario: a scenario name, or "all".
         iterations: iterations back to back per scenario; None (default) replays the horizon (module
             docstring).
-        profiles: calibration profiles; keep_records: keep the first scenario's records (trace, plot).
+        profiles: calibration profiles.
+        keep_records: keep the first scenario's records (for a trace or a plot).
         workers: processes for the scenarios; default one per scenario up to the CPU count.
     Returns: (the JSON-ready `{"scenarios": [...]}`, records of the first scenario or None).
     """
     profiles = profiles or Profiles()
-    analytic = evaluate(inst, plan, profiles)  # the memory per stage, and the trace length for `iterations`
+    # the memory per stage, and the trace length for `iterations` (no second model)
+    analytic = evaluate(inst, plan, profiles)
     horizon_s = horizon_of(inst)
     if iterations is None:
         chosen = select_scenarios(inst, scenario, horizon_s)
@@ -98,7 +102,8 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
         trace_s = max(horizon_s, analytic.iteration_time_s * iterations * 4 + 60)
         chosen = select_scenarios(inst, scenario, trace_s)
         runs = [(iterations, None)] * len(chosen)
-    jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0, analytic.peak_memory_gib)
+    jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,
+             analytic.peak_memory_gib)
             for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     if workers > 1 and len(jobs) > 1:

@@ -2,12 +2,13 @@
 
 Explicit `events`, or seeded generators: `step` (drop at a time, recover later), `markov` (random switching
 between levels with exponential dwell times), `diurnal` (smooth periodic load, sampled every step_s) and
-`trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace, and a longer generation horizon
-only extends it: the first H seconds are the same whatever horizon a trace is generated to.
+`trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace, and a longer
+generation horizon only extends it: the first H seconds are the same whatever horizon a trace is
+generated to.
 
-The horizon H (`search.horizon_s`, default DEFAULT_HORIZON_S) is the stretch of training, from t = 0,
-that the robust objectives price (hetopt.search.robust) and that `hetopt simulate` replays by default:
-one number for both, so that what the planner promises is what the simulator checks.
+The horizon H (`search.horizon_s`, default DEFAULT_HORIZON_S) is the stretch of training, from
+t = 0, that the robust objectives price (hetopt.search.robust) and that `hetopt simulate` replays by
+default: one number for both, so that what the planner promises is what the simulator checks.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class BandwidthScenario:
 
 
 DEFAULT_HORIZON_S = 60.0
-"""Seconds of training the scenarios are priced and replayed over when the instance does not say: long
-enough for several iterations of the bundled instances (1 to 20 s each) and for a minute-long outage."""
+"""Seconds of training the scenarios are priced and replayed over when the instance does not say:
+several iterations of the bundled instances (1 to 20 s each), and a minute-long outage."""
 
 
 def horizon_of(inst: Instance) -> float:
@@ -49,7 +50,8 @@ def horizon_of(inst: Instance) -> float:
 
 
 def varies(scenario: BandwidthScenario) -> bool:
-    """Whether the scenario changes a link after t = 0; if not, every iteration of a replay is the same."""
+    """Whether the scenario changes a link after t = 0 (if not, every iteration of a replay is the
+    same)."""
     return any(t > 0 for t, _, _ in scenario.changes)
 
 
