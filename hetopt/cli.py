@@ -255,7 +255,10 @@ def simulate(
     plan: Annotated[str | None, typer.Option("--plan", help="Plan JSON file (DESIGN 2.3).")] = None,
     layout: Annotated[str | None, typer.Option("--layout", help="Or a layout shorthand.")] = None,
     scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "all",
-    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Iterations back to back.")] = 3,
+    iterations: Annotated[int | None, typer.Option(
+        "--iterations", min=1,
+        help="Iterations back to back. Default: the instance's horizon (search.horizon_s, 60 s) — "
+             "iterations start until it is reached.")] = None,
     trace: Annotated[str | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace JSON here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a timeline PNG here.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --trace/--plot files.")] = False,

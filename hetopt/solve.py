@@ -20,7 +20,7 @@ PLANNERS = ("ilp", "exhaustive")
 
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
           time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
-          simulate_iterations: int = 2, profiles: Profiles | None = None, progress=None,
+          simulate_iterations: int | None = None, profiles: Profiles | None = None, progress=None,
           warm_start: bool = True) -> dict[str, Any]:
     if planner not in PLANNERS:
         raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
@@ -47,7 +47,7 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     return report(inst, planner, result, objective, simulate_iterations, profiles)
 
 
-def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int,
+def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int | None,
            profiles: Profiles) -> dict[str, Any]:
     out: dict[str, Any] = {
         "status": r.status.value,

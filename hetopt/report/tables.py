@@ -165,13 +165,15 @@ def calibration_view(params: Any) -> Group:
 
 def simulation_view(result: dict[str, Any]) -> Group:
     table = Table(title="Simulated iterations per scenario", title_justify="left")
-    for col in ("scenario", "p", "mean s", "p50 s", "p90 s", "max s", "tokens/s", "busiest link"):
+    for col in ("scenario", "p", "iters", "mean s", "p50 s", "p90 s", "max s", "tokens/s",
+                "busiest link"):
         table.add_column(col, justify="left" if col == "scenario" else "right")
     for sc in result["scenarios"]:
         it = sc["iteration_time_s"]
         links = sc["link_utilization"]
         busiest = max(links.items(), key=lambda kv: kv[1]) if links else None
-        table.add_row(sc["name"], f"{sc['probability']:g}", f"{it['mean']:.3f}", f"{it['p50']:.3f}",
+        table.add_row(sc["name"], f"{sc['probability']:g}", str(sc.get("iterations", "")),
+                      f"{it['mean']:.3f}", f"{it['p50']:.3f}",
                       f"{it['p90']:.3f}", f"{it['max']:.3f}", f"{sc['tokens_per_s']:,.0f}",
                       f"{busiest[0]} {busiest[1]:.0%}" if busiest else "")
     first = result["scenarios"][0]

@@ -196,18 +196,28 @@ class Simulation:
 
     # -- running -------------------------------------------------------------------------------------------
 
-    def run(self, scenario: BandwidthScenario, iterations: int = 1, record: bool = False) -> SimResult:
-        """Replay `iterations` iterations under `scenario` (its bandwidth changes applied as they come);
-        `record` keeps every event for the timeline. Returns the SimResult: per-iteration times and, when
-        recorded, the events."""
-        return _Run(self, scenario, iterations, record).go()
+    def run(self, scenario: BandwidthScenario, iterations: int = 1, record: bool = False,
+            until_s: float | None = None) -> SimResult:
+        """Replay iterations back to back from t = 0 under a scenario.
+
+        Parameters:
+            scenario: the capacity trace.
+            iterations: how many iterations at least.
+            record: keep every operation and transfer (for traces and plots).
+            until_s: also keep starting iterations while the clock is before this time (the
+                horizon).
+        Returns: the iteration times and what the replay measured.
+        """
+        return _Run(self, scenario, iterations, record, until_s).go()
 
 
 class _Run:
     """One replay of `iterations` iterations under one scenario."""
 
-    def __init__(self, sim: Simulation, scenario: BandwidthScenario, iterations: int, record: bool) -> None:
+    def __init__(self, sim: Simulation, scenario: BandwidthScenario, iterations: int, record: bool,
+                 until_s: float | None = None) -> None:
         self.sim, self.scenario, self.iterations, self.record = sim, scenario, iterations, record
+        self.until_s = until_s
         self.now = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
@@ -294,8 +304,8 @@ class _Run:
             self.capacity_trace.setdefault(key, []).append((0.0, lk.gbps))
         times = []
         start = 0.0
-        for it in range(self.iterations):
-            end = self._iteration(start, it)
+        while len(times) < self.iterations or (self.until_s is not None and start < self.until_s):
+            end = self._iteration(start, len(times))
             times.append(end - start)
             start = end
         self.now = start

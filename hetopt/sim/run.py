@@ -1,4 +1,12 @@
-"""`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise."""
+"""`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise.
+
+By default a replay covers the instance's horizon H (`search.horizon_s`,
+hetopt.sim.scenarios.horizon_of): iterations back to back from t = 0 for as long as the next one
+starts before H, under the traces generated to H — the very traces the robust objectives price
+(hetopt.search.robust). A scenario whose bandwidth never changes after t = 0 replays one iteration:
+every other would be the same. `iterations` replays exactly that many instead, under traces
+generated far enough to cover them.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.plan import Plan
 from hetopt.sim.engine import SimResult, Simulation
-from hetopt.sim.scenarios import BandwidthScenario, scenarios_of
+from hetopt.sim.scenarios import BandwidthScenario, horizon_of, scenarios_of, varies
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
 
@@ -52,6 +60,8 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
         "probability": scenario.probability,
         "iteration_time_s": {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
                              "p90": float(np.percentile(times, 90)), "max": float(times.max())},
+        "iterations": len(times),
+        "replayed_s": float(total),
         "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),
         "link_utilization": links,
         "gpu_busy": busy,
@@ -60,20 +70,41 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
 
 
 def _one(args) -> tuple[dict[str, Any], SimResult | None]:
-    inst, plan, profiles, scenario, iterations, keep, peak_memory_gib = args
+    inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib = args
     sim = Simulation(inst, plan, profiles)
-    result = sim.run(scenario, iterations, record=keep)
+    result = sim.run(scenario, iterations, record=keep, until_s=until_s)
     return summarise(inst, sim, scenario, result, peak_memory_gib), (result if keep else None)
 
 
-def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int = 3,
-             profiles: Profiles | None = None, keep_records: bool = False, workers: int | None = None):
-    """Simulate every chosen scenario; returns (JSON-ready dict, records of the first scenario or None)."""
+def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int | None = None,
+             profiles: Profiles | None = None, keep_records: bool = False,
+             workers: int | None = None):
+    """Simulate every chosen scenario.
+
+    Parameters:
+        inst: the instance; plan: the plan (placed here if it has no placement).
+        scenario: a scenario name, or "all".
+        iterations: iterations back to back per scenario; None (default) replays the horizon (module
+            docstring).
+        profiles: calibration profiles.
+        keep_records: keep the first scenario's records (for a trace or a plot).
+        workers: processes for the scenarios; default one per scenario up to the CPU count.
+    Returns: (the JSON-ready `{"scenarios": [...]}`, records of the first scenario or None).
+    """
     profiles = profiles or Profiles()
-    analytic = evaluate(inst, plan, profiles)  # for the trace horizon and the memory per stage (no second model)
-    chosen = select_scenarios(inst, scenario, horizon_s=analytic.iteration_time_s * iterations * 4 + 60)
-    jobs = [(inst, plan, profiles, sc, iterations, keep_records and i == 0, analytic.peak_memory_gib)
-            for i, sc in enumerate(chosen)]
+    # the memory per stage, and the trace length for `iterations` (no second model)
+    analytic = evaluate(inst, plan, profiles)
+    horizon_s = horizon_of(inst)
+    if iterations is None:
+        chosen = select_scenarios(inst, scenario, horizon_s)
+        runs = [(1, horizon_s if varies(sc) else None) for sc in chosen]
+    else:  # traces long enough for iterations four times slower than the analytic estimate
+        trace_s = max(horizon_s, analytic.iteration_time_s * iterations * 4 + 60)
+        chosen = select_scenarios(inst, scenario, trace_s)
+        runs = [(iterations, None)] * len(chosen)
+    jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,
+             analytic.peak_memory_gib)
+            for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     if workers > 1 and len(jobs) > 1:
         # spawn: `hetopt solve` simulates after solving in-process, and a fork would inherit solver threads

@@ -2,7 +2,13 @@
 
 Explicit `events`, or seeded generators: `step` (drop at a time, recover later), `markov` (random switching
 between levels with exponential dwell times), `diurnal` (smooth periodic load, sampled every step_s) and
-`trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace.
+`trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace, and a longer
+generation horizon only extends it: the first H seconds are the same whatever horizon a trace is
+generated to.
+
+The horizon H (`search.horizon_s`, default DEFAULT_HORIZON_S) is the stretch of training, from
+t = 0, that the robust objectives price (hetopt.search.robust) and that `hetopt simulate` replays by
+default: one number for both, so that what the planner promises is what the simulator checks.
 """
 
 from __future__ import annotations
@@ -26,6 +32,27 @@ class BandwidthScenario:
     name: str
     probability: float
     changes: tuple[Change, ...]
+
+
+DEFAULT_HORIZON_S = 60.0
+"""Seconds of training the scenarios are priced and replayed over when the instance does not say:
+several iterations of the bundled instances (1 to 20 s each), and a minute-long outage."""
+
+
+def horizon_of(inst: Instance) -> float:
+    """The instance's scenario horizon H in seconds.
+
+    Parameters: inst, the instance (its `search.horizon_s`, if given).
+    Returns: `search.horizon_s`, or DEFAULT_HORIZON_S when the key is absent.
+    """
+    given = inst.spec.search.horizon_s
+    return DEFAULT_HORIZON_S if given is None else float(given)
+
+
+def varies(scenario: BandwidthScenario) -> bool:
+    """Whether the scenario changes a link after t = 0 (if not, every iteration of a replay is the
+    same)."""
+    return any(t > 0 for t, _, _ in scenario.changes)
 
 
 def scenarios_of(inst: Instance, horizon_s: float) -> list[BandwidthScenario]:

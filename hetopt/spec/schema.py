@@ -193,6 +193,12 @@ class SearchSection(Section):
     max_templates: Literal[1, 2] | None = Field(
         None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
                           "their own micro-batch shares.")
+    horizon_s: PositiveFloat | None = Field(
+        None, description="Seconds of training, from t = 0, over which the robust objectives "
+                          "(expected, worst, cvar) price each scenario's links and `hetopt "
+                          "simulate` replays them by default (default 60): expected and cvar at "
+                          "the transfer-time mean bandwidth over it, worst at the lowest bandwidth "
+                          "in it.")
 
 
 class InstanceFile(Section):
