@@ -34,7 +34,8 @@ from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Plan
-from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
+from hetopt.search.backends import solve_skeleton
+from hetopt.search.formulation import SolveOptions, SolveStatus, SplitSolution, clock, pick
 from hetopt.search.linear import (
     PlanProblem,
     bucket_bound,
@@ -118,6 +119,8 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             incumbent, best = seeded["objective_s"], seeded.pop("plan")
     open_bound = math.inf  # the smallest bound among skeletons not finished
     timed_out = False
+    out_of_time = False  # the clock stopped the search (not only a skeleton no backend could solve)
+    errors: list[str] = []  # skeletons every backend failed on, with the solvers' words
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
     workers = min(2, os.cpu_count() or 1) if lazy else workers
@@ -134,7 +137,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 break
             left = time_limit_s - (clock() - start)
             if left <= 0:
-                timed_out = True
+                timed_out = out_of_time = True
                 open_bound = min(open_bound, key)
                 break
             # The next few skeletons by bound (groups on the way are expanded), solved side by side.
@@ -155,12 +158,14 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                     stats.pruned[kind] += 1
                     continue
                 stats.solved += 1
+                _record_fallbacks(stats, sk, sol, errors)
                 if progress is not None:
                     progress(stats.solved, incumbent)
                 if sol.status == SolveStatus.INFEASIBLE:
                     continue
                 if sol.status != SolveStatus.OPTIMAL:
                     timed_out = True
+                    out_of_time = out_of_time or sol.status == SolveStatus.TIMEOUT
                     open_bound = min(open_bound, max(key, sol.bound_s))
                 # a tie with a heuristic seed goes to the search's plan: it is in the space the bound covers
                 if sol.layers is not None and (t < incumbent or (best_sk is None and t <= incumbent * (1 + 1e-12))):
@@ -170,18 +175,22 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             pool.shutdown()
     wall = clock() - start
     if best is None:
-        status = SolveStatus.TIMEOUT if timed_out else SolveStatus.INFEASIBLE
+        status = SolveStatus.ERROR if errors else \
+            SolveStatus.TIMEOUT if timed_out else SolveStatus.INFEASIBLE
+        reason = _errors_reason(errors) if errors else "" if timed_out else diagnose(inst, stats)
         return SearchResult(status, None, math.inf, open_bound if timed_out else math.inf, wall, form.name, backend,
-                            time_limit_s, seed, stats, reason="" if timed_out else diagnose(inst, stats))
+                            time_limit_s, seed, stats, reason=reason)
     if export_model and best_sk is not None:
         form.solve(plan_problem(inst, best_sk, profiles, scenarios, objective), backend,
                    SolveOptions(time_limit_s=time_limit_s, seed=seed, export_path=export_model))
     bound = min(incumbent, open_bound)
-    status = SolveStatus.OPTIMAL if bound >= incumbent * (1 - OPTIMALITY_TOLERANCE) else SolveStatus.TIMEOUT
+    # unproven for want of time: TIMEOUT; for a skeleton no backend could prove: FEASIBLE
+    status = SolveStatus.OPTIMAL if bound >= incumbent * (1 - OPTIMALITY_TOLERANCE) else \
+        SolveStatus.TIMEOUT if out_of_time else SolveStatus.FEASIBLE
     if seeded is not None:
         seeded["kept"] = best_sk is None
     return SearchResult(status, best, incumbent, bound, wall, form.name, backend, time_limit_s, seed, stats, best_sk,
-                        warm_start=seeded)
+                        reason=_errors_reason(errors), warm_start=seeded)
 
 
 WARM_START_PLANNERS = ("amp-like", "proportional")
@@ -396,10 +405,28 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float):
         max_layers = template.max_layers()
         if min(max_layers) < 1 or sum(max_layers) < ctx.inst.model.layers:
             return MEMORY_RULE, None, math.inf
-    form = pick(ctx.formulation, ctx.backend)
-    sol = form.solve(pr, ctx.backend, SolveOptions(time_limit_s=left_s, seed=ctx.seed,
-                                                   hint=tuple(x for t in pr.base.templates for x in speed_split(t))))
+    # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
+    hint = tuple(x for t in pr.base.templates for x in speed_split(t))
+    sol = solve_skeleton(pr, ctx.formulation, ctx.backend,
+                         SolveOptions(time_limit_s=left_s, seed=ctx.seed, hint=hint))
     return "solved", sol, (pr.iteration_time(sol.layers) if sol.layers is not None else math.inf)
+
+
+def _record_fallbacks(stats: SearchStats, sk: Skeleton, sol: SplitSolution,
+                      errors: list[str]) -> None:
+    """Count the backends that failed on a skeleton and who took it over ("none": all failed)."""
+    for attempt in sol.attempts:
+        taker = sol.backend if sol.status != SolveStatus.ERROR else "none"
+        stats.fallbacks[(attempt.backend, taker, attempt.detail)] += 1
+    if sol.status == SolveStatus.ERROR:
+        errors.append(f"{sk.describe()}: {sol.detail}")
+
+
+def _errors_reason(errors: list[str], shown: int = 3) -> str:
+    if not errors:
+        return ""
+    more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
+    return f"every backend failed on {len(errors)} skeleton(s): " + "; ".join(errors[:shown]) + more
 
 
 def speed_split(pr) -> list[int]:
