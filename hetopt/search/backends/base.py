@@ -125,7 +125,12 @@ class Backend:
             importlib.import_module(self.package)
         except ImportError as exc:
             return False, f"{self.package} is not installed ({exc})"
-        return True, "available"
+        why_not = self.unusable()
+        return (False, why_not) if why_not else (True, "available")
+
+    def unusable(self) -> str | None:
+        """Why the solver cannot run although its package imports (None: it can)."""
+        return None
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         """Solve `model` within `options.time_limit_s`.

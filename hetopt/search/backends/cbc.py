@@ -48,15 +48,12 @@ class CbcBackend(Backend):
     capabilities = Capabilities(model="pulp", integer_models=True, mip_start=True,
                                 reports_bound=True)
 
-    def available(self) -> tuple[bool, str]:
-        ok, why = super().available()
-        if not ok:
-            return ok, why
+    def unusable(self) -> str | None:
         import pulp
 
         if not pulp.PULP_CBC_CMD(msg=False).available():
-            return False, "PuLP's bundled CBC binary is not available on this platform"
-        return True, "available"
+            return "PuLP's bundled CBC binary is not available on this platform"
+        return None
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp

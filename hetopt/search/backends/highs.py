@@ -53,15 +53,10 @@ class HighsBackend(Backend):
     capabilities = Capabilities(model="pulp", integer_models=True, mip_start=False,
                                 reports_bound=True)
 
-    def available(self) -> tuple[bool, str]:
-        ok, why = super().available()
-        if not ok:
-            return ok, why
+    def unusable(self) -> str | None:
         import pulp
 
-        if not pulp.HiGHS(msg=False).available():
-            return False, "PuLP cannot use highspy"
-        return True, "available"
+        return None if pulp.HiGHS(msg=False).available() else "PuLP cannot use highspy"
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp
