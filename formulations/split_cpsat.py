@@ -1,50 +1,197 @@
-"""split-cpsat: the layer split of one skeleton for OR-Tools CP-SAT, written the constraint-programming way.
+"""split-cpsat: the layer split of one skeleton for OR-Tools CP-SAT, the constraint-programming way.
 
-The mathematics is split-milp's, (C1)–(C7); only the encoding differs. A stage's layer count L_i has a
-small domain (1 … the most its memory holds), so every quantity that depends on it alone is tabulated over
-that domain and linked with an element constraint — exactly, with no epigraph: the pass times
-y^f_i(L) = max(h, d) + s·min(h, d) and y^b_i(L), the gradient all-reduce D_i(L), the overlapped part
-o_i·y^b_i(L), the optimizer step O_i(L). Times are integers in units of 1/SCALE s (1 µs); each table entry
-is rounded once, so an iteration time moves by at most a few µs — far inside TOLERANCE_S = 1 ms, the stated
-tolerance within which CP-SAT's optimum equals the MILP's (the plan it returns is re-timed exactly by the
-evaluator).
+The mathematics is split-milp's, (C1)–(C7); only the encoding differs. A stage's layer count L_i has
+a small domain (1 … U_i, the most its memory holds), so every quantity that depends on it alone is
+tabulated over that domain and linked with an element constraint — exactly, with no epigraph: both
+passes y^{fb}_i(L) = y^f_i(L) + y^b_i(L) (a pass takes max(h, d) + s·min(h, d)), the backward pass
+y^b_i(L), the overlapped part o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step
+O_i(L).
 
-  (C1) Σ L_i = N                        (C2) y^f_i = table_f(L_i), y^b_i = table_b(L_i)   (element)
-  (C3) τ̂ = max_i (y^f_i + y^b_i + c_i)   (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
+  (C1) Σ L_i = N                  (C2) y^{fb}_i = table_fb(L_i), y^b_i = table_b(L_i)   (element)
+  (C3) τ̂ = max_i τ_i, τ_i = y^{fb}_i + c_i                (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
   (C5) T_dp = max(T_sync, max_i [T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)])
-  (C6) T_opt = max_i O_i(L_i)           (C7) M_i(L_i) ≤ M̄_i (the domain of L_i)
-Objective: min T_dp + T_opt. Several templates: (C1)–(C7) per template, T_sync = max_j T_pipe_j, T_dp the
-max over every template's stages, plus their split-independent gradient exchange X (split-milp's docstring).
-Search branches on the layer counts first. Robust objectives copy
-(C3)–(C5) per scenario and combine the scenario times as split-milp's (R), probabilities rounded to 1/P.
+  (C6) T_opt = max_i O_i(L_i)     (C7) M_i(L_i) ≤ M̄_i (the domain of L_i)
+Objective: min T_dp + T_opt. Several templates: (C1)–(C7) per template, T_sync = max_j T_pipe_j,
+T_dp the max over every template's stages, plus their split-independent gradient exchange X
+(split-milp's docstring). Search branches on the layer counts first. Robust objectives copy
+(C3)–(C5) per scenario and combine the scenario times as split-milp's (R) with integer weights
+w_s = round(p_s·P).
+
+Rounding, and what OPTIMAL means. Times are integers in units of 1/S s, S a power of ten chosen per
+problem as large as keeps every objective value below 2^53 (exact in the doubles of CP-SAT's LP), at
+most MAX_SCALE. Each table entry and constant is rounded once (error ≤ ½ unit), so for every split
+the integer scenario time T̃_s differs from the evaluator's T_s by at most (units)
+
+    E_s = max_j (m_j − 1 + p_j) + max_j p_j + 1
+
+— τ_i sums two rounded terms (y^{fb}_i and c_i: one unit) and (C4) counts m_j − 1 + p_j of them; the
+(C5) row of stage i rounds y^b_k and e_k of the stages before it, e_i, o_i·y^b_i and D_i (2i + 2
+halves, at most p_j units); X and T_opt one half each. The objective's weights add a relative error:
+with q_s the integer model's weight of scenario s and c_s the true one (p_s, or p_s/(1 − α) for
+CVaR), κ = max(1, max_s q_s/c_s). So for every split F ≥ (G̃ − Σ_s q_s·E_s)/κ (G̃ the integer
+model's objective in seconds; max_s E_s for `worst`), and the bound reported is CP-SAT's bound put
+through the same map: a bound no split beats. The split CP-SAT returns is re-timed by the evaluator
+(`objective_s`), and the status is OPTIMAL only when CP-SAT proved its integer optimum and the
+evaluator's time is within REL_TOLERANCE of that valid bound; otherwise FEASIBLE (proved, but the
+rounding leaves more than the tolerance) or TIMEOUT, with the honest bound.
 """
 
 from __future__ import annotations
 
+import math
+
 from ortools.sat.python import cp_model
 
 from hetopt.evaluate import overlap_host_device
+from hetopt.search import backends
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
 
-SCALE = 1_000_000
-"""Integer units per second (1 µs)."""
-TOLERANCE_S = 1e-3
-
-
-def _u(seconds: float) -> int:
-    return round(seconds * SCALE)
+MAX_SCALE = 10**12
+"""The finest time unit (1 ps): finer buys no accuracy the evaluator's doubles have."""
+MIN_SCALE = 10**3
+"""The coarsest (1 ms), for problems so long that 2^53 would not hold them finer."""
+EXACT_INT = 2**53
+"""Objective values stay below this: CP-SAT's LP relaxation computes them in doubles."""
+P = 1_000_000
+"""Probabilities become integer weights round(p·P)."""
+REL_TOLERANCE = 1e-5
+"""OPTIMAL means: the evaluator's time of the returned split is within this (relative) of the valid
+bound. The rounding error E_s above is a few units of 1/S s per micro-batch; the weights' relative
+error is at most 0.5/(p_s·P)."""
 
 
 def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
+    """Solve one skeleton's split on CP-SAT.
+
+    Parameters: problem — the skeleton in seconds; backend — "cpsat"; options — time limit, seed, a
+    split to hint, a path to export the model to (protobuf text).
+    Returns: the split with the evaluator's time, a valid bound in seconds and the status (module
+    docstring: OPTIMAL only within REL_TOLERANCE of a bound that accounts for the rounding)."""
     start = clock()
+    weights, divisor, true_weights = _weights(problem)
+    scale = _scale(problem, sum(weights) + (divisor if problem.objective == "cvar" else 0))
     model = cp_model.CpModel()
+    flat, flat_max = _build(model, problem, weights, divisor, scale)
+    hint = None
+    if options.hint is not None and len(options.hint) == len(flat):
+        hint = {var: min(value, top)
+                for var, value, top in zip(flat, options.hint, flat_max, strict=True)}
+    if options.export_path:  # the exported model carries the hint, as the solved one does
+        for var, value in (hint or {}).items():
+            model.AddHint(var, value)
+        model.ExportToFile(options.export_path)
+        hint = None
+    run = backends.get(backend).run(model, options, hint)
+    wall = clock() - start
+    if run.status == SolveStatus.INFEASIBLE:
+        return SplitSolution(SolveStatus.INFEASIBLE, None, math.inf, math.inf, wall, backend,
+                             run.detail)
+    errors = [e / scale for e in rounding_error_units(problem)]
+    valid = _valid_bound(problem, run.bound, scale, divisor, errors, weights, true_weights)
+    model_s = run.objective / divisor / scale if run.objective is not None else None
+    extra = {"scale_units_per_s": scale, "rounding_error_s": max(errors),
+             "rel_tolerance": REL_TOLERANCE, "model_objective_s": model_s}
+    if run.value is None:
+        status = SolveStatus.TIMEOUT if run.status == SolveStatus.TIMEOUT else SolveStatus.ERROR
+        kept = valid if status == SolveStatus.TIMEOUT else 0.0
+        return SplitSolution(status, None, math.inf, kept, wall, backend, run.detail, extra)
+    layers = [run.value(v) for v in flat]
+    objective_s = problem.iteration_time(layers)
+    valid = min(valid, objective_s)
+    status, detail = run.status, run.detail
+    if status == SolveStatus.OPTIMAL and objective_s - valid > REL_TOLERANCE * objective_s:
+        status = SolveStatus.FEASIBLE
+        gap = (objective_s - valid) / objective_s
+        detail += (f"; proven for the integer model, but its rounding leaves the evaluator's "
+                   f"{objective_s:.9g} s {gap:.2e} above the valid bound {valid:.9g} s (more than "
+                   f"{REL_TOLERANCE:g})")
+    return SplitSolution(status, layers, objective_s, valid, wall, backend, detail, extra)
+
+
+def rounding_error_units(problem: PlanProblem) -> list[float]:
+    """E_s for each scenario: the most the integer model's time of any split can differ from the
+    evaluator's, in units of the scale (module docstring)."""
+    return [max(t.micro_batches - 1 + t.depth for t in sc.templates)
+            + max(t.depth for t in sc.templates) + 1.0 for sc in problem.scenarios]
+
+
+def _weights(problem: PlanProblem) -> tuple[list[int], int, list[float]]:
+    """(integer weights q_s·divisor, divisor, true weights c_s) of the scenario times."""
+    probs = list(problem.probabilities)
+    if problem.objective == "stable":
+        return [1], 1, [1.0]
+    if problem.objective == "worst":
+        return [1] * len(probs), 1, [1.0] * len(probs)
+    weights = [round(p * P) for p in probs]
+    if problem.objective == "expected":
+        return weights, sum(weights), probs
+    return weights, round(P * (1 - problem.alpha)), [p / (1 - problem.alpha) for p in probs]
+
+
+def _valid_bound(problem: PlanProblem, bound: float | None, scale: int, divisor: int,
+                 errors: list[float], weights: list[int], true_weights: list[float]) -> float:
+    """A bound (seconds) no split beats, from CP-SAT's bound on its integer objective: take off the
+    rounding, then divide by the weights' distortion κ (module docstring)."""
+    if bound is None or not math.isfinite(bound):
+        return 0.0
+    g = bound / divisor / scale
+    if problem.objective == "worst":
+        return max(0.0, g - max(errors))
+    q = [w / divisor for w in weights]
+    kappa = max([1.0] + [qs / cs for qs, cs in zip(q, true_weights, strict=True) if cs > 0])
+    return max(0.0, (g - sum(qs * e for qs, e in zip(q, errors, strict=True))) / kappa)
+
+
+def _scale(problem: PlanProblem, weight: int) -> int:
+    """S: the largest power of ten (MIN_SCALE … MAX_SCALE) with weight · ub · S < 2^53."""
+    ub = max(upper_bound_s(sc) for sc in problem.scenarios)
+    margin = 2 * max(rounding_error_units(problem)) + 4  # what _build adds to the domains
+    scale = MAX_SCALE
+    while scale > MIN_SCALE and weight * (ub * scale + margin) >= EXACT_INT:
+        scale //= 10
+    return scale
+
+
+def upper_bound_s(sc) -> float:
+    """No split makes a scenario's time exceed this (seconds): the slowest template with every stage
+    at its slowest (a pass time is convex in L, so at an end of the domain), then the slowest
+    all-reduce, the exchange and the slowest optimizer step."""
+    sync, dp, opt = 0.0, 0.0, 0.0
+    for pr in sc.templates:
+        top = _top(pr)
+        ends = [(1, top[i]) for i in range(pr.depth)]
+        tau = [max(_pass(pr, i, n, "f") + _pass(pr, i, n, "b") for n in ends[i]) + pr.p2p[i]
+               for i in range(pr.depth)]
+        sync = max(sync, (pr.micro_batches - 1) * max(tau) + sum(tau))
+        dp = max([dp] + [pr.dp[i].at(n) for i in range(pr.depth) for n in ends[i]])
+        opt = max([opt] + [pr.opt[i].at(n) for i in range(pr.depth) for n in ends[i]])
+    return sync + dp + max(sc.cross_s, 0.0) + opt
+
+
+def _top(pr) -> list[int]:
+    return [max(1, min(m, pr.layers - (pr.depth - 1))) for m in pr.max_layers()]
+
+
+def _pass(pr, i: int, n: int, kind: str) -> float:
+    h, d = (pr.host_fwd[i], pr.dev_fwd[i]) if kind == "f" else (pr.host_bwd[i], pr.dev_bwd[i])
+    return float(overlap_host_device(h.at(n), d.at(n), pr.serial[i]))
+
+
+def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], divisor: int,
+           scale: int) -> tuple[list, list[int]]:
+    """Variables, (C1)–(C7) and (R); returns the layer variables and their upper bounds."""
+
+    def u(seconds: float) -> int:
+        return round(seconds * scale)
+
+    errors = rounding_error_units(problem)
     top: dict[str, int] = {}
     flat: list[cp_model.IntVar] = []
     flat_max: list[int] = []
     templates = []
     for j, pr in enumerate(problem.base.templates):
-        vars_j = _template(model, pr, f"_t{j}", top)
+        vars_j = _template(model, pr, f"_t{j}", top, u)
         templates.append(vars_j)
         flat += vars_j["L"]
         flat_max += vars_j["max_layers"]
@@ -53,59 +200,38 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     t_opt = model.NewIntVar(0, top["T_opt"], "T_opt")
     model.AddMaxEquality(t_opt, opt)  # (C6)
     totals = []
-    for sc_index, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
+    for sc_index, sc in enumerate(problem.scenarios):  # a copy of the communication per scenario
         tag = f"_s{sc_index}"
-        ub = 1 + sum(pr.micro_batches * (sum(top[v.Name()] for v in t["yf"] + t["yb"]) + sum(_u(c) for c in pr.p2p))
-                     + sum(_u(max(pr.dp[i].at(n) for n in (1, pr.layers))) for i in range(pr.depth))
-                     for pr, t in zip(sc.templates, templates, strict=True)) + top["T_opt"]
+        # every integer quantity of this scenario lies in [−ub, ub]: the real bound plus rounding
+        ub = math.ceil(upper_bound_s(sc) * scale) + math.ceil(errors[sc_index]) + 2
         pipes, ends = [], []
         for j, (pr, t) in enumerate(zip(sc.templates, templates, strict=True)):
-            pipe, dp_terms = _pipeline(model, pr, t, f"_t{j}{tag}", ub)
+            pipe, dp_terms = _pipeline(model, pr, t, f"_t{j}{tag}", ub, u)
             pipes.append(pipe)
             ends += dp_terms
         t_sync = model.NewIntVar(0, ub, f"T_sync{tag}")
         model.AddMaxEquality(t_sync, pipes)  # (C4): the slowest template
         end_vars = [t_sync]
-        for k, term in enumerate(ends):  # (C5): every stage of every template, from the shared T_sync
+        for k, term in enumerate(ends):  # (C5): every stage of every template, from T_sync
             end = model.NewIntVar(-ub, ub, f"dp_end_{k}{tag}")
             model.Add(end == t_sync + term)
             end_vars.append(end)
         t_dp = model.NewIntVar(0, ub, f"T_dp{tag}")
         model.AddMaxEquality(t_dp, end_vars)
-        total = model.NewIntVar(0, 2 * ub, f"T{tag}")
-        top[f"T{tag}"] = 2 * ub
-        model.Add(total == t_dp + _u(sc.cross_s) + t_opt)
+        total = model.NewIntVar(0, ub, f"T{tag}")
+        top[f"T{tag}"] = ub
+        model.Add(total == t_dp + u(sc.cross_s) + t_opt)
         totals.append(total)
-    divisor = _objective(model, problem, totals, max(top[f"T_s{k}"] for k in range(len(totals))))
+    hi = max(top[f"T_s{k}"] for k in range(len(totals)))
+    _objective(model, problem, totals, hi, weights, divisor)
     model.AddDecisionStrategy(flat, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
-    if options.hint is not None and len(options.hint) == len(flat):
-        for var, value, top_layers in zip(flat, options.hint, flat_max, strict=True):
-            model.AddHint(var, min(value, top_layers))
-    if options.export_path:
-        model.ExportToFile(options.export_path)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, options.time_limit_s)
-    solver.parameters.num_workers = 1
-    solver.parameters.random_seed = options.seed
-    code = solver.Solve(model)
-    wall = clock() - start
-    if code == cp_model.INFEASIBLE:
-        return SplitSolution(SolveStatus.INFEASIBLE, None, float("inf"), float("inf"), wall, backend)
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SplitSolution(SolveStatus.ERROR if code == cp_model.MODEL_INVALID else SolveStatus.TIMEOUT, None,
-                             float("inf"), solver.BestObjectiveBound() / SCALE / divisor, wall, backend,
-                             solver.StatusName(code))
-    layers = [solver.Value(v) for v in flat]
-    status = SolveStatus.OPTIMAL if code == cp_model.OPTIMAL else SolveStatus.TIMEOUT
-    return SplitSolution(status, layers, solver.ObjectiveValue() / SCALE / divisor,
-                         solver.BestObjectiveBound() / SCALE / divisor, wall, backend,
-                         extra={"scale_units_per_s": SCALE, "tolerance_s": TOLERANCE_S})
+    return flat, flat_max
 
 
-def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int]) -> dict:
+def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> dict:
     """(C1), (C2), (C7) and the per-stage tables of (C5), (C6) for one template."""
     p = pr.depth
-    max_layers = [max(1, min(m, pr.layers - (p - 1))) for m in pr.max_layers()]
+    max_layers = _top(pr)
     L = [model.NewIntVar(1, max_layers[i], f"L{tag}_{i}") for i in range(p)]
     model.Add(sum(L) == pr.layers)  # (C1)
     index = []
@@ -120,29 +246,31 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int]) -> dic
         top[name] = max(values)
         return var
 
-    out = {"L": L, "max_layers": max_layers, "index": index, "yf": [], "yb": [], "ob": [], "opt": [], "table": table}
+    out = {"L": L, "max_layers": max_layers, "index": index, "yfb": [], "yb": [], "ob": [],
+           "opt": [], "table": table}
     for i in range(p):
         layers = range(1, max_layers[i] + 1)
-        s = pr.serial[i]
-        f_vals = [_u(overlap_host_device(pr.host_fwd[i].at(n), pr.dev_fwd[i].at(n), s)) for n in layers]
-        b_secs = [overlap_host_device(pr.host_bwd[i].at(n), pr.dev_bwd[i].at(n), s) for n in layers]
-        out["yf"].append(table(f"yf{tag}_{i}", i, f_vals))
-        out["yb"].append(table(f"yb{tag}_{i}", i, [_u(x) for x in b_secs]))
-        out["ob"].append(table(f"ob{tag}_{i}", i, [_u(pr.dp_overlap[i] * x) for x in b_secs]))
-        out["opt"].append(table(f"opt{tag}_{i}", i, [_u(pr.opt[i].at(n)) for n in layers]))
+        b_secs = [_pass(pr, i, n, "b") for n in layers]
+        # both passes in one table: τ_i then carries two roundings, not three (E_s counts them)
+        fb_secs = [_pass(pr, i, n, "f") + x for n, x in zip(layers, b_secs, strict=True)]
+        out["yfb"].append(table(f"yfb{tag}_{i}", i, [u(x) for x in fb_secs]))
+        out["yb"].append(table(f"yb{tag}_{i}", i, [u(x) for x in b_secs]))
+        out["ob"].append(table(f"ob{tag}_{i}", i, [u(pr.dp_overlap[i] * x) for x in b_secs]))
+        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt[i].at(n)) for n in layers]))
     return out
 
 
-def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int):
+def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     """(C3), (C4) of one template under one scenario: its pipeline time, and for (C5) each stage's
     all-reduce end relative to T_sync."""
     p = pr.depth
-    dp = [t["table"](f"dp{tag}_{i}", i, [_u(pr.dp[i].at(n)) for n in range(1, t["max_layers"][i] + 1)])
+    dp = [t["table"](f"dp{tag}_{i}", i,
+                     [u(pr.dp[i].at(n)) for n in range(1, t["max_layers"][i] + 1)])
           for i in range(p)]
     tau_vars = []
     for i in range(p):
         tau = model.NewIntVar(0, ub, f"tau{tag}_{i}")
-        model.Add(tau == t["yf"][i] + t["yb"][i] + _u(pr.p2p[i]))
+        model.Add(tau == t["yfb"][i] + u(pr.p2p[i]))
         tau_vars.append(tau)
     tau_max = model.NewIntVar(0, ub, f"tau_max{tag}")
     model.AddMaxEquality(tau_max, tau_vars)  # (C3)
@@ -150,38 +278,31 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int):
     model.Add(pipe == (pr.micro_batches - 1) * tau_max + sum(tau_vars))  # (C4)
     terms, chain = [], 0
     for i in range(p):
-        send = _u(0.5 * pr.p2p[i]) if i > 0 else 0
+        send = u(0.5 * pr.p2p[i]) if i > 0 else 0
         terms.append(-chain - send - t["ob"][i] + dp[i])
         chain = chain + t["yb"][i] + send
     return pipe, terms
 
 
-P = 10_000
-"""Probabilities are rounded to 1/P in the integer objective."""
-
-
-def _objective(model: cp_model.CpModel, problem: PlanProblem, totals: list, hi: int) -> int:
-    """(R): set the objective; returns the factor it is scaled by (seconds = value / SCALE / factor)."""
-    probs = [round(p * P) for p in problem.probabilities]
+def _objective(model: cp_model.CpModel, problem: PlanProblem, totals: list, hi: int,
+               weights: list[int], divisor: int) -> None:
+    """(R) with integer weights: seconds = objective / S / divisor."""
     if problem.objective == "stable":
         model.Minimize(totals[0])
-        return 1
-    if problem.objective == "expected":
-        model.Minimize(sum(w * t for w, t in zip(probs, totals, strict=True)))
-        return sum(probs)
-    if problem.objective == "worst":
+    elif problem.objective == "expected":
+        model.Minimize(sum(w * t for w, t in zip(weights, totals, strict=True)))
+    elif problem.objective == "worst":
         z = model.NewIntVar(0, hi, "worst")
         model.AddMaxEquality(z, totals)
         model.Minimize(z)
-        return 1
-    eta = model.NewIntVar(0, hi, "eta")
-    u = [model.NewIntVar(0, hi, f"u_{s}") for s in range(len(totals))]
-    for us, t in zip(u, totals, strict=True):
-        model.Add(us >= t - eta)
-    scale = round(P * (1 - problem.alpha))
-    model.Minimize(scale * eta + sum(w * us for w, us in zip(probs, u, strict=True)))
-    return scale
+    else:  # CVaR: divisor·η + Σ w_s·u_s, u_s ≥ T_s − η (η ≥ 0: its minimiser is one of the T_s)
+        eta = model.NewIntVar(0, hi, "eta")
+        u = [model.NewIntVar(0, hi, f"u_{s}") for s in range(len(totals))]
+        for us, t in zip(u, totals, strict=True):
+            model.Add(us >= t - eta)
+        model.Minimize(divisor * eta + sum(w * us for w, us in zip(weights, u, strict=True)))
 
 
-FORMULATION = Formulation("split-cpsat", "layer split of a skeleton for CP-SAT (element tables, integer µs)",
+FORMULATION = Formulation("split-cpsat",
+                          "layer split of a skeleton for CP-SAT (element tables, integer time)",
                           ("cpsat",), solve, __doc__ or "")

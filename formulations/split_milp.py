@@ -1,64 +1,107 @@
-"""split-milp: the layer split of one skeleton as a mixed-integer linear program (PuLP: CBC or HiGHS).
+"""split-milp: the layer split of one skeleton as a mixed-integer linear program (CBC or HiGHS).
 
-Data (hetopt.search.linear.SplitProblem): for stage i of p, affine functions of its layer count L_i —
-host and device time of the forward pass h^f_i(L), d^f_i(L) and of the backward pass h^b_i(L), d^b_i(L)
-(device time includes the TP collectives and any recompute), the gradient all-reduce D_i(L), the optimizer
-step O_i(L) and the memory M_i(L); constants: point-to-point time c_i, overlap fraction s_i, DP overlap o_i,
-micro-batches per replica m, memory limit M̄_i, layers N.
+Data (hetopt.search.linear.SplitProblem): for stage i of p, affine functions of its layer count L_i
+— host and device time of the forward pass h^f_i(L), d^f_i(L) and of the backward pass h^b_i(L),
+d^b_i(L) (device time includes the TP collectives and any recompute), the gradient all-reduce
+D_i(L), the optimizer step O_i(L) and the memory M_i(L); constants: point-to-point time c_i, overlap
+fraction s_i ∈ [0, 1], DP overlap o_i ∈ [0, 1], micro-batches per replica m, memory limit M̄_i,
+layers N. U_i = min(the most layers stage i holds in memory, N − p + 1) is the top of L_i's domain.
 
-Variables: L_i ∈ ℤ (layers), y^f_i, y^b_i ≥ 0 (pass times), τ̂ ≥ 0 (bottleneck stage), T_sync, T_dp,
-T_opt ≥ 0.
+A pass takes max(h, d) + s·min(h, d) = max(P^h, P^d) with the two affine pieces P^h = h + s·d and
+P^d = d + s·h (their difference (1 − s)(h − d) is affine in L, so on [1, U_i] one piece dominates or
+they cross once).
 
-  (C1) Σ_i L_i = N,  1 ≤ L_i                                                    layer sum
-  (C2) y^f_i ≥ h^f_i(L_i) + s_i·d^f_i(L_i),  y^f_i ≥ d^f_i(L_i) + s_i·h^f_i(L_i)     host/device overlap
-       (same for y^b_i): the epigraph of max(h, d) + s·min(h, d), exact under minimisation
-  (C3) τ̂ ≥ y^f_i + y^b_i + c_i                                                  bottleneck stage
-  (C4) T_sync ≥ (m − 1)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)                          1F1B pipeline
-  (C5) T_dp ≥ T_sync,  T_dp ≥ T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)
-       with e_i = c_i/2 the gradient send of stage i > 0 (e_0 = 0)               gradient all-reduce
-  (C6) T_opt ≥ O_i(L_i)                                                         optimizer step
-  (C7) M_i(L_i) ≤ M̄_i                                                           memory
+Variables: L_i ∈ ℤ (layers), y^f_i, y^b_i ≥ 0 (pass times), z_i ∈ {0, 1} (which backward piece is
+active, only where the pieces cross inside [1, U_i]), τ̂ ≥ 0 (bottleneck stage), T_sync, T_dp, T_opt
+≥ 0.
 
-Objective: min T_dp + T_opt — for every integer split exactly the evaluator's iteration time.
+Each constraint with why it is tight — for every integer split the program's optimum is exactly the
+evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
 
-Several templates j (each with its own m_j, replicas and stages; DESIGN 4's non-uniform shares): (C1),
-(C2), (C6), (C7) hold per template; each template's (C3)–(C4) has its own τ̂_j but bounds the one shared
-T_sync (the iteration waits for the slowest pipeline), and every template's (C5) bounds the one T_dp; the
-templates' gradient exchange X (evaluate.cross_template_exchange) does not depend on the split:
-min T_dp + X + T_opt.
-Scenario-robust objectives (hetopt/search/robust.py) copy (C3)–(C5) per scenario s with its
-communication terms c^s_i, D^s_i and combine the T^s_dp + T_opt:  (R) expected Σ_s p_s·T_s; worst z ≥ T_s;
-CVaR_α η + Σ_s p_s·u_s/(1 − α) with u_s ≥ T_s − η, u_s ≥ 0.
-(C5) is monotone as well: raising y^b_k raises T_sync by at least as much, so no slack can be gained.
+  (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum
+  (C2f) y^f_i ≥ P^{f,h}_i(L_i),  y^f_i ≥ P^{f,d}_i(L_i)                        forward pass
+        tight: y^f enters only (C3) and (C4), with a positive sign, so lowering it to the larger
+        piece never hurts — the epigraph is exact under minimisation.
+  (C2b) y^b_i ≥ P^{b,h}_i(L_i),  y^b_i ≥ P^{b,d}_i(L_i),                       backward pass
+        y^b_i ≤ P^{b,h}_i(L_i) + M^h_i·(1 − z_i),  y^b_i ≤ P^{b,d}_i(L_i) + M^d_i·z_i
+        with M^h_i = max_{L∈[1,U_i]} (P^{b,d} − P^{b,h})(L) and M^d_i the same the other way round
+        (the difference is affine: its maximum is at L = 1 or L = U_i, so these are the smallest
+        constants that leave the inactive piece's row slack on the whole domain). Where one piece
+        dominates on [1, U_i] there is no z_i: y^b_i equals that piece. Why exact and not an
+        epigraph: y^b enters (C5) with a negative sign. With one template a larger y^b_k raises
+        T_sync by at least as much ((C4) holds it), so no slack could be gained; but with two
+        templates T_sync is set by the slower pipeline, and the other template's y^b could be raised
+        freely to loosen its (C5) — the MILP then sat up to 4.5% below the evaluator
+        (a100-t4-gpt3-1.3b; tests/test_conformance.py). The two upper rows make y^b_i = max(P^{b,h},
+        P^{b,d}) for every feasible z_i.
+  (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
+        tight: τ̂ enters (C4) only, positively.
+  (C4)  T_sync ≥ (m − 1)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)                      1F1B pipeline
+        tight: T_sync enters (C5) with a positive sign only.
+  (C5)  T_dp ≥ T_sync,  T_dp ≥ T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)
+        with e_i = c_i/2 the gradient send of stage i > 0 (e_0 = 0)          gradient all-reduce
+        tight: T_dp enters the objective with a positive sign; every y^b in it is exact by (C2b).
+  (C6)  T_opt ≥ O_i(L_i)                                                      optimizer step
+        tight: T_opt enters the objective with a positive sign.
+  (C7)  M_i(L_i) ≤ M̄_i                                                        memory (also in U_i)
+
+Objective: min T_dp + T_opt.
+
+Several templates j (each with its own m_j, replicas and stages; DESIGN 4's non-uniform shares):
+(C1), (C2), (C6), (C7) hold per template; each template's (C3)–(C4) has its own τ̂_j but bounds the
+one shared T_sync (the iteration waits for the slowest pipeline), and every template's (C5) bounds
+the one T_dp; the templates' gradient exchange X (evaluate.cross_template_exchange) does not depend
+on the split: min T_dp + X + T_opt. Scenario-robust objectives (hetopt/search/robust.py) copy
+(C3)–(C5) per scenario s with its communication terms c^s_i, D^s_i (the pass times and z are the
+scenario-independent compute) and combine the T^s = T^s_dp + X^s + T_opt:
+  (R) stable/expected Σ_s p_s·T^s;  worst z ≥ T^s;
+      CVaR_α η + Σ_s p_s·u_s/(1 − α) with u_s ≥ T^s − η, u_s ≥ 0 (Rockafellar–Uryasev, whose minimum
+      over η is robust.aggregate's CVaR). Tight: each combination is non-decreasing in every T^s.
+
+Solving: times enter the program in milliseconds (UNIT_PER_S). The split the solver returns is
+re-timed by the evaluator: `objective_s` is that exact time, the solver's own objective is kept in
+extra["model_objective_s"]. OPTIMAL is reported only when the solver proved optimality (its own
+status, not PuLP's "Optimal", which a time limit also gives) and its bound is within REL_TOLERANCE
+of the evaluator's time; otherwise the solver's bound is reported with FEASIBLE or TIMEOUT.
 """
 
 from __future__ import annotations
 
+import math
+
 import pulp
 
-from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock, quiet_stdout
+from hetopt.search import backends
+from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
-from hetopt.search.watchdog import deadline_for_children
 
-GAP = 1e-9
-"""Relative MIP gap: solvers default to 1e-4, which would leave milliseconds on the table."""
 UNIT_PER_S = 1e3
-"""Times enter the program in milliseconds: per-layer terms of 1e-4 s next to iteration times of 10 s left
-HiGHS with 1e-6 primal infeasibilities it reports as a solve error; in ms the rows are well scaled."""
+"""Times enter the program in milliseconds: per-layer terms of 1e-4 s next to iteration times of
+10 s left HiGHS with 1e-6 primal infeasibilities it reports as a solve error; in ms the rows are
+well scaled."""
+REL_TOLERANCE = 1e-7
+"""OPTIMAL means: the evaluator's time of the returned split is within this (relative) of the
+solver's proven bound. The solvers stop at a relative gap of 1e-9; what is left is their
+integrality and feasibility tolerances (1e-6 on an integer variable moves a time by 1e-6 of a
+per-layer slope)."""
 
 
 def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+    """The program of (C1)–(C7) and (R) for a problem whose times are in the program's unit.
+
+    Returns: the PuLP model and the layer variables L (template after template)."""
     model = pulp.LpProblem("split", pulp.LpMinimize)
     t_opt = pulp.LpVariable("T_opt", 0)
     flat, per_template = [], []
     for j, pr in enumerate(problem.base.templates):
         tag = f"_t{j}"
-        max_layers = pr.max_layers()
-        L = [pulp.LpVariable(f"L{tag}_{i}", 1, max(1, max_layers[i]), cat="Integer") for i in range(pr.depth)]
+        top = domain_top(pr)
+        L = [pulp.LpVariable(f"L{tag}_{i}", 1, top[i], cat="Integer") for i in range(pr.depth)]
         yf = [pulp.LpVariable(f"yf{tag}_{i}", 0) for i in range(pr.depth)]
         yb = [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)]
         add_layer_sum(model, pr, L, tag)
-        add_pass_overlap(model, pr, L, yf, yb, tag)
+        add_forward_pass(model, pr, L, yf, tag)
+        add_backward_pass(model, pr, L, yb, top, tag)
         add_optimizer(model, pr, L, t_opt, tag)
         add_memory(model, pr, L, tag)
         flat += L
@@ -77,6 +120,11 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
     return model, flat
 
 
+def domain_top(pr) -> list[int]:
+    """U_i: the most layers stage i can hold (memory, and one layer for each other stage)."""
+    return [max(1, min(m, pr.layers - (pr.depth - 1))) for m in pr.max_layers()]
+
+
 def add_objective(model, problem: PlanProblem, totals) -> None:  # (R) robust.py
     probs = problem.probabilities
     if problem.objective in ("stable", "expected"):
@@ -91,19 +139,44 @@ def add_objective(model, problem: PlanProblem, totals) -> None:  # (R) robust.py
         u = [pulp.LpVariable(f"u_s{s}", 0) for s in range(len(totals))]
         for s, t in enumerate(totals):
             model += u[s] >= t - eta, f"R_cvar_s{s}"
-        model += eta + pulp.lpSum(p * us for p, us in zip(probs, u, strict=True)) / (1 - problem.alpha)
+        tail = pulp.lpSum(p * us for p, us in zip(probs, u, strict=True))
+        model += eta + tail / (1 - problem.alpha)
 
 
 def add_layer_sum(model, pr, L, tag: str) -> None:  # (C1)
     model += pulp.lpSum(L) == pr.layers, f"C1_layers{tag}"
 
 
-def add_pass_overlap(model, pr, L, yf, yb, tag: str) -> None:  # (C2)
+def _pieces(pr, i: int, kind: str):
+    """(slope, intercept) of P^h = h + s·d and P^d = d + s·h of stage i's pass ("f" or "b")."""
+    s = pr.serial[i]
+    h, d = (pr.host_fwd[i], pr.dev_fwd[i]) if kind == "f" else (pr.host_bwd[i], pr.dev_bwd[i])
+    return ((h.slope + s * d.slope, h.intercept + s * d.intercept),
+            (d.slope + s * h.slope, d.intercept + s * h.intercept))
+
+
+def add_forward_pass(model, pr, L, yf, tag: str) -> None:  # (C2f)
     for i in range(pr.depth):
-        s = pr.serial[i]
-        for y, h, d, kind in ((yf[i], pr.host_fwd[i], pr.dev_fwd[i], "f"), (yb[i], pr.host_bwd[i], pr.dev_bwd[i], "b")):
-            model += y >= (h.slope + s * d.slope) * L[i] + h.intercept + s * d.intercept, f"C2_host_{kind}{i}{tag}"
-            model += y >= (d.slope + s * h.slope) * L[i] + d.intercept + s * h.intercept, f"C2_dev_{kind}{i}{tag}"
+        for (a, b), piece in zip(_pieces(pr, i, "f"), ("host", "dev"), strict=True):
+            model += yf[i] >= a * L[i] + b, f"C2f_{piece}{i}{tag}"
+
+
+def add_backward_pass(model, pr, L, yb, top: list[int], tag: str) -> None:  # (C2b)
+    for i in range(pr.depth):
+        (ah, bh), (ad, bd) = _pieces(pr, i, "b")
+        model += yb[i] >= ah * L[i] + bh, f"C2b_host{i}{tag}"
+        model += yb[i] >= ad * L[i] + bd, f"C2b_dev{i}{tag}"
+        # P^h − P^d at both ends of the domain: where it keeps its sign, that piece is y^b
+        ends = [(ah - ad) * n + (bh - bd) for n in (1, top[i])]
+        if min(ends) >= 0:
+            model += yb[i] <= ah * L[i] + bh, f"C2b_exact_host{i}{tag}"
+        elif max(ends) <= 0:
+            model += yb[i] <= ad * L[i] + bd, f"C2b_exact_dev{i}{tag}"
+        else:
+            z = pulp.LpVariable(f"z{tag}_{i}", cat="Binary")
+            big_h, big_d = -min(ends), max(ends)  # the most each piece lies below the other
+            model += yb[i] <= ah * L[i] + bh + big_h * (1 - z), f"C2b_active_host{i}{tag}"
+            model += yb[i] <= ad * L[i] + bd + big_d * z, f"C2b_active_dev{i}{tag}"
 
 
 def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3), (C4)
@@ -117,8 +190,9 @@ def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, tag: str) -> None:  #
     chain = 0
     for i in range(pr.depth):
         send = 0.5 * pr.p2p[i] if i > 0 else 0.0
-        model += t_dp >= t_sync - chain - send - pr.dp_overlap[i] * yb[i] + pr.dp[i].slope * L[i] + \
-            pr.dp[i].intercept, f"C5_dp{i}{tag}"
+        allreduce = pr.dp[i].slope * L[i] + pr.dp[i].intercept
+        model += t_dp >= t_sync - chain - send - pr.dp_overlap[i] * yb[i] + allreduce, \
+            f"C5_dp{i}{tag}"
         chain = chain + yb[i] + send
 
 
@@ -129,46 +203,68 @@ def add_optimizer(model, pr, L, t_opt, tag: str) -> None:  # (C6)
 
 def add_memory(model, pr, L, tag: str) -> None:  # (C7)
     for i in range(pr.depth):
-        model += pr.mem_gib[i].slope * L[i] + pr.mem_gib[i].intercept <= pr.mem_limit_gib[i], f"C7_memory{i}{tag}"
+        mem = pr.mem_gib[i]
+        model += mem.slope * L[i] + mem.intercept <= pr.mem_limit_gib[i], f"C7_memory{i}{tag}"
 
 
 def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSolution:
+    """Solve one skeleton's split on CBC or HiGHS.
+
+    Parameters: problem — the skeleton in seconds; backend — "cbc" or "highs"; options — time limit,
+    seed, a split to start from, a path to export the model to (.mps, else LP format).
+    Returns: the split with the evaluator's time, the solver's bound in seconds and the status the
+    solver proved (module docstring)."""
     start = clock()
     model, L = build(problem.scaled(UNIT_PER_S))
-    if options.hint is not None and len(options.hint) == len(L):
-        for var, value in zip(L, options.hint, strict=True):
-            var.setInitialValue(value)
     if options.export_path:
-        (model.writeMPS if options.export_path.endswith(".mps") else model.writeLP)(options.export_path)
-    limit = max(1, int(options.time_limit_s + 0.999))
-    if backend == "cbc":
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, warmStart=options.hint is not None, gapRel=GAP,
-                                   options=[f"randomSeed {options.seed}"])
-    else:
-        solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=GAP, random_seed=options.seed)
-    # CBC may overrun its own limit (presolve): it is stopped from outside a little after the deadline.
-    grace_s = max(1.0, 0.1 * limit)
-    try:
-        with quiet_stdout(), deadline_for_children(limit + grace_s) as watchdog:
-            model.solve(solver)
-    except pulp.PulpSolverError as exc:
-        if watchdog["killed"]:
-            return SplitSolution(SolveStatus.TIMEOUT, None, float("inf"), 0.0, clock() - start, backend,
-                                 "CBC stopped from outside after its time limit")
-        return SplitSolution(SolveStatus.ERROR, None, float("inf"), 0.0, clock() - start, backend, str(exc))
-    status = pulp.LpStatus[model.status]
+        write = model.writeMPS if options.export_path.endswith(".mps") else model.writeLP
+        write(options.export_path)
+    hint = None
+    if options.hint is not None and len(options.hint) == len(L):
+        hint = {var: min(max(value, var.lowBound), var.upBound)
+                for var, value in zip(L, options.hint, strict=True)}
+    run = backends.get(backend).run(model, options, hint)
     wall = clock() - start
-    if status == "Infeasible":
-        return SplitSolution(SolveStatus.INFEASIBLE, None, float("inf"), float("inf"), wall, backend)
-    if status != "Optimal" or any(v.varValue is None for v in L):
-        got = [round(v.varValue) for v in L] if all(v.varValue is not None for v in L) else None
-        return SplitSolution(SolveStatus.TIMEOUT if got else SolveStatus.ERROR, got,
-                             pulp.value(model.objective) / UNIT_PER_S if got else float("inf"), 0.0, wall, backend,
-                             status)
-    layers = [round(v.varValue) for v in L]
-    objective = float(pulp.value(model.objective)) / UNIT_PER_S
-    return SplitSolution(SolveStatus.OPTIMAL, layers, objective, objective, wall, backend)
+    if run.status == SolveStatus.INFEASIBLE:
+        return SplitSolution(SolveStatus.INFEASIBLE, None, math.inf, math.inf, wall, backend,
+                             run.detail)
+    bound_s = max(0.0, run.bound / UNIT_PER_S) if run.bound is not None else 0.0
+    layers = _split(problem, L, run)
+    if layers is None:
+        status = SolveStatus.TIMEOUT if run.status == SolveStatus.TIMEOUT else SolveStatus.ERROR
+        detail = run.detail if run.value is None or status == SolveStatus.TIMEOUT else \
+            f"{run.detail}; the solution is not a split of the layers"
+        kept = bound_s if status == SolveStatus.TIMEOUT else 0.0
+        return SplitSolution(status, None, math.inf, kept, wall, backend, detail)
+    objective_s = problem.iteration_time(layers)
+    bound_s = min(bound_s, objective_s)  # no split beats one that exists
+    status, detail = run.status, run.detail
+    if status == SolveStatus.OPTIMAL and objective_s - bound_s > REL_TOLERANCE * objective_s:
+        status = SolveStatus.FEASIBLE
+        gap = (objective_s - bound_s) / objective_s
+        detail += (f"; the solver's bound {bound_s:.9g} s is {gap:.2e} below the evaluator's "
+                   f"{objective_s:.9g} s (more than {REL_TOLERANCE:g})")
+    model_s = run.objective / UNIT_PER_S if run.objective is not None else None
+    extra = {"unit_per_s": UNIT_PER_S, "rel_tolerance": REL_TOLERANCE, "model_objective_s": model_s}
+    return SplitSolution(status, layers, objective_s, bound_s, wall, backend, detail, extra)
 
 
-FORMULATION = Formulation("split-milp", "layer split of a skeleton as a MILP (PuLP)", ("cbc", "highs"), solve,
-                          __doc__ or "")
+def _split(problem: PlanProblem, L: list[pulp.LpVariable], run) -> list[int] | None:
+    """The solver's layer counts, rounded, when they are a split of every template (else None)."""
+    if run.value is None:
+        return None
+    values = [run.value(v) for v in L]
+    if any(x is None for x in values):
+        return None
+    layers = [round(x) for x in values]
+    start = 0
+    for pr, top in ((pr, domain_top(pr)) for pr in problem.base.templates):
+        part = layers[start:start + pr.depth]
+        if sum(part) != pr.layers or any(not 1 <= n <= t for n, t in zip(part, top, strict=True)):
+            return None
+        start += pr.depth
+    return layers
+
+
+FORMULATION = Formulation("split-milp", "layer split of a skeleton as a MILP (PuLP)",
+                          ("cbc", "highs"), solve, __doc__ or "")

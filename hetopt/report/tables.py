@@ -214,6 +214,10 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
     pruned = ", ".join(f"{k}: {v:,}" for k, v in search["pruned"].items())
     parts.append(Text(f"search: {search['skeletons_enumerated']:,} skeletons enumerated, {search['solved']:,} "
                       f"solved; pruned — {pruned}", style="dim"))
+    for f in search.get("fallbacks", []):  # a backend that failed and who took its skeletons over
+        taker = "no backend could solve them" if f["solved_by"] == "none" else f"{f['solved_by']} took over"
+        parts.append(Text(f"fallback: {f['failed']} failed on {f['skeletons']:,} skeleton(s) "
+                          f"({f['detail']}); {taker}", style="yellow"))
     warm = r.get("warm_start")
     if warm:
         fate = "no plan of the search space beats it: kept" if warm["kept"] else "beaten by the search"

@@ -1,59 +1,31 @@
-"""What a formulation is, which backends exist, and how they are discovered."""
+"""What a formulation is, which backends exist, and how they are discovered.
+
+The status vocabulary, solve options and solutions live with the backends (hetopt/search/backends/);
+they are re-exported here, where formulations and the search have always imported them.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import importlib
-import os
 import pkgutil
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
+from functools import cache
 from importlib.metadata import entry_points
 
 from hetopt.errors import InputError, Problem, did_you_mean
+from hetopt.search.backends import REGISTRY, available
+from hetopt.search.backends.base import (
+    Attempt,
+    SolveOptions,
+    SolveStatus,
+    SplitSolution,
+    clock,
+    quiet_stdout,
+)
 
-
-class SolveStatus(str, Enum):
-    """Outcome of a solve; a plan never travels without it."""
-
-    OPTIMAL = "optimal"
-    """Proven optimal (gap 0 up to the stated tolerance)."""
-    FEASIBLE = "feasible"
-    """A plan, without proof of optimality."""
-    INFEASIBLE = "infeasible"
-    """No plan exists in the plan space; the diagnosis says which constraint binds."""
-    TIMEOUT = "timeout"
-    """The time limit ended the search; the best plan found and its gap are reported."""
-    ERROR = "error"
-    """The solver failed."""
-
-
-@dataclass(frozen=True)
-class SolveOptions:
-    time_limit_s: float = 60.0
-    """Wall-clock budget of this call."""
-    seed: int = 0
-    """Solver random seed (reported with every result)."""
-    hint: tuple[int, ...] | None = None
-    """A split to start from (CP-SAT hint, MIP start)."""
-    export_path: str | None = None
-    """Write the model here (LP/MPS for PuLP, protobuf text for CP-SAT)."""
-
-
-@dataclass
-class SplitSolution:
-    status: SolveStatus
-    layers: list[int] | None
-    objective_s: float
-    bound_s: float
-    wall_s: float
-    backend: str
-    detail: str = ""
-    extra: dict = field(default_factory=dict)
+__all__ = ["BACKENDS", "Attempt", "Formulation", "SolveOptions", "SolveStatus", "SplitSolution",
+           "backend_available", "clock", "formulations", "pick", "quiet_stdout"]
 
 
 @dataclass(frozen=True)
@@ -65,34 +37,16 @@ class Formulation:
     doc: str = ""
 
 
-BACKENDS = {
-    "cpsat": ("ortools", "OR-Tools CP-SAT (integer model; seconds scaled to integer units)"),
-    "cbc": ("pulp", "COIN-OR CBC through PuLP (the binary ships inside the pulp wheel)"),
-    "highs": ("highspy", "HiGHS through PuLP"),
-}
+BACKENDS = {name: (b.package, b.summary) for name, b in REGISTRY.items()}
+"""name → (Python package, what it is): the registry of hetopt.search.backends, in its order."""
 
 
-@functools.cache
 def backend_available(name: str) -> tuple[bool, str]:
-    module = BACKENDS[name][0]
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        return False, f"{module} is not installed ({exc})"
-    if name == "cbc":
-        import pulp
-
-        if not pulp.PULP_CBC_CMD(msg=False).available():
-            return False, "PuLP's bundled CBC binary is not available on this platform"
-    if name == "highs":
-        import pulp
-
-        if not pulp.HiGHS(msg=False).available():
-            return False, "PuLP cannot use highspy"
-    return True, "available"
+    """(usable here, why not) for a backend of BACKENDS."""
+    return available(name)
 
 
-@functools.cache
+@cache
 def formulations() -> dict[str, Formulation]:
     import formulations as pkg
 
@@ -131,22 +85,3 @@ def pick(formulation: str | None, backend: str) -> Formulation:
         raise InputError("--backend", [Problem("--backend", f"formulation {f.name} is written for "
                                                             f"{', '.join(f.backends)}, not {backend}", backend, True)])
     return f
-
-
-def clock() -> float:
-    return time.perf_counter()
-
-
-@contextlib.contextmanager
-def quiet_stdout():
-    """Silence what native solver libraries write to file descriptor 1 (they bypass sys.stdout)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)

@@ -33,8 +33,9 @@ from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Plan
+from hetopt.search.backends import solve_skeleton
 from hetopt.search.bounds import Bounds, placed_bound
-from hetopt.search.formulation import SolveOptions, SolveStatus, clock, pick
+from hetopt.search.formulation import SolveOptions, SolveStatus, SplitSolution, clock, pick
 from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
 from hetopt.search.space import SearchOptions, SearchStats, Skeleton, outside_space
@@ -140,7 +141,11 @@ class _Run:
         self.incumbent, self.best, self.best_sk = math.inf, None, None
         self.seeded: dict | None = None
         self.open_bound = math.inf  # the smallest bound among skeletons not finished
-        self.timed_out = False
+        self.timed_out = False  # something is left unproven
+        self.out_of_time = False  # the clock stopped the search (not only a skeleton no backend could solve)
+        self.errors: list[str] = []  # skeletons every backend failed on, with the solvers' words
+        self.proof_tolerance = OPTIMALITY_TOLERANCE
+        """Relative: the largest tolerance a skeleton's proof carries (its formulation's rel_tolerance)."""
 
     def plant(self, tree: Tree) -> None:
         self.tree = tree
@@ -174,7 +179,7 @@ class _Run:
             self.heap.clear()
             return []
         if self.left_s() <= 0:
-            self.timed_out = True
+            self.timed_out = self.out_of_time = True
             self.open_bound = min(self.open_bound, self.heap[0][0])
             return []
         batch: list[SkeletonNode] = []
@@ -193,11 +198,15 @@ class _Run:
             self.stats.pruned[kind] += 1
             return
         self.stats.solved += 1
+        _record_fallbacks(self.stats, node.skeleton, sol, self.errors)
         if sol.status == SolveStatus.INFEASIBLE:
             return
         if sol.status != SolveStatus.OPTIMAL:  # not proven: its bound stays open
             self.timed_out = True
-            self.open_bound = min(self.open_bound, max(node.bound, sol.bound_s))
+            self.out_of_time = self.out_of_time or sol.status == SolveStatus.TIMEOUT
+        # a proof holds up to its formulation's tolerance: its bound joins the search's
+        self.proof_tolerance = max(self.proof_tolerance, float(sol.extra.get("rel_tolerance", 0.0)))
+        self.open_bound = min(self.open_bound, max(node.bound, sol.bound_s))
         # a tie with a heuristic seed goes to the search's plan: it is in the space the bound covers
         if sol.layers is not None and (t < self.incumbent
                                        or (self.best_sk is None and t <= self.incumbent * (1 + 1e-12))):
@@ -209,19 +218,24 @@ class _Run:
     def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:
         wall = clock() - self.start
         if self.best is None:
-            status = SolveStatus.TIMEOUT if self.timed_out else SolveStatus.INFEASIBLE
+            status = SolveStatus.ERROR if self.errors else \
+                SolveStatus.TIMEOUT if self.timed_out else SolveStatus.INFEASIBLE
+            reason = _errors_reason(self.errors) if self.errors else "" if self.timed_out else \
+                diagnose(self.inst, self.stats)
             return SearchResult(status, None, math.inf, self.open_bound if self.timed_out else math.inf, wall,
-                                formulation, backend, self.time_limit_s, seed, self.stats,
-                                reason="" if self.timed_out else diagnose(self.inst, self.stats))
+                                formulation, backend, self.time_limit_s, seed, self.stats, reason=reason)
         bound = min(self.incumbent, self.open_bound)
-        proven = bound >= self.incumbent * (1 - OPTIMALITY_TOLERANCE)
+        proven = bound >= self.incumbent * (1 - self.proof_tolerance)
         if self.seeded is not None:
             self.seeded["kept"] = self.best_sk is None
             if self.best_sk is None:  # the answer is the heuristic's plan: say whether the space holds it
                 self.seeded["outside_space"] = outside_space(self.inst, self.best, self.options)
-        return SearchResult(SolveStatus.OPTIMAL if proven else SolveStatus.TIMEOUT, self.best, self.incumbent,
-                            bound, wall, formulation, backend, self.time_limit_s, seed, self.stats, self.best_sk,
-                            warm_start=self.seeded)
+        # unproven for want of time: TIMEOUT; for a skeleton no backend could prove: FEASIBLE
+        status = SolveStatus.OPTIMAL if proven else \
+            SolveStatus.TIMEOUT if self.out_of_time else SolveStatus.FEASIBLE
+        return SearchResult(status, self.best, self.incumbent, bound, wall, formulation, backend,
+                            self.time_limit_s, seed, self.stats, self.best_sk,
+                            reason=_errors_reason(self.errors), warm_start=self.seeded)
 
 
 WARM_START_PLANNERS = ("amp-like", "proportional")
@@ -297,10 +311,28 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = m
             return MEMORY_RULE, None, math.inf
     if placed_bound(pr) >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
-    form = pick(ctx.formulation, ctx.backend)
-    sol = form.solve(pr, ctx.backend, SolveOptions(time_limit_s=left_s, seed=ctx.seed,
-                                                   hint=tuple(x for t in pr.base.templates for x in speed_split(t))))
+    # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
+    hint = tuple(x for t in pr.base.templates for x in speed_split(t))
+    sol = solve_skeleton(pr, ctx.formulation, ctx.backend,
+                         SolveOptions(time_limit_s=left_s, seed=ctx.seed, hint=hint))
     return "solved", sol, (pr.iteration_time(sol.layers) if sol.layers is not None else math.inf)
+
+
+def _record_fallbacks(stats: SearchStats, sk: Skeleton, sol: SplitSolution,
+                      errors: list[str]) -> None:
+    """Count the backends that failed on a skeleton and who took it over ("none": all failed)."""
+    for attempt in sol.attempts:
+        taker = sol.backend if sol.status != SolveStatus.ERROR else "none"
+        stats.fallbacks[(attempt.backend, taker, attempt.detail)] += 1
+    if sol.status == SolveStatus.ERROR:
+        errors.append(f"{sk.describe()}: {sol.detail}")
+
+
+def _errors_reason(errors: list[str], shown: int = 3) -> str:
+    if not errors:
+        return ""
+    more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
+    return f"every backend failed on {len(errors)} skeleton(s): " + "; ".join(errors[:shown]) + more
 
 
 def speed_split(pr) -> list[int]:

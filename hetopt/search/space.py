@@ -137,11 +137,17 @@ class SearchStats:
     """Two-template groups generated; their skeletons are counted as they are expanded."""
     pruned: Counter = field(default_factory=Counter)
     solved: int = 0
+    fallbacks: Counter = field(default_factory=Counter)
+    """Skeletons a backend failed on, by (that backend, the backend that took it over or "none", the
+    solver's words) — hetopt.search.backends.solve_skeleton."""
 
     def to_json(self) -> dict:
         return {"families": self.families, "skeletons_enumerated": self.enumerated,
                 "pair_groups_enumerated": self.enumerated_groups, "pruned": dict(self.pruned),
-                "solved": self.solved}
+                "solved": self.solved,
+                "fallbacks": [{"failed": failed, "solved_by": taker, "detail": detail,
+                               "skeletons": n}
+                              for (failed, taker, detail), n in self.fallbacks.items()]}
 
 
 def orders(replicas: int) -> tuple[str, ...]:
