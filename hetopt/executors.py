@@ -83,6 +83,8 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
     if ray.is_initialized():
         yield ray
         return
+    if address is not None:
+        _check_reachable(address)
     try:
         # "local", not None: None would silently join whatever RAY_ADDRESS or a `ray start` on this machine
         # points at; without --address the user asked for a Ray of hetopt's own
@@ -100,6 +102,26 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
         yield ray
     finally:
         ray.shutdown()
+
+
+ADDRESS_PROBE_S = 5.0
+"""How long to try a cluster's HOST:PORT before ray.init: Ray itself retries a wrong address for minutes."""
+
+
+def _check_reachable(address: str) -> None:
+    """Bad input (exit 2) at once when nothing listens at a HOST:PORT address; other forms (`auto`) pass."""
+    import socket
+
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_PROBE_S).close()
+    except OSError as exc:
+        raise InputError("--address", [Problem("--address", f"no Ray cluster answers there ({exc}); start one "
+                                                            "with `ray start --head` and give the HOST:PORT it "
+                                                            "prints, or drop --address for a local Ray", address,
+                                               True)]) from None
 
 
 def ray_cpus_per_node(ray: ModuleType) -> int:
