@@ -94,10 +94,14 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
     except (ConnectionError, ValueError, RuntimeError) as exc:
         if address is None:
             raise
-        raise InputError("--address", [Problem("--address", f"cannot join a Ray cluster there ({exc}); start "
-                                                            "one with `ray start --head` and give its "
-                                                            "HOST:PORT, or drop --address for a local Ray",
-                                               address, True)]) from None
+        # Ray (2.5x on) starts a head with token authentication whenever ~/.ray/auth_token exists, but sends
+        # a token to an explicit address only when told to: the most likely reason a listening head refuses
+        auth = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
+            "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and its token (`ray "
+            "get-auth-token` on the head) in RAY_AUTH_TOKEN")
+        raise InputError("--address", [Problem("--address", f"cannot join a Ray cluster there ({exc}){auth}; "
+                                                            "or drop --address for a local Ray", address,
+                                               True)]) from None
     try:
         yield ray
     finally:
