@@ -5,6 +5,11 @@ One row per (instance, planner, scenario): tokens/s and iteration time are the s
 replayed iterations; search time, status and gap are the planner's. The Markdown puts the best tokens/s
 of each scenario in bold and gives each planner's ratio to hetopt (hetopt's tokens/s ÷ the planner's:
 above 1, hetopt is faster by that factor).
+
+Each (instance, planner) run is independent: `executor="ray"` runs them as Ray tasks side by side (locally
+or across a cluster) and gives the same rows in the same order as the serial sweep. Only what the wall
+clock decides can differ, as it can between two serial sweeps: search times, and the count of skeletons
+solved by an exact search that ran long enough to start its worker processes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from hetopt.baselines.registry import PLANNERS
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
+from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.sim.engine import Simulation
 from hetopt.sim.scenarios import scenarios_of
 from hetopt.spec.instance import Instance
@@ -88,22 +94,76 @@ def check_planners(names: list[str]) -> list[str]:
 
 def run_bench(instances: list[Instance], planners: list[str], scenarios: list[str] | None = None,
               time_limit_s: float = 60.0, iterations: int = 3, seed: int = 0, profiles: Profiles | None = None,
-              progress=None) -> BenchResult:
-    """Run every planner on every instance; `progress(instance, planner)` is called before each run."""
+              progress=None, executor: str = "process", address: str | None = None) -> BenchResult:
+    """Run every planner on every instance, verify each plan and replay it under the chosen scenarios.
+
+    Parameters: instances, planners — the sweep (PLANNERS names); scenarios — names to replay (None: all);
+    time_limit_s — per planner run; iterations — simulated iterations per scenario; seed — of the random
+    planner and the solvers; profiles — calibrated weights; progress — progress(instance, planner), called
+    before each run (with Ray: as each run finishes); executor — `process` (one run after another here) or
+    `ray` (every run a Ray task; a local Ray started for the sweep, or the cluster at `address`).
+    Returns: a BenchResult whose rows are in (instance, planner, scenario) order whatever the executor.
+    Raises: InputError for an unknown planner, scenario or executor."""
     profiles = profiles or Profiles()
     check_planners(planners)
     _check_scenarios(instances, scenarios)
+    executor = check_executor(executor, address)
     result = BenchResult()
+    runs = []
     for inst in instances:
         chosen = [sc for sc in scenarios_of(inst, 3600.0) if scenarios is None or sc.name in scenarios]
         if len(chosen) > 1 or any(sc.changes for sc in chosen):
             result.dynamic.add(inst.name)
-        for name in planners:
+        runs += [(inst, name, chosen) for name in planners]
+    if executor == "ray":
+        outcomes = _sweep_on_ray(runs, time_limit_s, iterations, seed, profiles, progress, address)
+    else:
+        outcomes = []
+        for inst, name, chosen in runs:
             if progress is not None:
                 progress(inst, name)
-            planned = PLANNERS[name](inst, time_limit_s, profiles, seed)
-            result.rows += _replay(inst, planned, chosen, iterations, profiles, result.samples)
+            outcomes.append(plan_and_replay(inst, name, chosen, time_limit_s, iterations, seed, profiles))
+    for rows, samples in outcomes:  # in the serial order, whatever order the runs finished in
+        result.rows += rows
+        for key, times in samples.items():
+            result.samples.setdefault(key, []).extend(times)
     return result
+
+
+def plan_and_replay(inst: Instance, planner: str, scenarios, time_limit_s: float, iterations: int, seed: int,
+                    profiles: Profiles) -> tuple[list[Row], dict[tuple[str, str], list[float]]]:
+    """One run of a bench: the planner's plan, verified and replayed under `scenarios`.
+
+    Returns: its rows (one per scenario) and its simulated iteration times keyed (instance, planner)."""
+    samples: dict[tuple[str, str], list[float]] = {}
+    planned = PLANNERS[planner](inst, time_limit_s, profiles, seed)
+    return _replay(inst, planned, scenarios, iterations, profiles, samples), samples
+
+
+def _sweep_on_ray(runs: list, time_limit_s: float, iterations: int, seed: int, profiles: Profiles, progress,
+                  address: str | None) -> list:
+    """Every (instance, planner, scenarios) run as a Ray task; their outcomes in the order of `runs`."""
+    with ray_session(address) as ray:
+        # the exact planner starts its own worker processes after a while: it asks for the CPUs it will use
+        # (as many as a node has, at most), so a node never runs more solver processes than it has cores
+        search_cpus = min(default_workers(), ray_cpus_per_node(ray))
+        task = ray.remote(plan_and_replay)
+        shared = ray.put(profiles)  # once into the object store, not once per task
+        stored = {id(inst): ray.put(inst) for inst, _, _ in runs}
+        pending = {}
+        for k, (inst, name, chosen) in enumerate(runs):
+            cpus = search_cpus if name == "hetopt" else 1
+            ref = task.options(num_cpus=cpus).remote(stored[id(inst)], name, chosen, time_limit_s, iterations,
+                                                      seed, shared)
+            pending[ref] = k
+        outcomes: list = [None] * len(runs)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            k = pending.pop(done[0])
+            outcomes[k] = ray.get(done[0])
+            if progress is not None:
+                progress(runs[k][0], runs[k][1])
+        return outcomes
 
 
 def _replay(inst: Instance, planned: PlannerResult, scenarios, iterations: int, profiles: Profiles,

@@ -34,6 +34,12 @@ InstanceArg = Annotated[
     typer.Argument(help="Instance file (YAML or JSON) or the name of a bundled instance; default: the demo."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where skeleton solves run side by side: process "
+                                                             "(worker processes here; `local` is the same) or "
+                                                             "ray (pip install \"hetopt[ray]\").")]
+AddressOpt = Annotated[str | None, typer.Option("--address", help="With --executor ray: a Ray cluster's "
+                                                                  "HOST:PORT (or auto); default: a local Ray "
+                                                                  "started for this command.")]
 
 
 def _print_json(obj: Any) -> None:
@@ -71,6 +77,8 @@ def solve(
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out / --export-model files.")] = False,
     no_warm_start: Annotated[bool, typer.Option("--no-warm-start", help="Do not start from heuristic plans "
                                                                         "(amp-like, proportional).")] = False,
+    executor: ExecutorOpt = "process",
+    address: AddressOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest plan with a proven bound, verify it, and replay it under every scenario."""
@@ -92,7 +100,7 @@ def solve(
             status.update(f"planning {inst.name}: {solved} skeletons solved, {best}")
 
         result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
-                           progress=progress, warm_start=not no_warm_start)
+                           progress=progress, warm_start=not no_warm_start, executor=executor, address=address)
     if out_path and result["plan"] is not None:
         Path(out_path).write_text(_json.dumps(result["plan"], indent=2) + "\n", encoding="utf-8")
     if as_json:
@@ -487,6 +495,11 @@ def bench(
     out_dir: Annotated[str, typer.Option("--out", help="Directory for results.csv, results.md and the plots "
                                                        "(or a .csv path: the rest go beside it).")] = "bench-results",
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing result files.")] = False,
+    executor: Annotated[str, typer.Option("--executor", help="Where the (instance × planner) runs go: process "
+                                                             "(one after another here; `local` is the same) or "
+                                                             "ray (each a Ray task; pip install "
+                                                             "\"hetopt[ray]\").")] = "process",
+    address: AddressOpt = None,
 ) -> None:
     """Run planners side by side, replay every plan in the simulator, write CSV, Markdown and plots."""
     from pathlib import Path
@@ -495,6 +508,7 @@ def bench(
 
     from hetopt.baselines.registry import PLANNERS
     from hetopt.bench import check_outputs, check_planners, run_bench, write_outputs
+    from hetopt.executors import check_executor
     from hetopt.spec.instance import bundled_instances, load_instance
 
     if time_limit <= 0:
@@ -502,6 +516,7 @@ def bench(
     chosen = list(PLANNERS) if planners == "all" else check_planners([p.strip() for p in planners.split(",")])
     names = instance_names or list(bundled_instances())
     check_outputs(Path(out_dir), force)  # before any work: nothing a user has is overwritten without --force
+    check_executor(executor, address)
     insts = [load_instance(n) for n in names]
     wanted = None if scenarios == "all" else [s.strip() for s in scenarios.split(",")]
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -519,7 +534,8 @@ def bench(
                 err.print(f"[{bar.tasks[0].completed + 1}/{bar.tasks[0].total}] {what}", markup=False,
                           highlight=False)
 
-        result = run_bench(insts, chosen, wanted, time_limit, iterations, seed, progress=progress)
+        result = run_bench(insts, chosen, wanted, time_limit, iterations, seed, progress=progress,
+                           executor=executor, address=address)
         bar.update(task, completed=len(insts) * len(chosen), description="bench done")
     paths = write_outputs(result, Path(out_dir), force)
     out.print(Path(paths[1]).read_text(encoding="utf-8"), markup=False, highlight=False)

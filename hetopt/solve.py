@@ -8,6 +8,7 @@ from typing import Any
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
+from hetopt.executors import check_executor
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.orchestrate import SearchResult, solve_exact
 from hetopt.search.robust import OBJECTIVES
@@ -21,7 +22,16 @@ PLANNERS = ("ilp", "exhaustive")
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
           time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
           simulate_iterations: int | None = None, profiles: Profiles | None = None, progress=None,
-          warm_start: bool = True) -> dict[str, Any]:
+          warm_start: bool = True, executor: str = "process", address: str | None = None) -> dict[str, Any]:
+    """Plan the instance, verify the plan and replay it under every scenario: `hetopt solve --json`.
+
+    Parameters: inst — the instance; planner — `ilp` (the exact search) or `exhaustive`; formulation,
+    backend, time_limit_s, objective, seed, export_model, warm_start — as solve_exact takes them;
+    simulate_iterations — iterations per scenario in the replay (default: the instance's horizon);
+    profiles — calibrated weights; progress — progress(skeletons solved, incumbent s); executor, address —
+    where the search solves skeletons side by side (`process` or `ray`, hetopt/executors.py).
+    Returns: the solve JSON object of DESIGN 2.4 (plus `executor`).
+    Raises: InputError for a bad planner, objective, time limit or executor."""
     if planner not in PLANNERS:
         raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
                                                             f"available: {', '.join(PLANNERS)}", planner, True)])
@@ -31,6 +41,7 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
                                                                 f"{', '.join(OBJECTIVES)}", objective, True)])
     if time_limit_s <= 0:
         raise InputError("--time-limit", [Problem("--time-limit", "must be positive seconds", time_limit_s, True)])
+    executor = check_executor(executor, address)
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     start = clock()
@@ -43,7 +54,8 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
                               "none", time_limit_s, seed, ex.stats)
     else:
         result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model,
-                             progress=progress, objective=objective, warm_start=warm_start)
+                             progress=progress, objective=objective, warm_start=warm_start, executor=executor,
+                             address=address)
     return report(inst, planner, result, objective, simulate_iterations, profiles)
 
 
@@ -56,7 +68,7 @@ def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterat
         "gap": r.gap if math.isfinite(r.gap) else None,
         "solve_time_s": r.solve_time_s,
         "planner": planner, "formulation": r.formulation, "backend": r.backend, "objective": objective,
-        "time_limit_s": r.time_limit_s, "seed": r.seed,
+        "time_limit_s": r.time_limit_s, "seed": r.seed, "executor": r.executor,
         "plan": None, "predicted": None, "verified": None,
         "search": r.stats.to_json(),
     }

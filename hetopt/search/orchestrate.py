@@ -13,8 +13,10 @@ under every scenario and for every robust objective (each is at least the smalle
 them, `absorb` each result, and `answer`.
 With a time limit the search stops early and reports the best plan, the smallest bound of what it did not
 finish, and the gap between them. A search still solving after PARALLEL_AFTER_S solves the next few
-skeletons by bound side by side in worker processes (both cores); the best-first order and the proof are
-unchanged.
+skeletons by bound side by side (hetopt/executors.py): in worker processes on both cores, or with
+`executor="ray"` on Ray actors, locally or across a cluster's machines. Either way a batch's outcomes are
+absorbed in the best-first order they were selected in, so the order, the proof and the answer are the
+same.
 """
 
 from __future__ import annotations
@@ -22,16 +24,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import multiprocessing
-import os
-import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from hetopt.cost.flops import total_params
 from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
+from hetopt.executors import check_executor, open_pool
 from hetopt.plan import Plan
 from hetopt.search.backends import solve_skeleton
 from hetopt.search.bounds import Bounds, placed_bound
@@ -43,8 +42,8 @@ from hetopt.search.tree import MEMORY_RULE, Node, SkeletonNode, Tree
 from hetopt.spec.instance import Instance
 
 PARALLEL_AFTER_S = 2.0
-"""By default worker processes start once skeletons have been solved for this long: starting them (spawn,
-imports) costs about a second, more than solving a small instance takes in all."""
+"""By default workers start once skeletons have been solved for this long: starting worker processes
+(spawn, imports) costs about a second, a local Ray about four, more than solving a small instance takes."""
 PLACED_BOUND_RULE = "bound: placed skeleton's bound (communication included) ≥ incumbent"
 OPTIMALITY_TOLERANCE = 1e-9
 """Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling tolerance)."""
@@ -66,6 +65,8 @@ class SearchResult:
     reason: str = ""
     warm_start: dict | None = None
     """The best heuristic plan the search started from: its planner and time, and whether it stood."""
+    executor: str = "process"
+    """Where skeletons were solved side by side: `process` or `ray` (hetopt/executors.py)."""
 
     @property
     def gap(self) -> float:
@@ -77,18 +78,23 @@ class SearchResult:
 def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "highs", time_limit_s: float = 60.0,
                 seed: int = 0, options: SearchOptions | None = None, profiles: Profiles | None = None,
                 export_model: str | None = None, progress=None, objective: str = "stable",
-                workers: int | None = None, warm_start: bool = True) -> SearchResult:
+                workers: int | None = None, warm_start: bool = True, executor: str = "process",
+                address: str | None = None) -> SearchResult:
     """The best plan of the instance's plan space, proven optimal unless the time limit ends the search.
 
     Parameters: inst — the instance; formulation, backend — how each skeleton is solved (`hetopt
     formulations`); time_limit_s — wall-clock budget; seed — solver seed; options — the plan space (default:
     the instance's `search:` section); profiles — calibrated weights (default: shipped); export_model — write
     the best skeleton's model here; progress — called as progress(skeletons solved, incumbent s); objective —
-    stable, expected, worst or cvar over the instance's scenarios; workers — processes solving skeletons
-    side by side (default: up to 2, started after PARALLEL_AFTER_S); warm_start — start from the best
-    heuristic plan (WARM_START_PLANNERS).
+    stable, expected, worst or cvar over the instance's scenarios; workers — workers solving skeletons side
+    by side (default: up to 2 on this machine, one per CPU of a Ray cluster at `address`, started after
+    PARALLEL_AFTER_S; given, they start at once); warm_start — start from the best heuristic plan
+    (WARM_START_PLANNERS); executor — `process` (worker processes here) or `ray` (Ray actors; a local Ray
+    started on demand and shut down afterwards, or the cluster at `address`), with the same answer.
     Returns: a SearchResult — status optimal (bound = objective), timeout (best plan, smallest open bound
-    and gap) or infeasible (with the binding constraint in `reason`)."""
+    and gap) or infeasible (with the binding constraint in `reason`).
+    Raises: InputError for an unknown executor, an address without `ray`, or `ray` not installed."""
+    executor = check_executor(executor, address)  # before any work: bad input is reported at once
     form = pick(formulation, backend)
     scenarios = planning_scenarios(inst, objective)
     options = options or SearchOptions.from_instance(inst)
@@ -99,18 +105,18 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
         run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
-    workers = min(2, os.cpu_count() or 1) if lazy else workers
-    pool = None if lazy else _pool(ctx, workers)
+    pool = None if lazy else open_pool(executor, ctx, _solve_with, workers, address)
+    opened = not lazy  # one try: a pool that cannot start (one CPU, a script from stdin) is not retried
     solving_since = clock()
     try:
         while True:
-            if pool is None and lazy and workers > 1 and clock() - solving_since > PARALLEL_AFTER_S:
-                pool = _pool(ctx, workers)
-            batch = run.select(2 * workers if pool is not None else 1)
+            if not opened and clock() - solving_since > PARALLEL_AFTER_S:
+                pool, opened = open_pool(executor, ctx, _solve_with, None, address), True
+            batch = run.select(2 * pool.workers if pool is not None else 1)
             if not batch:
                 break
             jobs = [(node.skeleton, run.left_s(), run.incumbent) for node in batch]
-            outcomes = list(pool.map(_solve_one, jobs)) if pool is not None and len(jobs) > 1 else \
+            outcomes = pool.map(jobs) if pool is not None and len(jobs) > 1 else \
                 [_solve_with(ctx, *job) for job in jobs]
             for node, outcome in zip(batch, outcomes, strict=True):
                 run.absorb(node, *outcome)
@@ -118,8 +124,9 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                     progress(run.stats.solved, run.incumbent)
     finally:
         if pool is not None:
-            pool.shutdown()
+            pool.close()
     result = run.answer(form.name, backend, seed)
+    result.executor = executor
     if export_model and result.skeleton is not None:
         form.solve(plan_problem(inst, result.skeleton, profiles, scenarios, objective), backend,
                    SolveOptions(time_limit_s=time_limit_s, seed=seed, export_path=export_model))
@@ -264,7 +271,7 @@ def seed_incumbent(inst: Instance, profiles: Profiles, scenarios, objective: str
 
 @dataclass(frozen=True)
 class _Context:
-    """What solving a skeleton needs; sent once to each worker process."""
+    """What solving a skeleton needs; sent once to each worker (process or Ray actor)."""
 
     inst: Instance
     profiles: Profiles
@@ -273,28 +280,6 @@ class _Context:
     formulation: str
     backend: str
     seed: int
-
-
-_WORKER: _Context | None = None
-
-
-def _init_worker(ctx: _Context) -> None:
-    global _WORKER
-    _WORKER = ctx
-
-
-def _solve_one(job: tuple[Skeleton, float, float]):
-    assert _WORKER is not None
-    return _solve_with(_WORKER, *job)
-
-
-def _pool(ctx: _Context, workers: int) -> ProcessPoolExecutor | None:
-    main_file = getattr(sys.modules["__main__"], "__file__", None)
-    if workers <= 1 or (main_file is not None and not os.path.exists(main_file)):
-        return None  # a spawned worker re-imports __main__, which a script read from stdin cannot be
-    # spawn, not fork: the solver libraries keep thread pools that a forked child would inherit half-locked
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(ctx,))
 
 
 def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = math.inf):
