@@ -263,7 +263,9 @@ def markdown(result: BenchResult) -> str:
                     text = f"{r.tokens_per_s:,.0f}"
                     cells.append(f"**{text}**" if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9) else text)
             ratio = _ratio(expected, name, planner)
-            status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if mine[0].gap else "")
+            # an optimal plan's gap is within its proof's tolerance (below 1e-5): shown only when not proven
+            shown_gap = mine[0].gap is not None and mine[0].status != "optimal"
+            status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if shown_gap else "")
             if mine[0].note.startswith("warm-start plan"):  # registry.run_hetopt: a heuristic plan kept
                 status += " (warm-start plan outside the searched space: no plan of the space is better)"
             predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
