@@ -31,7 +31,17 @@ from types import SimpleNamespace
 from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.memory import GIB, stage_params
 from hetopt.cost.profiles import Profiles
-from hetopt.evaluate import BWD, BWD_TP, FWD, FWD_TP, host_device, p2p_features, stage_memory, stage_work
+from hetopt.evaluate import (
+    BWD,
+    BWD_TP,
+    FWD,
+    FWD_TP,
+    host_device,
+    overlap_host_device,
+    p2p_features,
+    stage_memory,
+    stage_work,
+)
 from hetopt.search.linear import Affine
 from hetopt.search.space import Skeleton, least_work
 from hetopt.spec.instance import Instance
@@ -464,6 +474,5 @@ def placed_bound(problem) -> float:
 
 
 def _pass(pr, n: int) -> float:
-    """Stage 0's backward pass at n layers, as the evaluator prices it: max(h, d) + s·min(h, d)."""
-    h, d, s = pr.host_bwd[0].at(n), pr.dev_bwd[0].at(n), pr.serial[0]
-    return max(h, d) + s * min(h, d)
+    """Stage 0's backward pass at n layers, as the evaluator prices it (overlap_host_device)."""
+    return float(overlap_host_device(pr.host_bwd[0].at(n), pr.dev_bwd[0].at(n), pr.serial[0]))
