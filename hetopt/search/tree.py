@@ -118,14 +118,20 @@ class Node:
     bound: float
 
     is_leaf = False
+    pruned_as = BOUND_RULE
+    """The rule the search counts this node under when its bound proves it no better."""
+
+    @property
+    def pruned_count(self) -> int:
+        """What a pruned node counts: its skeletons where they are known without generating, else 1."""
+        return 1
 
     def expand(self, tree: Tree) -> list[Node]:
         """The children, each keyed by a bound at least this node's."""
         raise NotImplementedError
 
     def count_pruned(self, stats: SearchStats) -> None:
-        """Count what the bound proves no better, in skeletons where they are known without generating."""
-        raise NotImplementedError
+        stats.pruned[self.pruned_as] += self.pruned_count
 
 
 def _children(parent: Node, nodes: list[Node]) -> list[Node]:
@@ -143,6 +149,8 @@ def _rekey(node: Node, bound: float) -> Node:
 class FamilyNode(Node):
     family: Family
 
+    pruned_as = "bound: whole families never generated (device classes × TP degrees)"
+
     def expand(self, tree: Tree) -> list[Node]:
         if not self.family.pair:
             out: list[Node] = [BucketNode(tree.bounds.bucket_bound(self.family, r, tree.options.max_stages),
@@ -153,9 +161,6 @@ class FamilyNode(Node):
                    if (n := tree.group_node(g)) is not None]
         return _children(self, out)
 
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned["bound: whole families never generated (device classes × TP degrees)"] += 1
-
 
 @dataclass(frozen=True)
 class BucketNode(Node):
@@ -164,12 +169,11 @@ class BucketNode(Node):
     family: Family
     replicas: int
 
+    pruned_as = "bound: families at one replica count never generated"
+
     def expand(self, tree: Tree) -> list[Node]:
         return _children(self, [n for g in self.family.groups(tree.inst, tree.options, tree.stats, self.replicas)
                                 if (n := tree.group_node(g)) is not None])
-
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned["bound: families at one replica count never generated"] += 1
 
 
 @dataclass(frozen=True)
@@ -185,13 +189,16 @@ class GroupNode(Node):
                 tree.stats.pruned[MEMORY_RULE] += 1
         return _children(self, out)
 
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned[BOUND_RULE] += self.group.size
+    @property
+    def pruned_count(self) -> int:
+        return self.group.size
 
 
 @dataclass(frozen=True)
 class PairGroupNode(Node):
     group: PairGroup
+
+    pruned_as = "bound: two-template groups never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
         g = self.group
@@ -199,9 +206,6 @@ class PairGroupNode(Node):
         if not modes:
             return []
         return _children(self, [tree.range_node(g, max(g.a_replicas), max(g.b_replicas), True, modes)])
-
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned["bound: two-template groups never expanded"] += 1
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,8 @@ class PairRangeNode(Node):
     rb: int
     rows: bool
     modes: tuple[str, ...]
+
+    pruned_as = "bound: two-template replica-count ranges never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
         g, out = self.group, []
@@ -239,9 +245,6 @@ class PairRangeNode(Node):
                     tree.stats.pruned[MEMORY_RULE] += sub.size
         return _children(self, out)
 
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned["bound: two-template replica-count ranges never expanded"] += 1
-
 
 @dataclass(frozen=True)
 class PairSubgroupNode(Node):
@@ -260,8 +263,9 @@ class PairSubgroupNode(Node):
         return _children(self, [tree.skeleton_node(sk)
                                 for sk in self.group.skeletons_of(self.ra, self.rb, self.recompute)])
 
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned[BOUND_RULE] += self.size
+    @property
+    def pruned_count(self) -> int:
+        return self.size
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,3 @@ class SkeletonNode(Node):
 
     def expand(self, tree: Tree) -> list[Node]:
         return []
-
-    def count_pruned(self, stats: SearchStats) -> None:
-        stats.pruned[BOUND_RULE] += 1

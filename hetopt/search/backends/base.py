@@ -116,6 +116,17 @@ class Backend:
     """The Python package it needs (imported only when the backend is used)."""
     summary: str = ""
     capabilities: Capabilities
+    pulp_solver: tuple[str, str] | None = None
+    """(PuLP solver class, why it cannot run): a PuLP backend is usable when that class says it is available."""
+
+    def __init_subclass__(cls, *, name: str = "", package: str = "", summary: str = "",
+                          capabilities: Capabilities | None = None,
+                          pulp_solver: tuple[str, str] | None = None, **kwargs) -> None:
+        """A backend declares itself in its class statement: `class X(Backend, name=..., ...)`."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.package, cls.summary, cls.pulp_solver = name, package, summary, pulp_solver
+        if capabilities is not None:
+            cls.capabilities = capabilities
 
     def available(self) -> tuple[bool, str]:
         """(usable here, why not): the package imports and the solver binary or library works."""
@@ -130,7 +141,12 @@ class Backend:
 
     def unusable(self) -> str | None:
         """Why the solver cannot run although its package imports (None: it can)."""
-        return None
+        if self.pulp_solver is None:
+            return None
+        import pulp
+
+        solver, why = self.pulp_solver
+        return None if getattr(pulp, solver)(msg=False).available() else why
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         """Solve `model` within `options.time_limit_s`.

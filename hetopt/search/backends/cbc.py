@@ -41,19 +41,10 @@ LOG_BOUND_DIGITS = 3
 """CBC prints its lower bound with three decimals: half of the last digit is taken off (valid)."""
 
 
-class CbcBackend(Backend):
-    name = "cbc"
-    package = "pulp"
-    summary = "COIN-OR CBC through PuLP (the binary ships inside the pulp wheel)"
-    capabilities = Capabilities(model="pulp", integer_models=True, mip_start=True,
-                                reports_bound=True)
-
-    def unusable(self) -> str | None:
-        import pulp
-
-        if not pulp.PULP_CBC_CMD(msg=False).available():
-            return "PuLP's bundled CBC binary is not available on this platform"
-        return None
+class CbcBackend(Backend, name="cbc", package="pulp",
+                 summary="COIN-OR CBC through PuLP (the binary ships inside the pulp wheel)",
+                 capabilities=Capabilities(model="pulp", integer_models=True, mip_start=True, reports_bound=True),
+                 pulp_solver=("PULP_CBC_CMD", "PuLP's bundled CBC binary is not available on this platform")):
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp

@@ -20,12 +20,10 @@ WORKERS = 1
 """One search worker: parallelism comes from solving several skeletons at once (orchestrate.py)."""
 
 
-class CpSatBackend(Backend):
-    name = "cpsat"
-    package = "ortools"
-    summary = "OR-Tools CP-SAT (integer model; seconds scaled to integer units)"
-    capabilities = Capabilities(model="cp-sat", integer_models=True, mip_start=True,
-                                reports_bound=True)
+class CpSatBackend(Backend, name="cpsat", package="ortools",
+                   summary="OR-Tools CP-SAT (integer model; seconds scaled to integer units)",
+                   capabilities=Capabilities(model="cp-sat", integer_models=True, mip_start=True,
+                                             reports_bound=True)):
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         from ortools.sat.python import cp_model

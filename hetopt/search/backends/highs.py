@@ -46,17 +46,10 @@ _STOPPED_WITH_SOLUTION = ("kIterationLimit", "kSolutionLimit", "kInterrupt", "kH
                           "kObjectiveBound", "kObjectiveTarget")
 
 
-class HighsBackend(Backend):
-    name = "highs"
-    package = "highspy"
-    summary = "HiGHS through PuLP"
-    capabilities = Capabilities(model="pulp", integer_models=True, mip_start=False,
-                                reports_bound=True)
-
-    def unusable(self) -> str | None:
-        import pulp
-
-        return None if pulp.HiGHS(msg=False).available() else "PuLP cannot use highspy"
+class HighsBackend(Backend, name="highs", package="highspy", summary="HiGHS through PuLP",
+                   capabilities=Capabilities(model="pulp", integer_models=True, mip_start=False,
+                                             reports_bound=True),
+                   pulp_solver=("HiGHS", "PuLP cannot use highspy")):
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp
