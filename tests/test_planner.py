@@ -290,10 +290,13 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
         assert Bounds(inst, profiles).max_layers_total(b, rc, segments, replicas) == total
 
 
-@pytest.mark.parametrize("name", ["s2-a100-v100", "s4-three-types"])
-def test_every_skeleton_bound_is_below_its_own_optimum(name):
+@pytest.mark.parametrize(("name", "objective"), [("s2-a100-v100", "stable"), ("s4-three-types", "stable"),
+                                                  ("s3-two-islands", "worst"), ("s3-two-islands", "expected"),
+                                                  ("s3-two-islands", "cvar")])
+def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     """The bounds that order and prune the search never exceed the best split of their skeleton (found
-    here by trying every split), one-template and two-template skeletons alike."""
+    here by trying every split), one-template and two-template skeletons alike, and under the robust
+    objectives with the scenario clusters the search gives its bounds."""
     import random
 
     from hetopt.baselines.exhaustive import compositions
@@ -305,18 +308,19 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name):
     from hetopt.search.space import SearchStats, enumerate_groups
 
     inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(3)
-    scenarios = planning_scenarios(inst, "stable")
+    scenarios = planning_scenarios(inst, objective)
+    bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
     groups = list(enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()))
     checked = set()
     for group in rng.sample(groups, min(30, len(groups))):
         for sk in itertools.islice(group.skeletons(), 4):
             try:
-                problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+                problem = plan_problem(inst, sk, profiles, scenarios, objective)
             except InfeasibleError:
                 continue
             best = min(problem.iteration_time([n for t in split for n in t]) for split in
                        itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
-            assert Bounds(inst, profiles).compute_lower_bound(sk) <= best * (1 + 1e-12)
+            assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-12)
             assert placed_bound(problem) <= best * (1 + 1e-12)
             checked.add(len(sk.templates))
     assert checked == {1, 2}

@@ -14,6 +14,9 @@ from hetopt.errors import InputError
 from hetopt.search.formulation import clock
 from hetopt.spec.instance import Instance
 
+OUTSIDE_SPACE_NOTE = "warm-start plan"
+"""How a hetopt row's note begins when its plan is a heuristic's kept from outside the searched space."""
+
 
 def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
                ) -> PlannerResult:
@@ -24,7 +27,7 @@ def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | 
     note = r.reason
     outside = (r.warm_start or {}).get("outside_space")
     if outside:
-        note = (f"warm-start plan ({r.warm_start['planner']}) kept; it lies outside the searched space ("
+        note = (f"{OUTSIDE_SPACE_NOTE} ({r.warm_start['planner']}) kept; it lies outside the searched space ("
                 + "; ".join(outside) + ")")
     return PlannerResult("hetopt", r.plan, r.objective_s, r.solve_time_s, status,
                          r.gap if math.isfinite(r.gap) else None, r.stats.solved, note,

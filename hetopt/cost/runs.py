@@ -576,6 +576,14 @@ def predict_runs(runs: list[Run], profiles: Profiles | None = None) -> list[Run]
     return runs
 
 
+def repredict(runs: list[Run], profiles: Profiles) -> np.ndarray:
+    """Predicted seconds of expressed `runs` under other `profiles` (copies; the runs keep theirs); nan
+    where the evaluator rejects a row under them."""
+    copies = [replace(r, predicted_s=None, breakdown={}, fits=None) for r in runs]
+    predict_runs(copies, profiles)
+    return np.array([math.nan if c.predicted_s is None else c.predicted_s for c in copies])
+
+
 def load_runs(paths: list[str | Path], profiles: Profiles | None = None) -> list[Run]:
     runs = [r for p in paths for r in read_runs(p)]
     return predict_runs(runs, profiles)
@@ -644,11 +652,9 @@ def loso(runs: list[Run], fit: Fit | None = None) -> dict:
     else:
         for source in sorted({r.source for r in expressed}):
             profiles = fit([r for r in expressed if r.source != source])
-            for r in expressed:
-                if r.source == source:
-                    copy = replace(r, predicted_s=None, breakdown={}, fits=None)
-                    predict_runs([copy], profiles)
-                    held[id(r)] = copy.predicted_s if copy.predicted_s is not None else math.nan
+            mine = [r for r in expressed if r.source == source]
+            for r, t in zip(mine, repredict(mine, profiles), strict=True):
+                held[id(r)] = t
     per_gpu = grouped(runs, lambda r: r.gpu, held)
     for s in per_gpu.values():
         applies = s["rows"] >= LOSO_MIN_ROWS
@@ -673,9 +679,7 @@ def fit_stacks(runs: list[Run]) -> dict[str, Stack]:
             continue
 
         def predict(eff: float, fw=fw, rows=rows) -> np.ndarray:
-            copies = [replace(r, predicted_s=None, breakdown={}, fits=None) for r in rows]
-            predict_runs(copies, Profiles(stacks={fw: Stack(fw, eff)}))
-            return np.array([c.predicted_s for c in copies])
+            return repredict(rows, Profiles(stacks={fw: Stack(fw, eff)}))
 
         eff, fit = fit_efficiency(predict, np.array([r.measured_s for r in rows]))
         sources = sorted({r.source for r in rows})

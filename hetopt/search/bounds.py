@@ -1,12 +1,13 @@
 """Lower bounds and memory tests that order and prune the search (DESIGN 4), each with its statement.
 
 A bound holds for every skeleton in the set it keys (a family, a replica count, a group, a range of replica
-counts, one skeleton): no split of any of them is faster. Bounds come from compute alone — every stage's
-time per micro-batch τ_i(L) ≥ a_i·L + c_i (`Bounds.stage_line`: one of the two linear pieces of the
-host/device overlap, TP over the fastest interconnect its GPU type has) — so they need no placement and
-hold under every scenario (communication only adds time). Memory tests use the evaluator's own memory model,
-affine in a stage's layers. Every bound has a brute-force test on sampled skeletons
-(tests/test_bounds.py: bound ≤ the skeleton's true optimum, found by trying every split).
+counts, one skeleton): no split of any of them is faster. Bounds need no placement: every stage's time per
+micro-batch τ_i(L) ≥ a_i·L + c_i (`Bounds.stage_line`: one of the two linear pieces of the host/device
+overlap, TP over the fastest interconnect its GPU type has), plus the sends a stage must make wherever it
+goes (`Bounds.send_s`: the fastest pair of nodes, under the fastest planning cluster) — so they hold under
+every scenario. Memory tests use the evaluator's own memory model, affine in a stage's layers. Every node's
+bound is checked against the skeletons under it (tests/test_bounds.py), and the skeleton bounds against
+every split of sampled skeletons, robust objectives included (tests/test_planner.py).
 
 | bound                    | keys                         | statement                                          |
 | ------------------------ | ---------------------------- | -------------------------------------------------- |

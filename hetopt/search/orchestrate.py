@@ -6,8 +6,9 @@ bound on all the skeletons under it (hetopt/search/bounds.py) and is expanded on
 of the heap. For each leaf the skeleton is placed (else pruned: placement), the evaluator is linearised
 (hetopt/search/linear.py), a stage that cannot hold a layer drops it (pruned: memory), and its integer
 program is solved. The search stops when the next bound is no better than the incumbent: every node left
-is proven no better (pruned: bound), and the plan is optimal. Bounds come from compute alone, so they hold
-under every scenario and for every robust objective (each is at least the smallest T_s).
+is proven no better (pruned: bound), and the plan is optimal. Bounds before placement price sends at the
+fastest planning cluster, so they hold under every scenario and for every robust objective (each is at
+least the smallest T_s); a placed skeleton's bound prices each scenario and combines them as the objective.
 
 `solve_exact` runs `_Run`: `plant` the roots, `seed` a heuristic incumbent, then `select` leaves, solve
 them, `absorb` each result, and `answer`.

@@ -116,7 +116,7 @@ class SearchOptions:
     """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
-    search/linear.py price TP on the intra-node interconnect and would not bound a group over the network)."""
+    search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
 
     @classmethod
     def from_instance(cls, inst: Instance) -> SearchOptions:

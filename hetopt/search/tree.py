@@ -21,7 +21,7 @@ What cannot hold the model in memory even at its most ZeRO sharding is dropped o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetopt.search.bounds import Bounds
 from hetopt.search.space import (
@@ -140,8 +140,6 @@ def _children(parent: Node, nodes: list[Node]) -> list[Node]:
 
 
 def _rekey(node: Node, bound: float) -> Node:
-    from dataclasses import replace
-
     return replace(node, bound=bound)
 
 
