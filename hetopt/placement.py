@@ -30,7 +30,7 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
     """The plan with a placement (an existing placement is kept as given)."""
     if plan.placement:
         return plan
-    free = {name: list(range(node.gpus)) for name, node in cluster.nodes.items()}
+    free = FreeGPUs(cluster)
     at: dict[tuple[int, int, int], str] = {}
     entries = []
     for p_index, pipe in enumerate(plan.pipelines):
@@ -52,52 +52,105 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
                 at[(p_index, replica, s_index)] = entry.node
                 continue
             if stay is not None and cluster.nodes[stay].gpu == stage.gpu and \
-                    cluster.nodes[stay].island == stage.island and len(free[stay]) >= stage.tp:
+                    cluster.nodes[stay].island == stage.island and free.count(stay) >= stage.tp:
                 node = stay
             else:
-                node = _pick(cluster, [n.name for n in dc.nodes if len(free[n.name]) >= stage.tp], free, near)
+                node = free.pick(dc, stage.tp, near)
             if node is None:
                 raise InfeasibleError(
                     f"pipelines[{p_index}] replica {replica} stage {s_index}: no node of "
                     f"{stage.gpu}@{stage.island} has {stage.tp} free GPUs left for its TP group")
-            gpus, free[node] = free[node][: stage.tp], free[node][stage.tp:]
+            gpus = free.take(node, stage.tp)
             entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, node=node, gpus=gpus))
             at[(p_index, replica, s_index)] = node
     entries.sort(key=lambda e: (e.pipeline, e.replica, e.stage))
     return plan.model_copy(update={"placement": entries})
 
 
-def _pick(cluster: Cluster, fits: list[str], free: dict[str, list[int]], previous: str | None) -> str | None:
-    """Widest route from `previous` first, then best fit. Nodes of one class differ in routes only by
-    their NIC, so one route per distinct NIC speed is enough."""
-    if not fits:
-        return None
-    if previous is not None:
-        by_nic: dict[float, str] = {}
-        for name in fits:
-            by_nic.setdefault(cluster.nodes[name].nic_gbps, name)
-        if len(by_nic) > 1:
-            width = {nic: cluster.route(previous, name).gbps for nic, name in by_nic.items()}
+class FreeGPUs:
+    """The free GPUs of every node, indexed for `pick`: per device class and NIC speed, the nodes by their
+    number of free GPUs (node positions in the class's declaration order), so a placement of thousands of
+    TP groups never scans every node for each one.
+
+    Parameters: cluster — the cluster being placed on."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.free = {name: list(range(node.gpus)) for name, node in cluster.nodes.items()}
+        self._where: dict[str, tuple[tuple, int]] = {}  # node → ((class, NIC), position)
+        self._by_count: dict[tuple, dict[int, set[int]]] = {}  # (class, NIC) → free count → positions
+        self._names: dict[tuple, list[str]] = {}  # class → node names in declaration order
+        for key, dc in cluster.device_classes.items():
+            self._names[key] = [n.name for n in dc.nodes]
+            for i, n in enumerate(dc.nodes):
+                bucket = (key, n.nic_gbps)
+                self._where[n.name] = (bucket, i)
+                self._by_count.setdefault(bucket, {}).setdefault(n.gpus, set()).add(i)
+
+    def count(self, name: str) -> int:
+        return len(self.free[name])
+
+    def take(self, name: str, k: int) -> list[int]:
+        """The first `k` free GPUs of node `name`, now taken."""
+        gpus, self.free[name] = self.free[name][:k], self.free[name][k:]
+        if k:
+            bucket, i = self._where[name]
+            counts = self._by_count[bucket]
+            counts[len(gpus) + len(self.free[name])].discard(i)
+            counts.setdefault(len(self.free[name]), set()).add(i)
+        return gpus
+
+    def pick(self, dc, tp: int, previous: str | None) -> str | None:
+        """A node of class `dc` with `tp` free GPUs: the widest route from `previous` first (nodes of one
+        class differ in routes only by their NIC, so the first fitting node of each NIC speed stands for
+        it), then best fit — the fewest free GPUs that still hold the group —, then declaration order."""
+        key = dc.key
+        fitting = {}  # NIC → (first position, best-fit count, its first position)
+        for (cls, nic), counts in self._by_count.items():
+            if cls != key:
+                continue
+            sizes = [c for c, nodes in counts.items() if c >= tp and nodes]
+            if sizes:
+                best = min(sizes)
+                fitting[nic] = (min(min(counts[c]) for c in sizes), best, min(counts[best]))
+        if not fitting:
+            return None
+        names = self._names[key]
+        if previous is not None and len(fitting) > 1:
+            width = {nic: self.cluster.route(previous, names[first]).gbps for nic, (first, _, _) in fitting.items()}
             widest = max(width.values())
-            fits = [name for name in fits if width[cluster.nodes[name].nic_gbps] == widest]
-    return min(fits, key=lambda name: len(free[name]))
+            fitting = {nic: v for nic, v in fitting.items() if width[nic] == widest}
+        _, position = min((best, pos) for _, best, pos in fitting.values())
+        return names[position]
 
 
-def span_nodes(cluster: Cluster, dc, tp: int, free: dict[str, list[int]], near: str | None,
+def span_nodes(cluster: Cluster, dc, tp: int, free: FreeGPUs, near: str | None,
                key: tuple[int, int, int]) -> PlacementEntry:
     """A TP group wider than a node: whole free nodes of one size g with g | tp, the first of them the
-    widest route from `near` (`_pick`), the others in declaration order (one island: the same fabric)."""
+    widest route from `near` (as `FreeGPUs.pick` ranks), the others in declaration order (one island: the
+    same fabric)."""
     for g in sorted({n.gpus for n in dc.nodes}, reverse=True):
-        whole = [n.name for n in dc.nodes if n.gpus == g and len(free[n.name]) == g]
+        whole = [n.name for n in dc.nodes if n.gpus == g and free.count(n.name) == g]
         if tp % g or len(whole) < tp // g:
             continue
-        head = _pick(cluster, whole, free, near)
+        head = _widest_first(cluster, whole, near)
         chosen = [head, *[name for name in whole if name != head][: tp // g - 1]]
-        groups = [free[name] for name in chosen]
-        for name in chosen:
-            free[name] = []
+        groups = [free.take(name, g) for name in chosen]
         return PlacementEntry(pipeline=key[0], replica=key[1], stage=key[2], node=chosen[0], gpus=groups[0],
                               more_nodes=[NodeGPUs(node=n, gpus=gp) for n, gp in zip(chosen[1:], groups[1:],
                                                                                       strict=True)])
     raise InfeasibleError(f"pipelines[{key[0]}] replica {key[1]} stage {key[2]}: its TP group of {tp} GPUs needs "
                           f"{dc.label} nodes of one size dividing {tp}, all free")
+
+
+def _widest_first(cluster: Cluster, names: list[str], previous: str | None) -> str:
+    """Among whole free nodes (all of one size): the first of those on the widest route from `previous`."""
+    if previous is not None:
+        by_nic: dict[float, str] = {}
+        for name in names:
+            by_nic.setdefault(cluster.nodes[name].nic_gbps, name)
+        if len(by_nic) > 1:
+            width = {nic: cluster.route(previous, name).gbps for nic, name in by_nic.items()}
+            widest = max(width.values())
+            names = [name for name in names if width[cluster.nodes[name].nic_gbps] == widest]
+    return names[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -318,9 +319,55 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
                 problem = plan_problem(inst, sk, profiles, scenarios, objective)
             except InfeasibleError:
                 continue
-            best = min(problem.iteration_time([n for t in split for n in t]) for split in
-                       itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
+            caps = problem.base.max_layers()  # the bounds promise: no split that fits in memory is faster
+            splits = ([n for t in split for n in t]
+                      for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
+            best = min((problem.iteration_time(layers) for layers in splits
+                        if all(n <= c for n, c in zip(layers, caps, strict=True))), default=math.inf)
+            if not math.isfinite(best):
+                continue
             assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-12)
             assert placed_bound(problem) <= best * (1 + 1e-12)
             checked.add(len(sk.templates))
     assert checked == {1, 2}
+
+
+@pytest.mark.parametrize(("name", "objective"), [("s3-two-islands", "stable"), ("s3-two-islands", "worst"),
+                                                  ("s6-h100-a100", "stable")])
+def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objective):
+    """Where stage 0's gradient all-reduce must cross nodes, `Bounds.drained_bound` adds its drain to the
+    pipeline bound before placement, and `placed_bound` the placed one: neither may exceed the best split
+    that fits in memory (every split tried), and the test only counts skeletons the drain raised."""
+    from hetopt.baselines.exhaustive import compositions
+    from hetopt.cost.profiles import Profiles
+    from hetopt.errors import InfeasibleError
+    from hetopt.search.bounds import Bounds, placed_bound
+    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.space import SearchStats, enumerate_groups
+
+    inst, profiles = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles()
+    scenarios = planning_scenarios(inst, objective)
+    bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
+    raised = 0
+    for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
+        for sk in group.skeletons():
+            total = sum(t.replicas for t in sk.templates)
+            plain = max(bounds.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total)
+                        for t in sk.templates)
+            bound = bounds.compute_lower_bound(sk)
+            if not math.isfinite(bound) or bound <= plain * (1 + 1e-9):
+                continue
+            try:
+                problem = plan_problem(inst, sk, profiles, scenarios, objective)
+            except InfeasibleError:
+                continue
+            caps = problem.base.max_layers()
+            splits = ([n for t in split for n in t]
+                      for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
+            best = min((problem.iteration_time(layers) for layers in splits
+                        if all(n <= c for n, c in zip(layers, caps, strict=True))), default=math.inf)
+            assert bound <= best * (1 + 1e-12), sk.describe()
+            assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
+            raised += 1
+    assert raised >= 10

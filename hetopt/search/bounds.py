@@ -12,7 +12,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | bound                    | keys                         | statement                                          |
 | ------------------------ | ---------------------------- | -------------------------------------------------- |
 | `family_bound`           | a family (classes × TP)      | T ≥ M·N / Σ_k G_k/(t_k·a_k)                         |
-| `bucket_bound`           | a family at R replicas       | T ≥ (m − 1)·λ + max(λ, N·min a), λ = N/max Σ n_k/a_k |
+| `bucket_bound`           | a family at R, counts fixed  | T ≥ (m − 1)·λ + max(λ, N·min a), λ = N/max Σ n_k/a_k |
 | `group_bound`            | a one-template group         | T ≥ (m − 1)·λ* + S (real water level λ*)            |
 | `throughput_bound`       | a two-template range         | T ≥ M / Σ_j R_j/λ_j                                 |
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from hetopt.cost.comm import all_reduce
 from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.memory import GIB, stage_params
 from hetopt.cost.profiles import Profiles
@@ -37,6 +38,7 @@ from hetopt.evaluate import (
     BWD_TP,
     FWD,
     FWD_TP,
+    grad_comm_bytes,
     host_device,
     overlap_host_device,
     p2p_features,
@@ -69,6 +71,22 @@ class ClassMemory:
         return Affine(self.state + self.act * (p - i), c)
 
 
+@dataclass(frozen=True)
+class _Drain:
+    """Stage 0's gradient all-reduce (a lower bound) and its backward pass (host and device, an upper
+    bound), affine in its layers: the drain is dp(L) − overlap·pass(L) (pricing.dp_finish)."""
+
+    dp: Affine
+    host: Affine
+    device: Affine
+    serial: float
+    overlap: float
+
+    def __call__(self, layers: int) -> float:
+        h, d = self.host.at(layers), self.device.at(layers)
+        return self.dp.at(layers) - self.overlap * (max(h, d) + self.serial * min(h, d))
+
+
 class Bounds:
     """The bounds and memory tests of one search run over `inst` priced by `profiles` (module docstring).
 
@@ -87,6 +105,8 @@ class Bounds:
         self._pipelines: dict[tuple, float] = {}
         self._fits: dict[tuple, bool] = {}
         self._memory: dict[tuple, ClassMemory] = {}
+        self._drains: dict[tuple, _Drain | None] = {}
+        self._drained: dict[tuple, float] = {}
 
     # -- one stage ------------------------------------------------------------------------------------
 
@@ -197,32 +217,114 @@ class Bounds:
             self._templates[key] = (integer_level(lines, layers), sum_bound(weighted, layers))
         return self._templates[key]
 
-    def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int) -> float:
-        """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i.
+    def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
+                       replicas_total: int | None = None) -> float:
+        """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i — and, given
+        `replicas_total` (the ZeRO sharding), L_i ≤ the most layers stage i holds in memory (`stage_caps`).
 
         Λ ≥ λ (the integer water level). For a given Λ the cheapest Σ τ is g(Λ): one layer per stage, the
-        rest on the stages of smallest a_i up to what Λ lets them hold; g falls as Λ rises but never below
-        S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least (m − 1)·λ + g(λ), and
-        below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), which needs two evaluations of g."""
-        key = (micro_batch, recompute, segments, micro_batches)
+        rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
+        but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least
+        (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g."""
+        key = (micro_batch, recompute, segments, micro_batches, replicas_total)
         if key not in self._pipelines:
-            lam, s = self.template_bound(micro_batch, recompute, segments)
+            lines = self.stage_lines(micro_batch, recompute, segments)
+            layers = self.inst.model.layers
+            caps = None if replicas_total is None else \
+                self.stage_caps(micro_batch, recompute, segments, replicas_total)
+            if caps is None:
+                lam, s = self.template_bound(micro_batch, recompute, segments)
+            else:
+                lam, s = integer_level(lines, layers, caps), cheapest_sum(lines, layers, math.inf, caps)
             m = micro_batches
-            if m <= 1:
+            if not math.isfinite(lam):
+                self._pipelines[key] = math.inf  # no split fits in memory
+            elif m <= 1:
                 self._pipelines[key] = max(lam, s)
             else:
-                lines = self.stage_lines(micro_batch, recompute, segments)
-                layers = self.inst.model.layers
-                delta = (cheapest_sum(lines, layers, lam) - s) / (m - 1)
-                self._pipelines[key] = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta)
+                delta = (cheapest_sum(lines, layers, lam, caps) - s) / (m - 1)
+                self._pipelines[key] = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta, caps)
         return self._pipelines[key]
+
+    def stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
+        """A lower bound on how long the gradient all-reduce of a template's stage 0 outlasts the pipeline,
+        as a function of stage 0's layers L (None where it is 0 for every L): DP(L) − o·pass(L) (dp_finish).
+
+        DP(L) ≥ the inter-node ring of a hierarchical all-reduce (comm.hierarchical_all_reduce: its
+        intra-node part only adds): the stage's R replicas, TP groups of t GPUs, take at least ⌈R/k⌉ nodes
+        with k = ⌊g/t⌋ of them in a node of g GPUs, ring at no more than the widest route between two nodes
+        of the class under the fastest planning cluster, each node pushing its t columns. pass(L) is the
+        backward pass with TP over the class's interconnect (None where its nodes differ inside)."""
+        key = (micro_batch, recompute, segments, replicas)
+        if key not in self._drains:
+            self._drains[key] = self._stage0_drain(micro_batch, recompute, segments, replicas)
+        return self._drains[key]
+
+    def _stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
+        inst, seg = self.inst, segments[0]
+        nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (seg.gpu, seg.island)]
+        per_node = max(n.gpus // seg.tp for n in nodes)
+        if replicas <= 1 or per_node < 1 or replicas <= per_node:
+            return None  # one node can hold every replica's stage 0: no network ring to bound
+        ring_nodes = -(-replicas // per_node)
+        groups: dict[str, list[str]] = {}
+        for n in nodes:
+            groups.setdefault(n.group, []).append(n.name)
+        pairs = [(a[0], b[0]) for a in groups.values() for b in groups.values() if a is not b]
+        pairs += [(names[0], names[1]) for names in groups.values() if len(names) > 1]
+        if not pairs:
+            return None
+        routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
+        gbps = max(r.effective_gbps for r in routes)
+        latency_s = min(r.latency_us for r in routes) * 1e-6
+        alpha_s = min(r.alpha_s for r in routes)
+        gpu = inst.gpu_types[seg.gpu]
+        params = self.profiles.for_gpu(gpu, inst.spec.training.framework)
+        depth = sum(sg.stages for sg in segments)
+        grad_bytes = grad_comm_bytes(inst)
+        intra = {inst.cluster.route(n.name, n.name) for n in nodes}
+        if len({(r.effective_gbps, r.alpha_s, r.latency_us, r.mesh_peers) for r in intra}) > 1:
+            return None  # nodes of the class differ inside: no one interconnect bounds every stage's pass
+        slow = next(iter(intra))
+
+        def dp_s(layers: int) -> float:
+            rank_bytes = stage_params(inst.model, layers, True, depth == 1, depth) / seg.tp * grad_bytes
+            return float(all_reduce(seg.tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s)
+                         @ params.w)
+
+        def backward(layers: int) -> tuple[float, float]:
+            work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, seg.tp, True,
+                              inst.spec.training.attention, recompute, layers, True, depth == 1, slow)
+            host, dev = host_device(work, params.w)
+            return float(host[BWD]), float(dev[BWD] + dev[BWD_TP])
+
+        # DP, host and device time are affine in L: read each off at 1 and 2 layers
+        (dp1, dp2), ((h1, d1), (h2, d2)) = (dp_s(1), dp_s(2)), (backward(1), backward(2))
+        return _Drain(Affine(dp2 - dp1, 2 * dp1 - dp2), Affine(h2 - h1, 2 * h1 - h2),
+                      Affine(d2 - d1, 2 * d1 - d2), params.launch_serial, params.dp_overlap)
 
     # -- keys of the search's sets ------------------------------------------------------------------------
 
     def compute_lower_bound(self, sk: Skeleton) -> float:
-        """A bound no split of this skeleton beats: the iteration waits for every template's pipeline."""
-        return max(self.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches)
-                   for t in sk.templates)
+        """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
+        template's pipeline."""
+        replicas_total = sum(t.replicas for t in sk.templates)
+        return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total) for t in sk.templates)
+
+    def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int) -> float:
+        """One template's `pipeline_bound` (memory caps at ZeRO over `replicas_total`), raised by its stage
+        0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`, `drained_pipeline`)."""
+        segments, m = template.segments, template.micro_batches
+        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas)
+        if key not in self._drained:
+            bound = self.pipeline_bound(micro_batch, recompute, segments, m, replicas_total)
+            drain = self.stage0_drain(micro_batch, recompute, segments, template.replicas)
+            if drain is not None and math.isfinite(bound):
+                caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
+                lines = self.stage_lines(micro_batch, recompute, segments)
+                bound = max(bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain))
+            self._drained[key] = bound
+        return self._drained[key]
 
     def group_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int) -> float:
         """A cheaper and weaker bound than `pipeline_bound`, for keying whole groups: (m − 1)·λ* + S with
@@ -264,29 +366,31 @@ class Bounds:
             rate += dc.gpus / (tp * a)
         return family.total_micro_batches * self.inst.model.layers / rate
 
-    def bucket_bound(self, family, replicas: int, max_stages: int) -> float:
-        """`family_bound` at one replica count R: each replica has 1 ≤ n_k ≤ ⌊G_k/(t_k·R)⌋ stages of class
-        k and at most P = min(max_stages, layers, M/R) in all (the extra stages go to the fastest classes
-        first); inf when no replica fits at R. The two stages beside each change of class pay a send over
-        NICs, c_i ≥ `send_s`, in every configuration: τ_i ≥ a_i·L_i + c_i gives
-        max τ ≥ λ = (N + Σ c_i/a_i) / max Σ_k n_k/a_k. With m = M/R micro-batches T ≥ (m − 1)·max τ + Σ τ,
-        and Σ τ ≥ max τ ≥ λ as well as Σ τ ≥ N·min_k a_k + Σ c_i (every layer at least at the fastest
-        class's per-layer time): T ≥ (m − 1)·λ + max(λ, N·min_k a_k + Σ c_i)."""
+    def bucket_bound(self, family, replicas: int, max_stages: int, fixed: tuple[int, ...] = ()) -> float:
+        """`family_bound` at one replica count R, with the first classes' stage counts `fixed`: each replica
+        has n_k stages of class k — n_k as fixed, else 1 ≤ n_k ≤ ⌊G_k/(t_k·R)⌋ — and at most
+        P = min(max_stages, layers, M/R) in all (the free stages go to the fastest classes first); inf when
+        no replica fits. The two stages beside each change of class pay a send over NICs, c_i ≥ `send_s`,
+        in every configuration: τ_i ≥ a_i·L_i + c_i gives max τ ≥ λ = (N + Σ c_i/a_i) / max Σ_k n_k/a_k.
+        With m = M/R micro-batches T ≥ (m − 1)·max τ + Σ τ, and Σ τ ≥ max τ ≥ λ as well as
+        Σ τ ≥ N·a_min + Σ_k n_k·(a_k − a_min) + Σ c_i (a layer on each stage, the rest at the fastest
+        class's per-layer time), least at the smallest counts: T ≥ (m − 1)·λ + max(λ, that sum)."""
         m = family.total_micro_batches // replicas
         cap = min(max_stages, self.inst.model.layers, m)
         rc = least_work(family.recompute_options)
-        classes = []
-        for dc, tp in zip(family.classes, family.tps, strict=True):
+        classes = []  # (a_k, least n_k, most n_k)
+        for k, (dc, tp) in enumerate(zip(family.classes, family.tps, strict=True)):
             a = self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
             if a <= 0:
                 return 0.0
-            classes.append((a, min(cap, dc.gpus // (tp * replicas))))
-        left = cap - len(classes)
-        if left < 0 or min(u for _, u in classes) < 1:
-            return math.inf  # no replica of this family fits at R: the bucket is empty
-        rate = sum(1 / a for a, _ in classes)
-        for a, u in sorted(classes):
-            k = min(u - 1, left)
+            most = min(cap, dc.gpus // (tp * replicas))
+            classes.append((a, fixed[k], fixed[k]) if k < len(fixed) else (a, 1, most))
+        left = cap - sum(lo for _, lo, _ in classes)
+        if left < 0 or any(hi < lo for _, lo, hi in classes):
+            return math.inf  # no replica of this family fits at R with these counts: the bucket is empty
+        rate = sum(lo / a for a, lo, _ in classes)
+        for a, lo, hi in sorted(classes):
+            k = min(hi - lo, left)
             rate += k / a
             left -= k
         # every configuration has a stage on each side of each change of class, paying a send over NICs
@@ -298,7 +402,9 @@ class Bounds:
                           self.send_s(cls[k + 1], cls[k], family.tps[k + 1], family.micro_batch)))
         layers = self.inst.model.layers
         lam = (layers + sum(c / a for a, c in sends)) / rate
-        return (m - 1) * lam + max(lam, layers * min(a for a, _ in classes) + sum(c for _, c in sends))
+        a_min = min(a for a, _, _ in classes)
+        least_sum = layers * a_min + sum(lo * (a - a_min) for a, lo, _ in classes) + sum(c for _, c in sends)
+        return (m - 1) * lam + max(lam, least_sum)
 
     # -- memory ---------------------------------------------------------------------------------------
 
@@ -313,10 +419,16 @@ class Bounds:
 
     def max_layers_total(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> int:
         """Σ over the stages of the most layers each can hold (−1 when a stage cannot hold one)."""
+        caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
+        return -1 if min(caps) < 1 else sum(caps)
+
+    def stage_caps(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> list[int]:
+        """The most layers each stage of a template holds in memory (at most the model's layers; 0 when it
+        cannot hold one), ZeRO-1 sharded over `replicas_total`: the evaluator's memory model, affine in L."""
         inst = self.inst
         p = sum(seg.stages for seg in segments)
         n_layers = inst.model.layers
-        room, start = 0, 0
+        caps, start = [], 0
         for seg in segments:
             gpu = inst.gpu_types[seg.gpu]
             limit = gpu.usable_memory_gib - self.profiles.for_gpu(gpu).reserve_gib
@@ -325,10 +437,12 @@ class Bounds:
                 slope = cm.state + cm.act * (p - i)
                 intercept = cm.solo if p == 1 else cm.first if i == 0 else cm.last if i == p - 1 else cm.mid
                 if slope + intercept > limit:
-                    return -1
-                room += n_layers if slope <= 0 else min(n_layers, int((limit - intercept) / slope + 1e-9))
+                    caps.append(0)
+                else:
+                    caps.append(n_layers if slope <= 0 else
+                                min(n_layers, int((limit - intercept) / slope + 1e-9)))
             start += seg.stages
-        return room
+        return caps
 
     def class_memory(self, micro_batch: int, recompute: str, gpu: str, tp: int, replicas: int) -> ClassMemory:
         """The memory lines of a stage of `gpu` at TP `tp` (ZeRO-1 over `replicas`), read off the
@@ -382,31 +496,40 @@ def sum_bound(weighted: list[tuple[float, float, int]], layers: int) -> float:
     return sum(n * (a + c) for a, c, n in weighted) + min(a for a, _, _ in weighted) * (layers - stages)
 
 
-def integer_level(lines: list[Line], layers: int) -> float:
-    """min over integer splits (L_i ≥ 1, Σ L_i = layers) of max_i (a_i·L_i + c_i): give each next layer to
-    the stage it leaves lowest (greedy is exact for a min-max of increasing functions)."""
+def integer_level(lines: list[Line], layers: int, caps: list[int] | None = None) -> float:
+    """min over integer splits (1 ≤ L_i ≤ caps_i, Σ L_i = layers) of max_i (a_i·L_i + c_i): give each next
+    layer to the stage it leaves lowest among those below their cap (greedy is exact for a min-max of
+    increasing functions); inf when no split fits the caps."""
+    if caps is not None and (min(caps) < 1 or sum(caps) < layers):
+        return math.inf
     counts = [1] * len(lines)
     level = max(a + c for a, c in lines)
-    heap = [(2 * a + c, i) for i, (a, c) in enumerate(lines)]
+    heap = [(2 * a + c, i) for i, (a, c) in enumerate(lines) if caps is None or caps[i] > 1]
     heapq.heapify(heap)
     for _ in range(layers - len(lines)):
         t, i = heapq.heappop(heap)
         counts[i] += 1
         level = max(level, t)
         a, c = lines[i]
-        heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
+        if caps is None or counts[i] < caps[i]:
+            heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
     return level
 
 
-def cheapest_sum(lines: list[Line], layers: int, level: float) -> float:
-    """g(Λ): the least Σ_i (a_i·L_i + c_i) with every a_i·L_i + c_i ≤ Λ (caps rounded up a hair, which
-    only lowers g: the bound stays valid); one layer per stage, the rest on the cheapest stages first."""
+def cheapest_sum(lines: list[Line], layers: int, level: float, caps: list[int] | None = None) -> float:
+    """g(Λ): the least Σ_i (a_i·L_i + c_i) with every a_i·L_i + c_i ≤ Λ and L_i ≤ caps_i (level caps rounded
+    up a hair, which only lowers g: the bound stays valid); one layer per stage, the rest on the cheapest
+    stages first."""
     total = sum(a + c for a, c in lines)
     left = layers - len(lines)
-    for a, c in sorted(lines):
+    order = sorted(range(len(lines)), key=lambda i: lines[i])
+    for i in order:
         if left <= 0:
             break
-        cap = max(1, math.floor((level - c) / a + 1e-9))
+        a, c = lines[i]
+        cap = max(1, math.floor((level - c) / a + 1e-9)) if math.isfinite(level) else layers
+        if caps is not None:
+            cap = min(cap, caps[i])
         k = min(cap - 1, left)
         total += k * a
         left -= k
@@ -432,6 +555,47 @@ def water_level(weighted: list[tuple[float, float, int]], layers: int, depth: in
     return lam
 
 
+def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batches: int, drain) -> float:
+    """T ≥ min over L_0 of [(m − 1)·max(τ_0(L_0), λ_rest(N − L_0)) + τ_0(L_0) + S_rest(N − L_0)
+    + max(0, drain(L_0))]: the pipeline with stage 0 holding L_0 layers (the rest split at best: λ_rest its
+    integer water level, S_rest its least Σ τ, both within the caps), then stage 0's gradient all-reduce,
+    which ends `drain(L_0)` after the pipeline (dp_finish: stage 0's last backward ends the pipeline).
+    One greedy pass gives λ_rest and S_rest at every N − L_0; inf when no split fits the caps."""
+    m, p = micro_batches, len(lines)
+    a0, c0 = lines[0]
+    if p == 1:
+        if caps[0] < layers:
+            return math.inf
+        t0 = a0 * layers + c0
+        return m * t0 + max(0.0, drain(layers))
+    rest, rest_caps = lines[1:], caps[1:]
+    if min(rest_caps) < 1 or caps[0] < 1:
+        return math.inf
+    # λ_rest(n) and S_rest(n) for n = p − 1 … min(Σ caps, layers − 1), by one greedy pass each
+    counts = [1] * len(rest)
+    level = max(a + c for a, c in rest)
+    levels, sums = [level], [sum(a + c for a, c in rest)]
+    heap = [(2 * a + c, i) for i, (a, c) in enumerate(rest) if rest_caps[i] > 1]
+    heapq.heapify(heap)
+    slots = sorted(a for (a, _), cap in zip(rest, rest_caps, strict=True) for _ in range(min(cap, layers) - 1))
+    top = min(sum(min(cap, layers) for cap in rest_caps), layers - 1)
+    for k in range(top - len(rest)):
+        t, i = heapq.heappop(heap)
+        counts[i] += 1
+        level = max(level, t)
+        a, c = rest[i]
+        if counts[i] < rest_caps[i]:
+            heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
+        levels.append(level)
+        sums.append(sums[-1] + slots[k])
+    best = math.inf
+    for l0 in range(max(1, layers - top), min(caps[0], layers - len(rest)) + 1):
+        k = layers - l0 - len(rest)
+        t0 = a0 * l0 + c0
+        best = min(best, (m - 1) * max(t0, levels[k]) + t0 + sums[k] + max(0.0, drain(l0)))
+    return best
+
+
 # -- a placed skeleton ----------------------------------------------------------------------------------
 
 def placed_bound(problem) -> float:
@@ -440,7 +604,7 @@ def placed_bound(problem) -> float:
 
     Per scenario and template, stage i takes τ_i(L) = y^f_i(L) + y^b_i(L) + c_i with the exact sends c_i,
     and y(L) = max(h, d) + s·min(h, d) ≥ d + s·h, a line a_i·L + b_i; so T_sync ≥ (m − 1)·λ + g(λ + Δ) as in
-    `Bounds.pipeline_bound` (memory caps only shrink the space: ignoring them keeps the bound). Stage 0's
+    `Bounds.pipeline_bound`, each L_i at most what stage i holds in memory. Stage 0's
     gradient all-reduce ends at T_sync − o_0·y^b_0(L_0) + D_0(L_0) ≥ T_sync + min over its layer counts;
     the optimizer step is at least every stage's at one layer; the templates' exchange is a constant. The
     scenario times combine by the objective, which rises with each of them (robust.aggregate)."""
@@ -448,7 +612,7 @@ def placed_bound(problem) -> float:
 
     times = []
     for sc in problem.scenarios:
-        t_sync, drain, t_opt = 0.0, 0.0, 0.0
+        t_sync, drain, drained, t_opt = 0.0, 0.0, 0.0, 0.0
         for pr in sc.templates:
             lines = []
             for i in range(pr.depth):
@@ -459,18 +623,23 @@ def placed_bound(problem) -> float:
                     + s * sum(f.intercept for f in (pr.host_fwd[i], pr.host_bwd[i])) + pr.p2p[i]
                 lines.append((max(a, 1e-15), b))
             layers, m = pr.layers, pr.micro_batches
-            lam = integer_level(lines, layers)
-            least_sum = sum_bound([(a, b, 1) for a, b in lines], layers)
+            caps = [min(c, layers) for c in pr.max_layers()]
+            lam = integer_level(lines, layers, caps)
+            if not math.isfinite(lam):
+                return math.inf  # no split fits in memory
+            least_sum = cheapest_sum(lines, layers, math.inf, caps)
             if m <= 1:
                 pipe = max(lam, least_sum)
             else:
-                delta = (cheapest_sum(lines, layers, lam) - least_sum) / (m - 1)
-                pipe = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta)
+                delta = (cheapest_sum(lines, layers, lam, caps) - least_sum) / (m - 1)
+                pipe = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta, caps)
             t_sync = max(t_sync, pipe)
             top = max(1, min(pr.max_layers()[0], layers))
             drain = max(drain, min(pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n) for n in range(1, top + 1)))
+            drained = max(drained, drained_pipeline(
+                lines, caps, layers, m, lambda n, pr=pr: pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n)))
             t_opt = max(t_opt, max(f.at(1) for f in pr.opt))
-        times.append(t_sync + max(0.0, drain) + sc.cross_s + t_opt)
+        times.append(max(t_sync + max(0.0, drain), drained) + sc.cross_s + t_opt)
     return aggregate(times, list(problem.probabilities), problem.objective, problem.alpha)
 
 

@@ -274,21 +274,42 @@ class Family:
             stats.pruned[DIVISIBILITY_R] += top - len(counts)
         return counts
 
+    def stage_cap(self, opts: SearchOptions, layers: int, replicas: int) -> int:
+        """P: the most stages a replica may have at R (max_stages, one layer each, m = M/R ≥ stages)."""
+        return min(opts.max_stages, layers, self.total_micro_batches // replicas)
+
+    def next_counts(self, opts: SearchOptions, layers: int, replicas: int, fixed: tuple[int, ...]) -> range:
+        """The stage counts the next class (after those `fixed`) can take at R: at least one, at most its
+        GPUs allow, leaving one stage for each class after it within the cap P."""
+        k = len(fixed)
+        dc, t = self.classes[k], self.tps[k]
+        room = self.stage_cap(opts, layers, replicas) - sum(fixed) - (len(self.classes) - k - 1)
+        return range(1, min(room, dc.gpus // (t * replicas)) + 1)
+
+    def group(self, replicas: int, counts: tuple[int, ...], stats: SearchStats) -> SkeletonGroup:
+        """The group of this family at R with `counts` stages per class (counted as enumerated)."""
+        segments = tuple(Segment(dc.gpu, dc.island, t, n)
+                         for dc, t, n in zip(self.classes, self.tps, counts, strict=True))
+        group = SkeletonGroup(self.micro_batch, segments, (replicas,), self.recompute_options,
+                              self.total_micro_batches)
+        stats.enumerated += group.size
+        return group
+
     def _singles(self, inst: Instance, opts: SearchOptions, stats: SearchStats, r: int) -> Iterator[SkeletonGroup]:
-        total_mb = self.total_micro_batches
-        cap = min(opts.max_stages, inst.model.layers, total_mb // r)  # m = M/R ≥ stages
-        ranges = [range(1, min(cap, dc.gpus // (t * r)) + 1) for dc, t in zip(self.classes, self.tps, strict=True)]
+        def counts(fixed: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+            if len(fixed) == len(self.classes):
+                yield fixed
+                return
+            for n in self.next_counts(opts, inst.model.layers, r, fixed):
+                yield from counts((*fixed, n))
+
         generated = 0
-        for stages in itertools.product(*ranges):
-            if sum(stages) > cap:
-                continue
+        for stages in counts(()):
             generated += 1
-            segments = tuple(Segment(dc.gpu, dc.island, t, n)
-                             for dc, t, n in zip(self.classes, self.tps, stages, strict=True))
-            group = SkeletonGroup(self.micro_batch, segments, (r,), self.recompute_options, total_mb)
-            stats.enumerated += group.size
-            yield group
-        stats.pruned[DEPTH] += math.prod(len(x) for x in ranges) - generated
+            yield self.group(r, stages, stats)
+        cap = self.stage_cap(opts, inst.model.layers, r)
+        stats.pruned[DEPTH] += math.prod(min(cap, dc.gpus // (t * r))
+                                         for dc, t in zip(self.classes, self.tps, strict=True)) - generated
 
     def _pairs(self, inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[PairGroup]:
         total_mb, cap = self.total_micro_batches, min(opts.max_stages, inst.model.layers)

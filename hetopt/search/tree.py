@@ -6,8 +6,9 @@ single skeletons, solved by a formulation. The best-first search (orchestrate.py
 bound; a node whose bound reaches the incumbent is pruned with everything under it (`count_pruned`).
 
     FamilyNode        device classes × TP degrees × micro-batch (space.Family), the roots
-    ├─ BucketNode     one-template family at one replica count R
-    │  └─ GroupNode   stages per class at R (space.SkeletonGroup)
+    ├─ BucketNode     one-template family at one replica count R, stage counts of its first classes fixed
+    │  └─ BucketNode  … the next class's count fixed, down to the last class
+    │     └─ GroupNode   stages per class at R (space.SkeletonGroup)
     │     └─ SkeletonNode
     └─ PairGroupNode  two templates side by side (space.PairGroup)
        └─ PairRangeNode     replica counts (ra', rb') ≤ (ra, rb), peeled a row or a cell at a time
@@ -39,6 +40,8 @@ from hetopt.search.space import (
 from hetopt.spec.instance import Instance
 
 BOUND_RULE = "bound: compute lower bound ≥ incumbent"
+BUCKET_RULE = "bound: families at one replica count never generated"
+COUNTS_RULE = "bound: stage counts of a family's first classes at one replica count never generated"
 MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
 MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
 
@@ -162,16 +165,32 @@ class FamilyNode(Node):
 
 @dataclass(frozen=True)
 class BucketNode(Node):
-    """A one-template family at one replica count R (its groups differ in stages per class)."""
+    """A one-template family at one replica count R with the stage counts of its first classes `fixed`
+    (its groups differ in the counts of the others). Expanding fixes the next class's count, one child
+    per value; with the last class fixed the children are groups."""
 
     family: Family
     replicas: int
+    fixed: tuple[int, ...] = ()
 
-    pruned_as = "bound: families at one replica count never generated"
+    @property
+    def pruned_as(self) -> str:
+        return BUCKET_RULE if not self.fixed else COUNTS_RULE
 
     def expand(self, tree: Tree) -> list[Node]:
-        return _children(self, [n for g in self.family.groups(tree.inst, tree.options, tree.stats, self.replicas)
-                                if (n := tree.group_node(g)) is not None])
+        f, r = self.family, self.replicas
+        out: list[Node] = []
+        for n in f.next_counts(tree.options, tree.inst.model.layers, r, self.fixed):
+            counts = (*self.fixed, n)
+            if len(counts) < len(f.classes):
+                bound = tree.bounds.bucket_bound(f, r, tree.options.max_stages, counts)
+                if tree.beaten(bound):  # pruned as made: its groups are never generated
+                    tree.stats.pruned[COUNTS_RULE] += 1
+                else:
+                    out.append(BucketNode(bound, f, r, counts))
+            elif (node := tree.group_node(f.group(r, counts, tree.stats))) is not None:
+                out.append(node)
+        return _children(self, out)
 
 
 @dataclass(frozen=True)
