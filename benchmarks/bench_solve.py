@@ -4,7 +4,7 @@ Run: python benchmarks/bench_solve.py [INSTANCE ...] [--all] [--backends highs c
                                       [--narrowing on|off|both]
 Default instances: the bundled demo, the WAN-flapping pair of data centres and the 256, 1,024 and 4,096-GPU
 scale instances; --all: every bundled instance. --narrowing off drops the instance's `search:` section (the
-default plan space: TP 1–8, micro-batch 1–8, every recompute mode, 16 stages, 3 classes, 2 templates).
+default plan space: TP 1–8, micro-batch 1–8, every recompute mode, 16 stages, 4 classes, 2 templates).
 Aims (issues 5, 11): every bundled instance proven optimal within 60 s on 2 cores, with and without its
 narrowing; without narrowing 1,024 GPUs of 4 types within 10 s and 4,096 within 60 s.
 """

@@ -150,6 +150,10 @@ class SkeletonPool(Protocol):
         """The outcomes of `jobs`, in the order of `jobs`."""
         ...
 
+    def submit(self, jobs: Sequence[Job]) -> Callable[[], list]:
+        """Start `jobs` and return at once: calling the result waits for their outcomes, in job order."""
+        ...
+
     def close(self) -> None:
         """Stop the workers (and a Ray this pool started)."""
         ...
@@ -200,6 +204,10 @@ class ProcessPool:
     def map(self, jobs: Sequence[Job]) -> list:
         return list(self.executor.map(_solve_one, jobs))
 
+    def submit(self, jobs: Sequence[Job]) -> Callable[[], list]:
+        futures = [self.executor.submit(_solve_one, job) for job in jobs]
+        return lambda: [f.result() for f in futures]
+
     def close(self) -> None:
         self.executor.shutdown()
 
@@ -246,6 +254,11 @@ class RayPool:
 
     def map(self, jobs: Sequence[Job]) -> list:
         return list(self.pool.map(lambda actor, job: actor.solve.remote(job), jobs))
+
+    def submit(self, jobs: Sequence[Job]) -> Callable[[], list]:
+        # a batch is 2 jobs per actor: dealt out in turn, each actor's queue keeps it busy
+        refs = [self.actors[i % len(self.actors)].solve.remote(job) for i, job in enumerate(jobs)]
+        return lambda: self.ray.get(refs)
 
     def close(self) -> None:
         try:

@@ -77,15 +77,16 @@ class FreeGPUs:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.free = {name: list(range(node.gpus)) for name, node in cluster.nodes.items()}
-        self._where: dict[str, tuple[tuple, int]] = {}  # node → ((class, NIC), position)
-        self._by_count: dict[tuple, dict[int, set[int]]] = {}  # (class, NIC) → free count → positions
+        self._where: dict[str, tuple[dict, int]] = {}  # node → (its NIC's counts, position)
+        self._by_nic: dict[tuple, dict[float, dict[int, set[int]]]] = {}  # class → NIC → free count → positions
         self._names: dict[tuple, list[str]] = {}  # class → node names in declaration order
         for key, dc in cluster.device_classes.items():
             self._names[key] = [n.name for n in dc.nodes]
+            by_nic = self._by_nic.setdefault(key, {})
             for i, n in enumerate(dc.nodes):
-                bucket = (key, n.nic_gbps)
-                self._where[n.name] = (bucket, i)
-                self._by_count.setdefault(bucket, {}).setdefault(n.gpus, set()).add(i)
+                counts = by_nic.setdefault(n.nic_gbps, {})
+                self._where[n.name] = (counts, i)
+                counts.setdefault(n.gpus, set()).add(i)
 
     def count(self, name: str) -> int:
         return len(self.free[name])
@@ -94,8 +95,7 @@ class FreeGPUs:
         """The first `k` free GPUs of node `name`, now taken."""
         gpus, self.free[name] = self.free[name][:k], self.free[name][k:]
         if k:
-            bucket, i = self._where[name]
-            counts = self._by_count[bucket]
+            counts, i = self._where[name]
             counts[len(gpus) + len(self.free[name])].discard(i)
             counts.setdefault(len(self.free[name]), set()).add(i)
         return gpus
@@ -104,24 +104,25 @@ class FreeGPUs:
         """A node of class `dc` with `tp` free GPUs: the widest route from `previous` first (nodes of one
         class differ in routes only by their NIC, so the first fitting node of each NIC speed stands for
         it), then best fit — the fewest free GPUs that still hold the group —, then declaration order."""
-        key = dc.key
-        fitting = {}  # NIC → (first position, best-fit count, its first position)
-        for (cls, nic), counts in self._by_count.items():
-            if cls != key:
-                continue
+        by_nic = self._by_nic[dc.key]
+        fitting = {}  # NIC → (its best-fit count, the first position at that count)
+        for nic, counts in by_nic.items():
             sizes = [c for c, nodes in counts.items() if c >= tp and nodes]
             if sizes:
                 best = min(sizes)
-                fitting[nic] = (min(min(counts[c]) for c in sizes), best, min(counts[best]))
+                fitting[nic] = (best, min(counts[best]))
         if not fitting:
             return None
-        names = self._names[key]
+        names = self._names[dc.key]
         if previous is not None and len(fitting) > 1:
-            width = {nic: self.cluster.route(previous, names[first]).gbps for nic, (first, _, _) in fitting.items()}
+            def first(nic: float) -> str:  # the first fitting node of this NIC speed stands for it
+                counts = by_nic[nic]
+                return names[min(min(nodes) for c, nodes in counts.items() if c >= tp and nodes)]
+
+            width = {nic: self.cluster.route(previous, first(nic)).gbps for nic in fitting}
             widest = max(width.values())
             fitting = {nic: v for nic, v in fitting.items() if width[nic] == widest}
-        _, position = min((best, pos) for _, best, pos in fitting.values())
-        return names[position]
+        return names[min(fitting.values())[1]]
 
 
 def span_nodes(cluster: Cluster, dc, tp: int, free: FreeGPUs, near: str | None,

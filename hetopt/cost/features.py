@@ -249,7 +249,7 @@ def _dp_collective(kind: str, cluster, replicas: int, nodes: list[str], rank_byt
     if len(distinct) == 1:
         return comm.collective(kind, rank_bytes, replicas, intra)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    span = comm.Span(max(nodes.count(n) for n in distinct), len(distinct), min(shared_gbps(r, load) for r in ring),
+    span = comm.Span(max(Counter(nodes).values()), len(distinct), min(shared_gbps(r, load) for r in ring),
                      max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring), intra, columns)
     return comm.collective(kind, rank_bytes, replicas, span)
 

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 from hetopt.cost.comm import all_reduce
 from hetopt.cost.compute import ACT_BYTES
+from hetopt.cost.features import slowest_transfer
 from hetopt.cost.memory import GIB, stage_params
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import (
@@ -138,12 +140,16 @@ class Bounds:
         a, c = self.stage_line(gpu_name, tp, micro_batch, recompute, False, False)
         return a + min(c, 0.0)
 
-    def send_s(self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int) -> float:
+    def send_s(self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int,
+               flows: int = 1) -> float:
         """Least seconds of one activation (or gradient) send from a stage of device class `src` (GPU type,
-        island) at TP `tp` to a stage of class `dst`: the fastest pair of their nodes, alone on its links
-        (features.p2p_features, priced with the sender's weights), under the fastest planning cluster.
-        Different GPU types never share a node, so a send between classes always crosses NICs."""
-        key = (src, dst, tp, micro_batch)
+        island) at TP `tp` to a stage of class `dst`: the fastest pair of their nodes (features.p2p_features,
+        priced with the sender's weights), under the fastest planning cluster. Different GPU types never
+        share a node, so a send between classes always crosses NICs. Alone on its links — except that
+        between islands the `flows` replicas of a template all cross the same island links at once (every
+        route from one island to another takes the same island path, Cluster.island_path), so each gets at
+        most 1/flows of them (their max-min share, as p2p_features prices it)."""
+        key = (src, dst, tp, micro_batch, flows)
         if key not in self._sends:
             inst = self.inst
             nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
@@ -160,31 +166,41 @@ class Bounds:
                     pairs.append((a_names[0], b_names[0]))
                     if a_names is b_names and len(a_names) > 1:
                         pairs.append((a_names[0], a_names[1]))
-            self._sends[key] = min(float(p2p_features(cluster, [a], [b], nbytes, tp) @ w)
+            self._sends[key] = min(float(self._send_features(cluster, a, b, nbytes, tp, flows) @ w)
                                    for cluster in self.clusters for a, b in pairs)
         return self._sends[key]
 
+    @staticmethod
+    def _send_features(cluster, a: str, b: str, nbytes: float, tp: int, flows: int):
+        route = cluster.route(a, b)
+        if flows <= 1 or len(route.edges) <= 2:  # alone, or inside one island: NICs are not shared
+            return p2p_features(cluster, [a], [b], nbytes, tp)
+        # the edges between the two NIC edges are island links, which every replica's send crosses
+        return slowest_transfer([(route, nbytes)], Counter({e: flows for e in route.edges[1:-1]}))
+
     # -- one template ---------------------------------------------------------------------------------
 
-    def weighted_lines(self, micro_batch: int, recompute: str, segments: tuple) -> list[tuple[float, float, int]]:
+    def weighted_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1
+                       ) -> list[tuple[float, float, int]]:
         """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. τ includes the stage's sends
         (the sender pays, as in the evaluator): an activation forward unless it is the last stage, a
         gradient back unless it is the first, each at least `send_s` — across NICs at a change of device
         class. Stages of a segment share one line except its first and last (embedding, head, the sends
-        to the neighbouring classes): multiplicities keep deep pipelines cheap."""
+        to the neighbouring classes): multiplicities keep deep pipelines cheap. `flows`: the template's
+        replicas, whose sends share the island links (`send_s`)."""
         weighted = []
         n = len(segments)
         for j, seg in enumerate(segments):
             nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < n else None
             prv = (segments[j - 1].gpu, segments[j - 1].island) if j > 0 else None
-            weighted += self._segment_lines(seg, prv, nxt, micro_batch, recompute)
+            weighted += self._segment_lines(seg, prv, nxt, micro_batch, recompute, flows)
         return weighted
 
-    def _segment_lines(self, seg, prv: tuple | None, nxt: tuple | None, micro_batch: int, recompute: str
-                       ) -> list[tuple[float, float, int]]:
+    def _segment_lines(self, seg, prv: tuple | None, nxt: tuple | None, micro_batch: int, recompute: str,
+                       flows: int = 1) -> list[tuple[float, float, int]]:
         """`weighted_lines` of one segment between the classes `prv` and `nxt` (None: the pipeline's end),
         memoised: segments recur across the groups of a family."""
-        key = (seg, prv, nxt, micro_batch, recompute)
+        key = (seg, prv, nxt, micro_batch, recompute, flows)
         if key not in self._segments:
             here = (seg.gpu, seg.island)
             inner = self.send_s(here, here, seg.tp, micro_batch)
@@ -193,16 +209,17 @@ class Bounds:
                 first, last = prv is None and k == 0, nxt is None and k == seg.stages - 1
                 a, c = self.stage_line(seg.gpu, seg.tp, micro_batch, recompute, first, last)
                 if not last:  # activation forward
-                    c += self.send_s(here, nxt, seg.tp, micro_batch) if k == seg.stages - 1 else inner
+                    c += self.send_s(here, nxt, seg.tp, micro_batch, flows) if k == seg.stages - 1 else inner
                 if not first:  # gradient back
-                    c += self.send_s(here, prv, seg.tp, micro_batch) if k == 0 else inner
+                    c += self.send_s(here, prv, seg.tp, micro_batch, flows) if k == 0 else inner
                 out.append((a, c, count))
             self._segments[key] = out
         return self._segments[key]
 
-    def stage_lines(self, micro_batch: int, recompute: str, segments: tuple) -> list[Line]:
+    def stage_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1) -> list[Line]:
         """(a_i, c_i) of every stage, in order."""
-        return [(a, c) for a, c, n in self.weighted_lines(micro_batch, recompute, segments) for _ in range(n)]
+        return [(a, c) for a, c, n in self.weighted_lines(micro_batch, recompute, segments, flows)
+                for _ in range(n)]
 
     def template_bound(self, micro_batch: int, recompute: str, segments: tuple) -> tuple[float, float]:
         """(λ, S): lower bounds on max τ and Σ τ of a template's stages over every split.
@@ -218,17 +235,18 @@ class Bounds:
         return self._templates[key]
 
     def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                       replicas_total: int | None = None) -> float:
+                       replicas_total: int | None = None, flows: int = 1) -> float:
         """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i — and, given
         `replicas_total` (the ZeRO sharding), L_i ≤ the most layers stage i holds in memory (`stage_caps`).
 
         Λ ≥ λ (the integer water level). For a given Λ the cheapest Σ τ is g(Λ): one layer per stage, the
         rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
         but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least
-        (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g."""
-        key = (micro_batch, recompute, segments, micro_batches, replicas_total)
+        (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g.
+        `flows`: the template's replicas, sharing island links (`send_s`; with memory caps only)."""
+        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows)
         if key not in self._pipelines:
-            lines = self.stage_lines(micro_batch, recompute, segments)
+            lines = self.stage_lines(micro_batch, recompute, segments, flows if replicas_total else 1)
             layers = self.inst.model.layers
             caps = None if replicas_total is None else \
                 self.stage_caps(micro_batch, recompute, segments, replicas_total)
@@ -317,21 +335,24 @@ class Bounds:
         segments, m = template.segments, template.micro_batches
         key = (micro_batch, recompute, segments, m, replicas_total, template.replicas)
         if key not in self._drained:
-            bound = self.pipeline_bound(micro_batch, recompute, segments, m, replicas_total)
+            flows = template.replicas
+            bound = self.pipeline_bound(micro_batch, recompute, segments, m, replicas_total, flows)
             drain = self.stage0_drain(micro_batch, recompute, segments, template.replicas)
             if drain is not None and math.isfinite(bound):
                 caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
-                lines = self.stage_lines(micro_batch, recompute, segments)
+                lines = self.stage_lines(micro_batch, recompute, segments, flows)
                 bound = max(bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain))
             self._drained[key] = bound
         return self._drained[key]
 
-    def group_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int) -> float:
+    def group_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
+                    flows: int = 1) -> float:
         """A cheaper and weaker bound than `pipeline_bound`, for keying whole groups: (m − 1)·λ* + S with
-        λ* the real-valued water level (at most the integer one), on lines with multiplicities."""
-        key = (micro_batch, recompute, segments)
+        λ* the real-valued water level (at most the integer one), on lines with multiplicities; `flows`:
+        the fewest replicas of the group's skeletons (their sends share island links, `send_s`)."""
+        key = (micro_batch, recompute, segments, flows)
         if key not in self._real_levels:
-            weighted = self.weighted_lines(micro_batch, recompute, segments)
+            weighted = self.weighted_lines(micro_batch, recompute, segments, flows)
             p = sum(seg.stages for seg in segments)
             layers = self.inst.model.layers
             self._real_levels[key] = (water_level(weighted, layers, p), sum_bound(weighted, layers))
@@ -397,9 +418,10 @@ class Bounds:
         sends = []  # (per-layer time of the paying stage's class, its send)
         cls = [(dc.gpu, dc.island) for dc in family.classes]
         for k in range(len(cls) - 1):
-            sends.append((classes[k][0], self.send_s(cls[k], cls[k + 1], family.tps[k], family.micro_batch)))
+            sends.append((classes[k][0], self.send_s(cls[k], cls[k + 1], family.tps[k], family.micro_batch,
+                                                     replicas)))
             sends.append((classes[k + 1][0],
-                          self.send_s(cls[k + 1], cls[k], family.tps[k + 1], family.micro_batch)))
+                          self.send_s(cls[k + 1], cls[k], family.tps[k + 1], family.micro_batch, replicas)))
         layers = self.inst.model.layers
         lam = (layers + sum(c / a for a, c in sends)) / rate
         a_min = min(a for a, _, _ in classes)

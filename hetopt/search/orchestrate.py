@@ -15,9 +15,10 @@ them, `absorb` each result, and `answer`.
 With a time limit the search stops early and reports the best plan, the smallest bound of what it did not
 finish, and the gap between them. A search still solving after PARALLEL_AFTER_S solves the next few
 skeletons by bound side by side (hetopt/executors.py): in worker processes on both cores, or with
-`executor="ray"` on Ray actors, locally or across a cluster's machines. Either way a batch's outcomes are
-absorbed in the best-first order they were selected in, so the order, the proof and the answer are the
-same.
+`executor="ray"` on Ray actors, locally or across a cluster's machines, while the search absorbs the
+batch before and selects the next. Either way a batch's outcomes are absorbed in the best-first order they
+were selected in, each batch selected with the incumbent of two batches before, so the order, the proof and
+the answer are the same.
 """
 
 from __future__ import annotations
@@ -109,20 +110,33 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     pool = None if lazy else open_pool(executor, ctx, _solve_with, workers, address)
     opened = not lazy  # one try: a pool that cannot start (one CPU, a script from stdin) is not retried
     solving_since = clock()
+    pending = None  # a batch the workers are solving: (its leaves, the call that waits for its outcomes)
+
+    def absorb(batch, outcomes) -> None:
+        for node, outcome in zip(batch, outcomes, strict=True):
+            run.absorb(node, *outcome)
+            if progress is not None and outcome[0] == "solved":
+                progress(run.stats.solved, run.incumbent)
+
     try:
         while True:
             if not opened and clock() - solving_since > PARALLEL_AFTER_S:
                 pool, opened = open_pool(executor, ctx, _solve_with, None, address), True
             batch = run.select(2 * pool.workers if pool is not None else 1)
-            if not batch:
-                break
             jobs = [(node.skeleton, run.left_s(), run.incumbent) for node in batch]
-            outcomes = pool.map(jobs) if pool is not None and len(jobs) > 1 else \
-                [_solve_with(ctx, *job) for job in jobs]
-            for node, outcome in zip(batch, outcomes, strict=True):
-                run.absorb(node, *outcome)
-                if progress is not None and outcome[0] == "solved":
-                    progress(run.stats.solved, run.incumbent)
+            if pool is None:  # in-process: solve and absorb at once
+                if not batch:
+                    break
+                absorb(batch, [_solve_with(ctx, *job) for job in jobs])
+                continue
+            # the workers solve this batch while the search absorbs the last one and selects the next
+            # (with the incumbent of one batch before: it prunes less, never wrongly)
+            launched = (batch, pool.submit(jobs)) if batch else None
+            if pending is not None:
+                absorb(pending[0], pending[1]())
+            if launched is None and pending is None:
+                break
+            pending = launched
     finally:
         if pool is not None:
             pool.close()

@@ -110,7 +110,7 @@ class SearchOptions:
     micro_batch: tuple[int, ...] = DEFAULT_MICRO_BATCH
     recompute: tuple[str, ...] = DEFAULT_RECOMPUTE
     max_stages: int = 16
-    max_classes: int = 3
+    max_classes: int = 4
     """Most device classes one pipeline template may span."""
     max_templates: int = 2
     """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
@@ -123,7 +123,7 @@ class SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
-                   max_classes=s.max_classes or 3, max_templates=s.max_templates or 2,
+                   max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
                    tp_across_nodes=s.tp_across_nodes)
 
 

@@ -184,7 +184,7 @@ class SearchSection(Section):
     recompute: list[Recompute] | None = Field(None, description="Allowed activation-recompute modes.")
     max_stages: PositiveInt | None = Field(None, description="Largest pipeline depth to consider.")
     max_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
-        None, description="Most device classes one pipeline template may span (default 3; more widens the "
+        None, description="Most device classes one pipeline template may span (default 4; more widens the "
                           "search at a cost in time).")
     tp_across_nodes: bool = Field(
         False, description="Allow TP groups over several whole nodes (TP collectives over the network). Plans "
