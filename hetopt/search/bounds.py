@@ -109,6 +109,7 @@ class Bounds:
         self._memory: dict[tuple, ClassMemory] = {}
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
+        self._buckets: dict[tuple, tuple] = {}
 
     # -- one stage ------------------------------------------------------------------------------------
 
@@ -273,7 +274,9 @@ class Bounds:
         with k = ⌊g/t⌋ of them in a node of g GPUs, ring at no more than the widest route between two nodes
         of the class under the fastest planning cluster, each node pushing its t columns. pass(L) is the
         backward pass with TP over the class's interconnect (None where its nodes differ inside)."""
-        key = (micro_batch, recompute, segments, replicas)
+        seg, depth = segments[0], sum(sg.stages for sg in segments)
+        # stage 0 is also the last only in a one-stage template; nothing else of the template matters
+        key = (micro_batch, recompute, seg.gpu, seg.island, seg.tp, depth == 1, replicas)
         if key not in self._drains:
             self._drains[key] = self._stage0_drain(micro_batch, recompute, segments, replicas)
         return self._drains[key]
@@ -377,15 +380,32 @@ class Bounds:
     def family_bound(self, family) -> float:
         """Every skeleton of a family from throughput alone: a stage of class k at TP t_k takes τ ≥ a_k·L, so
         a replica's bottleneck is at least N / Σ_i 1/a_i and T ≥ m·max τ; with R·n_k·t_k ≤ G_k GPUs of each
-        class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side."""
+        class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side.
+        One template also pays the sends beside each change of class (`bucket_bound`, one flow: the least):
+        N becomes N + Σ c_i/a_i, as in every bucket's λ (T ≥ m·λ at any R)."""
         rate = 0.0
         rc = least_work(family.recompute_options)
+        per_layer = []
         for dc, tp in zip(family.classes, family.tps, strict=True):
             a = self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
             if a <= 0:
                 return 0.0
+            per_layer.append(a)
             rate += dc.gpus / (tp * a)
-        return family.total_micro_batches * self.inst.model.layers / rate
+        weight = 0.0 if family.pair else sum(
+            c / a for a, c in self._class_sends(family, per_layer, 1))
+        return family.total_micro_batches * (self.inst.model.layers + weight) / rate
+
+    def _class_sends(self, family, per_layer: list[float], flows: int) -> list[tuple[float, float]]:
+        """(a, c) of the sends beside each change of class of a one-template family: the stage on each side
+        pays one (per-layer time of its class, the send at least), with `flows` replicas sharing islands."""
+        sends = []
+        cls = [(dc.gpu, dc.island) for dc in family.classes]
+        b, tps = family.micro_batch, family.tps
+        for k in range(len(cls) - 1):
+            sends.append((per_layer[k], self.send_s(cls[k], cls[k + 1], tps[k], b, flows)))
+            sends.append((per_layer[k + 1], self.send_s(cls[k + 1], cls[k], tps[k + 1], b, flows)))
+        return sends
 
     def bucket_bound(self, family, replicas: int, max_stages: int, fixed: tuple[int, ...] = ()) -> float:
         """`family_bound` at one replica count R, with the first classes' stage counts `fixed`: each replica
@@ -396,16 +416,12 @@ class Bounds:
         With m = M/R micro-batches T ≥ (m − 1)·max τ + Σ τ, and Σ τ ≥ max τ ≥ λ as well as
         Σ τ ≥ N·a_min + Σ_k n_k·(a_k − a_min) + Σ c_i (a layer on each stage, the rest at the fastest
         class's per-layer time), least at the smallest counts: T ≥ (m − 1)·λ + max(λ, that sum)."""
-        m = family.total_micro_batches // replicas
-        cap = min(max_stages, self.inst.model.layers, m)
-        rc = least_work(family.recompute_options)
-        classes = []  # (a_k, least n_k, most n_k)
-        for k, (dc, tp) in enumerate(zip(family.classes, family.tps, strict=True)):
-            a = self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
-            if a <= 0:
-                return 0.0
-            most = min(cap, dc.gpus // (tp * replicas))
-            classes.append((a, fixed[k], fixed[k]) if k < len(fixed) else (a, 1, most))
+        parts = self._bucket_parts(family, replicas, max_stages)
+        if parts is None:
+            return 0.0
+        m, cap, per_layer, most, send_weight, send_sum = parts
+        classes = [(a, fixed[k], fixed[k]) if k < len(fixed) else (a, 1, most[k])
+                   for k, a in enumerate(per_layer)]  # (a_k, least n_k, most n_k)
         left = cap - sum(lo for _, lo, _ in classes)
         if left < 0 or any(hi < lo for _, lo, hi in classes):
             return math.inf  # no replica of this family fits at R with these counts: the bucket is empty
@@ -414,19 +430,31 @@ class Bounds:
             k = min(hi - lo, left)
             rate += k / a
             left -= k
-        # every configuration has a stage on each side of each change of class, paying a send over NICs
-        sends = []  # (per-layer time of the paying stage's class, its send)
-        cls = [(dc.gpu, dc.island) for dc in family.classes]
-        for k in range(len(cls) - 1):
-            sends.append((classes[k][0], self.send_s(cls[k], cls[k + 1], family.tps[k], family.micro_batch,
-                                                     replicas)))
-            sends.append((classes[k + 1][0],
-                          self.send_s(cls[k + 1], cls[k], family.tps[k + 1], family.micro_batch, replicas)))
         layers = self.inst.model.layers
-        lam = (layers + sum(c / a for a, c in sends)) / rate
-        a_min = min(a for a, _, _ in classes)
-        least_sum = layers * a_min + sum(lo * (a - a_min) for a, lo, _ in classes) + sum(c for _, c in sends)
+        lam = (layers + send_weight) / rate
+        a_min = min(per_layer)
+        least_sum = layers * a_min + sum(lo * (a - a_min) for a, lo, _ in classes) + send_sum
         return (m - 1) * lam + max(lam, least_sum)
+
+    def _bucket_parts(self, family, replicas: int, max_stages: int):
+        """What `bucket_bound` needs of a family at R whatever counts are fixed: m, P, a_k, the most stages
+        n_k, and the sends beside each change of class (Σ c_i/a_i and Σ c_i); None where some a_k ≤ 0."""
+        key = (id(family), replicas, max_stages)  # the entry keeps its family alive: no id is reused
+        if key not in self._buckets or self._buckets[key][0] is not family:
+            m = family.total_micro_batches // replicas
+            cap = min(max_stages, self.inst.model.layers, m)
+            rc = least_work(family.recompute_options)
+            per_layer = [self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
+                         for dc, tp in zip(family.classes, family.tps, strict=True)]
+            if min(per_layer) <= 0:
+                self._buckets[key] = (family, None)
+                return None
+            most = [min(cap, dc.gpus // (tp * replicas)) for dc, tp in zip(family.classes, family.tps, strict=True)]
+            # every configuration has a stage on each side of each change of class, paying a send over NICs
+            sends = self._class_sends(family, per_layer, replicas)
+            self._buckets[key] = (family, (m, cap, per_layer, most, sum(c / a for a, c in sends),
+                                           sum(c for _, c in sends)))
+        return self._buckets[key][1]
 
     # -- memory ---------------------------------------------------------------------------------------
 
