@@ -24,7 +24,9 @@ the integer scenario time T̃_s differs from the evaluator's T_s by at most (uni
 
     E_s = max_j (m_j − 1 + p_j) + max_j p_j + 1
 
-— τ_i sums two rounded terms (y^{fb}_i and c_i: one unit) and (C4) counts m_j − 1 + p_j of them; the
+— τ_i sums two rounded terms (y^{fb}_i and c_i: one unit) and (C4) counts m_j − 1 + p_j of them (with
+v chunks per stage, (C1v) L_i = v·K_i and (C4) v·T_pipe = (v·m − 1)·τ̂ + Σ τ_i: (v·m − 1 + p)/v ≤
+m − 1 + p units, and one more for rounding T_pipe down to a whole unit, added to E_s); the
 (C5) row of stage i rounds y^b_k and e_k of the stages before it, e_i, o_i·y^b_i and D_i (2i + 2
 halves, at most p_j units); X and T_opt one half each. The objective's weights add a relative error:
 with q_s the integer model's weight of scenario s and c_s the true one (p_s, or p_s/(1 − α) for
@@ -113,7 +115,8 @@ def rounding_error_units(problem: PlanProblem) -> list[float]:
     """E_s for each scenario: the most the integer model's time of any split can differ from the
     evaluator's, in units of the scale (module docstring)."""
     return [max(t.micro_batches - 1 + t.depth for t in sc.templates)
-            + max(t.depth for t in sc.templates) + 1.0 for sc in problem.scenarios]
+            + max(t.depth for t in sc.templates) + 1.0
+            + (1.0 if any(t.virtual_stages > 1 for t in sc.templates) else 0.0) for sc in problem.scenarios]
 
 
 def _weights(problem: PlanProblem) -> tuple[list[int], int, list[float]]:
@@ -234,6 +237,11 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
     max_layers = _top(pr)
     L = [model.NewIntVar(1, max_layers[i], f"L{tag}_{i}") for i in range(p)]
     model.Add(sum(L) == pr.layers)  # (C1)
+    v = pr.virtual_stages
+    if v > 1:  # (C1v) interleaved: v model chunks of K_i layers each
+        for i in range(p):
+            chunks = model.NewIntVar(1, max(1, max_layers[i] // v), f"K{tag}_{i}")
+            model.Add(L[i] == v * chunks)
     index = []
     for i in range(p):
         k = model.NewIntVar(0, max_layers[i] - 1, f"k{tag}_{i}")
@@ -275,7 +283,13 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     tau_max = model.NewIntVar(0, ub, f"tau_max{tag}")
     model.AddMaxEquality(tau_max, tau_vars)  # (C3)
     pipe = model.NewIntVar(0, ub, f"T_pipe{tag}")
-    model.Add(pipe == (pr.micro_batches - 1) * tau_max + sum(tau_vars))  # (C4)
+    v = pr.virtual_stages
+    if v == 1:
+        model.Add(pipe == (pr.micro_batches - 1) * tau_max + sum(tau_vars))  # (C4)
+    else:  # (C4) interleaved: v·T_pipe = (v·m − 1)·τ̂ + Σ τ_i, rounded down to a whole unit
+        scaled = model.NewIntVar(0, v * ub, f"T_pipe_v{tag}")
+        model.Add(scaled == (v * pr.micro_batches - 1) * tau_max + sum(tau_vars))
+        model.AddDivisionEquality(pipe, scaled, v)
     terms, chain = [], 0
     for i in range(p):
         send = u(0.5 * pr.p2p[i]) if i > 0 else 0

@@ -19,6 +19,7 @@ Each constraint with why it is tight — for every integer split the program's o
 evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
 
   (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum
+  (C1v) L_i = v·K_i, K_i ∈ ℤ, K_i ≥ 1  (interleaved 1F1B with v model chunks per stage)
   (C2f) y^f_i ≥ P^{f,h}_i(L_i),  y^f_i ≥ P^{f,d}_i(L_i)                        forward pass
         tight: y^f enters only (C3) and (C4), with a positive sign, so lowering it to the larger
         piece never hurts — the epigraph is exact under minimisation.
@@ -36,7 +37,8 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         P^{b,d}) for every feasible z_i.
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
-  (C4)  T_sync ≥ (m − 1)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)                      1F1B pipeline
+  (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
+        (v = 1; interleaved, v chunks per stage: m·τ̂ + (Σ τ − τ̂)/v)
         tight: T_sync enters (C5) with a positive sign only.
   (C5)  T_dp ≥ T_sync,  T_dp ≥ T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)
         with e_i = c_i/2 the gradient send of stage i > 0 (e_0 = 0)          gradient all-reduce
@@ -143,8 +145,13 @@ def add_objective(model, problem: PlanProblem, totals) -> None:  # (R) robust.py
         model += eta + tail / (1 - problem.alpha)
 
 
-def add_layer_sum(model, pr, L, tag: str) -> None:  # (C1)
+def add_layer_sum(model, pr, L, tag: str) -> None:  # (C1), (C1v)
     model += pulp.lpSum(L) == pr.layers, f"C1_layers{tag}"
+    v = pr.virtual_stages
+    if v > 1:  # interleaved: v model chunks of K_i layers each
+        for i, layers in enumerate(L):
+            k = pulp.LpVariable(f"K{tag}_{i}", 1, max(1, int(layers.upBound) // v), cat="Integer")
+            model += layers == v * k, f"C1v_chunks{i}{tag}"
 
 
 def _pieces(pr, i: int, kind: str):
@@ -182,7 +189,8 @@ def add_backward_pass(model, pr, L, yb, top: list[int], tag: str) -> None:  # (C
 def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3), (C4)
     for i in range(pr.depth):
         model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}{tag}"
-    model += t_sync >= (pr.micro_batches - 1) * tau_max + pulp.lpSum(
+    v = pr.virtual_stages  # interleaved: the fill-and-drain term divided by v (pricing.pipe_times)
+    model += t_sync >= (pr.micro_batches - 1 / v) * tau_max + (1 / v) * pulp.lpSum(
         yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), f"C4_pipeline{tag}"
 
 

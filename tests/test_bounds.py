@@ -32,7 +32,8 @@ def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["s2-a100-v100", "s3-two-islands", "s4-three-types", "s6-h100-a100"])
+@pytest.mark.parametrize("name", ["s2-a100-v100", "s3-two-islands", "s4-three-types", "s6-h100-a100",
+                                  "s9-interleaved"])
 def test_every_node_bound_holds_for_every_skeleton_under_it(name):
     """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each skeleton
     they key (which is ≤ its optimum); children never key below their parent."""
@@ -48,8 +49,10 @@ def test_every_node_bound_holds_for_every_skeleton_under_it(name):
                                                                                           leaf_bound)
             assert all(a.bound <= b.bound for a, b in itertools.pairwise(path))  # keys never fall going down
     assert leaves > 0
-    assert kinds == {"FamilyNode", "BucketNode", "GroupNode", "PairGroupNode", "PairRangeNode", "PairSubgroupNode",
-                     "SkeletonNode"}
+    one_template = {"FamilyNode", "BucketNode", "GroupNode", "SkeletonNode"}
+    pairs = {"PairGroupNode", "PairRangeNode", "PairSubgroupNode"}
+    # s9 (interleaving) has no two-template plan that fits in memory
+    assert kinds == (one_template if name == "s9-interleaved" else one_template | pairs)
 
 
 def test_bounds_of_one_instance_are_not_served_to_another():

@@ -63,6 +63,8 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
             continue
         for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)):
             layers = [n for t in split for n in t]
+            if any(n % sk.virtual_stages for n in layers):
+                continue  # interleaved: every stage holds whole model chunks
             plan = sk.plan(layers).model_copy(update={"placement": placement})
             evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
             evaluated += 1

@@ -330,29 +330,34 @@ class Bounds:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
         template's pipeline."""
         replicas_total = sum(t.replicas for t in sk.templates)
-        return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total) for t in sk.templates)
+        return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages)
+                   for t in sk.templates)
 
-    def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int) -> float:
+    def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
+                      virtual_stages: int = 1) -> float:
         """One template's `pipeline_bound` (memory caps at ZeRO over `replicas_total`), raised by its stage
-        0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`, `drained_pipeline`)."""
-        segments, m = template.segments, template.micro_batches
-        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas)
+        0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`, `drained_pipeline`).
+        Interleaved with v chunks per stage the pipeline is (1/v)·[(v·m − 1)·max τ + Σ τ]: the bound of v·m
+        micro-batches, divided by v (memory caps at one chunk: interleaving only holds more)."""
+        segments, m, v = template.segments, template.micro_batches, virtual_stages
+        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas, v)
         if key not in self._drained:
             flows = template.replicas
-            bound = self.pipeline_bound(micro_batch, recompute, segments, m, replicas_total, flows)
+            bound = self.pipeline_bound(micro_batch, recompute, segments, v * m, replicas_total, flows) / v
             drain = self.stage0_drain(micro_batch, recompute, segments, template.replicas)
             if drain is not None and math.isfinite(bound):
                 caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
                 lines = self.stage_lines(micro_batch, recompute, segments, flows)
-                bound = max(bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain))
+                bound = max(bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain, v))
             self._drained[key] = bound
         return self._drained[key]
 
     def group_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                    flows: int = 1) -> float:
+                    flows: int = 1, virtual_stages: int = 1) -> float:
         """A cheaper and weaker bound than `pipeline_bound`, for keying whole groups: (m − 1)·λ* + S with
         λ* the real-valued water level (at most the integer one), on lines with multiplicities; `flows`:
-        the fewest replicas of the group's skeletons (their sends share island links, `send_s`)."""
+        the fewest replicas of the group's skeletons (their sends share island links, `send_s`); with
+        `virtual_stages` v (the most of the group's) (m − 1/v)·λ* + S/v."""
         key = (micro_batch, recompute, segments, flows)
         if key not in self._real_levels:
             weighted = self.weighted_lines(micro_batch, recompute, segments, flows)
@@ -360,7 +365,8 @@ class Bounds:
             layers = self.inst.model.layers
             self._real_levels[key] = (water_level(weighted, layers, p), sum_bound(weighted, layers))
         lam, s = self._real_levels[key]
-        return (micro_batches - 1) * lam + s
+        v = virtual_stages
+        return (micro_batches - 1 / v) * lam + s / v
 
     def pair_bound(self, micro_batch: int, recompute: str, segments: list, replicas: list[int],
                    total_micro_batches: int) -> float:
@@ -434,7 +440,8 @@ class Bounds:
         lam = (layers + send_weight) / rate
         a_min = min(per_layer)
         least_sum = layers * a_min + sum(lo * (a - a_min) for a, lo, _ in classes) + send_sum
-        return (m - 1) * lam + max(lam, least_sum)
+        v = max(family.virtual_options)  # interleaved: m·max τ + (Σ τ − max τ)/v, least at the most chunks
+        return (m - 1 / v) * lam + max(lam, least_sum) / v
 
     def _bucket_parts(self, family, replicas: int, max_stages: int):
         """What `bucket_bound` needs of a family at R whatever counts are fixed: m, P, a_k, the most stages
@@ -605,19 +612,21 @@ def water_level(weighted: list[tuple[float, float, int]], layers: int, depth: in
     return lam
 
 
-def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batches: int, drain) -> float:
+def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batches: int, drain,
+                     virtual_stages: int = 1) -> float:
     """T ≥ min over L_0 of [(m − 1)·max(τ_0(L_0), λ_rest(N − L_0)) + τ_0(L_0) + S_rest(N − L_0)
     + max(0, drain(L_0))]: the pipeline with stage 0 holding L_0 layers (the rest split at best: λ_rest its
     integer water level, S_rest its least Σ τ, both within the caps), then stage 0's gradient all-reduce,
     which ends `drain(L_0)` after the pipeline (dp_finish: stage 0's last backward ends the pipeline).
+    Interleaved with v chunks the pipeline is m·max τ + (Σ τ − max τ)/v: (m − 1/v)·max + (τ_0 + S_rest)/v.
     One greedy pass gives λ_rest and S_rest at every N − L_0; inf when no split fits the caps."""
-    m, p = micro_batches, len(lines)
+    m, p, v = micro_batches, len(lines), virtual_stages
     a0, c0 = lines[0]
     if p == 1:
         if caps[0] < layers:
             return math.inf
         t0 = a0 * layers + c0
-        return m * t0 + max(0.0, drain(layers))
+        return m * t0 + max(0.0, drain(layers))  # one stage: no bubble to divide
     rest, rest_caps = lines[1:], caps[1:]
     if min(rest_caps) < 1 or caps[0] < 1:
         return math.inf
@@ -642,7 +651,7 @@ def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batc
     for l0 in range(max(1, layers - top), min(caps[0], layers - len(rest)) + 1):
         k = layers - l0 - len(rest)
         t0 = a0 * l0 + c0
-        best = min(best, (m - 1) * max(t0, levels[k]) + t0 + sums[k] + max(0.0, drain(l0)))
+        best = min(best, (m - 1 / v) * max(t0, levels[k]) + (t0 + sums[k]) / v + max(0.0, drain(l0)))
     return best
 
 
@@ -672,7 +681,8 @@ def placed_bound(problem) -> float:
                 b = sum(f.intercept for f in (pr.dev_fwd[i], pr.dev_bwd[i])) \
                     + s * sum(f.intercept for f in (pr.host_fwd[i], pr.host_bwd[i])) + pr.p2p[i]
                 lines.append((max(a, 1e-15), b))
-            layers, m = pr.layers, pr.micro_batches
+            layers, v = pr.layers, pr.virtual_stages
+            m = v * pr.micro_batches  # interleaved: v·T_pipe = (v·m − 1)·max τ + Σ τ, one chunk per pass
             caps = [min(c, layers) for c in pr.max_layers()]
             lam = integer_level(lines, layers, caps)
             if not math.isfinite(lam):
@@ -683,11 +693,13 @@ def placed_bound(problem) -> float:
             else:
                 delta = (cheapest_sum(lines, layers, lam, caps) - least_sum) / (m - 1)
                 pipe = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta, caps)
+            pipe /= v
             t_sync = max(t_sync, pipe)
             top = max(1, min(pr.max_layers()[0], layers))
             drain = max(drain, min(pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n) for n in range(1, top + 1)))
             drained = max(drained, drained_pipeline(
-                lines, caps, layers, m, lambda n, pr=pr: pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n)))
+                lines, caps, layers, pr.micro_batches,
+                lambda n, pr=pr: pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n), v))
             t_opt = max(t_opt, max(f.at(1) for f in pr.opt))
         times.append(max(t_sync + max(0.0, drain), drained) + sc.cross_s + t_opt)
     return aggregate(times, list(problem.probabilities), problem.objective, problem.alpha)

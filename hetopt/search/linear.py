@@ -63,6 +63,9 @@ class SplitProblem:
     opt: tuple[Affine, ...]
     mem_gib: tuple[Affine, ...]
     mem_limit_gib: tuple[float, ...]
+    virtual_stages: int = 1
+    """Model chunks per stage (interleaved 1F1B when > 1): every L_i a multiple of it, and the pipeline
+    m·max τ + (Σ τ − max τ)/v (pricing.pipe_times)."""
 
     @property
     def depth(self) -> int:
@@ -126,7 +129,7 @@ class ScenarioProblem:
         """The evaluator's iteration time for a flat split (template after template), through the evaluator's
         own pipeline functions."""
         timed = [t.times(n) for t, n in zip(self.templates, self.split(layers), strict=True)]
-        t_sync = max(float(pipe_times(times, t.micro_batches, 1)[0])
+        t_sync = max(float(pipe_times(times, t.micro_batches, t.virtual_stages)[0])
                      for t, times in zip(self.templates, timed, strict=True))
         t_dp = max(float(dp_finish(times, t_sync, np.array(t.dp_overlap)))
                    for t, times in zip(self.templates, timed, strict=True))
@@ -174,12 +177,13 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
     plan1 = sk.placed([1] * sk.depth, inst.cluster)
     plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
     f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)
-    templates = tuple(_template_problem(inst, f1, f2, j, t.micro_batches, profiles)
+    templates = tuple(_template_problem(inst, f1, f2, j, t.micro_batches, profiles, sk.virtual_stages)
                       for j, t in enumerate(sk.templates))
     return ScenarioProblem(templates, cross_seconds(f1, profiles))
 
 
-def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles) -> SplitProblem:
+def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles,
+                      virtual_stages: int = 1) -> SplitProblem:
     gpus = f1.gpus[j]
     params = [profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
     parts = []
@@ -203,4 +207,5 @@ def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profil
         opt=tuple(_affine(x1[i, OPT], x2[i, OPT]) for i in range(n)),
         mem_gib=tuple(_affine(m1[i], m2[i]) for i in range(n)),
         mem_limit_gib=tuple(g.usable_memory_gib for g in gpus),
+        virtual_stages=virtual_stages,
     )

@@ -5,13 +5,15 @@ templates. One template: its stages as segments (a device class, its TP degree a
 stages it serves, classes in a chosen order) and its replica count R (R divides the M = global_batch / b
 micro-batches, each replica takes m = M / R ≥ p of them). Two templates: each on one device class of its
 own, with its own depth, TP, replica count R_j and micro-batch share m_j ≥ p_j, R_a·m_a + R_b·m_b = M — a
-fast template takes more micro-batches. The per-skeleton integer program then chooses the layers of every
-stage of every template.
+fast template takes more micro-batches. One template may also run the interleaved 1F1B schedule with v
+model chunks per stage (search.virtual_stages): every stage then holds a multiple of v layers. The
+per-skeleton integer program then chooses the layers of every stage of every template.
 
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
 (less optimizer memory and a shorter optimizer step, the same gradient traffic), the 1F1B schedule
-(GPipe has the same time and more memory). ZeRO-2/3 trade traffic for memory and are not searched yet;
+(GPipe has the same time and more memory); interleaving is a choice (a smaller bubble for more sends and
+activation memory). ZeRO-2/3 trade traffic for memory and are not searched yet;
 nor are TP groups over several nodes or stages of 0 layers, which plans given by hand may have.
 """
 
@@ -63,6 +65,8 @@ class Skeleton:
     templates: tuple[Template, ...]
     order: str = "replica"
     """Placement order (hetopt.placement): replica-major or stage-major."""
+    virtual_stages: int = 1
+    """Model chunks per stage: > 1 is the interleaved 1F1B schedule, every stage's layers a multiple of it."""
 
     @property
     def depth(self) -> int:
@@ -87,14 +91,17 @@ class Skeleton:
             stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=self.recompute, sp=True)
                       for n, seg in zip(t_layers, t.stage_list(), strict=True)]
             pipelines.append(Pipeline(replicas=t.replicas, micro_batches=t.micro_batches, stages=stages))
-        return Plan(micro_batch=self.micro_batch, schedule="1f1b", virtual_stages=1, zero=1, pipelines=pipelines)
+        v = self.virtual_stages
+        return Plan(micro_batch=self.micro_batch, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                    zero=1, pipelines=pipelines)
 
     def describe(self) -> str:
         parts = []
         for t in self.templates:
             segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}" for s in t.segments)
             parts.append(f"R={t.replicas} m={t.micro_batches}: {segs}")
-        return f"b={self.micro_batch} {self.recompute} {self.order}-major: " + " ‖ ".join(parts)
+        vp = f" interleaved vp={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"b={self.micro_batch} {self.recompute}{vp} {self.order}-major: " + " ‖ ".join(parts)
 
     def placed(self, layers: list[int], cluster) -> Plan:
         """The plan for a layer split, placed in this skeleton's order (which the split does not change)."""
@@ -114,6 +121,8 @@ class SearchOptions:
     """Most device classes one pipeline template may span."""
     max_templates: int = 2
     """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
+    virtual_stages: tuple[int, ...] = (1,)
+    """Model chunks per stage to try: 1 is 1F1B, more the interleaved 1F1B schedule (one template only)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
@@ -124,7 +133,7 @@ class SearchOptions:
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
                    max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
-                   tp_across_nodes=s.tp_across_nodes)
+                   virtual_stages=tuple(s.virtual_stages or (1,)), tp_across_nodes=s.tp_across_nodes)
 
 
 @dataclass
@@ -179,20 +188,26 @@ class SkeletonGroup:
     replica_options: tuple[int, ...]
     recompute_options: tuple[str, ...]
     total_micro_batches: int
+    virtual_options: tuple[int, ...] = (1,)
+    """Virtual stages per stage that fit: each divides the layers with one chunk per stage at least."""
 
     @property
     def size(self) -> int:
-        return sum(len(orders(r)) for r in self.replica_options) * len(self.recompute_options)
+        return sum(len(orders(r)) for r in self.replica_options) * len(self.recompute_options) \
+            * len(self.virtual_options)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for r in self.replica_options:
             for rc in self.recompute_options:
-                for order in orders(r):
-                    yield self.skeleton(r, rc, order)
+                for v in self.virtual_options:
+                    for order in orders(r):
+                        yield self.skeleton(r, rc, order, v)
 
-    def skeleton(self, replicas: int, recompute: str, order: str = "replica") -> Skeleton:
+    def skeleton(self, replicas: int, recompute: str, order: str = "replica", virtual_stages: int = 1
+                 ) -> Skeleton:
         return Skeleton(self.micro_batch, recompute,
-                        (Template(self.segments, replicas, self.total_micro_batches // replicas),), order)
+                        (Template(self.segments, replicas, self.total_micro_batches // replicas),), order,
+                        virtual_stages)
 
 
 @dataclass(frozen=True)
@@ -254,6 +269,10 @@ class Family:
     pair: bool
     total_micro_batches: int
     recompute_options: tuple[str, ...]
+    virtual_options: tuple[int, ...] = (1,)
+    """Virtual stages per stage (one template): 1, and those dividing the model's layers."""
+    layers: int = 0
+    """The model's layers (a stage holds at least one chunk of v of them)."""
 
     def groups(self, inst: Instance, opts: SearchOptions, stats: SearchStats, replicas: int | None = None
                ) -> Iterator[SkeletonGroup | PairGroup]:
@@ -290,8 +309,10 @@ class Family:
         """The group of this family at R with `counts` stages per class (counted as enumerated)."""
         segments = tuple(Segment(dc.gpu, dc.island, t, n)
                          for dc, t, n in zip(self.classes, self.tps, counts, strict=True))
+        depth = sum(counts)
+        virtual = tuple(v for v in self.virtual_options if depth * v <= self.layers) or (1,)
         group = SkeletonGroup(self.micro_batch, segments, (replicas,), self.recompute_options,
-                              self.total_micro_batches)
+                              self.total_micro_batches, virtual)
         stats.enumerated += group.size
         return group
 
@@ -343,6 +364,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
         # the same time and memory (cost.compute.layer_recompute, cost.memory.layer_activation_bytes)
         rc = tuple(r for r in rc if r != "selective")
         stats.pruned[SYMMETRY] += 1
+    # interleaving splits every stage's layers into v chunks: v must divide the model's layers
+    virtual = tuple(v for v in sorted(set(opts.virtual_stages)) if inst.model.layers % v == 0) or (1,)
     for b in opts.micro_batch:
         if inst.global_batch % b:
             stats.pruned["divisibility: micro-batch does not divide the global batch"] += 1
@@ -352,7 +375,7 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             for order in itertools.permutations(classes, k):
                 for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
                     stats.families += 1
-                    yield Family(b, order, tps, False, total_mb, rc)
+                    yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers)
         if opts.max_templates >= 2:
             for pair in itertools.combinations(classes, 2):
                 for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in pair)):
@@ -375,13 +398,18 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats)
 
 def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     """Why `plan` is not a plan of the search space (every rule it breaks; [] when it is one): the space's
-    plans are 1F1B, one virtual stage, ZeRO-1, sequence parallel, one micro-batch size and recompute mode
-    from the options, TP from the options and inside a node, at most max_stages stages and max_classes
+    plans are 1F1B (or interleaved 1F1B with search.virtual_stages, one template), ZeRO-1, sequence
+    parallel, one micro-batch size and recompute mode from the options, TP from the options and inside a
+    node, at most max_stages stages and max_classes
     device classes per template, each class one contiguous run at one TP, and at most max_templates
     templates — two only as single-class templates side by side."""
     why = []
-    if plan.schedule != "1f1b" or plan.virtual_stages != 1:
-        why.append(f"schedule {plan.schedule} with {plan.virtual_stages} virtual stages (the space: 1f1b, 1)")
+    interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
+        and len(plan.pipelines) == 1
+    if not (plan.schedule == "1f1b" and plan.virtual_stages == 1) and not interleaved:
+        allowed = ", ".join(f"interleaved with {v}" for v in opts.virtual_stages if v > 1)
+        why.append(f"schedule {plan.schedule} with {plan.virtual_stages} virtual stages (the space: 1f1b"
+                   f"{', ' + allowed + ' (one template)' if allowed else ''})")
     if plan.zero != 1:
         why.append(f"ZeRO stage {plan.zero} (the space: 1)")
     if plan.micro_batch not in opts.micro_batch:

@@ -88,8 +88,9 @@ class Tree:
         if isinstance(group, SkeletonGroup):
             top = max(group.replica_options)
             # the least-work mode of all bounds every mode: no better than the incumbent, no memory check
+            flows, v = min(group.replica_options), max(group.virtual_options)
             cheap = self.bounds.group_bound(group.micro_batch, least_work(group.recompute_options), group.segments,
-                                            group.total_micro_batches // top)
+                                            group.total_micro_batches // top, flows, v)
             if self.beaten(cheap):
                 self.stats.pruned[BOUND_RULE] += group.size
                 return None
@@ -100,7 +101,7 @@ class Tree:
                 self.stats.pruned[MEMORY_RULE] += group.size
                 return None
             return GroupNode(self.bounds.group_bound(group.micro_batch, rc, group.segments,
-                                                     group.total_micro_batches // top), group)
+                                                     group.total_micro_batches // top, flows, v), group)
         modes = self.pair_modes(group, group.recompute_options, max(group.a_replicas) + max(group.b_replicas))
         if not modes:
             self.stats.pruned[MEMORY_GROUPS_RULE] += 1

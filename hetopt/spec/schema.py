@@ -186,6 +186,10 @@ class SearchSection(Section):
     max_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
         None, description="Most device classes one pipeline template may span (default 4; more widens the "
                           "search at a cost in time).")
+    virtual_stages: list[PositiveInt] | None = Field(
+        None, description="Model chunks per pipeline stage to try (default [1]): values above 1 search the "
+                          "interleaved 1F1B schedule (Megatron-LM's virtual pipeline stages) for one-template "
+                          "plans, every stage holding a multiple of that many layers.")
     tp_across_nodes: bool = Field(
         False, description="Allow TP groups over several whole nodes (TP collectives over the network). Plans "
                            "given to evaluate/simulate may have them regardless; the search does not generate "
