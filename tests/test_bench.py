@@ -22,6 +22,9 @@ SMALL = sorted((Path(__file__).parent / "small").glob("*.yaml"))
 BASELINES = ["megatron", "fastest-subset", "proportional", "amp-like", "random"]
 
 
+NO_FITTING_PLAN = {"s9-interleaved": {"megatron"}, "s10-four-types": {"megatron", "fastest-subset", "amp-like"}}
+
+
 @pytest.fixture(scope="module")
 def optima():
     # without heuristic warm starts: the search's own plan space has to beat every baseline
@@ -33,17 +36,19 @@ def test_no_baseline_beats_the_proven_optimum(path, optima):
     inst = load_instance(path)
     best = optima[path.stem]
     assert best.status.value == "optimal"
-    found = 0
+    missing = set()
     for name in BASELINES:
         result = PLANNERS[name](inst, 30.0)
         if result.plan is None:
+            missing.add(name)
             continue
-        found += 1
         assert check_plan(inst, result.plan) == []  # through the independent verifier
         timed = evaluate(inst, result.plan)
         assert timed.fits and timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-12)
         assert timed.iteration_time_s >= best.objective_s * (1 - 1e-9), name
-    assert found == len(BASELINES)  # measured: every baseline finds a fitting plan on every small instance
+    # measured: every baseline finds a fitting plan on every small instance but the two built to fill
+    # memory, where uniform layouts (and the cluster seen as all T4) cannot hold the model
+    assert missing == NO_FITTING_PLAN.get(path.stem, set())
 
 
 def test_heuristics_do_what_their_names_say():
