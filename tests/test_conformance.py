@@ -66,6 +66,10 @@ SHAPES = {
        for objective in ("expected", "worst")},
     "robust-cvar-one-template": ("wan-flapping-a100-v100", "cvar", Skeleton(1, "none", (
         Template((Segment("A100-80GB", "dc0", 1, 3), Segment("V100-32GB", "dc1", 4, 1)), 2, 32),))),
+    # interleaved 1F1B, 2 model chunks per stage: every stage a multiple of 2 layers (C1v)
+    "interleaved": ("demo-a100-v100-llama7b", "stable", Skeleton(1, "none", (
+        Template((Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)), 4,
+                 64),), "replica", 2)),
 }
 
 
@@ -79,7 +83,8 @@ def brute_force(problem: PlanProblem) -> tuple[float, list[int]]:
     parts = []
     for j, base in enumerate(problem.base.templates):
         top = base.max_layers()
-        splits = [c for c in compositions(base.layers, base.depth) if all(map(int.__le__, c, top))]
+        splits = [c for c in compositions(base.layers, base.depth) if all(map(int.__le__, c, top))
+                  and not any(n % base.virtual_stages for n in c)]
         if not splits:
             return math.inf, []
         pipe, tail = np.empty((n_sc, len(splits))), np.empty((n_sc, len(splits)))
@@ -88,7 +93,7 @@ def brute_force(problem: PlanProblem) -> tuple[float, list[int]]:
             t = sc.templates[j]
             for k, c in enumerate(splits):
                 times = t.times(c)
-                pipe[s, k] = pipe_times(times, t.micro_batches, 1)[0]
+                pipe[s, k] = pipe_times(times, t.micro_batches, t.virtual_stages)[0]
                 tail[s, k] = dp_finish(times, 0.0, np.array(t.dp_overlap))
                 opt[k] = times[:, OPT].max()
         parts.append((splits, pipe, tail, opt))
@@ -224,7 +229,7 @@ def random_split(problem: PlanProblem, rng: random.Random) -> list[int]:
         while True:
             cuts = sorted(rng.sample(range(1, t.layers), t.depth - 1))
             part = [b - a for a, b in zip([0, *cuts], [*cuts, t.layers], strict=True)]
-            if all(n <= m for n, m in zip(part, top, strict=True)):
+            if all(n <= m and n % t.virtual_stages == 0 for n, m in zip(part, top, strict=True)):
                 break
         out += part
     return out
