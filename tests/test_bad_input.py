@@ -17,6 +17,7 @@ CASES = {
     "unknown_preset.yaml": ("model.preset", "did you mean 'llama-7b'"),
     "kv_heads_not_dividing.yaml": ("model.kv_heads", "must divide heads (32)"),
     "heads_not_dividing_hidden.yaml": ("model.heads", "must divide hidden (4096)"),
+    "virtual_stages_not_dividing_layers.yaml": ("search.virtual_stages", "3, 5 do not divide the model's 32 layers"),
     "link_unknown_island.yaml": ("cluster.network.links[0].b", "no node group is in island 'rack9'"),
     "link_to_itself.yaml": ("cluster.network.links[0].b", "two different islands"),
     "scenario_unknown_link.yaml": ("scenarios[1].events[0].link", "no such link"),

@@ -138,12 +138,20 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
 
 def check_search(spec: InstanceFile) -> Iterator[Finding]:
     s = spec.search
-    for key in ("tp", "micro_batch", "recompute"):
+    for key in ("tp", "micro_batch", "recompute", "virtual_stages"):
         values = getattr(s, key)
         if values is not None and not values:
             yield (("search", key), "an empty list allows nothing; remove the key to allow every value", values)
         elif values is not None and len(set(values)) != len(values):
             yield (("search", key), "lists a value twice; list each value once", values)
+    preset = PRESETS.get(spec.model.preset) if spec.model.preset is not None else None
+    layers = apply_preset(preset, spec.model.model_dump(exclude={"preset"})).get("layers")
+    if s.virtual_stages and layers:
+        # interleaving cuts every stage into v chunks of whole layers (Megatron-LM's virtual pipeline)
+        bad = [v for v in s.virtual_stages if layers % v]
+        if bad:
+            yield (("search", "virtual_stages"), f"{', '.join(map(str, bad))} do not divide the model's {layers} "
+                                                 f"layers; pick among {_divisors(layers)[:8]}", s.virtual_stages)
 
 
 def _divisors(n: int) -> list[int]:
