@@ -150,6 +150,8 @@ class Bounds:
         between islands the `flows` replicas of a template all cross the same island links at once (every
         route from one island to another takes the same island path, Cluster.island_path), so each gets at
         most 1/flows of them (their max-min share, as p2p_features prices it)."""
+        if src[1] == dst[1]:
+            flows = 1  # inside one island the replicas share no island link (their NICs are not bounded)
         key = (src, dst, tp, micro_batch, flows)
         if key not in self._sends:
             inst = self.inst

@@ -207,6 +207,14 @@ class _Run:
         batch: list[SkeletonNode] = []
         while self.heap and len(batch) < size and self._open(self.heap[0][0]):
             _, _, node = heapq.heappop(self.heap)
+            if node.is_leaf and not node.refined:  # its own bound first: back in the heap if it rose
+                node = self.tree.refine(node)
+                if not self._open(node.bound):
+                    node.count_pruned(self.stats)
+                    continue
+                if self.heap and node.bound > self.heap[0][0]:
+                    heapq.heappush(self.heap, (node.bound, next(self.tie), node))
+                    continue
             if node.is_leaf:
                 batch.append(node)
             else:

@@ -112,7 +112,13 @@ class Tree:
         return PairGroupNode(bound, group)
 
     def skeleton_node(self, sk: Skeleton) -> SkeletonNode:
-        return SkeletonNode(self.bounds.compute_lower_bound(sk), sk)
+        """A leaf keyed by its parent's bound (`_children`); its own bound is computed when it first
+        reaches the top of the heap (`refine`): most leaves never do."""
+        return SkeletonNode(0.0, sk)
+
+    def refine(self, node: SkeletonNode) -> SkeletonNode:
+        """The leaf keyed by its own bound (`Bounds.compute_lower_bound`), at least its parent's."""
+        return replace(node, bound=max(node.bound, self.bounds.compute_lower_bound(node.skeleton)), refined=True)
 
 
 @dataclass(frozen=True)
@@ -291,6 +297,8 @@ class SkeletonNode(Node):
     """A leaf: one skeleton, solved by a formulation."""
 
     skeleton: Skeleton
+    refined: bool = False
+    """Whether `bound` is the skeleton's own bound yet (Tree.refine), not only its parent's."""
 
     is_leaf = True
 
