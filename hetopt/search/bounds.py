@@ -85,8 +85,8 @@ class _Drain:
     overlap: float
 
     def __call__(self, layers: int) -> float:
-        h, d = self.host.at(layers), self.device.at(layers)
-        return self.dp.at(layers) - self.overlap * (max(h, d) + self.serial * min(h, d))
+        backward = overlap_host_device(self.host.at(layers), self.device.at(layers), self.serial)
+        return self.dp.at(layers) - self.overlap * float(backward)
 
 
 class Bounds:
