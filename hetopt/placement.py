@@ -115,14 +115,18 @@ class FreeGPUs:
             return None
         names = self._names[dc.key]
         if previous is not None and len(fitting) > 1:
-            def first(nic: float) -> str:  # the first fitting node of this NIC speed stands for it
-                counts = by_nic[nic]
-                return names[min(min(nodes) for c, nodes in counts.items() if c >= tp and nodes)]
-
-            width = {nic: self.cluster.route(previous, first(nic)).gbps for nic in fitting}
-            widest = max(width.values())
-            fitting = {nic: v for nic, v in fitting.items() if width[nic] == widest}
+            # the first fitting node of each NIC speed stands for it
+            stand_in = {nic: names[min(min(nodes) for c, nodes in by_nic[nic].items() if c >= tp and nodes)]
+                        for nic in fitting}
+            widest = widest_nics(self.cluster, previous, stand_in)
+            fitting = {nic: v for nic, v in fitting.items() if nic in widest}
         return names[min(fitting.values())[1]]
+
+
+def widest_nics(cluster: Cluster, previous: str, stand_in: dict[float, str]) -> set[float]:
+    """The NIC speeds whose stand-in node (one per speed) is on a widest route from node `previous`."""
+    width = {nic: cluster.route(previous, name).gbps for nic, name in stand_in.items()}
+    return {nic for nic, gbps in width.items() if gbps == max(width.values())}
 
 
 def span_nodes(cluster: Cluster, dc, tp: int, free: FreeGPUs, near: str | None,
@@ -147,11 +151,10 @@ def span_nodes(cluster: Cluster, dc, tp: int, free: FreeGPUs, near: str | None,
 def _widest_first(cluster: Cluster, names: list[str], previous: str | None) -> str:
     """Among whole free nodes (all of one size): the first of those on the widest route from `previous`."""
     if previous is not None:
-        by_nic: dict[float, str] = {}
+        stand_in: dict[float, str] = {}
         for name in names:
-            by_nic.setdefault(cluster.nodes[name].nic_gbps, name)
-        if len(by_nic) > 1:
-            width = {nic: cluster.route(previous, name).gbps for nic, name in by_nic.items()}
-            widest = max(width.values())
-            names = [name for name in names if width[cluster.nodes[name].nic_gbps] == widest]
+            stand_in.setdefault(cluster.nodes[name].nic_gbps, name)
+        if len(stand_in) > 1:
+            widest = widest_nics(cluster, previous, stand_in)
+            names = [name for name in names if cluster.nodes[name].nic_gbps in widest]
     return names[0]

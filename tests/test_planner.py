@@ -356,8 +356,8 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
     for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
         for sk in group.skeletons():
             total = sum(t.replicas for t in sk.templates)
-            plain = max(bounds.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total)
-                        for t in sk.templates)
+            plain = max(bounds.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total,
+                                              t.replicas) for t in sk.templates)
             bound = bounds.compute_lower_bound(sk)
             if not math.isfinite(bound) or bound <= plain * (1 + 1e-9):
                 continue
@@ -373,7 +373,7 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
             assert bound <= best * (1 + 1e-12), sk.describe()
             assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
             raised += 1
-    assert raised >= 10
+    assert raised >= 10  # measured: the drain raises 82 (s6) to 260 (s3) skeleton bounds, before placement
 
 
 def test_the_interleaved_schedule_is_searched_and_pays_where_the_bubble_dominates():

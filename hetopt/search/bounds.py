@@ -157,21 +157,27 @@ class Bounds:
             inst = self.inst
             nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
             w = self.profiles.for_gpu(inst.gpu_types[src[0]], inst.spec.training.framework).w
-            groups: dict[str, list[str]] = {}
-            for node in inst.cluster.nodes.values():
-                groups.setdefault(node.group, []).append(node.name)
-            reps = {cls: [names for g, names in groups.items()
-                          if (inst.cluster.nodes[names[0]].gpu, inst.cluster.nodes[names[0]].island) == cls]
-                    for cls in (src, dst)}
-            pairs = []
-            for a_names in reps[src]:  # one node of each node group stands for its identical nodes
-                for b_names in reps[dst]:
-                    pairs.append((a_names[0], b_names[0]))
-                    if a_names is b_names and len(a_names) > 1:
-                        pairs.append((a_names[0], a_names[1]))
             self._sends[key] = min(float(self._send_features(cluster, a, b, nbytes, tp, flows) @ w)
-                                   for cluster in self.clusters for a, b in pairs)
+                                   for cluster in self.clusters for a, b in self.node_pairs(src, dst))
         return self._sends[key]
+
+    def node_pairs(self, src: tuple[str, str], dst: tuple[str, str]) -> list[tuple[str, str]]:
+        """Node pairs standing for every pair of a node of class `src` and one of `dst`: the nodes of a
+        node group are identical, so the first of each group stands for it, and within one group also its
+        first two (a pair of distinct nodes); a node with itself where `src` is `dst`."""
+        nodes = self.inst.cluster.nodes
+        groups: dict[str, list[str]] = {}
+        for node in nodes.values():
+            groups.setdefault(node.group, []).append(node.name)
+        reps = {cls: [names for names in groups.values()
+                      if (nodes[names[0]].gpu, nodes[names[0]].island) == cls] for cls in (src, dst)}
+        pairs = []
+        for a_names in reps[src]:
+            for b_names in reps[dst]:
+                pairs.append((a_names[0], b_names[0]))
+                if a_names is b_names and len(a_names) > 1:
+                    pairs.append((a_names[0], a_names[1]))
+        return pairs
 
     @staticmethod
     def _send_features(cluster, a: str, b: str, nbytes: float, tp: int, flows: int):
@@ -238,25 +244,21 @@ class Bounds:
         return self._templates[key]
 
     def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                       replicas_total: int | None = None, flows: int = 1) -> float:
-        """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i — and, given
-        `replicas_total` (the ZeRO sharding), L_i ≤ the most layers stage i holds in memory (`stage_caps`).
+                       replicas_total: int, flows: int = 1) -> float:
+        """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and L_i ≤ the
+        most layers stage i holds in memory with ZeRO-1 over `replicas_total` (`stage_caps`).
 
         Λ ≥ λ (the integer water level). For a given Λ the cheapest Σ τ is g(Λ): one layer per stage, the
         rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
         but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least
         (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g.
-        `flows`: the template's replicas, sharing island links (`send_s`; with memory caps only)."""
+        `flows`: the template's replicas, sharing island links (`send_s`)."""
         key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows)
         if key not in self._pipelines:
-            lines = self.stage_lines(micro_batch, recompute, segments, flows if replicas_total else 1)
+            lines = self.stage_lines(micro_batch, recompute, segments, flows)
             layers = self.inst.model.layers
-            caps = None if replicas_total is None else \
-                self.stage_caps(micro_batch, recompute, segments, replicas_total)
-            if caps is None:
-                lam, s = self.template_bound(micro_batch, recompute, segments)
-            else:
-                lam, s = integer_level(lines, layers, caps), cheapest_sum(lines, layers, math.inf, caps)
+            caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
+            lam, s = integer_level(lines, layers, caps), cheapest_sum(lines, layers, math.inf, caps)
             m = micro_batches
             if not math.isfinite(lam):
                 self._pipelines[key] = math.inf  # no split fits in memory
@@ -290,11 +292,8 @@ class Bounds:
         if replicas <= 1 or per_node < 1 or replicas <= per_node:
             return None  # one node can hold every replica's stage 0: no network ring to bound
         ring_nodes = -(-replicas // per_node)
-        groups: dict[str, list[str]] = {}
-        for n in nodes:
-            groups.setdefault(n.group, []).append(n.name)
-        pairs = [(a[0], b[0]) for a in groups.values() for b in groups.values() if a is not b]
-        pairs += [(names[0], names[1]) for names in groups.values() if len(names) > 1]
+        here = (seg.gpu, seg.island)
+        pairs = [(a, b) for a, b in self.node_pairs(here, here) if a != b]  # the ring joins distinct nodes
         if not pairs:
             return None
         routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
@@ -303,7 +302,7 @@ class Bounds:
         alpha_s = min(r.alpha_s for r in routes)
         gpu = inst.gpu_types[seg.gpu]
         params = self.profiles.for_gpu(gpu, inst.spec.training.framework)
-        depth = sum(sg.stages for sg in segments)
+        depth = sum(sg.stages for sg in segments)  # 1: stage 0 is also the last (it holds the head)
         grad_bytes = grad_comm_bytes(inst)
         intra = {inst.cluster.route(n.name, n.name) for n in nodes}
         if len({(r.effective_gbps, r.alpha_s, r.latency_us, r.mesh_peers) for r in intra}) > 1:
