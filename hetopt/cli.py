@@ -17,6 +17,7 @@ from rich.console import Console
 
 from hetopt import __version__
 from hetopt.errors import ExitCode, InfeasibleError, InputError, Problem, did_you_mean, require_columns
+from hetopt.lifeline import EXIT_SIGTERM, Terminated, owner_signals
 
 app = typer.Typer(
     name="hetopt",
@@ -550,9 +551,14 @@ def _demo():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: maps user errors to exit codes instead of tracebacks."""
+    """Console entry point: maps user errors to exit codes instead of tracebacks; SIGTERM ends the command
+    like Ctrl-C (its workers stopped, nothing half-written) with exit 143 (hetopt.lifeline)."""
     try:
-        app(args=argv, prog_name="hetopt")
+        with owner_signals():
+            app(args=argv, prog_name="hetopt")
+    except Terminated:
+        err.print("terminated (SIGTERM): stopped with its worker processes", markup=False, highlight=False)
+        sys.exit(EXIT_SIGTERM)
     except InputError as exc:
         err.print(exc.render(), markup=False, highlight=False, soft_wrap=True)
         sys.exit(ExitCode.BAD_INPUT)

@@ -15,9 +15,10 @@ so the search's order, its proof and its answer do not depend on the executor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from hetopt.errors import InputError, Problem, did_you_mean
+from hetopt.lifeline import Reaper, Terminated, keep_sigterm_handler, new_pool, stop_workers
 
 EXECUTORS = ("process", "ray")
 ALIASES = {"local": "process"}
@@ -85,27 +87,48 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
         return
     if address is not None:
         _check_reachable(address)
+    sigterm = keep_sigterm_handler()
+    # Ray's agents outlive a killed hetopt by a minute: a reaper, started before them, ends them (lifeline)
+    reaper = Reaper() if address is None else None
+    # Ray's C++ crash handler turns a SIGTERM into an abort with a stack dump; hetopt handles SIGTERM itself
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
-        # "local", not None: None would silently join whatever RAY_ADDRESS or a `ray start` on this machine
-        # points at; without --address the user asked for a Ray of hetopt's own
-        ray.init(address=address or "local", num_cpus=None if address else (num_cpus or os.cpu_count()),
-                 include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 configure_logging=True)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        if address is None:
+        try:
+            # "local", not None: None would silently join whatever RAY_ADDRESS or a `ray start` on this
+            # machine points at; without --address the user asked for a Ray of hetopt's own
+            with reaper.marking() if reaper is not None else contextlib.nullcontext():
+                ray.init(address=address or "local", num_cpus=None if address else (num_cpus or os.cpu_count()),
+                         include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                         configure_logging=True)
+        except SystemExit as exc:  # a SIGTERM during ray.init meets Ray's driver handler: sys.exit(SIGTERM)
+            if exc.code == signal.SIGTERM:
+                raise Terminated() from None
             raise
-        # Ray (2.5x on) starts a head with token authentication whenever ~/.ray/auth_token exists, but sends
-        # a token to an explicit address only when told to: the most likely reason a listening head refuses
-        auth = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
-            "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and its token (`ray "
-            "get-auth-token` on the head) in RAY_AUTH_TOKEN")
-        raise InputError("--address", [Problem("--address", f"cannot join a Ray cluster there ({exc}){auth}; "
-                                                            "or drop --address for a local Ray", address,
-                                               True)]) from None
-    try:
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            if address is None:
+                raise
+            raise _cannot_join(address, exc) from None
+        sigterm()  # ray.init set its own SIGTERM handler (sys.exit(15), without hetopt's clean-up)
         yield ray
-    finally:
-        ray.shutdown()
+    except BaseException:
+        if ray.is_initialized():
+            ray.shutdown()
+        if reaper is not None:
+            reaper.close(kill=True)  # what Ray started and did not stop goes too
+        raise
+    ray.shutdown()
+    if reaper is not None:
+        reaper.close()
+
+
+def _cannot_join(address: str, exc: Exception) -> InputError:
+    # Ray (2.5x on) starts a head with token authentication whenever ~/.ray/auth_token exists, but sends a
+    # token to an explicit address only when told to: the most likely reason a listening head refuses
+    auth = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
+        "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and its token (`ray "
+        "get-auth-token` on the head) in RAY_AUTH_TOKEN")
+    return InputError("--address", [Problem("--address", f"cannot join a Ray cluster there ({exc}){auth}; "
+                                                         "or drop --address for a local Ray", address, True)])
 
 
 ADDRESS_PROBE_S = 5.0
@@ -155,7 +178,11 @@ class SkeletonPool(Protocol):
         ...
 
     def close(self) -> None:
-        """Stop the workers (and a Ray this pool started)."""
+        """Stop the workers (and a Ray this pool started) once their jobs are done."""
+        ...
+
+    def abort(self) -> None:
+        """Stop the workers now, their jobs unfinished (Ctrl-C, SIGTERM or an error is on its way out)."""
         ...
 
 
@@ -197,9 +224,8 @@ class ProcessPool:
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         if workers <= 1 or (main_file is not None and not os.path.exists(main_file)):
             return None  # a spawned worker re-imports __main__, which a script read from stdin cannot be
-        # spawn, not fork: the solver libraries keep thread pools that a forked child would inherit half-locked
-        return cls(ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_init_worker, initargs=(context, solve)), workers)
+        # each worker ends with this process, however it ends (hetopt.lifeline)
+        return cls(new_pool(workers, _init_worker, (context, solve)), workers)
 
     def map(self, jobs: Sequence[Job]) -> list:
         return list(self.executor.map(_solve_one, jobs))
@@ -210,6 +236,9 @@ class ProcessPool:
 
     def close(self) -> None:
         self.executor.shutdown()
+
+    def abort(self) -> None:
+        stop_workers(self.executor)
 
 
 class _SkeletonActor:
@@ -266,3 +295,6 @@ class RayPool:
                 self.ray.kill(actor)
         finally:
             self.session.close()
+
+    def abort(self) -> None:
+        self.close()  # ray.kill does not wait for a running job

@@ -137,6 +137,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             if launched is None and pending is None:
                 break
             pending = launched
+    except BaseException:
+        if pool is not None:  # Ctrl-C, SIGTERM or an error: the workers stop now, not after their jobs
+            pool.abort()
+            pool = None
+        raise
     finally:
         if pool is not None:
             pool.close()

@@ -30,23 +30,31 @@ def _children(names: tuple[str, ...]) -> list[int]:
     return found
 
 
+def _kill(names: tuple[str, ...], outcome: dict) -> None:
+    for pid in _children(names):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            outcome["killed"].append(pid)
+
+
 @contextlib.contextmanager
 def deadline_for_children(seconds: float, names: tuple[str, ...] = ("cbc",)) -> Iterator[dict]:
-    """Kill matching child processes still running `seconds` from now; yields {"killed": [pids]}."""
+    """Kill matching child processes still running `seconds` from now, or at once when the block is left by
+    an exception; yields {"killed": [pids]}."""
     outcome: dict = {"killed": []}
     done = threading.Event()
 
     def watch() -> None:
         if not done.wait(seconds):
-            for pid in _children(names):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                    outcome["killed"].append(pid)
+            _kill(names, outcome)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     try:
         yield outcome
+    except BaseException:  # Ctrl-C, SIGTERM: the solve is abandoned, its children go now
+        _kill(names, outcome)
+        raise
     finally:
         done.set()
         thread.join()

@@ -10,9 +10,7 @@ generated far enough to cover them.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -20,6 +18,7 @@ import numpy as np
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
+from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan
 from hetopt.sim.engine import SimResult, Simulation
 from hetopt.sim.scenarios import BandwidthScenario, horizon_of, scenarios_of, varies
@@ -107,8 +106,9 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
             for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     if workers > 1 and len(jobs) > 1:
-        # spawn: `hetopt solve` simulates after solving in-process, and a fork would inherit solver threads
-        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # spawned workers that end with this process (`hetopt solve` simulates after solving in-process, and
+        # a fork would inherit solver threads)
+        with worker_pool(workers) as pool:
             outcomes = list(pool.map(_one, jobs))
     else:
         outcomes = [_one(job) for job in jobs]

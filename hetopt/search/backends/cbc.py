@@ -24,6 +24,7 @@ import re
 import tempfile
 from typing import Any
 
+from hetopt.lifeline import children_die_with_me
 from hetopt.search.backends.base import (
     Backend,
     Capabilities,
@@ -48,6 +49,7 @@ class CbcBackend(Backend, name="cbc", package="pulp",
 
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp
+        from pulp.apis import coin_api
 
         limit = max(0.0, options.time_limit_s)
         for var, value in (start or {}).items():
@@ -60,7 +62,10 @@ class CbcBackend(Backend, name="cbc", package="pulp",
         grace_s = max(1.0, 0.1 * limit)
         try:
             try:
-                with quiet_stdout(), deadline_for_children(limit + grace_s) as watchdog:
+                # CBC dies with this process (lifeline), and is stopped at once when the solve is left by an
+                # interrupt
+                with quiet_stdout(), children_die_with_me(coin_api), \
+                        deadline_for_children(limit + grace_s) as watchdog:
                     model.solve(solver)
             except Exception as exc:  # any failure is reported with its words
                 if watchdog["killed"]:

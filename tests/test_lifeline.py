@@ -1,0 +1,201 @@
+"""Worker processes end with the command that started them, however it ends (hetopt/lifeline.py, issue 16).
+
+Each test starts a real `hetopt` command in a session of its own, waits until its worker processes run,
+stops it as a user or a machine would (SIGKILL: no handler runs; SIGTERM; Ctrl-C to the process group),
+and checks by process tree — every descendant seen while it ran — that none is alive 5 s later.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from conftest import REPO
+
+GONE_WITHIN_S = 5.0
+START_WITHIN_S = 90.0
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "hetopt", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+    return proc, stderr
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _wait_for_workers(proc: subprocess.Popen, least: int, named: str = "") -> dict[int, psutil.Process]:
+    """Every descendant of `proc` seen until at least `least` of them (those with `named` in their command
+    line, when given) run at once, and a moment more."""
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + START_WITHIN_S
+    running = 0
+    while running < least:
+        assert proc.poll() is None, f"the command ended (exit {proc.returncode}) before its workers started"
+        assert time.monotonic() < deadline, f"no {least} worker processes within {START_WITHIN_S} s"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        seen.update((p.pid, p) for p in children)
+        running = sum(_alive(p) and named in _cmdline(p) for p in children)
+        time.sleep(0.2)
+    time.sleep(1.0)  # let them start their jobs
+    with_more = psutil.Process(proc.pid).children(recursive=True)
+    seen.update((p.pid, p) for p in with_more)
+    return seen
+
+
+def _stop(proc: subprocess.Popen, how: str) -> int:
+    if how == "SIGKILL":
+        proc.kill()
+    elif how == "SIGTERM":
+        proc.terminate()
+    else:  # Ctrl-C in a terminal: SIGINT to the whole foreground process group
+        os.killpg(proc.pid, signal.SIGINT)
+    return proc.wait(timeout=60)
+
+
+def _left_alive(seen: dict[int, psutil.Process]) -> list[str]:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while True:
+        left = [p for p in seen.values() if _alive(p)]
+        if not left or time.monotonic() > deadline:
+            return [f"{p.pid} {_cmdline(p)[:100]}" for p in left if _alive(p)]
+        time.sleep(0.1)
+
+
+EXPECTED_EXIT = {"SIGKILL": -signal.SIGKILL, "SIGTERM": 143, "SIGINT": 130}
+
+
+def _check_stopped(args: list[str], how: str, least: int, tmp_path: Path, named: str = "") -> None:
+    proc, stderr = _start(args, tmp_path)
+    try:
+        seen = _wait_for_workers(proc, least, named)
+        code = _stop(proc, how)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = _left_alive(seen)
+    for line in left:  # leave no process behind, even when the test fails
+        pid = int(line.split()[0])
+        if pid in seen and _alive(seen[pid]):
+            seen[pid].kill()
+    err = stderr.read_text()
+    assert not left, f"alive {GONE_WITHIN_S} s after {how}: {left}"
+    assert code == EXPECTED_EXIT[how], (code, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    if how == "SIGTERM":
+        assert "terminated (SIGTERM)" in err
+
+
+@pytest.fixture(scope="module")
+def unnarrowed(tmp_path_factory) -> Path:
+    """cloud-mix without its `search:` narrowing: a search long enough to start its worker processes."""
+    spec = yaml.safe_load((REPO / "instances" / "cloud-mix-a10g-l4-t4-l40s.yaml").read_text())
+    spec.pop("search", None)
+    path = tmp_path_factory.mktemp("lifeline") / "cloud-mix-unnarrowed.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_solve_workers_end_with_the_command(how, unnarrowed, tmp_path):
+    _check_stopped(["solve", str(unnarrowed), "--time-limit", "120"], how, 2, tmp_path)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_simulate_scenario_workers_end_with_the_command(how, tmp_path):
+    # the demo's two scenarios, one worker each, replayed for far longer than the test waits
+    _check_stopped(["simulate", "demo-a100-v100-llama7b", "--layout", "tp=2,pp=4,dp=4", "--iterations",
+                    "100000"], how, 2, tmp_path)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_local_ray_ends_with_the_command(how, unnarrowed, tmp_path):
+    pytest.importorskip("ray")
+    # once its two actors run; Ray's head, workers and agents are descendants too (the agents need the reaper)
+    _check_stopped(["solve", str(unnarrowed), "--time-limit", "120", "--executor", "ray"], how, 2, tmp_path,
+                   named="SkeletonActor")
+
+
+def _run_script(body: str, tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    """A Python script run as the owner; it prints the pid of the child it starts, then waits."""
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(body))
+    owner = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    return owner, int(owner.stdout.readline())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_solver_binary_started_through_a_library_dies_with_its_parent(tmp_path):
+    """What PuLP does for CBC — `subprocess.Popen` inside the library's module — inside
+    `children_die_with_me`: the child dies when its parent is killed."""
+    owner, child_pid = _run_script("""
+        import subprocess, sys, time, types
+        from hetopt.lifeline import children_die_with_me
+        library = types.ModuleType("library")
+        library.subprocess = subprocess
+        with children_die_with_me(library):
+            child = library.subprocess.Popen(["sleep", "60"])
+        assert library.subprocess is subprocess  # only for the block
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """, tmp_path)
+    child = psutil.Process(child_pid)
+    owner.kill()
+    owner.wait()
+    assert _left_alive({child_pid: child}) == []
+
+
+def test_the_reaper_kills_what_a_killed_owner_left_and_nothing_after_a_close(tmp_path):
+    owner, child_pid = _run_script("""
+        import subprocess, sys, time
+        from hetopt.lifeline import Reaper
+        reaper = Reaper()
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # would outlive its parent
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """, tmp_path)
+    child = psutil.Process(child_pid)
+    time.sleep(1.0)  # the reaper looks at the owner's tree every OWNER_POLL_S
+    owner.kill()
+    owner.wait()
+    assert _left_alive({child_pid: child}) == []
+
+    closing, kept_pid = _run_script("""
+        import subprocess, time
+        from hetopt.lifeline import Reaper
+        reaper = Reaper()
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        time.sleep(1.0)
+        reaper.close()
+        print(child.pid, flush=True)
+        """, tmp_path)
+    closing.wait(timeout=30)
+    kept = psutil.Process(kept_pid)
+    try:
+        assert _alive(kept), "a reaper closed by its owner killed what the owner kept"
+    finally:
+        kept.kill()
