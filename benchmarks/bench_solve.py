@@ -6,12 +6,17 @@ Default instances: the bundled demo, the WAN-flapping pair of data centres and t
 scale instances; --all: every bundled instance. --narrowing off drops the instance's `search:` section (the
 default plan space: TP 1–8, micro-batch 1–8, every recompute mode, 16 stages, 4 classes, 2 templates).
 Aims (issues 5, 11, 12): every bundled instance proven optimal on 2 cores, with and without its narrowing;
-without narrowing 4,096 GPUs of 4 types within 120 s, the same plan and bound with --executor ray.
+without narrowing 4,096 GPUs of 4 types within 120 s, the same plan and bound with --executor ray; the
+search's memory below 4 GiB at 8,192 GPUs (benchmarks/instances/scale-8192-four-types.yaml, given by path).
+The two memory columns are peak resident sets (getrusage): of this process (the search, its tree and its
+in-process solves) and of the largest worker process; both are peaks since the script started, so run one
+instance at a time for its own figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 from pathlib import Path
 
 from hetopt.search.orchestrate import solve_exact
@@ -35,7 +40,8 @@ def main() -> None:
     names = sorted(p.stem for p in BUNDLED.glob("*.yaml")) if args.all else args.instances
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.narrowing]
     print(f"{'instance':<28}{'search:':>8}{'GPUs':>6}{'backend':>8}{'status':>9}{'iteration s':>13}{'gap':>8}"
-          f"{'solve s':>9}{'families':>10}{'skeletons':>11}{'solved':>8}{'bound s':>12}  plan")
+          f"{'solve s':>9}{'families':>10}{'skeletons':>11}{'solved':>8}{'bound s':>12}{'MiB':>7}{'worker':>7}"
+          "  plan")
     for name in names:
         for narrowed in modes:
             inst = load_instance(name) if narrowed else unnarrowed(name)
@@ -44,8 +50,15 @@ def main() -> None:
                                 address=args.address)
                 print(f"{inst.name:<28}{'kept' if narrowed else 'off':>8}{inst.cluster.total_gpus:>6}"
                       f"{backend:>8}{r.status.value:>9}{r.objective_s:>13.4f}{r.gap:>8.1%}{r.solve_time_s:>9.2f}"
-                      f"{r.stats.families:>10,}{r.stats.enumerated:>11,}{r.stats.solved:>8}{r.bound_s:>12.6f}  "
+                      f"{r.stats.families:>10,}{r.stats.enumerated:>11,}{r.stats.solved:>8}{r.bound_s:>12.6f}"
+                      f"{peak_mib(resource.RUSAGE_SELF):>7,}{peak_mib(resource.RUSAGE_CHILDREN):>7,}  "
                       f"{r.skeleton.describe() if r.skeleton else 'warm start'}", flush=True)
+
+
+def peak_mib(who: int) -> int:
+    """Peak resident set in MiB of this process (RUSAGE_SELF) or of its largest ended-or-waited child
+    (RUSAGE_CHILDREN); Linux reports KiB."""
+    return resource.getrusage(who).ru_maxrss // 1024
 
 
 BUNDLED = Path(__file__).resolve().parents[1] / "instances"
