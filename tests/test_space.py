@@ -82,3 +82,26 @@ def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space()
                 assert (inst.name, name) in NOT_YET_IN_SPACE, (inst.name, name, why)
                 assert any("several device classes beside another template" in w for w in why), why
     assert outside == NOT_YET_IN_SPACE
+
+
+def test_interleaved_skeletons_run_micro_batches_in_whole_groups_of_the_stages():
+    """Megatron-LM's interleaved schedule (hetopt.sim.schedules) needs m a multiple of the stages p: a
+    group where it is not keeps only 1F1B (found by `hetopt solve` returning a plan its own simulation
+    rejected: cloud-mix with virtual_stages [1, 2, 4], 6 stages and 32 micro-batches)."""
+    inst = load_instance(SMALL / "s9-interleaved.yaml")
+    opts = SearchOptions.from_instance(inst)
+    kept_1f1b_only = 0
+    for group in enumerate_groups(inst, opts, SearchStats()):
+        if not hasattr(group, "virtual_options"):
+            continue
+        depth = sum(seg.stages for seg in group.segments)
+        m = group.total_micro_batches // group.replica_options[0]
+        if m % depth:
+            assert group.virtual_options == (1,), (group, m, depth)
+            kept_1f1b_only += 1
+        for sk in group.skeletons():
+            if sk.virtual_stages > 1:
+                layers = [sk.virtual_stages] * sk.depth
+                layers[0] += inst.model.layers - sum(layers)
+                assert outside_space(inst, sk.plan(layers), opts) == []
+    assert kept_1f1b_only > 0  # the rule is exercised (3 stages, 4 micro-batches)

@@ -189,7 +189,8 @@ class SkeletonGroup:
     recompute_options: tuple[str, ...]
     total_micro_batches: int
     virtual_options: tuple[int, ...] = (1,)
-    """Virtual stages per stage that fit: each divides the layers with one chunk per stage at least."""
+    """Virtual stages per stage that fit: each divides the layers with one chunk per stage at least, and
+    (v > 1) the micro-batches per replica are a multiple of the stages."""
 
     @property
     def size(self) -> int:
@@ -309,8 +310,11 @@ class Family:
         """The group of this family at R with `counts` stages per class (counted as enumerated)."""
         segments = tuple(Segment(dc.gpu, dc.island, t, n)
                          for dc, t, n in zip(self.classes, self.tps, counts, strict=True))
-        depth = sum(counts)
-        virtual = tuple(v for v in self.virtual_options if depth * v <= self.layers) or (1,)
+        depth, m = sum(counts), self.total_micro_batches // replicas
+        # interleaving: a chunk of v layers per stage at least, and micro-batches in whole groups of p
+        # (Megatron-LM's interleaved schedule, hetopt.sim.schedules)
+        virtual = tuple(v for v in self.virtual_options
+                        if v == 1 or (depth * v <= self.layers and m % depth == 0)) or (1,)
         group = SkeletonGroup(self.micro_batch, segments, (replicas,), self.recompute_options,
                               self.total_micro_batches, virtual)
         stats.enumerated += group.size
@@ -405,11 +409,11 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     templates — two only as single-class templates side by side."""
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
-        and len(plan.pipelines) == 1
+        and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0
     if not (plan.schedule == "1f1b" and plan.virtual_stages == 1) and not interleaved:
         allowed = ", ".join(f"interleaved with {v}" for v in opts.virtual_stages if v > 1)
         why.append(f"schedule {plan.schedule} with {plan.virtual_stages} virtual stages (the space: 1f1b"
-                   f"{', ' + allowed + ' (one template)' if allowed else ''})")
+                   f"{', ' + allowed + ' (one template, micro-batches a multiple of the stages)' if allowed else ''})")
     if plan.zero != 1:
         why.append(f"ZeRO stage {plan.zero} (the space: 1)")
     if plan.micro_batch not in opts.micro_batch:
