@@ -21,13 +21,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
 from types import ModuleType
 from typing import Any, Protocol
 
 from hetopt.errors import InputError, Problem, did_you_mean
-from hetopt.lifeline import Reaper, Terminated, keep_sigterm_handler, new_pool, stop_workers
+from hetopt.lifeline import OwnedPool, Reaper, Terminated, environment, keep_sigterm_handler
 
 EXECUTORS = ("process", "ray")
 ALIASES = {"local": "process"}
@@ -90,13 +89,14 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
     sigterm = keep_sigterm_handler()
     # Ray's agents outlive a killed hetopt by a minute: a reaper, started before them, ends them (lifeline)
     reaper = Reaper() if address is None else None
-    # Ray's C++ crash handler turns a SIGTERM into an abort with a stack dump; hetopt handles SIGTERM itself
-    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    # Ray's C++ crash handler, installed in this driver by ray.init, turns a SIGTERM into an abort with a
+    # stack dump; hetopt handles SIGTERM itself
+    quiet = {"RAY_DISABLE_FAILURE_SIGNAL_HANDLER": os.environ.get("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")}
     try:
         try:
             # "local", not None: None would silently join whatever RAY_ADDRESS or a `ray start` on this
             # machine points at; without --address the user asked for a Ray of hetopt's own
-            with reaper.marking() if reaper is not None else contextlib.nullcontext():
+            with environment(quiet), reaper.marking() if reaper is not None else contextlib.nullcontext():
                 ray.init(address=address or "local", num_cpus=None if address else (num_cpus or os.cpu_count()),
                          include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                          configure_logging=True)
@@ -114,7 +114,7 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
         if ray.is_initialized():
             ray.shutdown()
         if reaper is not None:
-            reaper.close(kill=True)  # what Ray started and did not stop goes too
+            reaper.close(kill=True)  # what Ray started (marked) and did not stop goes too
         raise
     ray.shutdown()
     if reaper is not None:
@@ -216,7 +216,7 @@ def _solve_one(job: Job):
 class ProcessPool:
     """Spawned worker processes on this machine, the context given to each once at start."""
 
-    def __init__(self, executor: ProcessPoolExecutor, workers: int) -> None:
+    def __init__(self, executor: OwnedPool, workers: int) -> None:
         self.executor, self.workers = executor, workers
 
     @classmethod
@@ -225,7 +225,7 @@ class ProcessPool:
         if workers <= 1 or (main_file is not None and not os.path.exists(main_file)):
             return None  # a spawned worker re-imports __main__, which a script read from stdin cannot be
         # each worker ends with this process, however it ends (hetopt.lifeline)
-        return cls(new_pool(workers, _init_worker, (context, solve)), workers)
+        return cls(OwnedPool(workers, _init_worker, (context, solve)), workers)
 
     def map(self, jobs: Sequence[Job]) -> list:
         return list(self.executor.map(_solve_one, jobs))
@@ -238,7 +238,7 @@ class ProcessPool:
         self.executor.shutdown()
 
     def abort(self) -> None:
-        stop_workers(self.executor)
+        self.executor.stop()
 
 
 class _SkeletonActor:

@@ -16,8 +16,8 @@ A command (the *owner*) can end three ways, and its workers must not outlive any
 
 A local Ray that hetopt starts has fate sharing of its own for its head and its workers, but its per-node
 agents outlive a killed owner by a minute (they wait 60 s to report the dead head to a GCS that is gone):
-`Reaper`, a small process that holds a pipe from the owner, kills them when the pipe's end-of-file says
-the owner is gone.
+`Reaper`, a small process that holds a pipe from the owner, kills every process started under its mark
+(an environment variable set while Ray starts) when the pipe's end-of-file says the owner is gone.
 """
 
 from __future__ import annotations
@@ -81,30 +81,67 @@ def keep_sigterm_handler() -> Callable[[], None]:
 
 # -- pool workers ----------------------------------------------------------------------------------------
 
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM blocked in this thread for the block, so that a process spawned inside starts
+    with them blocked, the way CPython starts its resource tracker (where the platform has no signal
+    masks, a no-op). This thread may still be interrupted: another thread takes the signal and Python
+    raises it here."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def bind_to_owner(owner_pid: int) -> None:
     """Run first in a pool worker: the worker ends (with its children) within OWNER_POLL_S of its owner.
 
     Parameters: owner_pid — the process that started the pool (its `os.getpid()`, passed at start, since
     the owner may already be gone when this runs).
     Ctrl-C is left to the owner, which stops its workers: a worker ignores SIGINT, so the terminal's
-    Ctrl-C (sent to the whole process group) prints no traceback from each worker."""
+    Ctrl-C (sent to the whole process group) prints no traceback from each worker. It was spawned with
+    SIGINT and SIGTERM blocked (`OwnedPool.submit`): one that came while it started is dropped here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
 
     def watch() -> None:
         while os.getppid() == owner_pid:
             time.sleep(OWNER_POLL_S)
-        end_tree()
+        exit_with_children()
 
     threading.Thread(target=watch, name="hetopt-owner-watch", daemon=True).start()
 
 
-def end_tree() -> None:
-    """Kill this process's descendants, then exit at once (no clean-up: the owner that wanted the result
-    is gone)."""
+def kill_tree(pid: int, include_root: bool = True) -> None:
+    """Kill a process's descendants, and the process itself with `include_root`; gone ones are skipped."""
     with contextlib.suppress(psutil.Error):
-        for child in psutil.Process().children(recursive=True):
+        root = psutil.Process(pid)
+        for child in root.children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 child.kill()
+        if include_root:
+            root.kill()
+
+
+def _child_pids() -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
+def exit_with_children() -> None:
+    """Kill this process's descendants, then exit this process at once (no clean-up: the owner that
+    wanted its result is gone)."""
+    kill_tree(os.getpid(), include_root=False)
     os._exit(1)
 
 
@@ -114,32 +151,50 @@ def _init_pool_worker(owner_pid: int, initializer: Any, initargs: tuple) -> None
         initializer(*initargs)
 
 
-def new_pool(workers: int, initializer: Any = None, initargs: tuple = ()) -> ProcessPoolExecutor:
-    """Spawned worker processes bound to this process (`bind_to_owner`), then `initializer(*initargs)`.
+class OwnedPool(ProcessPoolExecutor):
+    """Spawned worker processes bound to this process (`bind_to_owner`), each running
+    `initializer(*initargs)` after that.
 
-    Spawn, not fork: the solver libraries keep thread pools that a forked child would inherit half-locked."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_pool_worker, initargs=(os.getpid(), initializer, initargs))
+    Spawn, not fork: the solver libraries keep thread pools that a forked child would inherit half-locked.
+    Workers are spawned inside `submit` (also what `map` calls), where an interrupt must not leave one
+    behind: a worker starts with Ctrl-C and SIGTERM blocked (`signals_held`), so that one reaching it in
+    its start-up is dropped rather than printing a traceback; and one being spawned when the interrupt
+    reaches this process, not yet among the pool's workers, is killed on the way out of `submit`."""
 
+    def __init__(self, workers: int, initializer: Any = None, initargs: tuple = ()) -> None:
+        super().__init__(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                         initializer=_init_pool_worker, initargs=(os.getpid(), initializer, initargs))
 
-def stop_workers(executor: ProcessPoolExecutor) -> None:
-    """Kill a pool's workers now and drop its queued jobs (an interrupt or an error is on its way out;
-    `shutdown(wait=True)` would wait for every running job to finish)."""
-    for process in multiprocessing.active_children():  # this process's workers, by the public API
-        with contextlib.suppress(OSError):
-            process.kill()
-    executor.shutdown(wait=False, cancel_futures=True)
+    def submit(self, fn, /, *args, **kwargs):
+        # CPython's record of this pool's workers (pid → process) and their most, kept since 3.2 and 3.9
+        may_spawn = len(getattr(self, "_processes", None) or {}) < getattr(self, "_max_workers", 0)
+        before = _child_pids() if may_spawn else set()
+        try:
+            with signals_held():
+                return super().submit(fn, *args, **kwargs)
+        except BaseException:
+            for pid in _child_pids() - before if may_spawn else ():
+                kill_tree(pid)  # spawned during this submit, perhaps not yet recorded: `stop` would miss it
+            raise
+
+    def stop(self) -> None:
+        """Kill the workers (with whatever they started, a CBC run) now and drop the queued jobs: an
+        interrupt or an error is on its way out, and `shutdown(wait=True)` would wait for every running
+        job to finish."""
+        for pid in list(getattr(self, "_processes", None) or {}):
+            kill_tree(pid)
+        self.shutdown(wait=False, cancel_futures=True)
 
 
 @contextlib.contextmanager
-def worker_pool(workers: int, initializer: Any = None, initargs: tuple = ()) -> Iterator[ProcessPoolExecutor]:
-    """`new_pool` for the block: shut down normally after it, its workers killed at once when the block
-    ends by an exception (Ctrl-C, `Terminated`, an error)."""
-    executor = new_pool(workers, initializer, initargs)
+def worker_pool(workers: int, initializer: Any = None, initargs: tuple = ()) -> Iterator[OwnedPool]:
+    """An `OwnedPool` for the block: shut down normally after it, its workers killed at once when the
+    block ends by an exception (Ctrl-C, `Terminated`, an error)."""
+    executor = OwnedPool(workers, initializer, initargs)
     try:
         yield executor
     except BaseException:
-        stop_workers(executor)
+        executor.stop()
         raise
     executor.shutdown()
 
@@ -151,24 +206,33 @@ PR_SET_PDEATHSIG = 1
 
 
 def _prctl() -> Any:
+    """libc's prctl on Linux (glibc or musl: the symbols of the running process), else None."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return libc.prctl
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 _PRCTL = _prctl()  # looked up here, not in a forked child: the child only calls it
 
 
-def _die_with_parent() -> None:
+def _dying_child(parent_pid: int) -> Callable[[], None]:
     """preexec_fn of a solver binary (runs in the child between fork and exec): SIGKILL when its parent
-    thread ends, which for a solve is the thread that waits on it."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+    thread ends, which for a solve is the thread that waits on it; at once if the parent already has."""
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before the signal was set: it will never come
+            os._exit(1)
+
+    return preexec
 
 
 def _popen_dying(*args: Any, **kwargs: Any) -> subprocess.Popen:
-    kwargs.setdefault("preexec_fn", _die_with_parent)
+    kwargs.setdefault("preexec_fn", _dying_child(os.getpid()))
     return subprocess.Popen(*args, **kwargs)
 
 
@@ -210,35 +274,28 @@ GOODBYE = b"."
 
 
 class Reaper:
-    """A process that kills the owner's descendants (as last seen) once the owner is gone, however it went.
+    """A process that kills what the owner started under its mark once the owner is gone, however it went.
 
-    It reads a pipe whose only writer is the owner: end-of-file alone means the owner is gone (the kernel
-    closes a dead process's pipes, SIGKILL included): kill; a byte before it means `close` was called: just
-    exit. It watches the owner's process tree (REAPER_STARTUP_POLL_S), so what it kills is what ran a moment
-    before the end."""
+    What it kills: every process started inside `marking` and all they start in turn (the mark is an
+    environment variable, inherited through fork and exec however far down or re-parented; the owner's
+    tree is watched for those that blank it), and nothing else. When: it reads a pipe whose only writer is
+    the owner; end-of-file alone means the owner is gone (the kernel closes a dead process's pipes, SIGKILL
+    included) or closed it with `close(kill=True)`: kill; a byte before it means `close()`: just exit."""
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(8)
         self.process = subprocess.Popen([sys.executable, "-m", "hetopt.lifeline", str(os.getpid()),
                                          self.token], stdin=subprocess.PIPE)
 
-    @contextlib.contextmanager
-    def marking(self) -> Iterator[None]:
+    def marking(self) -> contextlib.AbstractContextManager:
         """Processes started within the block, and all they start, carry this reaper's mark in their
         environment (inherited through fork and exec, however far down or re-parented)."""
-        previous = os.environ.get(MARK)
-        os.environ[MARK] = self.token
-        try:
-            yield
-        finally:
-            if previous is None:
-                del os.environ[MARK]
-            else:
-                os.environ[MARK] = previous
+        return environment({MARK: self.token})
+
 
     def close(self, kill: bool = False) -> None:
         """Let the reaper go: without killing anything (the owner stopped what it started itself), or with
-        `kill` after killing what it last saw below the owner (the owner is on its way out by an error)."""
+        `kill` after killing the marked processes (the owner is on its way out by an error)."""
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 if not kill:
@@ -248,17 +305,32 @@ class Reaper:
             self.process.wait(timeout=5)
 
 
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """os.environ with `values` set for the block, as it was after."""
+    previous = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def reap(owner_pid: int, token: str) -> None:
-    """The reaper's loop (`python -m hetopt.lifeline OWNER_PID TOKEN`): kills what it saw below the owner
-    and every process whose environment carries the owner's mark (one started a moment before the end, or
-    re-parented before it was seen)."""
+    """The reaper (`python -m hetopt.lifeline OWNER_PID TOKEN`): until its stdin ends, notes the owner's
+    descendants that were started under the mark (themselves marked, or below a marked process: Ray's
+    agents rename themselves, which blanks the environment others can read); then, unless the owner said
+    goodbye, kills those and every process still marked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle
-    me = os.getpid()
+    me, seen = os.getpid(), {}
     try:
         owner = psutil.Process(owner_pid)
     except psutil.Error:
-        return
-    seen: dict[int, psutil.Process] = {}
+        owner = None
     started = time.monotonic()
     while True:
         # closer looks while what it watches starts up (a process started between two looks is missed)
@@ -266,19 +338,38 @@ def reap(owner_pid: int, token: str) -> None:
         readable, _, _ = select.select([sys.stdin.fileno()], [], [], period)
         if readable:
             if os.read(sys.stdin.fileno(), 1) == GOODBYE:
-                return  # closed by the owner: it shuts down what it started
-            break  # end-of-file: the owner is gone
-        with contextlib.suppress(psutil.Error):
-            for p in owner.children(recursive=True):
-                if p.pid != me:
-                    seen.setdefault(p.pid, p)
+                return  # closed by the owner: it shut down what it started
+            break  # end-of-file: the owner is gone, or on its way out by an error
+        if owner is not None:
+            seen.update(_marked_below(owner, token, me))
     for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if p.pid != me and p.pid not in seen and p.environ().get(MARK) == token:
-                seen[p.pid] = p
+        with contextlib.suppress(psutil.Error):  # gone, or another user's (its environment is not readable)
+            if p.pid != me and p.environ().get(MARK) == token:
+                seen.setdefault(p.pid, p)
     for p in seen.values():
         with contextlib.suppress(psutil.Error):
             p.kill()  # psutil checks the process's start time: a reused pid is not killed
+
+
+def _marked_below(owner: psutil.Process, token: str, me: int) -> dict[int, psutil.Process]:
+    """The owner's descendants started under the mark: marked themselves, or below a marked one."""
+    try:
+        below = {p.pid: p for p in owner.children(recursive=True) if p.pid != me}
+    except psutil.Error:
+        return {}
+    marked: dict[int, bool] = {}
+
+    def under_mark(p: psutil.Process) -> bool:
+        if p.pid not in marked:
+            try:
+                own = p.environ().get(MARK) == token
+                parent = below.get(p.ppid())
+            except psutil.Error:
+                own, parent = False, None
+            marked[p.pid] = own or (parent is not None and under_mark(parent))
+        return marked[p.pid]
+
+    return {pid: p for pid, p in below.items() if under_mark(p)}
 
 
 if __name__ == "__main__":

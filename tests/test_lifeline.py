@@ -62,6 +62,9 @@ def _wait_for_workers(proc: subprocess.Popen, least: int, named: str = "") -> di
     time.sleep(1.0)  # let them start their jobs
     with_more = psutil.Process(proc.pid).children(recursive=True)
     seen.update((p.pid, p) for p in with_more)
+    # the test means something only while the workers still run when the signal comes
+    assert proc.poll() is None, "the command ended before the signal"
+    assert sum(_alive(p) and named in _cmdline(p) for p in with_more) >= least, "its workers ended before the signal"
     return seen
 
 
@@ -110,9 +113,10 @@ def _check_stopped(args: list[str], how: str, least: int, tmp_path: Path, named:
 
 @pytest.fixture(scope="module")
 def unnarrowed(tmp_path_factory) -> Path:
-    """cloud-mix without its `search:` narrowing: a search long enough to start its worker processes."""
+    """cloud-mix in the default space widened by interleaving: its workers start after about 5 s and the
+    search runs for about 20 s more (2-core machine), far longer than the test waits."""
     spec = yaml.safe_load((REPO / "instances" / "cloud-mix-a10g-l4-t4-l40s.yaml").read_text())
-    spec.pop("search", None)
+    spec["search"] = {"virtual_stages": [1, 2, 4]}
     path = tmp_path_factory.mktemp("lifeline") / "cloud-mix-unnarrowed.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -139,20 +143,24 @@ def test_a_local_ray_ends_with_the_command(how, unnarrowed, tmp_path):
                    named="SkeletonActor")
 
 
-def _run_script(body: str, tmp_path: Path) -> tuple[subprocess.Popen, int]:
-    """A Python script run as the owner; it prints the pid of the child it starts, then waits."""
+def _run_script(body: str, tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """A Python script run as the owner; it prints the pids of the children it starts, then waits."""
     script = tmp_path / "owner.py"
     script.write_text(textwrap.dedent(body))
     owner = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None
-    return owner, int(owner.stdout.readline())
+    return owner, [int(pid) for pid in owner.stdout.readline().split()]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_solver_binary_started_through_a_library_dies_with_its_parent(tmp_path):
     """What PuLP does for CBC — `subprocess.Popen` inside the library's module — inside
     `children_die_with_me`: the child dies when its parent is killed."""
-    owner, child_pid = _run_script("""
+    from pulp.apis import coin_api
+
+    # the CBC backend relies on PuLP starting CBC through its module's `subprocess` name
+    assert coin_api.subprocess is subprocess
+    owner, (child_pid,) = _run_script("""
         import subprocess, sys, time, types
         from hetopt.lifeline import children_die_with_me
         library = types.ModuleType("library")
@@ -169,33 +177,65 @@ def test_a_solver_binary_started_through_a_library_dies_with_its_parent(tmp_path
     assert _left_alive({child_pid: child}) == []
 
 
-def test_the_reaper_kills_what_a_killed_owner_left_and_nothing_after_a_close(tmp_path):
-    owner, child_pid = _run_script("""
+def test_the_reaper_kills_the_marked_processes_of_a_killed_owner_and_nothing_else(tmp_path):
+    owner, pids = _run_script("""
         import subprocess, sys, time
         from hetopt.lifeline import Reaper
         reaper = Reaper()
-        child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # would outlive its parent
-        print(child.pid, flush=True)
+        with reaper.marking():  # would outlive its parent: a session of its own
+            marked = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        unmarked = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        print(marked.pid, unmarked.pid, flush=True)
         time.sleep(60)
         """, tmp_path)
-    child = psutil.Process(child_pid)
-    time.sleep(1.0)  # the reaper looks at the owner's tree every OWNER_POLL_S
+    marked, unmarked = (psutil.Process(pid) for pid in pids)
     owner.kill()
     owner.wait()
-    assert _left_alive({child_pid: child}) == []
+    try:
+        assert _left_alive({marked.pid: marked}) == []
+        assert _alive(unmarked), "the reaper killed a process started outside its marking"
+    finally:
+        unmarked.kill()
 
-    closing, kept_pid = _run_script("""
+
+def test_a_reaper_closed_by_its_owner_kills_nothing(tmp_path):
+    closing, pids = _run_script("""
         import subprocess, time
         from hetopt.lifeline import Reaper
         reaper = Reaper()
-        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
-        time.sleep(1.0)
+        with reaper.marking():
+            child = subprocess.Popen(["sleep", "60"], start_new_session=True)
         reaper.close()
         print(child.pid, flush=True)
         """, tmp_path)
     closing.wait(timeout=30)
-    kept = psutil.Process(kept_pid)
+    kept = psutil.Process(pids[0])
+    time.sleep(0.5)
     try:
         assert _alive(kept), "a reaper closed by its owner killed what the owner kept"
     finally:
         kept.kill()
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_pool_left_by_an_error_stops_its_own_workers_and_no_other_process():
+    import multiprocessing
+
+    from hetopt.lifeline import worker_pool
+
+    other = multiprocessing.get_context("spawn").Process(target=_sleep, args=(60,))
+    other.start()
+    try:
+        with pytest.raises(RuntimeError), worker_pool(2) as pool:
+            futures = [pool.submit(_sleep, 60) for _ in range(2)]
+            workers = [psutil.Process(pid) for pid in pool._processes]
+            raise RuntimeError("an error while the workers run")
+        assert _left_alive({p.pid: p for p in workers}) == []
+        assert all(f.cancelled() or f.done() for f in futures)
+        assert other.is_alive(), "stopping a pool killed another multiprocessing child"
+    finally:
+        other.kill()
+        other.join()
