@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import multiprocessing
 import os
 import secrets
@@ -43,8 +42,8 @@ import psutil
 
 OWNER_POLL_S = 0.25
 """How often a worker checks that its owner is alive: a worker outlives a killed owner by about this."""
-EXIT_SIGINT, EXIT_SIGTERM = 130, 143
-"""128 + the signal number: what a shell reports for a command ended by Ctrl-C or by SIGTERM."""
+EXIT_SIGTERM = 143
+"""128 + 15: what a shell reports for a command ended by SIGTERM (Ctrl-C's 130 is typer's, 128 + 2)."""
 
 
 class Terminated(BaseException):
@@ -166,7 +165,7 @@ class OwnedPool(ProcessPoolExecutor):
                          initializer=_init_pool_worker, initargs=(os.getpid(), initializer, initargs))
 
     def submit(self, fn, /, *args, **kwargs):
-        # CPython's record of this pool's workers (pid → process) and their most, kept since 3.2 and 3.9
+        # CPython's record of this pool's workers (pid → process) and its worker limit (no public API)
         may_spawn = len(getattr(self, "_processes", None) or {}) < getattr(self, "_max_workers", 0)
         before = _child_pids() if may_spawn else set()
         try:
