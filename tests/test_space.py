@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -105,3 +106,20 @@ def test_interleaved_skeletons_run_micro_batches_in_whole_groups_of_the_stages()
                 layers[0] += inst.model.layers - sum(layers)
                 assert outside_space(inst, sk.plan(layers), opts) == []
     assert kept_1f1b_only > 0  # the rule is exercised (3 stages, 4 micro-batches)
+
+
+def test_two_templates_on_one_class_split_its_replicas_micro_batches_unevenly_and_pay():
+    """s11: 6 T4, a replica needs 2 stages (memory, max_stages 2), 32 micro-batches. Even shares allow 2
+    replicas (32 has no divisor 3); two templates on the one class run 3 (2 with 11 micro-batches, 1 with
+    10). Exhaustive enumeration over the space with and without the second template."""
+    from hetopt.baselines.exhaustive import exhaustive
+
+    inst = load_instance(SMALL / "s11-uneven-shares.yaml")
+    opts = SearchOptions.from_instance(inst)
+    best = exhaustive(inst, opts)
+    pipes = best.plan.pipelines
+    assert len(pipes) == 2 and {st.gpu for p in pipes for st in p.stages} == {"T4"}
+    assert sorted((p.replicas, p.micro_batches) for p in pipes) == [(1, 10), (2, 11)]
+    even = exhaustive(inst, dataclasses.replace(opts, max_templates=1))
+    assert best.objective_s < 0.9 * even.objective_s  # 2.152 s against 2.553 s
+    assert outside_space(inst, best.plan, opts) == []

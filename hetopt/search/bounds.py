@@ -387,7 +387,8 @@ class Bounds:
     def family_bound(self, family) -> float:
         """Every skeleton of a family from throughput alone: a stage of class k at TP t_k takes τ ≥ a_k·L, so
         a replica's bottleneck is at least N / Σ_i 1/a_i and T ≥ m·max τ; with R·n_k·t_k ≤ G_k GPUs of each
-        class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side.
+        class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side
+        (two on one class: T ≥ M·N / max_k G/(t_k·a_k), its GPUs shared).
         One template also pays the sends beside each change of class (`bucket_bound`, one flow: the least):
         N becomes N + Σ c_i/a_i, as in every bucket's λ (T ≥ m·λ at any R)."""
         rate = 0.0
@@ -399,6 +400,10 @@ class Bounds:
                 return 0.0
             per_layer.append(a)
             rate += dc.gpus / (tp * a)
+        if family.pair and family.classes[0] is family.classes[1]:
+            # two templates on one class share its G GPUs: at best all at the faster TP's rate
+            dc = family.classes[0]
+            rate = max(dc.gpus / (tp * a) for tp, a in zip(family.tps, per_layer, strict=True))
         weight = 0.0 if family.pair else sum(
             c / a for a, c in self._class_sends(family, per_layer, 1))
         return family.total_micro_batches * (self.inst.model.layers + weight) / rate

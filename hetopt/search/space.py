@@ -3,11 +3,13 @@
 A skeleton fixes the small outer choices: micro-batch size b, one recompute mode, and one or two pipeline
 templates. One template: its stages as segments (a device class, its TP degree and how many consecutive
 stages it serves, classes in a chosen order) and its replica count R (R divides the M = global_batch / b
-micro-batches, each replica takes m = M / R ≥ p of them). Two templates: each on one device class of its
-own, with its own depth, TP, replica count R_j and micro-batch share m_j ≥ p_j, R_a·m_a + R_b·m_b = M — a
-fast template takes more micro-batches. One template may also run the interleaved 1F1B schedule with v
-model chunks per stage (search.virtual_stages): every stage then holds a multiple of v layers. The
-per-skeleton integer program then chooses the layers of every stage of every template.
+micro-batches, each replica takes m = M / R ≥ p of them). Two templates: each on one device class, with
+its own depth, TP, replica count R_j and micro-batch share m_j ≥ p_j, R_a·m_a + R_b·m_b = M — a fast
+template takes more micro-batches. The two may be on the same class, sharing its GPUs: uneven shares among
+its replicas (where M has no divisor that uses them all), or two depths or TP degrees on one class. One
+template may also run the interleaved 1F1B schedule with v model chunks per stage (search.virtual_stages):
+every stage then holds a multiple of v layers. The per-skeleton integer program then chooses the layers of
+every stage of every template.
 
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
@@ -224,10 +226,21 @@ class PairGroup:
     b_replicas: tuple[int, ...]
     recompute_options: tuple[str, ...]
     total_micro_batches: int
+    shared_gpus: int = 0
+    """Both templates on one device class (uneven shares among its replicas): the class's GPUs, which
+    R_a·p_a·t_a + R_b·p_b·t_b may not exceed; 0 for two classes."""
+
+    def fits(self, ra: int, rb: int) -> bool:
+        """Whether R_a and R_b replicas fit on the GPUs (each side alone always does: a_replicas)."""
+        return not self.shared_gpus or \
+            ra * self.a.stages * self.a.tp + rb * self.b.stages * self.b.tp <= self.shared_gpus
 
     def shares(self, ra: int, rb: int) -> range:
         """Every m_a that leaves the other template a whole share m_b ≥ its depth: m_a ≥ p_a and
-        R_a·m_a ≡ M (mod R_b), an arithmetic progression with step R_b / gcd(R_a, R_b)."""
+        R_a·m_a ≡ M (mod R_b), an arithmetic progression with step R_b / gcd(R_a, R_b); none where the
+        replicas do not fit on a shared class's GPUs."""
+        if not self.fits(ra, rb):
+            return range(0)
         total = self.total_micro_batches
         hi = (total - rb * self.b.stages) // ra
         g = math.gcd(ra, rb)
@@ -339,16 +352,22 @@ class Family:
     def _pairs(self, inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[PairGroup]:
         total_mb, cap = self.total_micro_batches, min(opts.max_stages, inst.model.layers)
         (ca, cb), (ta, tb) = self.classes, self.tps
+        shared = ca.gpus if ca is cb else 0  # one class for both: its GPUs shared
         for na in range(1, min(cap, ca.gpus // ta) + 1):
             for nb in range(1, min(cap, cb.gpus // tb) + 1):
                 if total_mb < na + nb:
                     stats.pruned[DIVISIBILITY] += 1
                     continue
+                if shared and ((ta, na) > (tb, nb) or na * ta + nb * tb > shared):
+                    # the same templates the other way round, or no replica of each fits
+                    stats.pruned[SHARED] += 1
+                    continue
                 # each template keeps at least one micro-batch per stage for the other one's share
                 ra = tuple(range(1, min(ca.gpus // (ta * na), (total_mb - nb) // na) + 1))
                 rb = tuple(range(1, min(cb.gpus // (tb * nb), (total_mb - na) // nb) + 1))
                 group = PairGroup(self.micro_batch, Segment(ca.gpu, ca.island, ta, na),
-                                  Segment(cb.gpu, cb.island, tb, nb), ra, rb, self.recompute_options, total_mb)
+                                  Segment(cb.gpu, cb.island, tb, nb), ra, rb, self.recompute_options, total_mb,
+                                  shared)
                 stats.enumerated_groups += 1
                 yield group
 
@@ -357,6 +376,7 @@ SYMMETRY = "symmetry: selective recompute equals none under flash attention (who
 DIVISIBILITY_R = "divisibility: replica counts (per family) that do not divide the micro-batches"
 DIVISIBILITY = "divisibility: replicas must divide the micro-batches, m ≥ stages"
 DEPTH = "depth: stage-count choices over the layers, max_stages or the micro-batches per replica"
+SHARED = "symmetry or GPUs: two templates on one class, mirrored or too big for it together"
 
 
 def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
@@ -381,8 +401,12 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                     stats.families += 1
                     yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers)
         if opts.max_templates >= 2:
-            for pair in itertools.combinations(classes, 2):
+            # two classes, or one class twice: its replicas in two templates with uneven shares (also
+            # a different depth or TP)
+            for pair in itertools.combinations_with_replacement(classes, 2):
                 for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in pair)):
+                    if pair[0] is pair[1] and tps[0] > tps[1]:
+                        continue  # the same family the other way round
                     stats.families += 1
                     yield Family(b, pair, tps, True, total_mb, rc)
 
