@@ -22,7 +22,9 @@ SMALL = sorted((Path(__file__).parent / "small").glob("*.yaml"))
 BASELINES = ["megatron", "fastest-subset", "proportional", "amp-like", "random"]
 
 
-NO_FITTING_PLAN = {"s9-interleaved": {"megatron"}, "s10-four-types": {"megatron", "fastest-subset", "amp-like"}}
+NO_FITTING_PLAN = {"s9-interleaved": {"megatron"}, "s10-four-types": {"megatron", "fastest-subset", "amp-like"},
+                   # 6 T4 near their memory limit, 32 micro-batches: only the random skeletons find a fit
+                   "s11-uneven-shares": {"megatron", "fastest-subset", "proportional", "amp-like"}}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def test_no_baseline_beats_the_proven_optimum(path, optima):
         timed = evaluate(inst, result.plan)
         assert timed.fits and timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-12)
         assert timed.iteration_time_s >= best.objective_s * (1 - 1e-9), name
-    # measured: every baseline finds a fitting plan on every small instance but the two built to fill
+    # measured: every baseline finds a fitting plan on every small instance but the three built to fill
     # memory, where uniform layouts (and the cluster seen as all T4) cannot hold the model
     assert missing == NO_FITTING_PLAN.get(path.stem, set())
 
