@@ -53,9 +53,8 @@ def fastest_subset(inst: Instance, time_limit_s: float = 60.0, profiles: Profile
     for gpu in sorted(inst.gpu_types):
         for _, plan in layout_plans(sub_instance(inst, gpu=gpu), options, cands):
             cands.offer(plan)
-    best = cands.best
-    used = best.pipelines[0].stages[0].gpu if best is not None else "none"
-    return cands.result("fastest-subset", f"only the {used} GPUs")
+    best = cands.best  # no fitting plan: the common note ("no candidate plan fits in memory")
+    return cands.result("fastest-subset", f"only the {best.pipelines[0].stages[0].gpu} GPUs" if best else "")
 
 
 def amp_like(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
