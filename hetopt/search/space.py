@@ -238,11 +238,14 @@ class PairGroup:
     def shares(self, ra: int, rb: int) -> range:
         """Every m_a that leaves the other template a whole share m_b ≥ its depth: m_a ≥ p_a and
         R_a·m_a ≡ M (mod R_b), an arithmetic progression with step R_b / gcd(R_a, R_b); none where the
-        replicas do not fit on a shared class's GPUs."""
-        if not self.fits(ra, rb):
+        replicas do not fit on a shared class's GPUs. Two identical templates are one pair either way
+        round: only R_a ≤ R_b, and at R_a = R_b only m_a ≤ m_b."""
+        if not self.fits(ra, rb) or (self.a == self.b and ra > rb):
             return range(0)
         total = self.total_micro_batches
         hi = (total - rb * self.b.stages) // ra
+        if self.a == self.b and ra == rb:
+            hi = min(hi, total // (2 * ra))  # m_a ≤ m_b = (M − R·m_a)/R
         g = math.gcd(ra, rb)
         if total % g or hi < self.a.stages:
             return range(0)
