@@ -73,11 +73,18 @@ def check_layers(inst: Instance, plan: Plan) -> list[Finding]:
 
 
 def check_batch(inst: Instance, plan: Plan) -> list[Finding]:
+    found = []
     sequences = plan.micro_batch * sum(p.replicas * p.micro_batches for p in plan.pipelines)
     if sequences != inst.global_batch:
-        return [("pipelines", f"micro_batch × Σ replicas·micro_batches = {sequences} sequences per iteration; "
-                              f"the global batch is {inst.global_batch}")]
-    return []
+        found.append(("pipelines", f"micro_batch × Σ replicas·micro_batches = {sequences} sequences per "
+                                   f"iteration; the global batch is {inst.global_batch}"))
+    if plan.schedule == "interleaved":  # Megatron-LM's schedule runs micro-batches in groups of p
+        for i, pipe in enumerate(plan.pipelines):
+            if pipe.micro_batches % len(pipe.stages):
+                found.append((f"pipelines[{i}].micro_batches", f"{pipe.micro_batches} micro-batches are not a "
+                                                               f"multiple of the {len(pipe.stages)} stages, as "
+                                                               "the interleaved schedule needs"))
+    return found
 
 
 def check_resources(inst: Instance, plan: Plan) -> list[Finding]:

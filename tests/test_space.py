@@ -12,6 +12,7 @@ from conftest import REPO, run_hetopt
 
 from hetopt.search.space import SearchOptions, SearchStats, enumerate_groups, outside_space
 from hetopt.spec.instance import load_instance
+from hetopt.verify import check_plan
 
 SMALL = Path(__file__).parent / "small"
 NARROW = "search: {tp: [1], micro_batch: [1], recompute: [full], max_stages: 1, max_classes: 1, max_templates: 1}"
@@ -100,6 +101,11 @@ def test_interleaved_skeletons_run_micro_batches_in_whole_groups_of_the_stages()
         if m % depth:
             assert group.virtual_options == (1,), (group, m, depth)
             kept_1f1b_only += 1
+            # and the independent verifier rejects such a plan, whoever wrote it
+            forced = dataclasses.replace(next(group.skeletons()), virtual_stages=2)
+            layers = [2] * forced.depth
+            layers[0] += inst.model.layers - sum(layers)
+            assert any(path.endswith("micro_batches") for path, _ in check_plan(inst, forced.plan(layers)))
         for sk in group.skeletons():
             if sk.virtual_stages > 1:
                 layers = [sk.virtual_stages] * sk.depth
