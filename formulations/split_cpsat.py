@@ -3,9 +3,9 @@
 The mathematics is split-milp's, (C1)–(C7); only the encoding differs. A stage's layer count L_i has
 a small domain (1 … U_i, the most its memory holds), so every quantity that depends on it alone is
 tabulated over that domain and linked with an element constraint — exactly, with no epigraph: both
-passes y^{fb}_i(L) = y^f_i(L) + y^b_i(L) (a pass takes max(h, d) + s·min(h, d)), the backward pass
-y^b_i(L), the overlapped part o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step
-O_i(L).
+passes y^{fb}_i(L) = y^f_i(L) + y^b_i(L) (a pass takes max(h, d) + s·min(h, d), and under ZeRO-2/3
+waits for its collectives: SplitProblem.pass_s), the backward pass y^b_i(L), the overlapped part
+o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step O_i(L).
 
   (C1) Σ L_i = N                  (C2) y^{fb}_i = table_fb(L_i), y^b_i = table_b(L_i)   (element)
   (C3) τ̂ = max_i τ_i, τ_i = y^{fb}_i + c_i                (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
@@ -44,7 +44,6 @@ import math
 
 from ortools.sat.python import cp_model
 
-from hetopt.evaluate import overlap_host_device
 from hetopt.search import backends
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
@@ -158,12 +157,13 @@ def _scale(problem: PlanProblem, weight: int) -> int:
 
 def upper_bound_s(sc) -> float:
     """No split makes a scenario's time exceed this (seconds): the slowest template with every stage
-    at its slowest (a pass time is convex in L, so at an end of the domain), then the slowest
-    all-reduce, the exchange and the slowest optimizer step."""
+    at its slowest (a pass time is convex in L, so at an end of the domain; under ZeRO-2/3 the
+    largest over every L), then the slowest all-reduce, the exchange and the slowest optimizer step."""
     sync, dp, opt = 0.0, 0.0, 0.0
     for pr in sc.templates:
         top = _top(pr)
-        ends = [(1, top[i]) for i in range(pr.depth)]
+        # a pass is convex in L, so at an end of the domain — under ZeRO-2/3 not: every L
+        ends = [range(1, top[i] + 1) if pr.tabulated else (1, top[i]) for i in range(pr.depth)]
         tau = [max(_pass(pr, i, n, "f") + _pass(pr, i, n, "b") for n in ends[i]) + pr.p2p[i]
                for i in range(pr.depth)]
         sync = max(sync, (pr.micro_batches - 1) * max(tau) + sum(tau))
@@ -177,8 +177,7 @@ def _top(pr) -> list[int]:
 
 
 def _pass(pr, i: int, n: int, kind: str) -> float:
-    h, d = (pr.host_fwd[i], pr.dev_fwd[i]) if kind == "f" else (pr.host_bwd[i], pr.dev_bwd[i])
-    return float(overlap_host_device(h.at(n), d.at(n), pr.serial[i]))
+    return pr.pass_s(i, n, kind)
 
 
 def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], divisor: int,
@@ -254,17 +253,25 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
         top[name] = max(values)
         return var
 
-    out = {"L": L, "max_layers": max_layers, "index": index, "yfb": [], "yb": [], "ob": [],
-           "opt": [], "table": table}
+    out = {"L": L, "max_layers": max_layers, "index": index, "opt": [], "table": table}
+    if not pr.tabulated:  # ZeRO-2/3 passes hold collectives, which differ per scenario: `_pipeline`
+        out.update(_pass_tables(pr, out, tag, u))
     for i in range(p):
-        layers = range(1, max_layers[i] + 1)
+        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt[i].at(n)) for n in range(1, max_layers[i] + 1)]))
+    return out
+
+
+def _pass_tables(pr, t: dict, tag: str, u) -> dict:
+    """(C2): both passes, the backward pass and its overlapped part, tabulated over each L_i."""
+    out = {"yfb": [], "yb": [], "ob": []}
+    for i in range(pr.depth):
+        layers = range(1, t["max_layers"][i] + 1)
         b_secs = [_pass(pr, i, n, "b") for n in layers]
         # both passes in one table: τ_i then carries two roundings, not three (E_s counts them)
         fb_secs = [_pass(pr, i, n, "f") + x for n, x in zip(layers, b_secs, strict=True)]
-        out["yfb"].append(table(f"yfb{tag}_{i}", i, [u(x) for x in fb_secs]))
-        out["yb"].append(table(f"yb{tag}_{i}", i, [u(x) for x in b_secs]))
-        out["ob"].append(table(f"ob{tag}_{i}", i, [u(pr.dp_overlap[i] * x) for x in b_secs]))
-        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt[i].at(n)) for n in layers]))
+        out["yfb"].append(t["table"](f"yfb{tag}_{i}", i, [u(x) for x in fb_secs]))
+        out["yb"].append(t["table"](f"yb{tag}_{i}", i, [u(x) for x in b_secs]))
+        out["ob"].append(t["table"](f"ob{tag}_{i}", i, [u(pr.dp_overlap[i] * x) for x in b_secs]))
     return out
 
 
@@ -272,6 +279,8 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     """(C3), (C4) of one template under one scenario: its pipeline time, and for (C5) each stage's
     all-reduce end relative to T_sync."""
     p = pr.depth
+    if pr.tabulated:  # this scenario's ZeRO-2/3 collectives in the passes
+        t = {**t, **_pass_tables(pr, t, tag, u)}
     dp = [t["table"](f"dp{tag}_{i}", i,
                      [u(pr.dp[i].at(n)) for n in range(1, t["max_layers"][i] + 1)])
           for i in range(p)]

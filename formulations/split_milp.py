@@ -35,6 +35,11 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         freely to loosen its (C5) — the MILP then sat up to 4.5% below the evaluator
         (a100-t4-gpt3-1.3b; tests/test_conformance.py). The two upper rows make y^b_i = max(P^{b,h},
         P^{b,d}) for every feasible z_i.
+  (C2z) ZeRO-2/3, where a pass waits for its collectives and its time is not affine in L
+        (SplitProblem.pass_s): one binary w_{i,n} per layer count n of stage i's domain,
+        Σ_n w_{i,n} = 1, L_i = Σ_n n·w_{i,n}, y^f_i = Σ_n pass^f_i(n)·w_{i,n} and the same for y^b_i —
+        equalities, so exact in every position (C5 included), in place of (C2f) and (C2b). The
+        collectives cross the network, so under robust objectives y^f, y^b are one pair per scenario.
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
   (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
@@ -99,21 +104,28 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
         tag = f"_t{j}"
         top = domain_top(pr)
         L = [pulp.LpVariable(f"L{tag}_{i}", 1, top[i], cat="Integer") for i in range(pr.depth)]
-        yf = [pulp.LpVariable(f"yf{tag}_{i}", 0) for i in range(pr.depth)]
-        yb = [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)]
         add_layer_sum(model, pr, L, tag)
-        add_forward_pass(model, pr, L, yf, tag)
-        add_backward_pass(model, pr, L, yb, top, tag)
+        one_hot = None
+        if pr.tabulated:  # (C2z): the passes are read off per scenario below
+            one_hot = add_layer_choice(model, pr, L, top, tag)
+            yf = yb = None
+        else:
+            yf, yb = pass_variables(pr, tag)
+            add_forward_pass(model, pr, L, yf, tag)
+            add_backward_pass(model, pr, L, yb, top, tag)
         add_optimizer(model, pr, L, t_opt, tag)
         add_memory(model, pr, L, tag)
         flat += L
-        per_template.append((L, yf, yb))
+        per_template.append((L, yf, yb, one_hot))
     totals = []
     for s, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
         t_sync, t_end = pulp.LpVariable(f"T_sync_s{s}", 0), pulp.LpVariable(f"T_dp_s{s}", 0)
         model += t_end >= t_sync, f"C5_drain_s{s}"
-        for j, (pr, (L, yf, yb)) in enumerate(zip(sc.templates, per_template, strict=True)):
+        for j, (pr, (L, yf, yb, one_hot)) in enumerate(zip(sc.templates, per_template, strict=True)):
             tag = f"_t{j}_s{s}"
+            if one_hot is not None:
+                yf, yb = pass_variables(pr, tag)
+                add_tabulated_passes(model, pr, one_hot, yf, yb, tag)
             tau_max = pulp.LpVariable(f"tau_max{tag}", 0)
             add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag)
             add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag)
@@ -184,6 +196,29 @@ def add_backward_pass(model, pr, L, yb, top: list[int], tag: str) -> None:  # (C
             big_h, big_d = -min(ends), max(ends)  # the most each piece lies below the other
             model += yb[i] <= ah * L[i] + bh + big_h * (1 - z), f"C2b_active_host{i}{tag}"
             model += yb[i] <= ad * L[i] + bd + big_d * z, f"C2b_active_dev{i}{tag}"
+
+
+def pass_variables(pr, tag: str) -> tuple[list, list]:
+    """y^f_i and y^b_i of every stage."""
+    return ([pulp.LpVariable(f"yf{tag}_{i}", 0) for i in range(pr.depth)],
+            [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)])
+
+
+def add_layer_choice(model, pr, L, top: list[int], tag: str) -> list[list[tuple[int, pulp.LpVariable]]]:
+    """(C2z) w_{i,n}: which layer count n each stage takes; returns [(n, w_{i,n}), …] per stage."""
+    v, out = pr.virtual_stages, []
+    for i in range(pr.depth):
+        w = [(n, pulp.LpVariable(f"w{tag}_{i}_{n}", cat="Binary")) for n in range(1, top[i] + 1) if n % v == 0]
+        model += pulp.lpSum(x for _, x in w) == 1, f"C2z_one{i}{tag}"
+        model += L[i] == pulp.lpSum(n * x for n, x in w), f"C2z_layers{i}{tag}"
+        out.append(w)
+    return out
+
+
+def add_tabulated_passes(model, pr, one_hot, yf, yb, tag: str) -> None:  # (C2z)
+    for i, w in enumerate(one_hot):
+        for y, kind in ((yf, "f"), (yb, "b")):
+            model += y[i] == pulp.lpSum(pr.pass_s(i, n, kind) * x for n, x in w), f"C2z_{kind}{i}{tag}"
 
 
 def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3), (C4)

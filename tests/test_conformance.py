@@ -70,6 +70,11 @@ SHAPES = {
     "interleaved": ("demo-a100-v100-llama7b", "stable", Skeleton(1, "none", (
         Template((Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)), 4,
                  64),), "replica", 2)),
+    # ZeRO-3 and ZeRO-2 (one robust): passes that wait for their collectives, tabulated (C2z)
+    **{name: ("demo-a100-v100-llama7b", objective, Skeleton(1, "none", (
+        Template((Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)), 4,
+                 16),), zero=zero))
+       for name, objective, zero in (("zero-3", "stable", 3), ("zero-2-robust-worst", "worst", 2))},
 }
 
 
@@ -252,7 +257,8 @@ def test_the_milp_equals_the_evaluator_at_sampled_splits(shapes, shape):
 @st.composite
 def small_problems(draw) -> PlanProblem:
     """1–2 templates of 1–3 stages over 2–8 layers, 1–3 scenarios, any objective; pass times whose
-    and device lines may cross inside the domain, memory that may bind."""
+    and device lines may cross inside the domain, memory that may bind; one template may be ZeRO-2/3
+    (passes that wait for collectives, which differ per scenario)."""
     layers = draw(st.integers(2, 8))
     n_templates = draw(st.integers(1, 2))
     n_sc = draw(st.integers(1, 3))
@@ -275,9 +281,13 @@ def small_problems(draw) -> PlanProblem:
             p2p=(), dp=(), dp_overlap=tuple(draw(st.floats(0.0, 1.0)) for _ in stages),
             opt=tuple(line() for _ in stages), mem_gib=tuple(Affine(1.0, 0.0) for _ in stages),
             mem_limit_gib=tuple(float(draw(st.integers(low, layers))) for _ in stages))
+        zero = n_templates == 1 and draw(st.booleans())
+        units = tuple(draw(st.integers(0, 2)) for _ in stages)
         for s in range(n_sc):  # communication differs per scenario
+            comm = {"zero_fwd": tuple(line() for _ in stages), "zero_bwd": tuple(line() for _ in stages),
+                    "zero_units": units} if zero else {}
             per_scenario[s].append(replace(base, p2p=tuple(draw(t_ms) * 1e-3 for _ in stages),
-                                           dp=tuple(line() for _ in stages)))
+                                           dp=tuple(line() for _ in stages), **comm))
     weights = [draw(st.integers(1, 10)) for _ in range(n_sc)]
     scenarios = tuple(ScenarioProblem(tuple(ts), draw(t_ms) * 1e-3 if n_templates > 1 else 0.0)
                       for ts in per_scenario)
@@ -296,7 +306,8 @@ def brute_force_small(problem: PlanProblem) -> float:
 @given(small_problems(), st.randoms(use_true_random=False))
 def test_random_small_problems_match_brute_force(problem, rng):
     best = brute_force_small(problem)
-    event(f"{len(problem.base.templates)} template(s), {problem.objective}, "
+    zero = " ZeRO" if problem.base.templates[0].tabulated else ""
+    event(f"{len(problem.base.templates)} template(s){zero}, {problem.objective}, "
           f"{'infeasible' if math.isinf(best) else 'feasible'}")
     for formulation, backend in PAIRS:
         sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))

@@ -293,7 +293,8 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
 
 @pytest.mark.parametrize(("name", "objective"), [("s2-a100-v100", "stable"), ("s4-three-types", "stable"),
                                                   ("s3-two-islands", "worst"), ("s3-two-islands", "expected"),
-                                                  ("s3-two-islands", "cvar"), ("s9-interleaved", "stable")])
+                                                  ("s3-two-islands", "cvar"), ("s9-interleaved", "stable"),
+                                                  ("s12-zero", "stable")])
 def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     """The bounds that order and prune the search never exceed the best split of their skeleton (found
     here by trying every split), one-template and two-template skeletons alike, and under the robust
@@ -312,9 +313,9 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     scenarios = planning_scenarios(inst, objective)
     bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
     groups = list(enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()))
-    checked, chunks = set(), set()
-    for group in rng.sample(groups, min(30, len(groups))):
-        for sk in itertools.islice(group.skeletons(), 4):
+    checked, chunks, zeros = set(), set(), set()
+    for group in rng.sample(groups, len(groups) if name == "s12-zero" else min(30, len(groups))):
+        for sk in itertools.islice(group.skeletons(), 8):
             try:
                 problem = plan_problem(inst, sk, profiles, scenarios, objective)
             except InfeasibleError:
@@ -330,9 +331,12 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
             assert placed_bound(problem) <= best * (1 + 1e-12)
             checked.add(len(sk.templates))
             chunks.add(sk.virtual_stages)
-    # s9's two-template plans do not fit in memory; its interleaved skeletons are checked instead
-    assert checked == ({1} if name == "s9-interleaved" else {1, 2})
+            zeros.add(sk.zero)
+    # s9's two-template plans do not fit in memory; its interleaved skeletons are checked instead; s12's
+    # pairs (on its one class, at ZeRO-1) are too few for the sample
+    assert checked == ({1} if name in ("s9-interleaved", "s12-zero") else {1, 2})
     assert chunks == ({1, 2} if name == "s9-interleaved" else {1})
+    assert zeros == ({1} if name == "s9-interleaved" else {1, 2, 3})  # ZeRO-2/3 skeletons' bounds too
 
 
 @pytest.mark.parametrize(("name", "objective"), [("s3-two-islands", "stable"), ("s3-two-islands", "worst"),
@@ -394,6 +398,29 @@ def test_the_interleaved_schedule_is_searched_and_pays_where_the_bubble_dominate
     assert chunked.objective_s < 0.95 * plain.objective_s  # 0.337 s against 0.364 s
     assert check_plan(inst, chunked.plan) == []
     assert evaluate(inst, chunked.plan).iteration_time_s == pytest.approx(chunked.objective_s, rel=1e-9)
+
+
+def test_zero_2_and_3_are_searched_and_each_pays_where_memory_binds():
+    """s12: one node of four A100-40GB and a model that crowds a GPU. ZeRO-1 needs TP 2 and two stages;
+    adding ZeRO-2 to the space lets two TP-2 replicas hold the model whole, and adding ZeRO-3 four single
+    GPUs (FSDP over NVLink) — each faster than the space without it. The verifier accepts each plan, the
+    evaluator times it as the search did, and each is proven optimal (test above: = exhaustive)."""
+    import dataclasses
+
+    inst = load_instance(Path(__file__).parent / "small" / "s12-zero.yaml")
+    opts = SearchOptions.from_instance(inst)
+    assert opts.zero == (1, 2, 3)
+    results = {z: solve_exact(inst, options=dataclasses.replace(opts, zero=tuple(range(1, z + 1))),
+                              time_limit_s=60) for z in (1, 2, 3)}
+    for z, r in results.items():
+        assert r.status == SolveStatus.OPTIMAL
+        assert r.plan.zero == z  # each widening of the space is taken
+        assert check_plan(inst, r.plan) == []
+        assert evaluate(inst, r.plan).iteration_time_s == pytest.approx(r.objective_s, rel=1e-9)
+    # measured: 0.595 s (ZeRO-1, TP 2 × 2 stages), 0.548 s (ZeRO-2, 2 × TP 2), 0.490 s (ZeRO-3, 4 × TP 1)
+    assert results[2].objective_s < 0.95 * results[1].objective_s
+    assert results[3].objective_s < 0.95 * results[2].objective_s
+    assert [len(r.plan.pipelines[0].stages) for r in results.values()] == [2, 1, 1]
 
 
 def test_a_pipeline_over_four_device_classes_is_searched_and_pays():

@@ -244,20 +244,21 @@ class Bounds:
         return self._templates[key]
 
     def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                       replicas_total: int, flows: int = 1) -> float:
+                       replicas_total: int, flows: int = 1, zero: int = 1) -> float:
         """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and L_i ≤ the
-        most layers stage i holds in memory with ZeRO-1 over `replicas_total` (`stage_caps`).
+        most layers stage i holds in memory with ZeRO stage `zero` over `replicas_total` (`stage_caps`).
+        ZeRO-2/3 only add to a pass (its exposed collectives, ≥ 0), so the lines hold for them too.
 
         Λ ≥ λ (the integer water level). For a given Λ the cheapest Σ τ is g(Λ): one layer per stage, the
         rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
         but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least
         (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g.
         `flows`: the template's replicas, sharing island links (`send_s`)."""
-        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows)
+        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero)
         if key not in self._pipelines:
             lines = self.stage_lines(micro_batch, recompute, segments, flows)
             layers = self.inst.model.layers
-            caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
+            caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
             lam, s = integer_level(lines, layers, caps), cheapest_sum(lines, layers, math.inf, caps)
             m = micro_batches
             if not math.isfinite(lam):
@@ -331,23 +332,25 @@ class Bounds:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
         template's pipeline."""
         replicas_total = sum(t.replicas for t in sk.templates)
-        return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages)
+        return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages,
+                                      sk.zero)
                    for t in sk.templates)
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
-                      virtual_stages: int = 1) -> float:
-        """One template's `pipeline_bound` (memory caps at ZeRO over `replicas_total`), raised by its stage
-        0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`, `drained_pipeline`).
+                      virtual_stages: int = 1, zero: int = 1) -> float:
+        """One template's `pipeline_bound` (memory caps at ZeRO stage `zero` over `replicas_total`), raised
+        by its stage 0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`,
+        `drained_pipeline`; ZeRO-2/3 have no such all-reduce: they reduce-scatter in every backward pass).
         Interleaved with v chunks per stage the pipeline is (1/v)·[(v·m − 1)·max τ + Σ τ]: the bound of v·m
         micro-batches, divided by v (memory caps at one chunk: interleaving only holds more)."""
         segments, m, v = template.segments, template.micro_batches, virtual_stages
-        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas, v)
+        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas, v, zero)
         if key not in self._drained:
             flows = template.replicas
-            bound = self.pipeline_bound(micro_batch, recompute, segments, v * m, replicas_total, flows) / v
-            drain = self.stage0_drain(micro_batch, recompute, segments, template.replicas)
+            bound = self.pipeline_bound(micro_batch, recompute, segments, v * m, replicas_total, flows, zero) / v
+            drain = self.stage0_drain(micro_batch, recompute, segments, template.replicas) if zero <= 1 else None
             if drain is not None and math.isfinite(bound):
-                caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
+                caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
                 lines = self.stage_lines(micro_batch, recompute, segments, flows)
                 bound = max(bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain, v))
             self._drained[key] = bound
@@ -471,23 +474,28 @@ class Bounds:
 
     # -- memory ---------------------------------------------------------------------------------------
 
-    def template_fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> bool:
+    def template_fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
+                      zero: int = 1) -> bool:
         """Whether a template's stages can hold the model at all: each stage at least one layer and together
-        every layer, with ZeRO-1 sharding over `replicas_total` (more replicas only shrink memory)."""
-        key = (micro_batch, recompute, segments, replicas_total)
+        every layer, with ZeRO stage `zero` sharding over `replicas_total` (more replicas only shrink
+        memory)."""
+        key = (micro_batch, recompute, segments, replicas_total, zero)
         if key not in self._fits:
-            self._fits[key] = self.max_layers_total(micro_batch, recompute, segments, replicas_total) \
+            self._fits[key] = self.max_layers_total(micro_batch, recompute, segments, replicas_total, zero) \
                 >= self.inst.model.layers
         return self._fits[key]
 
-    def max_layers_total(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> int:
+    def max_layers_total(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
+                         zero: int = 1) -> int:
         """Σ over the stages of the most layers each can hold (−1 when a stage cannot hold one)."""
-        caps = self.stage_caps(micro_batch, recompute, segments, replicas_total)
+        caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
         return -1 if min(caps) < 1 else sum(caps)
 
-    def stage_caps(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> list[int]:
+    def stage_caps(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
+                   zero: int = 1) -> list[int]:
         """The most layers each stage of a template holds in memory (at most the model's layers; 0 when it
-        cannot hold one), ZeRO-1 sharded over `replicas_total`: the evaluator's memory model, affine in L."""
+        cannot hold one), ZeRO stage `zero` sharded over `replicas_total`: the evaluator's memory model,
+        affine in L."""
         inst = self.inst
         p = sum(seg.stages for seg in segments)
         n_layers = inst.model.layers
@@ -495,7 +503,7 @@ class Bounds:
         for seg in segments:
             gpu = inst.gpu_types[seg.gpu]
             limit = gpu.usable_memory_gib - self.profiles.for_gpu(gpu).reserve_gib
-            cm = self.class_memory(micro_batch, recompute, seg.gpu, seg.tp, replicas_total)
+            cm = self.class_memory(micro_batch, recompute, seg.gpu, seg.tp, replicas_total, zero)
             for i in range(start, start + seg.stages):  # ClassMemory.stage, inlined: hot loop
                 slope = cm.state + cm.act * (p - i)
                 intercept = cm.solo if p == 1 else cm.first if i == 0 else cm.last if i == p - 1 else cm.mid
@@ -507,13 +515,14 @@ class Bounds:
             start += seg.stages
         return caps
 
-    def class_memory(self, micro_batch: int, recompute: str, gpu: str, tp: int, replicas: int) -> ClassMemory:
-        """The memory lines of a stage of `gpu` at TP `tp` (ZeRO-1 over `replicas`), read off the
-        evaluator's stage_memory at 1 and 2 layers in a 4-stage and a 1-stage pipeline."""
-        key = (micro_batch, recompute, gpu, tp, replicas)
+    def class_memory(self, micro_batch: int, recompute: str, gpu: str, tp: int, replicas: int,
+                     zero: int = 1) -> ClassMemory:
+        """The memory lines of a stage of `gpu` at TP `tp` (ZeRO stage `zero` over `replicas`), read off
+        the evaluator's stage_memory at 1 and 2 layers in a 4-stage and a 1-stage pipeline."""
+        key = (micro_batch, recompute, gpu, tp, replicas, zero)
         if key not in self._memory:
             inst = self.inst
-            plan = SimpleNamespace(micro_batch=micro_batch, schedule="1f1b", virtual_stages=1, zero=1)
+            plan = SimpleNamespace(micro_batch=micro_batch, schedule="1f1b", virtual_stages=1, zero=zero)
 
             def line(i: int, p: int) -> Affine:
                 mem = []
@@ -712,5 +721,5 @@ def placed_bound(problem) -> float:
 
 
 def _pass(pr, n: int) -> float:
-    """Stage 0's backward pass at n layers, as the evaluator prices it (overlap_host_device)."""
-    return float(overlap_host_device(pr.host_bwd[0].at(n), pr.dev_bwd[0].at(n), pr.serial[0]))
+    """Stage 0's backward pass at n layers, as the evaluator prices it (SplitProblem.pass_s)."""
+    return pr.pass_s(0, n, "b")

@@ -6,6 +6,10 @@ embedding and head on the first and last stage; gradient bytes and parameters gr
 evaluator's features at L = 1 and L = 2 give exact slopes and intercepts, priced with the calibrated
 weights. Host and device time of a pass stay separate, since a pass takes max(h, d) + s·min(h, d), which
 the formulations write with two epigraph inequalities: y ≥ h + s·d and y ≥ d + s·h.
+
+Under ZeRO-2/3 a pass also waits for its collectives K(L) (affine too), streamed unit by unit beside its
+compute P(L): it takes max(P, K) + min(P, K)/n with n = L + e units (pricing.zero_exposed) — not affine
+in L, so `SplitProblem.pass_s` gives it exactly for each L and the formulations tabulate it.
 """
 
 from __future__ import annotations
@@ -66,10 +70,32 @@ class SplitProblem:
     virtual_stages: int = 1
     """Model chunks per stage (interleaved 1F1B when > 1): every L_i a multiple of it, and the pipeline
     m·max τ + (Σ τ − max τ)/v (pricing.pipe_times)."""
+    zero_fwd: tuple[Affine, ...] = ()
+    """ZeRO-2/3: seconds of each stage's collectives per forward pass, K^f_i(L) (empty without)."""
+    zero_bwd: tuple[Affine, ...] = ()
+    """… and per backward pass, K^b_i(L)."""
+    zero_units: tuple[int, ...] = ()
+    """Units each stage streams besides its L layers (the embedding, the head): n_i = L + e_i."""
 
     @property
     def depth(self) -> int:
         return len(self.p2p)
+
+    @property
+    def tabulated(self) -> bool:
+        """Whether a pass time is not affine in L (ZeRO-2/3), so formulations take it from `pass_s`."""
+        return bool(self.zero_fwd)
+
+    def pass_s(self, i: int, layers: int, kind: str) -> float:
+        """Seconds of stage i's forward ("f") or backward ("b") pass at `layers` layers, as the evaluator
+        prices it: max(h, d) + s·min(h, d), and under ZeRO-2/3 max(P, K) + min(P, K)/n."""
+        h, d, z = (self.host_fwd, self.dev_fwd, self.zero_fwd) if kind == "f" else \
+            (self.host_bwd, self.dev_bwd, self.zero_bwd)
+        compute = float(overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i]))
+        if not z:
+            return compute
+        comm = z[i].at(layers)
+        return max(compute, comm) + min(compute, comm) / (layers + self.zero_units[i])
 
     def max_layers(self) -> list[int]:
         """The most layers each stage can hold in memory."""
@@ -87,7 +113,7 @@ class SplitProblem:
             return tuple(Affine(f.slope * k, f.intercept * k) for f in fs)
         return replace(self, host_fwd=times(self.host_fwd), dev_fwd=times(self.dev_fwd), host_bwd=times(self.host_bwd),
                        dev_bwd=times(self.dev_bwd), p2p=tuple(c * k for c in self.p2p), dp=times(self.dp),
-                       opt=times(self.opt))
+                       opt=times(self.opt), zero_fwd=times(self.zero_fwd), zero_bwd=times(self.zero_bwd))
 
     def times(self, layers: list[int]) -> np.ndarray:
         """Priced parts (stages, N_PARTS) of this template for a split, as the evaluator prices them."""
@@ -100,6 +126,11 @@ class SplitProblem:
         times = np.zeros((len(layers), N_PARTS))
         times[:, FWD] = overlap_host_device(at(self.host_fwd), at(self.dev_fwd), serial)
         times[:, BWD] = overlap_host_device(at(self.host_bwd), at(self.dev_bwd), serial)
+        if self.tabulated:  # the exposed ZeRO collectives, as pricing.zero_exposed adds them
+            units = n + np.array(self.zero_units)
+            for part, zero in ((FWD, self.zero_fwd), (BWD, self.zero_bwd)):
+                comm = at(zero)
+                times[:, part] = np.maximum(times[:, part], comm) + np.minimum(times[:, part], comm) / units
         times[:, P2P] = self.p2p
         times[:, DP] = at(self.dp)
         times[:, OPT] = at(self.opt)
@@ -194,6 +225,13 @@ def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profil
         parts.append((host, dev, full, mem))
     (h1, d1, x1, m1), (h2, d2, x2, m2) = parts
     n = len(gpus)
+    zero: dict = {}
+    if f1.zero_passes:  # ZeRO-2/3: each pass's collectives, priced with the stage's weights
+        weights = np.stack([p.w for p in params])
+        k1, k2 = (np.einsum("spk,sk->sp", f.zero_passes[j], weights) for f in (f1, f2))
+        zero = {"zero_fwd": tuple(_affine(k1[i, 0], k2[i, 0]) for i in range(n)),
+                "zero_bwd": tuple(_affine(k1[i, 1], k2[i, 1]) for i in range(n)),
+                "zero_units": tuple(int(u) - 1 for u in f1.zero_units[j])}
     return SplitProblem(
         layers=inst.model.layers, micro_batches=micro_batches,
         serial=tuple(p.launch_serial for p in params),
@@ -208,4 +246,5 @@ def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profil
         mem_gib=tuple(_affine(m1[i], m2[i]) for i in range(n)),
         mem_limit_gib=tuple(g.usable_memory_gib for g in gpus),
         virtual_stages=virtual_stages,
+        **zero,
     )

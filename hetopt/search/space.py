@@ -8,15 +8,18 @@ its own depth, TP, replica count R_j and micro-batch share m_j ≥ p_j, R_a·m_a
 template takes more micro-batches. The two may be on the same class, sharing its GPUs: uneven shares among
 its replicas (where M has no divisor that uses them all), or two depths or TP degrees on one class. One
 template may also run the interleaved 1F1B schedule with v model chunks per stage (search.virtual_stages):
-every stage then holds a multiple of v layers. The per-skeleton integer program then chooses the layers of
-every stage of every template.
+every stage then holds a multiple of v layers. One template with several replicas may shard its
+gradients (ZeRO-2) or also its 16-bit weights (ZeRO-3, FSDP) over them (search.zero): less memory for
+collectives in every micro-batch. The per-skeleton integer program then chooses the layers of every
+stage of every template.
 
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
 (less optimizer memory and a shorter optimizer step, the same gradient traffic), the 1F1B schedule
-(GPipe has the same time and more memory); interleaving is a choice (a smaller bubble for more sends and
-activation memory). ZeRO-2/3 trade traffic for memory and are not searched yet;
-nor are TP groups over several nodes or stages of 0 layers, which plans given by hand may have.
+(GPipe has the same time and more memory); interleaving and ZeRO-2/3 are choices (a smaller bubble for
+more sends and activation memory; less memory for more traffic), and with one replica ZeRO-2/3 shard
+nothing and only add buffers. Not searched: TP groups over several nodes or stages of 0 layers, which
+plans given by hand may have.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from hetopt.spec.instance import Instance
 DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_MICRO_BATCH = (1, 2, 4, 8)
 DEFAULT_RECOMPUTE = ("none", "selective", "full")
+DEFAULT_ZERO = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class Skeleton:
     """Placement order (hetopt.placement): replica-major or stage-major."""
     virtual_stages: int = 1
     """Model chunks per stage: > 1 is the interleaved 1F1B schedule, every stage's layers a multiple of it."""
+    zero: int = 1
+    """ZeRO stage over the data-parallel group (2 and 3 with one template only)."""
 
     @property
     def depth(self) -> int:
@@ -95,7 +101,7 @@ class Skeleton:
             pipelines.append(Pipeline(replicas=t.replicas, micro_batches=t.micro_batches, stages=stages))
         v = self.virtual_stages
         return Plan(micro_batch=self.micro_batch, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
-                    zero=1, pipelines=pipelines)
+                    zero=self.zero, pipelines=pipelines)
 
     def describe(self) -> str:
         parts = []
@@ -103,7 +109,8 @@ class Skeleton:
             segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}" for s in t.segments)
             parts.append(f"R={t.replicas} m={t.micro_batches}: {segs}")
         vp = f" interleaved vp={self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return f"b={self.micro_batch} {self.recompute}{vp} {self.order}-major: " + " ‖ ".join(parts)
+        zero = f" zero{self.zero}" if self.zero != 1 else ""
+        return f"b={self.micro_batch} {self.recompute}{vp}{zero} {self.order}-major: " + " ‖ ".join(parts)
 
     def placed(self, layers: list[int], cluster) -> Plan:
         """The plan for a layer split, placed in this skeleton's order (which the split does not change)."""
@@ -125,6 +132,8 @@ class SearchOptions:
     """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
     virtual_stages: tuple[int, ...] = (1,)
     """Model chunks per stage to try: 1 is 1F1B, more the interleaved 1F1B schedule (one template only)."""
+    zero: tuple[int, ...] = DEFAULT_ZERO
+    """ZeRO stages to try: 2 and 3 for one template only (`zero_options`)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
@@ -135,7 +144,8 @@ class SearchOptions:
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
                    max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
-                   virtual_stages=tuple(s.virtual_stages or (1,)), tp_across_nodes=s.tp_across_nodes)
+                   virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
+                   tp_across_nodes=s.tp_across_nodes)
 
 
 @dataclass
@@ -193,24 +203,27 @@ class SkeletonGroup:
     virtual_options: tuple[int, ...] = (1,)
     """Virtual stages per stage that fit: each divides the layers with one chunk per stage at least, and
     (v > 1) the micro-batches per replica are a multiple of the stages."""
+    zero_options: tuple[int, ...] = (1,)
+    """ZeRO stages (`Family.zero_at`)."""
 
     @property
     def size(self) -> int:
         return sum(len(orders(r)) for r in self.replica_options) * len(self.recompute_options) \
-            * len(self.virtual_options)
+            * len(self.virtual_options) * len(self.zero_options)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for r in self.replica_options:
             for rc in self.recompute_options:
                 for v in self.virtual_options:
-                    for order in orders(r):
-                        yield self.skeleton(r, rc, order, v)
+                    for z in self.zero_options:
+                        for order in orders(r):
+                            yield self.skeleton(r, rc, order, v, z)
 
-    def skeleton(self, replicas: int, recompute: str, order: str = "replica", virtual_stages: int = 1
-                 ) -> Skeleton:
+    def skeleton(self, replicas: int, recompute: str, order: str = "replica", virtual_stages: int = 1,
+                 zero: int = 1) -> Skeleton:
         return Skeleton(self.micro_batch, recompute,
                         (Template(self.segments, replicas, self.total_micro_batches // replicas),), order,
-                        virtual_stages)
+                        virtual_stages, zero)
 
 
 @dataclass(frozen=True)
@@ -229,6 +242,8 @@ class PairGroup:
     shared_gpus: int = 0
     """Both templates on one device class (uneven shares among its replicas): the class's GPUs, which
     R_a·p_a·t_a + R_b·p_b·t_b may not exceed; 0 for two classes."""
+    zero: int = 1
+    """The ZeRO stage (0 or 1: ZeRO-2/3 shard over one group of identical pipelines)."""
 
     def fits(self, ra: int, rb: int) -> bool:
         """Whether R_a and R_b replicas fit on the GPUs (each side alone always does: a_replicas)."""
@@ -266,7 +281,7 @@ class PairGroup:
             mb = (self.total_micro_batches - ra * ma) // rb
             for order in orders(max(ra, rb)):
                 yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)),
-                               order)
+                               order, zero=self.zero)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for ra, rb, rc in self.subgroups():
@@ -290,6 +305,13 @@ class Family:
     """Virtual stages per stage (one template): 1, and those dividing the model's layers."""
     layers: int = 0
     """The model's layers (a stage holds at least one chunk of v of them)."""
+    zero_options: tuple[int, ...] = (1,)
+    """ZeRO stages: one template's (`zero_at`), or a pair's one stage (0 or 1)."""
+
+    def zero_at(self, replicas: int) -> tuple[int, ...]:
+        """The ZeRO stages worth trying at R replicas: with one replica there is nothing to shard, and
+        ZeRO-2/3 only add their buffers (the same time, more memory), so only the lowest stage."""
+        return self.zero_options if replicas > 1 else self.zero_options[:1]
 
     def groups(self, inst: Instance, opts: SearchOptions, stats: SearchStats, replicas: int | None = None
                ) -> Iterator[SkeletonGroup | PairGroup]:
@@ -332,7 +354,7 @@ class Family:
         virtual = tuple(v for v in self.virtual_options
                         if v == 1 or (depth * v <= self.layers and m % depth == 0)) or (1,)
         group = SkeletonGroup(self.micro_batch, segments, (replicas,), self.recompute_options,
-                              self.total_micro_batches, virtual)
+                              self.total_micro_batches, virtual, self.zero_at(replicas))
         stats.enumerated += group.size
         return group
 
@@ -370,7 +392,7 @@ class Family:
                 rb = tuple(range(1, min(cb.gpus // (tb * nb), (total_mb - na) // nb) + 1))
                 group = PairGroup(self.micro_batch, Segment(ca.gpu, ca.island, ta, na),
                                   Segment(cb.gpu, cb.island, tb, nb), ra, rb, self.recompute_options, total_mb,
-                                  shared)
+                                  shared, self.zero_options[0])
                 stats.enumerated_groups += 1
                 yield group
 
@@ -380,6 +402,18 @@ DIVISIBILITY_R = "divisibility: replica counts (per family) that do not divide t
 DIVISIBILITY = "divisibility: replicas must divide the micro-batches, m ≥ stages"
 DEPTH = "depth: stage-count choices over the layers, max_stages or the micro-batches per replica"
 SHARED = "symmetry or GPUs: two templates on one class, mirrored or too big for it together"
+ZERO0 = "dominance: ZeRO-0 beside ZeRO-1 (ZeRO-1 holds less and steps faster; the same traffic)"
+
+
+def zero_stages(opts: SearchOptions, stats: SearchStats | None = None) -> tuple[int, ...]:
+    """The ZeRO stages searched, ascending: ZeRO-0 only where ZeRO-1 is not allowed (ZeRO-1 shards the
+    optimizer states, which shortens the optimizer step and frees memory, and moves the same bytes)."""
+    stages = tuple(sorted(set(opts.zero)))
+    if 0 in stages and 1 in stages:
+        if stats is not None:
+            stats.pruned[ZERO0] += 1
+        return stages[1:]
+    return stages
 
 
 def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
@@ -393,6 +427,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
         stats.pruned[SYMMETRY] += 1
     # interleaving splits every stage's layers into v chunks: v must divide the model's layers
     virtual = tuple(v for v in sorted(set(opts.virtual_stages)) if inst.model.layers % v == 0) or (1,)
+    zero = zero_stages(opts, stats)
+    pair_zero = tuple(z for z in zero if z <= 1)  # ZeRO-2/3 shard over one group of identical pipelines
     for b in opts.micro_batch:
         if inst.global_batch % b:
             stats.pruned["divisibility: micro-batch does not divide the global batch"] += 1
@@ -402,8 +438,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             for order in itertools.permutations(classes, k):
                 for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
                     stats.families += 1
-                    yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers)
-        if opts.max_templates >= 2:
+                    yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, zero)
+        if opts.max_templates >= 2 and pair_zero:
             # two classes, or one class twice: its replicas in two templates with uneven shares (also
             # a different depth or TP)
             for pair in itertools.combinations_with_replacement(classes, 2):
@@ -411,7 +447,7 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                     if pair[0] is pair[1] and tps[0] > tps[1]:
                         continue  # the same family the other way round
                     stats.families += 1
-                    yield Family(b, pair, tps, True, total_mb, rc)
+                    yield Family(b, pair, tps, True, total_mb, rc, zero_options=pair_zero)
 
 
 def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
@@ -429,9 +465,9 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats)
 
 def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     """Why `plan` is not a plan of the search space (every rule it breaks; [] when it is one): the space's
-    plans are 1F1B (or interleaved 1F1B with search.virtual_stages, one template), ZeRO-1, sequence
-    parallel, one micro-batch size and recompute mode from the options, TP from the options and inside a
-    node, at most max_stages stages and max_classes
+    plans are 1F1B (or interleaved 1F1B with search.virtual_stages, one template), a ZeRO stage of
+    search.zero (2 and 3 with one template), sequence parallel, one micro-batch size and recompute mode
+    from the options, TP from the options and inside a node, at most max_stages stages and max_classes
     device classes per template, each class one contiguous run at one TP, and at most max_templates
     templates — two only as single-class templates side by side."""
     why = []
@@ -441,8 +477,12 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
         allowed = ", ".join(f"interleaved with {v}" for v in opts.virtual_stages if v > 1)
         why.append(f"schedule {plan.schedule} with {plan.virtual_stages} virtual stages (the space: 1f1b"
                    f"{', ' + allowed + ' (one template, micro-batches a multiple of the stages)' if allowed else ''})")
-    if plan.zero != 1:
-        why.append(f"ZeRO stage {plan.zero} (the space: 1)")
+    zero = zero_stages(opts)
+    if plan.zero not in zero:
+        why.append(f"ZeRO stage {plan.zero} (the space: {', '.join(map(str, zero))})")
+    elif plan.zero >= 2 and len(plan.pipelines) > 1:
+        why.append(f"ZeRO stage {plan.zero} with {len(plan.pipelines)} templates (the space: ZeRO-2/3 for one "
+                   "template)")
     if plan.micro_batch not in opts.micro_batch:
         why.append(f"micro-batch {plan.micro_batch} not in {list(opts.micro_batch)}")
     stages = [st for pipe in plan.pipelines for st in pipe.stages]

@@ -68,13 +68,17 @@ class Tree:
         return [FamilyNode(self.bounds.family_bound(f), f)
                 for f in enumerate_families(self.inst, self.options, self.stats)]
 
-    def fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int) -> bool:
-        return self.bounds.template_fits(micro_batch, recompute, segments, replicas_total)
+    def fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
+             zero: tuple[int, ...] | int = 1) -> bool:
+        """Whether a template holds the model at one of the ZeRO stages `zero` (no stage holds least in
+        every case: ZeRO-2/3's unsharded buffers can outweigh what they shard over few replicas)."""
+        return any(self.bounds.template_fits(micro_batch, recompute, segments, replicas_total, z)
+                   for z in ((zero,) if isinstance(zero, int) else zero))
 
     def pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
         """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
-        return tuple(rc for rc in modes if self.fits(group.micro_batch, rc, (group.a,), replicas_total)
-                     and self.fits(group.micro_batch, rc, (group.b,), replicas_total))
+        return tuple(rc for rc in modes if self.fits(group.micro_batch, rc, (group.a,), replicas_total, group.zero)
+                     and self.fits(group.micro_batch, rc, (group.b,), replicas_total, group.zero))
 
     def range_node(self, group: PairGroup, ra: int, rb: int, rows: bool, modes: tuple[str, ...]) -> PairRangeNode:
         bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
@@ -96,7 +100,7 @@ class Tree:
                 return None
             # by increasing work: the first mode that fits bounds every mode that does
             rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
-                       if self.fits(group.micro_batch, rc, group.segments, top)), None)
+                       if self.fits(group.micro_batch, rc, group.segments, top, group.zero_options)), None)
             if rc is None:
                 self.stats.pruned[MEMORY_RULE] += group.size
                 return None
@@ -207,7 +211,7 @@ class GroupNode(Node):
     def expand(self, tree: Tree) -> list[Node]:
         out: list[Node] = []
         for sk in self.group.skeletons():
-            if tree.fits(sk.micro_batch, sk.recompute, self.group.segments, sk.templates[0].replicas):
+            if tree.fits(sk.micro_batch, sk.recompute, self.group.segments, sk.templates[0].replicas, sk.zero):
                 out.append(tree.skeleton_node(sk))
             else:
                 tree.stats.pruned[MEMORY_RULE] += 1
