@@ -30,11 +30,13 @@ from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from hetopt.cost.comm import all_reduce
-from hetopt.cost.compute import ACT_BYTES
+from hetopt.cost.comm import all_reduce, group_gbps, reduce_scatter
+from hetopt.cost.compute import ACT_BYTES, optimizer_step
 from hetopt.cost.features import slowest_transfer
-from hetopt.cost.memory import GIB, stage_params
+from hetopt.cost.flops import layer_params
+from hetopt.cost.memory import GIB, WEIGHT_BYTES, stage_params
 from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import ITER
 from hetopt.evaluate import (
     BWD,
     BWD_TP,
@@ -110,6 +112,8 @@ class Bounds:
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
         self._buckets: dict[tuple, tuple] = {}
+        self._zero: dict[tuple, float] = {}
+        self._optimizer: dict[tuple, float] = {}
 
     # -- one stage ------------------------------------------------------------------------------------
 
@@ -117,6 +121,12 @@ class Bounds:
                    last: bool) -> Line:
         """(a, c) with τ(L) ≥ a·L + c for one stage's compute: y ≥ d + s·h per pass, TP in device time
         over the fastest interconnect of any node with this GPU type (so it holds wherever the stage goes)."""
+        (af, cf), (ab, cb) = self.pass_lines(gpu_name, tp, micro_batch, recompute, first, last)
+        return af + ab, cf + cb
+
+    def pass_lines(self, gpu_name: str, tp: int, micro_batch: int, recompute: str, first: bool,
+                   last: bool) -> tuple[Line, Line]:
+        """`stage_line` per pass: (forward, backward), each y ≥ a·L + c."""
         key = (gpu_name, tp, micro_batch, recompute, first, last)
         if key not in self._lines:
             inst = self.inst
@@ -131,8 +141,8 @@ class Bounds:
                 work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, tp, True,
                                   inst.spec.training.attention, recompute, n, first, last, intra)
                 host, dev = host_device(work, w)
-                ends.append(dev[FWD] + dev[FWD_TP] + s * host[FWD] + dev[BWD] + dev[BWD_TP] + s * host[BWD])
-            self._lines[key] = (float(ends[1] - ends[0]), float(2 * ends[0] - ends[1]))
+                ends.append([dev[FWD] + dev[FWD_TP] + s * host[FWD], dev[BWD] + dev[BWD_TP] + s * host[BWD]])
+            self._lines[key] = tuple((float(e2 - e1), float(2 * e1 - e2)) for e1, e2 in zip(*ends, strict=True))
         return self._lines[key]
 
     def per_layer_s(self, gpu_name: str, tp: int, micro_batch: int, recompute: str) -> float:
@@ -189,34 +199,120 @@ class Bounds:
 
     # -- one template ---------------------------------------------------------------------------------
 
-    def weighted_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1
-                       ) -> list[tuple[float, float, int]]:
+    def zero_per_layer(self, seg, replicas: int, zero: int) -> tuple[float, float]:
+        """(k^f, k^b): seconds per layer of a stage's ZeRO-2/3 collectives in one micro-batch's forward and
+        backward pass, K^p(L) ≥ k^p·L wherever the stage goes (0 without ZeRO-2/3 or with one replica).
+
+        Per pass (features.zero_stage): ZeRO-2 reduce-scatters the gradients in the backward pass, ZeRO-3
+        also all-gathers the 16-bit weights in both passes; over the stage's R replicas. Where R ≤ g/t
+        (g GPUs per node) they may share one node: the collective on the fastest interconnect of the
+        class's nodes; else — or where that is slower — they span ≥ ⌈R/(g/t)⌉ ≥ 2 nodes, and each node
+        pushes (N−1)/N of its t columns' bytes across at no more than the widest route between two nodes
+        of the class under the fastest planning cluster (comm.hierarchical_reduce_scatter: the
+        intra-node phase only adds). Per layer: the collectives' cost at 2 layers less at 1 (latency and
+        the embedding or head only add)."""
+        if zero < 2 or replicas <= 1:
+            return 0.0, 0.0
+        gather = WEIGHT_BYTES if zero >= 3 else 0.0  # ZeRO-3 all-gathers the weights in both passes
+        return (self.collective_per_layer(seg, replicas, gather),
+                self.collective_per_layer(seg, replicas, grad_comm_bytes(self.inst) + gather))
+
+    def collective_per_layer(self, seg, replicas: int, bytes_per_param: float) -> float:
+        """Seconds per layer of a reduce-scatter (or all-gather: the same cost) of `bytes_per_param` per
+        parameter of a stage of `seg`'s class among its R replicas, wherever they go (`zero_per_layer`)."""
+        if replicas <= 1 or bytes_per_param <= 0:
+            return 0.0
+        key = (seg.gpu, seg.island, seg.tp, replicas, bytes_per_param)
+        if key not in self._zero:
+            inst = self.inst
+            here = (seg.gpu, seg.island)
+            nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == here]
+            per_node = max(n.gpus // seg.tp for n in nodes)
+            rank_bytes = layer_params(inst.model) / seg.tp * bytes_per_param
+            w = self.profiles.for_gpu(inst.gpu_types[seg.gpu], inst.spec.training.framework).w
+            options = []
+            if replicas <= per_node:
+                for node in nodes:
+                    route = inst.cluster.route(node.name, node.name)
+                    gbps = group_gbps(route, replicas)
+                    options.append(float((reduce_scatter(2 * rank_bytes, replicas, gbps, route.intra_node)
+                                          - reduce_scatter(rank_bytes, replicas, gbps, route.intra_node)) @ w))
+            pairs = [(a, b) for a, b in self.node_pairs(here, here) if a != b]
+            if pairs:
+                ring = max(2, -(-replicas // per_node))
+                gbps = max(c.route(a, b).effective_gbps for c in self.clusters for a, b in pairs)
+                volume = seg.tp * rank_bytes  # the node's t columns
+                options.append(float((reduce_scatter(2 * volume, ring, gbps, False)
+                                      - reduce_scatter(volume, ring, gbps, False)) @ w))
+            self._zero[key] = max(0.0, min(options, default=0.0))
+        return self._zero[key]
+
+    def optimizer_bound(self, template, replicas_total: int, zero: int) -> float:
+        """T_opt ≥ this for one template: every stage's step takes ITER_i + o_i·L_i or more — Adam over
+        its shard (ZeRO ≥ 1: 1/R_total of its parameters), and under ZeRO-2 the all-gather of its updated
+        16-bit weights among the template's replicas (`collective_per_layer`). With Σ L_i = N,
+        max_i o_i·L_i ≥ N / Σ_i 1/o_i (equal products are the least maximum), so
+        T_opt ≥ min_i ITER_i + N / Σ_i 1/o_i."""
+        key = (template.segments, template.replicas, replicas_total, zero)
+        if key not in self._optimizer:
+            inst, rates, floor = self.inst, 0.0, math.inf
+            shard = replicas_total if zero >= 1 else 1
+            for seg in template.segments:
+                gpu = inst.gpu_types[seg.gpu]
+                w = self.profiles.for_gpu(gpu, inst.spec.training.framework).w
+                per_layer = layer_params(inst.model) / seg.tp / shard
+                o = float((optimizer_step(2 * per_layer, gpu) - optimizer_step(per_layer, gpu)) @ w)
+                if zero == 2:
+                    o += self.collective_per_layer(seg, template.replicas, WEIGHT_BYTES)
+                if o <= 0:
+                    return 0.0
+                rates += seg.stages / o
+                floor = min(floor, float(w[ITER]))
+            self._optimizer[key] = max(0.0, floor) + inst.model.layers / rates
+        return self._optimizer[key]
+
+    def weighted_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1,
+                       zero: int = 1, collectives: bool = False) -> list[tuple[float, float, int]]:
         """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. τ includes the stage's sends
         (the sender pays, as in the evaluator): an activation forward unless it is the last stage, a
         gradient back unless it is the first, each at least `send_s` — across NICs at a change of device
         class. Stages of a segment share one line except its first and last (embedding, head, the sends
         to the neighbouring classes): multiplicities keep deep pipelines cheap. `flows`: the template's
-        replicas, whose sends share the island links (`send_s`)."""
+        replicas, whose sends share the island links (`send_s`).
+
+        Under ZeRO-2/3 (`zero`, over the `flows` replicas) a pass of compute P and collectives K over n =
+        L + e units takes max(P, K) + min(P, K)/n (pricing.zero_exposed) ≥ max(P, K) + ε with
+        ε = min(a^p, k^p)/(1 + e): P ≥ a^p·L for L ≥ 1 (a^p the pass's line with a negative intercept
+        folded in), K ≥ k^p·L (`zero_per_layer`) and L/n ≥ 1/(1 + e). So each line gains ε, and with
+        `collectives` the lines are those of the collectives instead, (k^f + k^b)·L + ε: both hold."""
         weighted = []
         n = len(segments)
         for j, seg in enumerate(segments):
             nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < n else None
             prv = (segments[j - 1].gpu, segments[j - 1].island) if j > 0 else None
-            weighted += self._segment_lines(seg, prv, nxt, micro_batch, recompute, flows)
+            weighted += self._segment_lines(seg, prv, nxt, micro_batch, recompute, flows, zero, collectives)
         return weighted
 
     def _segment_lines(self, seg, prv: tuple | None, nxt: tuple | None, micro_batch: int, recompute: str,
-                       flows: int = 1) -> list[tuple[float, float, int]]:
+                       flows: int = 1, zero: int = 1, collectives: bool = False) -> list[tuple[float, float, int]]:
         """`weighted_lines` of one segment between the classes `prv` and `nxt` (None: the pipeline's end),
         memoised: segments recur across the groups of a family."""
-        key = (seg, prv, nxt, micro_batch, recompute, flows)
+        key = (seg, prv, nxt, micro_batch, recompute, flows, zero, collectives)
         if key not in self._segments:
             here = (seg.gpu, seg.island)
             inner = self.send_s(here, here, seg.tp, micro_batch)
+            k_pass = self.zero_per_layer(seg, flows, zero)
             out = []
             for k, count in _positions(seg.stages):
                 first, last = prv is None and k == 0, nxt is None and k == seg.stages - 1
-                a, c = self.stage_line(seg.gpu, seg.tp, micro_batch, recompute, first, last)
+                passes = self.pass_lines(seg.gpu, seg.tp, micro_batch, recompute, first, last)
+                a, c = sum(ap for ap, _ in passes), sum(cp for _, cp in passes)
+                # the first collective (or the last) of each pass is never hidden
+                eps = sum(max(0.0, min(ap + min(cp, 0.0), kp)) for (ap, cp), kp in zip(passes, k_pass, strict=True)
+                          ) / (1 + first + last)
+                if collectives:
+                    a, c = sum(k_pass), 0.0
+                c += eps
                 if not last:  # activation forward
                     c += self.send_s(here, nxt, seg.tp, micro_batch, flows) if k == seg.stages - 1 else inner
                 if not first:  # gradient back
@@ -225,9 +321,10 @@ class Bounds:
             self._segments[key] = out
         return self._segments[key]
 
-    def stage_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1) -> list[Line]:
+    def stage_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1,
+                    zero: int = 1, collectives: bool = False) -> list[Line]:
         """(a_i, c_i) of every stage, in order."""
-        return [(a, c) for a, c, n in self.weighted_lines(micro_batch, recompute, segments, flows)
+        return [(a, c) for a, c, n in self.weighted_lines(micro_batch, recompute, segments, flows, zero, collectives)
                 for _ in range(n)]
 
     def template_bound(self, micro_batch: int, recompute: str, segments: tuple) -> tuple[float, float]:
@@ -247,7 +344,8 @@ class Bounds:
                        replicas_total: int, flows: int = 1, zero: int = 1) -> float:
         """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and L_i ≤ the
         most layers stage i holds in memory with ZeRO stage `zero` over `replicas_total` (`stage_caps`).
-        ZeRO-2/3 only add to a pass (its exposed collectives, ≥ 0), so the lines hold for them too.
+        ZeRO-2/3 only add to a pass (its exposed collectives, ≥ 0), so the lines hold for them too; and
+        so do the lines of their collectives (`weighted_lines`): the larger of the two bounds holds.
 
         Λ ≥ λ (the integer water level). For a given Λ the cheapest Σ τ is g(Λ): one layer per stage, the
         rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
@@ -256,18 +354,12 @@ class Bounds:
         `flows`: the template's replicas, sharing island links (`send_s`)."""
         key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero)
         if key not in self._pipelines:
-            lines = self.stage_lines(micro_batch, recompute, segments, flows)
-            layers = self.inst.model.layers
             caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
-            lam, s = integer_level(lines, layers, caps), cheapest_sum(lines, layers, math.inf, caps)
-            m = micro_batches
-            if not math.isfinite(lam):
-                self._pipelines[key] = math.inf  # no split fits in memory
-            elif m <= 1:
-                self._pipelines[key] = max(lam, s)
-            else:
-                delta = (cheapest_sum(lines, layers, lam, caps) - s) / (m - 1)
-                self._pipelines[key] = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta, caps)
+            kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
+            self._pipelines[key] = max(
+                pipeline_at(self.stage_lines(micro_batch, recompute, segments, flows, zero, collectives), caps,
+                            self.inst.model.layers, micro_batches)
+                for collectives in kinds)
         return self._pipelines[key]
 
     def stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
@@ -330,11 +422,12 @@ class Bounds:
 
     def compute_lower_bound(self, sk: Skeleton) -> float:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
-        template's pipeline."""
+        template's pipeline (and gradient reduction), then for the optimizer step (`optimizer_bound`)."""
         replicas_total = sum(t.replicas for t in sk.templates)
         return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages,
                                       sk.zero)
-                   for t in sk.templates)
+                   for t in sk.templates) \
+            + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
                       virtual_stages: int = 1, zero: int = 1) -> float:
@@ -627,6 +720,18 @@ def water_level(weighted: list[tuple[float, float, int]], layers: int, depth: in
     return lam
 
 
+def pipeline_at(lines, caps: list[int], layers: int, micro_batches: int) -> float:
+    """`Bounds.pipeline_bound` for given stage lines and memory caps (inf where no split fits)."""
+    lam, s = integer_level(list(lines), layers, caps), cheapest_sum(list(lines), layers, math.inf, caps)
+    m = micro_batches
+    if not math.isfinite(lam):
+        return math.inf  # no split fits in memory
+    if m <= 1:
+        return max(lam, s)
+    delta = (cheapest_sum(list(lines), layers, lam, caps) - s) / (m - 1)
+    return (m - 1) * lam + cheapest_sum(list(lines), layers, lam + delta, caps)
+
+
 def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batches: int, drain,
                      virtual_stages: int = 1) -> float:
     """T ≥ min over L_0 of [(m − 1)·max(τ_0(L_0), λ_rest(N − L_0)) + τ_0(L_0) + S_rest(N − L_0)
@@ -677,7 +782,9 @@ def placed_bound(problem) -> float:
     integer program is solved: its communication is now known.
 
     Per scenario and template, stage i takes τ_i(L) = y^f_i(L) + y^b_i(L) + c_i with the exact sends c_i,
-    and y(L) = max(h, d) + s·min(h, d) ≥ d + s·h, a line a_i·L + b_i; so T_sync ≥ (m − 1)·λ + g(λ + Δ) as in
+    and y(L) = max(h, d) + s·min(h, d) ≥ d + s·h, a line a_i·L + b_i (under ZeRO-2/3 also y ≥ K, the
+    collectives' line: the larger of the two bounds holds; both raised by the exposed part ε_i);
+    so T_sync ≥ (m − 1)·λ + g(λ + Δ) as in
     `Bounds.pipeline_bound`, each L_i at most what stage i holds in memory. Stage 0's
     gradient all-reduce ends at T_sync − o_0·y^b_0(L_0) + D_0(L_0) ≥ T_sync + min over its layer counts;
     the optimizer step is at least every stage's at one layer; the templates' exchange is a constant. The
@@ -688,26 +795,26 @@ def placed_bound(problem) -> float:
     for sc in problem.scenarios:
         t_sync, drain, drained, t_opt = 0.0, 0.0, 0.0, 0.0
         for pr in sc.templates:
-            lines = []
+            lines, collectives = [], []
             for i in range(pr.depth):
                 s = pr.serial[i]
                 a = sum(f.slope for f in (pr.dev_fwd[i], pr.dev_bwd[i])) \
                     + s * sum(f.slope for f in (pr.host_fwd[i], pr.host_bwd[i]))
                 b = sum(f.intercept for f in (pr.dev_fwd[i], pr.dev_bwd[i])) \
-                    + s * sum(f.intercept for f in (pr.host_fwd[i], pr.host_bwd[i])) + pr.p2p[i]
-                lines.append((max(a, 1e-15), b))
+                    + s * sum(f.intercept for f in (pr.host_fwd[i], pr.host_bwd[i]))
+                eps = 0.0
+                if pr.tabulated:  # ZeRO-2/3: a pass takes at least its collectives K, and ε more
+                    eps = exposed_at_least(pr, i)
+                    k = pr.zero_fwd[i].slope + pr.zero_bwd[i].slope
+                    collectives.append((max(k, 1e-15), pr.zero_fwd[i].intercept + pr.zero_bwd[i].intercept
+                                        + eps + pr.p2p[i]))
+                lines.append((max(a, 1e-15), b + eps + pr.p2p[i]))
             layers, v = pr.layers, pr.virtual_stages
             m = v * pr.micro_batches  # interleaved: v·T_pipe = (v·m − 1)·max τ + Σ τ, one chunk per pass
             caps = [min(c, layers) for c in pr.max_layers()]
-            lam = integer_level(lines, layers, caps)
-            if not math.isfinite(lam):
+            pipe = max(pipeline_at(ls, caps, layers, m) for ls in (lines, collectives) if ls)
+            if not math.isfinite(pipe):
                 return math.inf  # no split fits in memory
-            least_sum = cheapest_sum(lines, layers, math.inf, caps)
-            if m <= 1:
-                pipe = max(lam, least_sum)
-            else:
-                delta = (cheapest_sum(lines, layers, lam, caps) - least_sum) / (m - 1)
-                pipe = (m - 1) * lam + cheapest_sum(lines, layers, lam + delta, caps)
             pipe /= v
             t_sync = max(t_sync, pipe)
             top = max(1, min(pr.max_layers()[0], layers))
@@ -718,6 +825,17 @@ def placed_bound(problem) -> float:
             t_opt = max(t_opt, max(f.at(1) for f in pr.opt))
         times.append(max(t_sync + max(0.0, drain), drained) + sc.cross_s + t_opt)
     return aggregate(times, list(problem.probabilities), problem.objective, problem.alpha)
+
+
+def exposed_at_least(pr, i: int) -> float:
+    """ε_i: the least of stage i's exposed ZeRO-2/3 seconds per micro-batch over its layer counts,
+    Σ_p min(P^p, K^p)/n ≥ Σ_p min(a^p, k^p)/(1 + e) (`Bounds.weighted_lines`), P^p ≥ d + s·h."""
+    s, units = pr.serial[i], 1 + pr.zero_units[i]
+    out = 0.0
+    for h, d, z in ((pr.host_fwd[i], pr.dev_fwd[i], pr.zero_fwd[i]), (pr.host_bwd[i], pr.dev_bwd[i], pr.zero_bwd[i])):
+        compute = d.slope + s * h.slope + min(d.intercept + s * h.intercept, 0.0)
+        out += max(0.0, min(compute, z.slope + min(z.intercept, 0.0)))
+    return out / units
 
 
 def _pass(pr, n: int) -> float:
