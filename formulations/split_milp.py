@@ -40,6 +40,12 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         Σ_n w_{i,n} = 1, L_i = Σ_n n·w_{i,n}, y^f_i = Σ_n pass^f_i(n)·w_{i,n} and the same for y^b_i —
         equalities, so exact in every position (C5 included), in place of (C2f) and (C2b). The
         collectives cross the network, so under robust objectives y^f, y^b are one pair per scenario.
+        Where every table of a stage is convex over its counts n_1 < n_2 < … (each step no smaller
+        than the one before) and no all-reduce follows (ZeRO-2/3 have none: D_i = 0, so (C5) is
+        T_dp ≥ T_sync and y^b enters the program only through (C3)–(C4), positively), the stage needs
+        no binaries: y ≥ pass(n_k) + (pass(n_{k+1}) − pass(n_k))·(L − n_k)/(n_{k+1} − n_k) for each
+        pair of neighbouring counts — a convex function on integers is the largest of its chords, so
+        the epigraph is exact under minimisation, as in (C2f).
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
   (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
@@ -74,6 +80,7 @@ of the evaluator's time; otherwise the solver's bound is reported with FEASIBLE 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pulp
@@ -107,7 +114,7 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
         add_layer_sum(model, pr, L, tag)
         one_hot = None
         if pr.tabulated:  # (C2z): the passes are read off per scenario below
-            one_hot = add_layer_choice(model, pr, L, top, tag)
+            one_hot = add_layer_choice(model, problem, j, L, top, tag)
             yf = yb = None
         else:
             yf, yb = pass_variables(pr, tag)
@@ -125,7 +132,7 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
             tag = f"_t{j}_s{s}"
             if one_hot is not None:
                 yf, yb = pass_variables(pr, tag)
-                add_tabulated_passes(model, pr, one_hot, yf, yb, tag)
+                add_tabulated_passes(model, pr, one_hot, L, yf, yb, tag)
             tau_max = pulp.LpVariable(f"tau_max{tag}", 0)
             add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag)
             add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag)
@@ -204,21 +211,46 @@ def pass_variables(pr, tag: str) -> tuple[list, list]:
             [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)])
 
 
-def add_layer_choice(model, pr, L, top: list[int], tag: str) -> list[list[tuple[int, pulp.LpVariable]]]:
-    """(C2z) w_{i,n}: which layer count n each stage takes; returns [(n, w_{i,n}), …] per stage."""
+def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag: str) -> list[tuple[list, bool]]:
+    """(C2z) per stage of template j: its layer counts and whether they take binaries w_{i,n} (which
+    count the stage holds) — those whose tables are not all convex, or where an all-reduce follows;
+    returns [(counts, [w_{i,n}] or None)] per stage."""
+    pr = problem.base.templates[j]
     v, out = pr.virtual_stages, []
     for i in range(pr.depth):
-        w = [(n, pulp.LpVariable(f"w{tag}_{i}_{n}", cat="Binary")) for n in range(1, top[i] + 1) if n % v == 0]
-        model += pulp.lpSum(x for _, x in w) == 1, f"C2z_one{i}{tag}"
-        model += L[i] == pulp.lpSum(n * x for n, x in w), f"C2z_layers{i}{tag}"
-        out.append(w)
+        counts = [n for n in range(1, top[i] + 1) if n % v == 0]
+        chords = len(problem.base.templates) == 1 and all(
+            sc.templates[j].dp[i].slope == 0 and sc.templates[j].dp[i].intercept == 0
+            and convex([sc.templates[j].pass_s(i, n, kind) for n in counts])
+            for sc in problem.scenarios for kind in "fb")
+        if chords:
+            out.append((counts, None))
+            continue
+        w = [pulp.LpVariable(f"w{tag}_{i}_{n}", cat="Binary") for n in counts]
+        model += pulp.lpSum(w) == 1, f"C2z_one{i}{tag}"
+        model += L[i] == pulp.lpSum(n * x for n, x in zip(counts, w, strict=True)), f"C2z_layers{i}{tag}"
+        out.append((counts, w))
     return out
 
 
-def add_tabulated_passes(model, pr, one_hot, yf, yb, tag: str) -> None:  # (C2z)
-    for i, w in enumerate(one_hot):
+def convex(values: list[float]) -> bool:
+    """Whether each step of `values` (at neighbouring counts) is at least the one before, up to rounding."""
+    steps = [b - a for a, b in itertools.pairwise(values)]
+    scale = max(map(abs, values), default=0.0)
+    return all(b >= a - 1e-12 * scale for a, b in itertools.pairwise(steps))
+
+
+def add_tabulated_passes(model, pr, one_hot, L, yf, yb, tag: str) -> None:  # (C2z)
+    for i, (counts, w) in enumerate(one_hot):
         for y, kind in ((yf, "f"), (yb, "b")):
-            model += y[i] == pulp.lpSum(pr.pass_s(i, n, kind) * x for n, x in w), f"C2z_{kind}{i}{tag}"
+            table = [pr.pass_s(i, n, kind) for n in counts]
+            if w is not None:
+                model += y[i] == pulp.lpSum(t * x for t, x in zip(table, w, strict=True)), f"C2z_{kind}{i}{tag}"
+                continue
+            model += y[i] >= table[0], f"C2z_{kind}{i}_first{tag}"
+            for k in range(len(counts) - 1):  # the chords of a convex table
+                slope = (table[k + 1] - table[k]) / (counts[k + 1] - counts[k])
+                model += y[i] >= table[k] + slope * (L[i] - counts[k]), f"C2z_{kind}{i}_{k}{tag}"
 
 
 def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3), (C4)

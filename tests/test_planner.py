@@ -60,6 +60,25 @@ def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, form
     assert timed.fits and timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("formulation,backend", BACKENDS)
+@pytest.mark.parametrize("name", ["s3-two-islands", "s4-three-types"])
+def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, formulation, backend):
+    """The space widened by search.zero [1, 2, 3] on instances whose replicas span nodes and islands
+    (ZeRO-2/3 collectives over the network): every backend proves the exhaustive optimum."""
+    import dataclasses
+
+    inst = load_instance(Path(__file__).parent / "small" / f"{name}.yaml")
+    opts = dataclasses.replace(SearchOptions.from_instance(inst), zero=(1, 2, 3))
+    truth = exhaustive(inst, opts)
+    result = solve_exact(inst, formulation, backend, time_limit_s=60, options=opts)
+    assert result.status == SolveStatus.OPTIMAL
+    tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
+    assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance)
+    assert result.objective_s >= truth.objective_s * (1 - 1e-12)
+    assert check_plan(inst, result.plan) == []
+    assert evaluate(inst, result.plan).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
+
+
 def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     inst = load_instance(DEMO)
     both = solve_exact(inst, backend="highs", warm_start=False)
@@ -298,7 +317,8 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
 def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     """The bounds that order and prune the search never exceed the best split of their skeleton (found
     here by trying every split), one-template and two-template skeletons alike, and under the robust
-    objectives with the scenario clusters the search gives its bounds."""
+    objectives with the scenario clusters the search gives its bounds; ZeRO-2/3 skeletons too."""
+    import dataclasses
     import random
 
     from hetopt.baselines.exhaustive import compositions
@@ -312,7 +332,9 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(3)
     scenarios = planning_scenarios(inst, objective)
     bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
-    groups = list(enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()))
+    opts = SearchOptions.from_instance(inst)
+    opts = opts if name == "s9-interleaved" else dataclasses.replace(opts, zero=(1, 2, 3))
+    groups = list(enumerate_groups(inst, opts, SearchStats()))
     checked, chunks, zeros = set(), set(), set()
     for group in rng.sample(groups, len(groups) if name == "s12-zero" else min(30, len(groups))):
         for sk in itertools.islice(group.skeletons(), 8):

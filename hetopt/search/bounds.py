@@ -450,20 +450,24 @@ class Bounds:
         return self._drained[key]
 
     def group_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                    flows: int = 1, virtual_stages: int = 1) -> float:
+                    flows: int = 1, virtual_stages: int = 1, zero: int = 1) -> float:
         """A cheaper and weaker bound than `pipeline_bound`, for keying whole groups: (m − 1)·λ* + S with
         λ* the real-valued water level (at most the integer one), on lines with multiplicities; `flows`:
         the fewest replicas of the group's skeletons (their sends share island links, `send_s`); with
-        `virtual_stages` v (the most of the group's) (m − 1/v)·λ* + S/v."""
-        key = (micro_batch, recompute, segments, flows)
-        if key not in self._real_levels:
-            weighted = self.weighted_lines(micro_batch, recompute, segments, flows)
-            p = sum(seg.stages for seg in segments)
-            layers = self.inst.model.layers
-            self._real_levels[key] = (water_level(weighted, layers, p), sum_bound(weighted, layers))
-        lam, s = self._real_levels[key]
-        v = virtual_stages
-        return (micro_batches - 1 / v) * lam + s / v
+        `virtual_stages` v (the most of the group's) (m − 1/v)·λ* + S/v. A group of one ZeRO stage `zero`
+        ≥ 2 (its replicas `flows`) takes the larger bound of its compute and its collectives' lines."""
+        kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
+        v, out = virtual_stages, 0.0
+        for collectives in kinds:
+            key = (micro_batch, recompute, segments, flows, zero if zero >= 2 else 1, collectives)
+            if key not in self._real_levels:
+                weighted = self.weighted_lines(micro_batch, recompute, segments, flows, zero, collectives)
+                p = sum(seg.stages for seg in segments)
+                layers = self.inst.model.layers
+                self._real_levels[key] = (water_level(weighted, layers, p), sum_bound(weighted, layers))
+            lam, s = self._real_levels[key]
+            out = max(out, (micro_batches - 1 / v) * lam + s / v)
+        return out
 
     def pair_bound(self, micro_batch: int, recompute: str, segments: list, replicas: list[int],
                    total_micro_batches: int) -> float:

@@ -37,7 +37,7 @@ from hetopt.spec.instance import Instance
 DEFAULT_TP = (1, 2, 4, 8)
 DEFAULT_MICRO_BATCH = (1, 2, 4, 8)
 DEFAULT_RECOMPUTE = ("none", "selective", "full")
-DEFAULT_ZERO = (1, 2, 3)
+DEFAULT_ZERO = (1,)
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,8 @@ class SearchOptions:
     virtual_stages: tuple[int, ...] = (1,)
     """Model chunks per stage to try: 1 is 1F1B, more the interleaved 1F1B schedule (one template only)."""
     zero: tuple[int, ...] = DEFAULT_ZERO
-    """ZeRO stages to try: 2 and 3 for one template only (`zero_options`)."""
+    """ZeRO stages to try: 2 and 3 for one template only (`Family.zero_at`); ZeRO-1 alone by default, as
+    ZeRO-2/3 skeletons about double the near-optimal ones a proof must solve (README)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""

@@ -85,6 +85,15 @@ class Tree:
                                              [ra, rb], group.total_micro_batches)
         return PairRangeNode(bound, group, ra, rb, rows, modes)
 
+    def group_nodes(self, group) -> list[Node]:
+        """A one-template group as one node per ZeRO stage (ZeRO-2/3 skeletons have bounds of their own,
+        their collectives, that prune them together); a two-template group as one node."""
+        if isinstance(group, SkeletonGroup) and len(group.zero_options) > 1:
+            groups = [replace(group, zero_options=(z,)) for z in group.zero_options]
+        else:
+            groups = [group]
+        return [node for g in groups if (node := self.group_node(g)) is not None]
+
     def group_node(self, group) -> Node | None:
         """A group keyed at its largest replica counts (the most ZeRO sharding: least memory, and the
         smallest compute bound) and the least-work recompute mode that fits (recompute only adds work);
@@ -93,8 +102,9 @@ class Tree:
             top = max(group.replica_options)
             # the least-work mode of all bounds every mode: no better than the incumbent, no memory check
             flows, v = min(group.replica_options), max(group.virtual_options)
+            zero = min(group.zero_options)  # one stage, or ZeRO-0/1 only (their bounds are the same)
             cheap = self.bounds.group_bound(group.micro_batch, least_work(group.recompute_options), group.segments,
-                                            group.total_micro_batches // top, flows, v)
+                                            group.total_micro_batches // top, flows, v, zero)
             if self.beaten(cheap):
                 self.stats.pruned[BOUND_RULE] += group.size
                 return None
@@ -105,7 +115,7 @@ class Tree:
                 self.stats.pruned[MEMORY_RULE] += group.size
                 return None
             return GroupNode(self.bounds.group_bound(group.micro_batch, rc, group.segments,
-                                                     group.total_micro_batches // top, flows, v), group)
+                                                     group.total_micro_batches // top, flows, v, zero), group)
         modes = self.pair_modes(group, group.recompute_options, max(group.a_replicas) + max(group.b_replicas))
         if not modes:
             self.stats.pruned[MEMORY_GROUPS_RULE] += 1
@@ -169,8 +179,7 @@ class FamilyNode(Node):
                                           self.family, r)
                                for r in self.family.replica_counts(tree.stats)]
         else:
-            out = [n for g in self.family.groups(tree.inst, tree.options, tree.stats)
-                   if (n := tree.group_node(g)) is not None]
+            out = [n for g in self.family.groups(tree.inst, tree.options, tree.stats) for n in tree.group_nodes(g)]
         return _children(self, out)
 
 
@@ -199,8 +208,8 @@ class BucketNode(Node):
                     tree.stats.pruned[COUNTS_RULE] += 1
                 else:
                     out.append(BucketNode(bound, f, r, counts))
-            elif (node := tree.group_node(f.group(r, counts, tree.stats))) is not None:
-                out.append(node)
+            else:
+                out += tree.group_nodes(f.group(r, counts, tree.stats))
         return _children(self, out)
 
 

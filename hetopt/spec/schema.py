@@ -195,9 +195,9 @@ class SearchSection(Section):
                            "given to evaluate/simulate may have them regardless; the search does not generate "
                            "them yet (its TP degrees stay within a node), so true changes no search today.")
     zero: list[Literal[0, 1, 2, 3]] | None = Field(
-        None, description="ZeRO stages to try (default [1, 2, 3]): 2 (gradients sharded too) and 3 (FSDP: "
-                          "the 16-bit weights too) trade per-micro-batch collectives for memory, for one-"
-                          "template plans; 0 is never faster nor smaller than 1 and is searched only alone.")
+        None, description="ZeRO stages to try (default [1]): 2 (gradients sharded too) and 3 (FSDP: the "
+                          "16-bit weights too) trade per-micro-batch collectives for memory, for one-template "
+                          "plans; 0 is never faster nor smaller than 1 and is searched only alone.")
     max_templates: Literal[1, 2] | None = Field(
         None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
                           "their own micro-batch shares.")
