@@ -129,3 +129,38 @@ def test_two_templates_on_one_class_split_its_replicas_micro_batches_unevenly_an
     even = exhaustive(inst, dataclasses.replace(opts, max_templates=1))
     assert best.objective_s < 0.9 * even.objective_s  # 2.152 s against 2.553 s
     assert outside_space(inst, best.plan, opts) == []
+
+
+def test_zero_stages_in_the_space_follow_search_zero():
+    """ZeRO-2/3 skeletons exist only where search.zero lists them, for one template with several replicas
+    (with one replica they shard nothing); ZeRO-0 only when 1 is not listed; pairs stay ZeRO-1; and
+    outside_space names a ZeRO stage the options exclude, or ZeRO-2/3 with two templates."""
+    inst = load_instance(SMALL / "s12-zero.yaml")
+    base = dataclasses.replace(SearchOptions.from_instance(inst), max_templates=2)
+
+    def zeros(opts):
+        found = {}
+        for group in enumerate_groups(inst, opts, SearchStats()):
+            for sk in group.skeletons():
+                key = "pair" if len(sk.templates) == 2 else "one" if sk.templates[0].replicas == 1 else "many"
+                found.setdefault(key, set()).add(sk.zero)
+        return found
+
+    assert zeros(dataclasses.replace(base, zero=(1,))) == {"one": {1}, "many": {1}, "pair": {1}}
+    assert zeros(dataclasses.replace(base, zero=(1, 2, 3))) == {"one": {1}, "many": {1, 2, 3}, "pair": {1}}
+    assert zeros(dataclasses.replace(base, zero=(0, 1, 3))) == {"one": {1}, "many": {1, 3}, "pair": {1}}
+    assert zeros(dataclasses.replace(base, zero=(0,))) == {"one": {0}, "many": {0}, "pair": {0}}
+    assert "pair" not in zeros(dataclasses.replace(base, zero=(2, 3)))  # ZeRO-2/3 shard one template
+
+    group = next(g for g in enumerate_groups(inst, dataclasses.replace(base, zero=(1, 2, 3)), SearchStats())
+                 if len(g.skeletons().__next__().templates) == 1 and max(g.replica_options) > 1)
+    sk = next(s for s in group.skeletons() if s.zero == 3)
+    layers = [1] * sk.depth
+    layers[0] += inst.model.layers - sum(layers)
+    plan = sk.plan(layers)
+    assert outside_space(inst, plan, dataclasses.replace(base, zero=(1, 2, 3))) == []
+    assert any("ZeRO stage 3 (the space: 1)" in why
+               for why in outside_space(inst, plan, dataclasses.replace(base, zero=(1,))))
+    two = plan.model_copy(update={"pipelines": [plan.pipelines[0], plan.pipelines[0]]})
+    assert any("ZeRO stage 3 with 2 templates" in why
+               for why in outside_space(inst, two, dataclasses.replace(base, zero=(1, 2, 3))))
