@@ -61,10 +61,11 @@ def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, form
 
 
 @pytest.mark.parametrize("formulation,backend", BACKENDS)
-@pytest.mark.parametrize("name", ["s3-two-islands", "s4-three-types"])
+@pytest.mark.parametrize("name", ["s3-two-islands", "s4-three-types", "s9-interleaved"])
 def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, formulation, backend):
     """The space widened by search.zero [1, 2, 3] on instances whose replicas span nodes and islands
-    (ZeRO-2/3 collectives over the network): every backend proves the exhaustive optimum."""
+    (ZeRO-2/3 collectives over the network), and with the interleaved schedule (s9): every backend
+    proves the exhaustive optimum."""
     import dataclasses
 
     inst = load_instance(Path(__file__).parent / "small" / f"{name}.yaml")
