@@ -219,7 +219,8 @@ def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag
     v, out = pr.virtual_stages, []
     for i in range(pr.depth):
         counts = [n for n in range(1, top[i] + 1) if n % v == 0]
-        chords = len(problem.base.templates) == 1 and all(
+        # no count at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it infeasible
+        chords = bool(counts) and len(problem.base.templates) == 1 and all(
             sc.templates[j].dp[i].slope == 0 and sc.templates[j].dp[i].intercept == 0
             and convex([sc.templates[j].pass_s(i, n, kind) for n in counts])
             for sc in problem.scenarios for kind in "fb")

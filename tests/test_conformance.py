@@ -258,7 +258,9 @@ def test_the_milp_equals_the_evaluator_at_sampled_splits(shapes, shape):
 def small_problems(draw) -> PlanProblem:
     """1–2 templates of 1–3 stages over 2–8 layers, 1–3 scenarios, any objective; pass times whose
     and device lines may cross inside the domain, memory that may bind; one template may be ZeRO-2/3
-    (passes that wait for collectives, which differ per scenario)."""
+    (passes that wait for collectives, which differ per scenario; mostly with no all-reduce after them,
+    as in the cost model, which lets split-milp take convex tables' chords) and may run 2 model chunks
+    per stage (interleaved)."""
     layers = draw(st.integers(2, 8))
     n_templates = draw(st.integers(1, 2))
     n_sc = draw(st.integers(1, 3))
@@ -281,13 +283,16 @@ def small_problems(draw) -> PlanProblem:
             p2p=(), dp=(), dp_overlap=tuple(draw(st.floats(0.0, 1.0)) for _ in stages),
             opt=tuple(line() for _ in stages), mem_gib=tuple(Affine(1.0, 0.0) for _ in stages),
             mem_limit_gib=tuple(float(draw(st.integers(low, layers))) for _ in stages))
+        if n_templates == 1 and layers % 2 == 0:
+            base = replace(base, virtual_stages=draw(st.sampled_from([1, 2])))
         zero = n_templates == 1 and draw(st.booleans())
+        no_allreduce = zero and draw(st.integers(0, 3)) > 0  # ZeRO-2/3 reduce-scatter in each pass
         units = tuple(draw(st.integers(0, 2)) for _ in stages)
         for s in range(n_sc):  # communication differs per scenario
             comm = {"zero_fwd": tuple(line() for _ in stages), "zero_bwd": tuple(line() for _ in stages),
                     "zero_units": units} if zero else {}
-            per_scenario[s].append(replace(base, p2p=tuple(draw(t_ms) * 1e-3 for _ in stages),
-                                           dp=tuple(line() for _ in stages), **comm))
+            dp = tuple(Affine(0.0, 0.0) if no_allreduce else line() for _ in stages)
+            per_scenario[s].append(replace(base, p2p=tuple(draw(t_ms) * 1e-3 for _ in stages), dp=dp, **comm))
     weights = [draw(st.integers(1, 10)) for _ in range(n_sc)]
     scenarios = tuple(ScenarioProblem(tuple(ts), draw(t_ms) * 1e-3 if n_templates > 1 else 0.0)
                       for ts in per_scenario)
@@ -295,18 +300,19 @@ def small_problems(draw) -> PlanProblem:
 
 
 def brute_force_small(problem: PlanProblem) -> float:
-    fits = [[c for c in compositions(t.layers, t.depth) if all(map(int.__le__, c, t.max_layers()))]
-            for t in problem.base.templates]
+    fits = [[c for c in compositions(t.layers, t.depth) if all(map(int.__le__, c, t.max_layers()))
+             and not any(n % t.virtual_stages for n in c)] for t in problem.base.templates]
     return min((problem.iteration_time([n for part in split for n in part])
                 for split in itertools.product(*fits)), default=math.inf)
 
 
-@settings(max_examples=80, deadline=None, derandomize=True,
+@settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(small_problems(), st.randoms(use_true_random=False))
 def test_random_small_problems_match_brute_force(problem, rng):
     best = brute_force_small(problem)
     zero = " ZeRO" if problem.base.templates[0].tabulated else ""
+    zero += " interleaved" if problem.base.templates[0].virtual_stages > 1 else ""
     event(f"{len(problem.base.templates)} template(s){zero}, {problem.objective}, "
           f"{'infeasible' if math.isinf(best) else 'feasible'}")
     for formulation, backend in PAIRS:

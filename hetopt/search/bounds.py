@@ -16,7 +16,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `group_bound`            | a one-template group         | T ≥ (m − 1)·λ* + S (real water level λ*)            |
 | `throughput_bound`       | a two-template range         | T ≥ M / Σ_j R_j/λ_j                                 |
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
-| `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)]          |
+| `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die with it,
 so no two runs ever share an entry.
@@ -268,7 +268,7 @@ class Bounds:
                     return 0.0
                 rates += seg.stages / o
                 floor = min(floor, float(w[ITER]))
-            self._optimizer[key] = max(0.0, floor) + inst.model.layers / rates
+            self._optimizer[key] = floor + inst.model.layers / rates
         return self._optimizer[key]
 
     def weighted_lines(self, micro_batch: int, recompute: str, segments: tuple, flows: int = 1,
