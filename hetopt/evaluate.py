@@ -39,5 +39,6 @@ from hetopt.cost.pricing import (  # noqa: F401 (re-exported)
     price,
     price_parts,
     price_template,
+    streamed_pass,
     zero_exposed,
 )

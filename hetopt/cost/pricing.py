@@ -59,6 +59,12 @@ class Evaluation:
         }
 
 
+def streamed_pass(compute_s, comm_s, units):
+    """Seconds of a pass of n units whose collectives stream one unit ahead of its compute:
+    max(P, K) + min(P, K)/n (`zero_exposed` says why). Scalars or arrays."""
+    return np.maximum(compute_s, comm_s) + np.minimum(compute_s, comm_s) / units
+
+
 def zero_exposed(times: np.ndarray, passes: np.ndarray, units: list[int], weights: np.ndarray) -> np.ndarray:
     """Seconds the ZeRO-2/3 collectives add to each stage's forward and backward pass, (stages, 2).
 
@@ -71,8 +77,7 @@ def zero_exposed(times: np.ndarray, passes: np.ndarray, units: list[int], weight
     collectives. Units are taken as equal (the embedding and head differ from a layer: an approximation)."""
     comm_s = np.einsum("spk,sk->sp", passes, weights) if weights.ndim == 2 else passes @ weights
     compute_s = np.stack([times[:, FWD] + times[:, FWD_TP], times[:, BWD] + times[:, BWD_TP]], axis=1)
-    n = np.asarray(units, dtype=float)[:, None]
-    return np.maximum(compute_s, comm_s) + np.minimum(compute_s, comm_s) / n - compute_s
+    return streamed_pass(compute_s, comm_s, np.asarray(units, dtype=float)[:, None]) - compute_s
 
 
 def price_template(f: PlanFeatures, j: int, weights: np.ndarray, serial) -> tuple[np.ndarray, np.ndarray]:

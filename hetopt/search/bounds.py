@@ -237,15 +237,27 @@ class Bounds:
                     gbps = group_gbps(route, replicas)
                     options.append(float((reduce_scatter(2 * rank_bytes, replicas, gbps, route.intra_node)
                                           - reduce_scatter(rank_bytes, replicas, gbps, route.intra_node)) @ w))
-            pairs = [(a, b) for a, b in self.node_pairs(here, here) if a != b]
-            if pairs:
-                ring = max(2, -(-replicas // per_node))
-                gbps = max(c.route(a, b).effective_gbps for c in self.clusters for a, b in pairs)
+            if (ring := self.class_ring(here, seg.tp, replicas)) is not None:
+                ring_nodes, gbps = ring[:2]
                 volume = seg.tp * rank_bytes  # the node's t columns
-                options.append(float((reduce_scatter(2 * volume, ring, gbps, False)
-                                      - reduce_scatter(volume, ring, gbps, False)) @ w))
+                options.append(float((reduce_scatter(2 * volume, ring_nodes, gbps, False)
+                                      - reduce_scatter(volume, ring_nodes, gbps, False)) @ w))
             self._zero[key] = max(0.0, min(options, default=0.0))
         return self._zero[key]
+
+    def class_ring(self, here: tuple[str, str], tp: int, replicas: int) -> tuple[int, float, float, float] | None:
+        """The ring of a stage's R replicas (class `here`, TP t) over nodes: at least ⌈R/k⌉ ≥ 2 of them
+        (k = ⌊g/t⌋ stages per node), joined at no more than the widest route between two distinct nodes
+        of the class and no less than its least latencies, under the fastest planning cluster:
+        (nodes, Gbit/s, latency s, fabric latency s); None where the class has one node."""
+        nodes = [n for n in self.inst.cluster.nodes.values() if (n.gpu, n.island) == here]
+        per_node = max(n.gpus // tp for n in nodes)
+        pairs = [(a, b) for a, b in self.node_pairs(here, here) if a != b]  # the ring joins distinct nodes
+        if not pairs or per_node < 1:
+            return None
+        routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
+        return (max(2, -(-replicas // per_node)), max(r.effective_gbps for r in routes),
+                min(r.latency_us for r in routes) * 1e-6, min(r.alpha_s for r in routes))
 
     def optimizer_bound(self, template, replicas_total: int, zero: int) -> float:
         """T_opt ≥ this for one template: every stage's step takes ITER_i + o_i·L_i or more — Adam over
@@ -384,15 +396,10 @@ class Bounds:
         per_node = max(n.gpus // seg.tp for n in nodes)
         if replicas <= 1 or per_node < 1 or replicas <= per_node:
             return None  # one node can hold every replica's stage 0: no network ring to bound
-        ring_nodes = -(-replicas // per_node)
-        here = (seg.gpu, seg.island)
-        pairs = [(a, b) for a, b in self.node_pairs(here, here) if a != b]  # the ring joins distinct nodes
-        if not pairs:
+        ring = self.class_ring((seg.gpu, seg.island), seg.tp, replicas)
+        if ring is None:
             return None
-        routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
-        gbps = max(r.effective_gbps for r in routes)
-        latency_s = min(r.latency_us for r in routes) * 1e-6
-        alpha_s = min(r.alpha_s for r in routes)
+        ring_nodes, gbps, latency_s, alpha_s = ring
         gpu = inst.gpu_types[seg.gpu]
         params = self.profiles.for_gpu(gpu, inst.spec.training.framework)
         depth = sum(sg.stages for sg in segments)  # 1: stage 0 is also the last (it holds the head)

@@ -35,6 +35,7 @@ from hetopt.evaluate import (
     overlap_host_device,
     pipe_times,
     plan_features,
+    streamed_pass,
 )
 from hetopt.search.space import Skeleton
 from hetopt.spec.cluster import Cluster
@@ -94,8 +95,7 @@ class SplitProblem:
         compute = float(overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i]))
         if not z:
             return compute
-        comm = z[i].at(layers)
-        return max(compute, comm) + min(compute, comm) / (layers + self.zero_units[i])
+        return float(streamed_pass(compute, z[i].at(layers), layers + self.zero_units[i]))
 
     def max_layers(self) -> list[int]:
         """The most layers each stage can hold in memory."""
@@ -129,8 +129,7 @@ class SplitProblem:
         if self.tabulated:  # the exposed ZeRO collectives, as pricing.zero_exposed adds them
             units = n + np.array(self.zero_units)
             for part, zero in ((FWD, self.zero_fwd), (BWD, self.zero_bwd)):
-                comm = at(zero)
-                times[:, part] = np.maximum(times[:, part], comm) + np.minimum(times[:, part], comm) / units
+                times[:, part] = streamed_pass(times[:, part], at(zero), units)
         times[:, P2P] = self.p2p
         times[:, DP] = at(self.dp)
         times[:, OPT] = at(self.opt)
