@@ -306,7 +306,7 @@ def brute_force_small(problem: PlanProblem) -> float:
                 for split in itertools.product(*fits)), default=math.inf)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+@settings(max_examples=120, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(small_problems(), st.randoms(use_true_random=False))
 def test_random_small_problems_match_brute_force(problem, rng):
