@@ -231,9 +231,9 @@ class Bounds:
             rank_bytes = layer_params(inst.model) / seg.tp * bytes_per_param
             w = self.profiles.for_gpu(inst.gpu_types[seg.gpu], inst.spec.training.framework).w
             options = []
-            if replicas <= per_node:
-                for node in nodes:
-                    route = inst.cluster.route(node.name, node.name)
+            if replicas <= per_node:  # one node per node group stands for its identical nodes
+                for node in {a for a, b in self.node_pairs(here, here) if a == b}:
+                    route = inst.cluster.route(node, node)
                     gbps = group_gbps(route, replicas)
                     options.append(float((reduce_scatter(2 * rank_bytes, replicas, gbps, route.intra_node)
                                           - reduce_scatter(rank_bytes, replicas, gbps, route.intra_node)) @ w))
