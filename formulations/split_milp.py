@@ -132,7 +132,7 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
             tag = f"_t{j}_s{s}"
             if one_hot is not None:
                 yf, yb = pass_variables(pr, tag)
-                add_tabulated_passes(model, pr, one_hot, L, yf, yb, tag)
+                add_tabulated_passes(model, one_hot, s, L, yf, yb, tag)
             tau_max = pulp.LpVariable(f"tau_max{tag}", 0)
             add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag)
             add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag)
@@ -211,26 +211,27 @@ def pass_variables(pr, tag: str) -> tuple[list, list]:
             [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)])
 
 
-def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag: str) -> list[tuple[list, bool]]:
+def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag: str) -> list[tuple]:
     """(C2z) per stage of template j: its layer counts and whether they take binaries w_{i,n} (which
     count the stage holds) — those whose tables are not all convex, or where an all-reduce follows;
-    returns [(counts, [w_{i,n}] or None)] per stage."""
+    returns [(counts, [w_{i,n}] or None, each scenario's {"f": pass table, "b": …})] per stage."""
     pr = problem.base.templates[j]
     v, out = pr.virtual_stages, []
     for i in range(pr.depth):
         counts = [n for n in range(1, top[i] + 1) if n % v == 0]
+        tables = [{kind: [sc.templates[j].pass_s(i, n, kind) for n in counts] for kind in "fb"}
+                  for sc in problem.scenarios]
         # no count at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it infeasible
         chords = bool(counts) and len(problem.base.templates) == 1 and all(
             sc.templates[j].dp[i].slope == 0 and sc.templates[j].dp[i].intercept == 0
-            and convex([sc.templates[j].pass_s(i, n, kind) for n in counts])
-            for sc in problem.scenarios for kind in "fb")
+            and convex(table) for sc, t in zip(problem.scenarios, tables, strict=True) for table in t.values())
         if chords:
-            out.append((counts, None))
+            out.append((counts, None, tables))
             continue
         w = [pulp.LpVariable(f"w{tag}_{i}_{n}", cat="Binary") for n in counts]
         model += pulp.lpSum(w) == 1, f"C2z_one{i}{tag}"
         model += L[i] == pulp.lpSum(n * x for n, x in zip(counts, w, strict=True)), f"C2z_layers{i}{tag}"
-        out.append((counts, w))
+        out.append((counts, w, tables))
     return out
 
 
@@ -241,10 +242,10 @@ def convex(values: list[float]) -> bool:
     return all(b >= a - 1e-12 * scale for a, b in itertools.pairwise(steps))
 
 
-def add_tabulated_passes(model, pr, one_hot, L, yf, yb, tag: str) -> None:  # (C2z)
-    for i, (counts, w) in enumerate(one_hot):
+def add_tabulated_passes(model, one_hot, scenario: int, L, yf, yb, tag: str) -> None:  # (C2z)
+    for i, (counts, w, tables) in enumerate(one_hot):
         for y, kind in ((yf, "f"), (yb, "b")):
-            table = [pr.pass_s(i, n, kind) for n in counts]
+            table = tables[scenario][kind]
             if w is not None:
                 model += y[i] == pulp.lpSum(t * x for t, x in zip(table, w, strict=True)), f"C2z_{kind}{i}{tag}"
                 continue
