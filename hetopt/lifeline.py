@@ -42,6 +42,8 @@ import psutil
 
 OWNER_POLL_S = 0.25
 """How often a worker checks that its owner is alive: a worker outlives a killed owner by about this."""
+MANAGER_JOIN_S = 5.0
+"""How long a stopped pool waits for CPython's manager thread to end (its workers are already dead)."""
 EXIT_SIGTERM = 143
 """128 + 15: what a shell reports for a command ended by SIGTERM (Ctrl-C's 130 is typer's, 128 + 2)."""
 
@@ -180,9 +182,15 @@ class OwnedPool(ProcessPoolExecutor):
         """Kill the workers (with whatever they started, a CBC run) now and drop the queued jobs: an
         interrupt or an error is on its way out, and `shutdown(wait=True)` would wait for every running
         job to finish."""
+        manager = getattr(self, "_executor_manager_thread", None)  # CPython's; `shutdown` drops it
         for pid in list(getattr(self, "_processes", None) or {}):
             kill_tree(pid)
         self.shutdown(wait=False, cancel_futures=True)
+        if manager is not None and manager is not threading.current_thread():
+            # the manager closes its wake-up pipe as it ends, its workers dead; CPython 3.11's exit hook
+            # (`_python_exit`) writes to that pipe unlocked and, racing the close, printed an OSError
+            # traceback after a SIGTERM. Waited for here, the hook finds the pipe closed and skips it.
+            manager.join(timeout=MANAGER_JOIN_S)
 
 
 @contextlib.contextmanager

@@ -239,3 +239,20 @@ def test_a_pool_left_by_an_error_stops_its_own_workers_and_no_other_process():
     finally:
         other.kill()
         other.join()
+
+
+def test_a_stopped_pool_leaves_no_wake_up_pipe_for_the_exit_hook():
+    # CPython 3.11's exit hook writes to each pool manager's wake-up pipe without a lock; a manager still
+    # closing that pipe as the command exits printed an OSError traceback after a SIGTERM (CI, once).
+    # `stop` waits for the manager, so the hook finds the pipe closed and skips it.
+    from concurrent.futures import process
+
+    from hetopt.lifeline import OwnedPool
+
+    pool = OwnedPool(2)
+    pool.submit(_sleep, 60)
+    manager, wakeup = pool._executor_manager_thread, pool._executor_manager_thread_wakeup
+    assert process._threads_wakeups.get(manager) is wakeup
+    pool.stop()
+    assert not manager.is_alive()
+    assert wakeup._closed, "the exit hook would write to a pipe its manager is closing"
