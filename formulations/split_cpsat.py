@@ -11,6 +11,9 @@ o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step O_i(L).
   (C3) τ̂ = max_i τ_i, τ_i = y^{fb}_i + c_i                (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
   (C5) T_dp = max(T_sync, max_i [T_sync − Σ_{k<i}(y^b_k + e_k) − e_i − o_i·y^b_i + D_i(L_i)])
   (C6) T_opt = max_i O_i(L_i)     (C7) M_i(L_i) ≤ M̄_i (the domain of L_i)
+Per-stage recompute (SplitProblem.modes): a stage's passes and memory depend on its mode r too, so
+its tables range over its options (n, r) that fit in memory: an option index k_i with L_i =
+element(k_i, n), every table element(k_i, ·), and the mode read off k_i.
 Objective: min T_dp + T_opt. Several templates: (C1)–(C7) per template, T_sync = max_j T_pipe_j,
 T_dp the max over every template's stages, plus their split-independent gradient exchange X
 (split-milp's docstring). Search branches on the layer counts first. Robust objectives copy
@@ -73,7 +76,7 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     weights, divisor, true_weights = _weights(problem)
     scale = _scale(problem, sum(weights) + (divisor if problem.objective == "cvar" else 0))
     model = cp_model.CpModel()
-    flat, flat_max = _build(model, problem, weights, divisor, scale)
+    flat, flat_max, choices = _build(model, problem, weights, divisor, scale)
     hint = None
     if options.hint is not None and len(options.hint) == len(flat):
         hint = {var: min(value, top)
@@ -98,7 +101,8 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
         kept = valid if status == SolveStatus.TIMEOUT else 0.0
         return SplitSolution(status, None, math.inf, kept, wall, backend, run.detail, extra)
     layers = [run.value(v) for v in flat]
-    objective_s = problem.iteration_time(layers)
+    modes = _modes(choices, run) if any(pr.mixed for pr in problem.base.templates) else None
+    objective_s = problem.iteration_time(layers, modes)
     valid = min(valid, objective_s)
     status, detail = run.status, run.detail
     if status == SolveStatus.OPTIMAL and objective_s - valid > REL_TOLERANCE * objective_s:
@@ -107,7 +111,12 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
         detail += (f"; proven for the integer model, but its rounding leaves the evaluator's "
                    f"{objective_s:.9g} s {gap:.2e} above the valid bound {valid:.9g} s (more than "
                    f"{REL_TOLERANCE:g})")
-    return SplitSolution(status, layers, objective_s, valid, wall, backend, detail, extra)
+    return SplitSolution(status, layers, objective_s, valid, wall, backend, detail, extra, recompute=modes)
+
+
+def _modes(choices: list, run) -> list[str]:
+    """Each stage's recompute mode, flat, from its option index k_i (per-stage recompute)."""
+    return [pr.modes[options[run.value(k)][1]] for pr, options, k in choices]
 
 
 def rounding_error_units(problem: PlanProblem) -> list[float]:
@@ -162,9 +171,11 @@ def upper_bound_s(sc) -> float:
     sync, dp, opt = 0.0, 0.0, 0.0
     for pr in sc.templates:
         top = _top(pr)
-        # a pass is convex in L, so at an end of the domain — under ZeRO-2/3 not: every L
+        # a pass is convex in L, so at an end of the domain — under ZeRO-2/3 not: every L (and with
+        # per-stage recompute in every mode)
         ends = [range(1, top[i] + 1) if pr.tabulated else (1, top[i]) for i in range(pr.depth)]
-        tau = [max(_pass(pr, i, n, "f") + _pass(pr, i, n, "b") for n in ends[i]) + pr.p2p[i]
+        tau = [max(_pass(pr, i, n, "f", r) + _pass(pr, i, n, "b", r) for n in ends[i]
+                   for r in range(len(pr.variants()))) + pr.p2p[i]
                for i in range(pr.depth)]
         sync = max(sync, (pr.micro_batches - 1) * max(tau) + sum(tau))
         dp = max([dp] + [pr.dp[i].at(n) for i in range(pr.depth) for n in ends[i]])
@@ -176,13 +187,14 @@ def _top(pr) -> list[int]:
     return [max(1, min(m, pr.layers - (pr.depth - 1))) for m in pr.max_layers()]
 
 
-def _pass(pr, i: int, n: int, kind: str) -> float:
-    return pr.pass_s(i, n, kind)
+def _pass(pr, i: int, n: int, kind: str, mode: int = 0) -> float:
+    return pr.pass_s(i, n, kind, mode)
 
 
 def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], divisor: int,
-           scale: int) -> tuple[list, list[int]]:
-    """Variables, (C1)–(C7) and (R); returns the layer variables and their upper bounds."""
+           scale: int) -> tuple[list, list[int], list]:
+    """Variables, (C1)–(C7) and (R); returns the layer variables, their upper bounds and, per stage
+    (flat), (its template, its options (n, mode index), its option index k_i)."""
 
     def u(seconds: float) -> int:
         return round(seconds * scale)
@@ -191,12 +203,13 @@ def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], di
     top: dict[str, int] = {}
     flat: list[cp_model.IntVar] = []
     flat_max: list[int] = []
-    templates = []
+    templates, choices = [], []
     for j, pr in enumerate(problem.base.templates):
         vars_j = _template(model, pr, f"_t{j}", top, u)
         templates.append(vars_j)
         flat += vars_j["L"]
         flat_max += vars_j["max_layers"]
+        choices += [(pr, options, k) for options, k in zip(vars_j["options"], vars_j["index"], strict=True)]
     opt = [v for t in templates for v in t["opt"]]
     top["T_opt"] = max(top[v.Name()] for v in opt)
     t_opt = model.NewIntVar(0, top["T_opt"], "T_opt")
@@ -227,11 +240,13 @@ def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], di
     hi = max(top[f"T_s{k}"] for k in range(len(totals)))
     _objective(model, problem, totals, hi, weights, divisor)
     model.AddDecisionStrategy(flat, cp_model.CHOOSE_MIN_DOMAIN_SIZE, cp_model.SELECT_MIN_VALUE)
-    return flat, flat_max
+    return flat, flat_max, choices
 
 
 def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> dict:
-    """(C1), (C2), (C7) and the per-stage tables of (C5), (C6) for one template."""
+    """(C1), (C2), (C7) and the per-stage tables of (C5), (C6) for one template. Tables range over a
+    stage's options (SplitProblem.options): its layer counts L = 1 … U_i, index k_i = L_i − 1; with
+    per-stage recompute the (n, mode) that fit, index k_i and L_i = element(k_i, n)."""
     p = pr.depth
     max_layers = _top(pr)
     L = [model.NewIntVar(1, max_layers[i], f"L{tag}_{i}") for i in range(p)]
@@ -241,10 +256,18 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
         for i in range(p):
             chunks = model.NewIntVar(1, max(1, max_layers[i] // v), f"K{tag}_{i}")
             model.Add(L[i] == v * chunks)
+    options = [pr.options(i, max_layers[i]) if pr.mixed else [(n, 0) for n in range(1, max_layers[i] + 1)]
+               for i in range(p)]
     index = []
     for i in range(p):
-        k = model.NewIntVar(0, max_layers[i] - 1, f"k{tag}_{i}")
-        model.Add(k == L[i] - 1)
+        k = model.NewIntVar(0, max(0, len(options[i]) - 1), f"k{tag}_{i}")
+        if pr.mixed:  # (C7) per mode: only the options that fit
+            if not options[i]:  # no layer count fits in any mode: infeasible (a placeholder table)
+                options[i] = [(1, 0)]
+                model.Add(L[i] < 1)
+            model.AddElement(k, [n for n, _ in options[i]], L[i])
+        else:
+            model.Add(k == L[i] - 1)
         index.append(k)
 
     def table(name: str, i: int, values: list[int]) -> cp_model.IntVar:
@@ -253,11 +276,11 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
         top[name] = max(values)
         return var
 
-    out = {"L": L, "max_layers": max_layers, "index": index, "opt": [], "table": table}
+    out = {"L": L, "max_layers": max_layers, "index": index, "options": options, "opt": [], "table": table}
     if not pr.tabulated:  # ZeRO-2/3 passes hold collectives, which differ per scenario: `_pipeline`
         out.update(_pass_tables(pr, out, tag, u))
     for i in range(p):
-        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt[i].at(n)) for n in range(1, max_layers[i] + 1)]))
+        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt[i].at(n)) for n, _ in options[i]]))
     return out
 
 
@@ -265,10 +288,10 @@ def _pass_tables(pr, t: dict, tag: str, u) -> dict:
     """(C2): both passes, the backward pass and its overlapped part, tabulated over each L_i."""
     out = {"yfb": [], "yb": [], "ob": []}
     for i in range(pr.depth):
-        layers = range(1, t["max_layers"][i] + 1)
-        b_secs = [_pass(pr, i, n, "b") for n in layers]
+        options = t["options"][i]
+        b_secs = [_pass(pr, i, n, "b", r) for n, r in options]
         # both passes in one table: τ_i then carries two roundings, not three (E_s counts them)
-        fb_secs = [_pass(pr, i, n, "f") + x for n, x in zip(layers, b_secs, strict=True)]
+        fb_secs = [_pass(pr, i, n, "f", r) + x for (n, r), x in zip(options, b_secs, strict=True)]
         out["yfb"].append(t["table"](f"yfb{tag}_{i}", i, [u(x) for x in fb_secs]))
         out["yb"].append(t["table"](f"yb{tag}_{i}", i, [u(x) for x in b_secs]))
         out["ob"].append(t["table"](f"ob{tag}_{i}", i, [u(pr.dp_overlap[i] * x) for x in b_secs]))
@@ -281,8 +304,7 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     p = pr.depth
     if pr.tabulated:  # this scenario's ZeRO-2/3 collectives in the passes
         t = {**t, **_pass_tables(pr, t, tag, u)}
-    dp = [t["table"](f"dp{tag}_{i}", i,
-                     [u(pr.dp[i].at(n)) for n in range(1, t["max_layers"][i] + 1)])
+    dp = [t["table"](f"dp{tag}_{i}", i, [u(pr.dp[i].at(n)) for n, _ in t["options"][i]])
           for i in range(p)]
     tau_vars = []
     for i in range(p):

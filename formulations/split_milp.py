@@ -46,6 +46,11 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         no binaries: y ≥ pass(n_k) + (pass(n_{k+1}) − pass(n_k))·(L − n_k)/(n_{k+1} − n_k) for each
         pair of neighbouring counts — a convex function on integers is the largest of its chords, so
         the epigraph is exact under minimisation, as in (C2f).
+  (C2r) Per-stage recompute (SplitProblem.modes): stage i's passes and memory depend on its mode r
+        too, so the binaries of (C2z) range over its options (n, r) that fit in memory (M^r_i(n) ≤ M̄_i,
+        in place of (C7)): Σ w_{i,n,r} = 1, L_i = Σ n·w_{i,n,r}, y = Σ pass^r_i(n)·w_{i,n,r} —
+        equalities, exact as (C2z). The mode is read off the binary that is 1. No chords: the lower
+        envelope of several modes' tables need not be convex, and it would not say which mode holds.
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
   (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
@@ -100,20 +105,21 @@ integrality and feasibility tolerances (1e-6 on an integer variable moves a time
 per-layer slope)."""
 
 
-def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
+def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list]:
     """The program of (C1)–(C7) and (R) for a problem whose times are in the program's unit.
 
-    Returns: the PuLP model and the layer variables L (template after template)."""
+    Returns: the PuLP model, the layer variables L (template after template) and, per stage (flat the
+    same way), its options (n, mode index) and their binaries w — None where the stage has none."""
     model = pulp.LpProblem("split", pulp.LpMinimize)
     t_opt = pulp.LpVariable("T_opt", 0)
-    flat, per_template = [], []
+    flat, per_template, choices = [], [], []
     for j, pr in enumerate(problem.base.templates):
         tag = f"_t{j}"
         top = domain_top(pr)
         L = [pulp.LpVariable(f"L{tag}_{i}", 1, top[i], cat="Integer") for i in range(pr.depth)]
         add_layer_sum(model, pr, L, tag)
         one_hot = None
-        if pr.tabulated:  # (C2z): the passes are read off per scenario below
+        if pr.tabulated or pr.mixed:  # (C2z), (C2r): the passes are read off per scenario below
             one_hot = add_layer_choice(model, problem, j, L, top, tag)
             yf = yb = None
         else:
@@ -121,8 +127,10 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
             add_forward_pass(model, pr, L, yf, tag)
             add_backward_pass(model, pr, L, yb, top, tag)
         add_optimizer(model, pr, L, t_opt, tag)
-        add_memory(model, pr, L, tag)
+        if not pr.mixed:  # (C2r): each mode's memory is in the options
+            add_memory(model, pr, L, tag)
         flat += L
+        choices += [(options, w) for options, w, _ in one_hot] if one_hot is not None else [None] * pr.depth
         per_template.append((L, yf, yb, one_hot))
     totals = []
     for s, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
@@ -138,7 +146,7 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
             add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag)
         totals.append(t_end + sc.cross_s + t_opt)
     add_objective(model, problem, totals)
-    return model, flat
+    return model, flat, choices
 
 
 def domain_top(pr) -> list[int]:
@@ -212,26 +220,27 @@ def pass_variables(pr, tag: str) -> tuple[list, list]:
 
 
 def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag: str) -> list[tuple]:
-    """(C2z) per stage of template j: its layer counts and whether they take binaries w_{i,n} (which
-    count the stage holds) — those whose tables are not all convex, or where an all-reduce follows;
-    returns [(counts, [w_{i,n}] or None, each scenario's {"f": pass table, "b": …})] per stage."""
+    """(C2z), (C2r) per stage of template j: its options (layer count, mode index) and whether they take
+    binaries w_{i,n,r} (which the stage holds) — per-stage recompute, tables not all convex, or an
+    all-reduce after; returns [(options, [w] or None, each scenario's {"f": pass table, "b": …})]."""
     pr = problem.base.templates[j]
-    v, out = pr.virtual_stages, []
+    out = []
     for i in range(pr.depth):
-        counts = [n for n in range(1, top[i] + 1) if n % v == 0]
-        tables = [{kind: [sc.templates[j].pass_s(i, n, kind) for n in counts] for kind in "fb"}
+        options = pr.options(i, top[i])
+        counts = [n for n, _ in options]
+        tables = [{kind: [sc.templates[j].pass_s(i, n, kind, r) for n, r in options] for kind in "fb"}
                   for sc in problem.scenarios]
-        # no count at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it infeasible
-        chords = bool(counts) and len(problem.base.templates) == 1 and all(
+        # no option at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it infeasible
+        chords = bool(counts) and not pr.mixed and len(problem.base.templates) == 1 and all(
             sc.templates[j].dp[i].slope == 0 and sc.templates[j].dp[i].intercept == 0
             and convex(table) for sc, t in zip(problem.scenarios, tables, strict=True) for table in t.values())
         if chords:
-            out.append((counts, None, tables))
+            out.append((options, None, tables))
             continue
-        w = [pulp.LpVariable(f"w{tag}_{i}_{n}", cat="Binary") for n in counts]
+        w = [pulp.LpVariable(f"w{tag}_{i}_{n}_r{r}", cat="Binary") for n, r in options]
         model += pulp.lpSum(w) == 1, f"C2z_one{i}{tag}"
         model += L[i] == pulp.lpSum(n * x for n, x in zip(counts, w, strict=True)), f"C2z_layers{i}{tag}"
-        out.append((counts, w, tables))
+        out.append((options, w, tables))
     return out
 
 
@@ -243,7 +252,8 @@ def convex(values: list[float]) -> bool:
 
 
 def add_tabulated_passes(model, one_hot, scenario: int, L, yf, yb, tag: str) -> None:  # (C2z)
-    for i, (counts, w, tables) in enumerate(one_hot):
+    for i, (options, w, tables) in enumerate(one_hot):
+        counts = [n for n, _ in options]
         for y, kind in ((yf, "f"), (yb, "b")):
             table = tables[scenario][kind]
             if w is not None:
@@ -292,7 +302,7 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     Returns: the split with the evaluator's time, the solver's bound in seconds and the status the
     solver proved (module docstring)."""
     start = clock()
-    model, L = build(problem.scaled(UNIT_PER_S))
+    model, L, choices = build(problem.scaled(UNIT_PER_S))
     if options.export_path:
         write = model.writeMPS if options.export_path.endswith(".mps") else model.writeLP
         write(options.export_path)
@@ -313,7 +323,11 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
             f"{run.detail}; the solution is not a split of the layers"
         kept = bound_s if status == SolveStatus.TIMEOUT else 0.0
         return SplitSolution(status, None, math.inf, kept, wall, backend, detail)
-    objective_s = problem.iteration_time(layers)
+    modes = _modes(problem, choices, run)
+    if modes is None and any(pr.mixed for pr in problem.base.templates):
+        return SplitSolution(SolveStatus.ERROR, None, math.inf, 0.0, wall, backend,
+                             f"{run.detail}; the solution picks no single recompute mode for a stage")
+    objective_s = problem.iteration_time(layers, modes)
     bound_s = min(bound_s, objective_s)  # no split beats one that exists
     status, detail = run.status, run.detail
     if status == SolveStatus.OPTIMAL and objective_s - bound_s > REL_TOLERANCE * objective_s:
@@ -323,7 +337,24 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
                    f"{objective_s:.9g} s (more than {REL_TOLERANCE:g})")
     model_s = run.objective / UNIT_PER_S if run.objective is not None else None
     extra = {"unit_per_s": UNIT_PER_S, "rel_tolerance": REL_TOLERANCE, "model_objective_s": model_s}
-    return SplitSolution(status, layers, objective_s, bound_s, wall, backend, detail, extra)
+    return SplitSolution(status, layers, objective_s, bound_s, wall, backend, detail, extra, recompute=modes)
+
+
+def _modes(problem: PlanProblem, choices: list, run) -> list[str] | None:
+    """Each stage's recompute mode from its binaries (C2r), flat; None without per-stage recompute, or
+    where a stage's binaries do not pick one option."""
+    if not any(pr.mixed for pr in problem.base.templates):
+        return None
+    stages = [(pr, i) for pr in problem.base.templates for i in range(pr.depth)]
+    modes = []
+    for (pr, _), choice in zip(stages, choices, strict=True):
+        if choice is None or choice[1] is None:
+            return None
+        picked = [r for (_, r), x in zip(*choice, strict=True) if (run.value(x) or 0.0) > 0.5]
+        if len(picked) != 1:
+            return None
+        modes.append(pr.modes[picked[0]])
+    return modes
 
 
 def _split(problem: PlanProblem, L: list[pulp.LpVariable], run) -> list[int] | None:

@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pulp
 import pytest
+from conftest import REPO
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -219,7 +220,7 @@ def test_a_solver_stopped_early_is_never_optimal(shapes, shape, formulation, bac
 
 def milp_at(problem: PlanProblem, layers: list[int], backend: str = "highs") -> float:
     """The MILP's optimum (seconds) with its layer counts fixed to `layers`."""
-    model, L = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
+    model, L, _ = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
     for var, n in zip(L, layers, strict=True):
         var.lowBound = var.upBound = n
     run = backends.get(backend).run(model, SolveOptions(time_limit_s=30))
@@ -343,7 +344,7 @@ def test_regression_a_time_limited_milp_is_not_reported_optimal(shapes):
     """Issue 11.1: PuLP says "Optimal" for a CBC run its time limit stopped; only sol_status says
     otherwise. The run is TIMEOUT, with CBC's own bound from its log."""
     problem, best, _, hint = shapes["two-templates"]
-    model, L = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
+    model, L, _ = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
     start = dict(zip(L, hint, strict=True))
     run = backends.get("cbc").run(model, SolveOptions(time_limit_s=0.0), start)
     if model.sol_status == pulp.LpSolutionOptimal:
@@ -370,7 +371,7 @@ def test_regression_two_templates_milp_is_the_evaluator(shapes):
         assert sol.objective_s == pytest.approx(best, rel=MILP_REL)
         assert sol.extra["model_objective_s"] == pytest.approx(sol.objective_s, rel=MILP_REL)
     # without the upper rows of (C2b) the program is the loose one of the issue
-    model, L = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
+    model, L, _ = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
     for name in [n for n in model.constraints if n.startswith(("C2b_exact", "C2b_active"))]:
         del model.constraints[name]
     for var, n in zip(L, old_split, strict=True):
@@ -444,3 +445,79 @@ def test_regression_cpsat_reports_optimal_only_within_its_rounding(shapes, monke
     assert sol.status == SolveStatus.FEASIBLE and "rounding" in sol.detail
     check_answer(problem, sol, best, "cpsat")
     assert sol.bound_s >= best - 2 * sol.extra["rounding_error_s"]  # honest, not vacuous
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-stage recompute: every stage picks its mode with its layers (C2r)
+
+MIXED_SHAPES = {
+    # one template over two classes; a pair of templates; ZeRO-3 (tabulated passes); interleaved
+    "one-template": ("demo-a100-v100-llama7b", SHAPES["one-template"][2]),
+    "two-templates": ("a100-t4-gpt3-1.3b", SHAPES["two-templates"][2]),
+    "zero-3": ("demo-a100-v100-llama7b", replace(SHAPES["one-template"][2], zero=3)),
+    "interleaved": ("demo-a100-v100-llama7b", SHAPES["interleaved"][2]),
+}
+
+
+def milp_at_modes(problem: PlanProblem, layers: list[int], modes: list[str]) -> float:
+    """The MILP's optimum (seconds) with every stage's layer count and recompute mode fixed."""
+    model, L, choices = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
+    stages = [pr for pr in problem.base.templates for _ in range(pr.depth)]
+    for var, n, mode, pr, (options, w) in zip(L, layers, modes, stages, choices, strict=True):
+        var.lowBound = var.upBound = n
+        for (count, r), x in zip(options, w, strict=True):
+            if count == n and pr.modes[r] != mode:
+                x.upBound = 0
+    run = backends.get("highs").run(model, SolveOptions(time_limit_s=30))
+    assert run.status == SolveStatus.OPTIMAL, run.detail
+    return run.objective / split_milp.UNIT_PER_S
+
+
+@pytest.mark.parametrize("shape", list(MIXED_SHAPES))
+def test_per_stage_recompute_is_the_evaluator_at_every_sampled_split_and_mix(shape):
+    """A stage's mode changes only its own passes and memory: the problem resolved at a mix of modes
+    is the evaluator's plan with those modes, and the MILP with layers and modes fixed equals it."""
+    from hetopt.evaluate import evaluate
+
+    instance, sk = MIXED_SHAPES[shape]
+    inst = load_instance(instance)
+    sk = replace(sk, recompute="none", modes=("none", "full"))
+    problem = plan_problem(inst, sk, Profiles(), planning_scenarios(inst, "stable"), "stable")
+    assert all(pr.mixed for pr in problem.base.templates)
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(40):
+        layers = random_split(problem, rng)
+        modes = [rng.choice(("none", "full")) for _ in layers]
+        stages = [(pr, i) for pr in problem.base.templates for i in range(pr.depth)]
+        fits = all((n, pr.modes.index(m)) in pr.options(i, n) for (pr, i), n, m in zip(stages, layers, modes,
+                                                                                      strict=True))
+        exact = problem.iteration_time(layers, modes)
+        plan = sk.placed(layers, inst.cluster, modes)
+        timed = evaluate(inst, plan)
+        assert timed.iteration_time_s == pytest.approx(exact, rel=1e-9), (layers, modes)
+        assert timed.fits == fits, (layers, modes)  # the options are the evaluator's memory
+        if fits and checked < 6:
+            assert milp_at_modes(problem, layers, modes) == pytest.approx(exact, rel=MILP_REL), (layers, modes)
+            checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("formulation,backend", PAIRS)
+def test_per_stage_recompute_optimum_is_the_best_of_every_split_and_mix(formulation, backend):
+    """Brute force over every split and every mix of modes of a 4-stage skeleton whose memory binds
+    (s13's L4s): each backend's answer is that optimum, proven, with its modes."""
+    inst = load_instance(REPO / "tests" / "small" / "s13-recompute-per-stage.yaml")
+    sk = Skeleton(1, "none", (Template((Segment("L4", "r0", 1, 4),), 1, 8),), modes=("none", "full"))
+    problem = plan_problem(inst, sk, Profiles(), planning_scenarios(inst, "stable"), "stable")
+    pr = problem.base.templates[0]
+    best = min((problem.iteration_time(list(c), list(m)), list(c), list(m))
+               for c in compositions(pr.layers, pr.depth)
+               for m in itertools.product(pr.modes, repeat=pr.depth)
+               if all((n, pr.modes.index(x)) in pr.options(i, n) for i, (n, x) in enumerate(zip(c, m, strict=True))))
+    assert len({*best[2]}) == 2  # the optimum mixes the modes
+    sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=60))
+    assert sol.status == SolveStatus.OPTIMAL, sol.detail
+    assert sol.objective_s == problem.iteration_time(sol.layers, sol.recompute)
+    assert sol.objective_s == pytest.approx(best[0], rel=tolerance(backend))
+    assert sol.bound_s <= best[0] * (1 + BOUND_REL)

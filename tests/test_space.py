@@ -164,3 +164,26 @@ def test_zero_stages_in_the_space_follow_search_zero():
     two = plan.model_copy(update={"pipelines": [plan.pipelines[0], plan.pipelines[0]]})
     assert any("ZeRO stage 3 with 2 templates" in why
                for why in outside_space(inst, two, dataclasses.replace(base, zero=(1, 2, 3))))
+
+
+def test_per_stage_recompute_holds_every_mix_of_the_modes_and_only_with_the_option():
+    """With search.recompute_per_stage one skeleton per group holds every mix of the recompute modes (the
+    least-work mode for its compute, the most saving for its memory): a plan mixing modes is in that space
+    and outside the default one, which says why; a mode outside search.recompute is outside both."""
+    inst = load_instance(REPO / "tests" / "small" / "s13-recompute-per-stage.yaml")
+    per_stage = SearchOptions.from_instance(inst)
+    uniform = dataclasses.replace(per_stage, recompute_per_stage=False)
+    groups = {opts: list(enumerate_groups(inst, opts, SearchStats())) for opts in (per_stage, uniform)}
+    for group in groups[per_stage]:
+        assert group.recompute_options == ("none",) and group.stage_modes == ("none", "full")
+    # the same groups, each uniform mode folded into the per-stage skeleton
+    count = {opts: sum(1 for g in gs for _ in g.skeletons()) for opts, gs in groups.items()}
+    assert count[uniform] == 2 * count[per_stage] > 0
+    sk = next(sk for g in groups[per_stage] for sk in g.skeletons() if sk.depth == 4)
+    assert (sk.recompute, sk.memory_mode) == ("none", "full")
+    mixed = sk.plan([2, 2, 2, 2], ["full", "none", "none", "none"])
+    assert [st.recompute for st in mixed.pipelines[0].stages] == ["full", "none", "none", "none"]
+    assert outside_space(inst, mixed, per_stage) == []
+    assert any("one for every stage" in why for why in outside_space(inst, mixed, uniform))
+    selective = sk.plan([2, 2, 2, 2], ["selective", "none", "none", "none"])
+    assert any("recompute" in why for why in outside_space(inst, selective, per_stage))

@@ -3,7 +3,8 @@ exact planner must match on small instances.
 
 It shares the plan space (hetopt.search.space) but nothing of the search: no bounds, no linearisation,
 no integer programs. Every skeleton is placed; every split of the layers into the stages of each of its
-templates (each ≥ 1) is built as a plan and priced by the evaluator's own features; plans that do not fit are skipped.
+templates (each ≥ 1) — and, with per-stage recompute, every assignment of modes to its stages — is built as a
+plan and priced by the evaluator's own features; plans that do not fit are skipped.
 Refused beyond `budget` plans, with a message saying how many it would take.
 """
 
@@ -48,7 +49,8 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
     skeletons, size = [], 0
     for sk in enumerate_skeletons(inst, options, stats):
         skeletons.append(sk)
-        size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths)
+        size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths) \
+            * max(1, len(sk.modes)) ** sk.depth
         if size > budget:  # counting the rest would take as long as the refusal saves
             raise InputError("--planner exhaustive", [Problem(
                 "planner", f"the plan space has more than {budget:,} plans (the exhaustive budget) — "
@@ -61,15 +63,17 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
         except InfeasibleError:
             stats.pruned["placement"] += 1
             continue
+        mixes = list(itertools.product(sk.modes, repeat=sk.depth)) if sk.modes else [None]
         for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)):
             layers = [n for t in split for n in t]
             if any(n % sk.virtual_stages for n in layers):
                 continue  # interleaved: every stage holds whole model chunks
-            plan = sk.plan(layers).model_copy(update={"placement": placement})
-            evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
-            evaluated += 1
-            t = aggregate([ev.iteration_time_s for ev in evs], probabilities, objective)
-            if evs[0].fits and t < best_t:
-                best, best_t = plan, t
+            for modes in mixes:
+                plan = sk.plan(layers, modes).model_copy(update={"placement": placement})
+                evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
+                evaluated += 1
+                t = aggregate([ev.iteration_time_s for ev in evs], probabilities, objective)
+                if evs[0].fits and t < best_t:
+                    best, best_t = plan, t
     stats.solved = evaluated
     return ExhaustiveResult(best, best_t, evaluated, stats)

@@ -1,5 +1,6 @@
 """`random`: budgeted random search over hetopt's own plan space, seeded — a skeleton drawn at random (a
-family, then one of its groups, then one of its skeletons), a random layer split of each template, timed;
+family, then one of its groups, then one of its skeletons), a random layer split of each template (and,
+with per-stage recompute, a random mode for each stage), timed;
 the best plan that fits is kept. No bounds, so no proof: what a search without a model of the space finds
 in the same time."""
 
@@ -46,5 +47,6 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
         for depth in sk.depths:
             cuts = sorted(rng.sample(range(1, layers), depth - 1))
             split += [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
-        cands.offer(sk.plan(split))
+        modes = [rng.choice(sk.modes) for _ in split] if sk.modes else None
+        cands.offer(sk.plan(split, modes))
     return cands.result("random", f"{tries} random skeletons, seed {seed}")

@@ -353,7 +353,7 @@ class Bounds:
         return self._templates[key]
 
     def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                       replicas_total: int, flows: int = 1, zero: int = 1) -> float:
+                       replicas_total: int, flows: int = 1, zero: int = 1, memory: str | None = None) -> float:
         """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and L_i ≤ the
         most layers stage i holds in memory with ZeRO stage `zero` over `replicas_total` (`stage_caps`).
         ZeRO-2/3 only add to a pass (its exposed collectives, ≥ 0), so the lines hold for them too; and
@@ -363,10 +363,12 @@ class Bounds:
         rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
         but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least
         (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g.
-        `flows`: the template's replicas, sharing island links (`send_s`)."""
-        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero)
+        `flows`: the template's replicas, sharing island links (`send_s`); `memory`: the recompute mode of
+        the caps (per-stage recompute: the most saving; default `recompute`)."""
+        memory = memory or recompute
+        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero, memory)
         if key not in self._pipelines:
-            caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
+            caps = self.stage_caps(micro_batch, memory, segments, replicas_total, zero)
             kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
             self._pipelines[key] = max(
                 pipeline_at(self.stage_lines(micro_batch, recompute, segments, flows, zero, collectives), caps,
@@ -431,26 +433,32 @@ class Bounds:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
         template's pipeline (and gradient reduction), then for the optimizer step (`optimizer_bound`)."""
         replicas_total = sum(t.replicas for t in sk.templates)
+        # per-stage recompute: compute at the least-work mode, memory (and the all-reduce's overlap with
+        # stage 0's backward pass) at the most saving one — each the side no mix of modes can beat
         return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages,
-                                      sk.zero)
+                                      sk.zero, sk.memory_mode)
                    for t in sk.templates) \
             + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
-                      virtual_stages: int = 1, zero: int = 1) -> float:
+                      virtual_stages: int = 1, zero: int = 1, memory: str | None = None) -> float:
         """One template's `pipeline_bound` (memory caps at ZeRO stage `zero` over `replicas_total`), raised
         by its stage 0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`,
         `drained_pipeline`; ZeRO-2/3 have no such all-reduce: they reduce-scatter in every backward pass).
         Interleaved with v chunks per stage the pipeline is (1/v)·[(v·m − 1)·max τ + Σ τ]: the bound of v·m
-        micro-batches, divided by v (memory caps at one chunk: interleaving only holds more)."""
+        micro-batches, divided by v (memory caps at one chunk: interleaving only holds more). `memory`: the
+        recompute mode of the memory caps and of stage 0's backward pass beside its all-reduce (per-stage
+        recompute: the most saving of the modes; default `recompute`)."""
         segments, m, v = template.segments, template.micro_batches, virtual_stages
-        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas, v, zero)
+        memory = memory or recompute
+        key = (micro_batch, recompute, segments, m, replicas_total, template.replicas, v, zero, memory)
         if key not in self._drained:
             flows = template.replicas
-            bound = self.pipeline_bound(micro_batch, recompute, segments, v * m, replicas_total, flows, zero) / v
-            drain = self.stage0_drain(micro_batch, recompute, segments, template.replicas) if zero <= 1 else None
+            bound = self.pipeline_bound(micro_batch, recompute, segments, v * m, replicas_total, flows, zero,
+                                        memory) / v
+            drain = self.stage0_drain(micro_batch, memory, segments, template.replicas) if zero <= 1 else None
             if drain is not None and math.isfinite(bound):
-                caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
+                caps = self.stage_caps(micro_batch, memory, segments, replicas_total, zero)
                 lines = self.stage_lines(micro_batch, recompute, segments, flows)
                 bound = max(bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain, v))
             self._drained[key] = bound
@@ -829,10 +837,9 @@ def placed_bound(problem) -> float:
             pipe /= v
             t_sync = max(t_sync, pipe)
             top = max(1, min(pr.max_layers()[0], layers))
-            drain = max(drain, min(pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n) for n in range(1, top + 1)))
-            drained = max(drained, drained_pipeline(
-                lines, caps, layers, pr.micro_batches,
-                lambda n, pr=pr: pr.dp[0].at(n) - pr.dp_overlap[0] * _pass(pr, n), v))
+            drain = max(drain, min(_drain(pr, n) for n in range(1, top + 1)))
+            drained = max(drained, drained_pipeline(lines, caps, layers, pr.micro_batches,
+                                                    lambda n, pr=pr: _drain(pr, n), v))
             t_opt = max(t_opt, max(f.at(1) for f in pr.opt))
         times.append(max(t_sync + max(0.0, drain), drained) + sc.cross_s + t_opt)
     return aggregate(times, list(problem.probabilities), problem.objective, problem.alpha)
@@ -849,6 +856,8 @@ def exposed_at_least(pr, i: int) -> float:
     return out / units
 
 
-def _pass(pr, n: int) -> float:
-    """Stage 0's backward pass at n layers, as the evaluator prices it (SplitProblem.pass_s)."""
-    return pr.pass_s(0, n, "b")
+def _drain(pr, n: int) -> float:
+    """How long stage 0's gradient all-reduce outlasts the pipeline at n layers, D_0(n) − o_0·y^b_0(n), the
+    backward pass as the evaluator prices it (SplitProblem.pass_s); with per-stage recompute the least over
+    its modes (the longest pass)."""
+    return min(pr.dp[0].at(n) - pr.dp_overlap[0] * alt.pass_s(0, n, "b") for alt in pr.variants())

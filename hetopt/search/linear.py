@@ -10,10 +10,17 @@ the formulations write with two epigraph inequalities: y ≥ h + s·d and y ≥ 
 Under ZeRO-2/3 a pass also waits for its collectives K(L) (affine too), streamed unit by unit beside its
 compute P(L): it takes max(P, K) + min(P, K)/n with n = L + e units (pricing.zero_exposed) — not affine
 in L, so `SplitProblem.pass_s` gives it exactly for each L and the formulations tabulate it.
+
+With per-stage recompute (Skeleton.modes) a stage's passes and memory depend on its mode too: the
+problem keeps one copy of the template per mode (`alternatives`), and the formulations tabulate each
+stage over its options (layer count, mode) that fit in memory (`SplitProblem.options`). A stage's
+mode changes its own passes and activation memory only: its sends, gradient all-reduce and optimizer
+step are the same in every mode.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -77,19 +84,57 @@ class SplitProblem:
     """… and per backward pass, K^b_i(L)."""
     zero_units: tuple[int, ...] = ()
     """Units each stage streams besides its L layers (the embedding, the head): n_i = L + e_i."""
+    modes: tuple[str, ...] = ()
+    """Per-stage recompute: the modes a stage may run, least work first; () — one mode for the plan."""
+    alternatives: tuple[SplitProblem, ...] = ()
+    """… and this template with every stage in each of them (the same order). The problem's own lines
+    are the least-work mode's, which bound every mix's compute from below, and `max_layers` the most any
+    mode holds; only `options` and `resolve` give a mix its exact time and memory."""
 
     @property
     def depth(self) -> int:
         return len(self.p2p)
 
     @property
+    def mixed(self) -> bool:
+        """Whether each stage picks its recompute mode (formulations then tabulate (layers, mode))."""
+        return bool(self.alternatives)
+
+    def variants(self) -> tuple[SplitProblem, ...]:
+        """The template in each mode a stage may run: the alternatives, or this problem alone."""
+        return self.alternatives or (self,)
+
+    def resolve(self, modes: Sequence[str]) -> SplitProblem:
+        """The template with stage i in mode modes[i], as one plain problem (no alternatives)."""
+        if not self.mixed:
+            return self
+        picks = [self.alternatives[self.modes.index(m)] for m in modes]
+        per_stage = ("serial", "host_fwd", "dev_fwd", "host_bwd", "dev_bwd", "p2p", "dp", "dp_overlap", "opt",
+                     "mem_gib", "mem_limit_gib", "zero_fwd", "zero_bwd", "zero_units")
+        fields = {name: tuple(getattr(pr, name)[i] for i, pr in enumerate(picks)) if getattr(self, name) else ()
+                  for name in per_stage}
+        return replace(self, modes=(), alternatives=(), **fields)
+
+    def options(self, i: int, top: int) -> list[tuple[int, int]]:
+        """Stage i's choices as (layers n, mode index k): n ≤ top a multiple of the virtual stages, and
+        (per-stage recompute) stage i holding n layers in mode k within its memory."""
+        counts = [n for n in range(1, top + 1) if n % self.virtual_stages == 0]
+        if not self.mixed:
+            return [(n, 0) for n in counts]
+        return [(n, k) for n in counts for k, pr in enumerate(self.alternatives)
+                if pr.mem_gib[i].at(n) <= pr.mem_limit_gib[i] + 1e-9]
+
+    @property
     def tabulated(self) -> bool:
         """Whether a pass time is not affine in L (ZeRO-2/3), so formulations take it from `pass_s`."""
         return bool(self.zero_fwd)
 
-    def pass_s(self, i: int, layers: int, kind: str) -> float:
-        """Seconds of stage i's forward ("f") or backward ("b") pass at `layers` layers, as the evaluator
-        prices it: max(h, d) + s·min(h, d), and under ZeRO-2/3 max(P, K) + min(P, K)/n."""
+    def pass_s(self, i: int, layers: int, kind: str, mode: int = 0) -> float:
+        """Seconds of stage i's forward ("f") or backward ("b") pass at `layers` layers (in its mode of
+        index `mode` with per-stage recompute), as the evaluator prices it: max(h, d) + s·min(h, d), and
+        under ZeRO-2/3 max(P, K) + min(P, K)/n."""
+        if self.mixed:
+            return self.alternatives[mode].pass_s(i, layers, kind)
         h, d, z = (self.host_fwd, self.dev_fwd, self.zero_fwd) if kind == "f" else \
             (self.host_bwd, self.dev_bwd, self.zero_bwd)
         compute = float(overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i]))
@@ -98,7 +143,9 @@ class SplitProblem:
         return float(streamed_pass(compute, z[i].at(layers), layers + self.zero_units[i]))
 
     def max_layers(self) -> list[int]:
-        """The most layers each stage can hold in memory."""
+        """The most layers each stage can hold in memory (in its most saving mode, per-stage recompute)."""
+        if self.mixed:
+            return [max(col) for col in zip(*(pr.max_layers() for pr in self.alternatives), strict=True)]
         out = []
         for mem, limit in zip(self.mem_gib, self.mem_limit_gib, strict=True):
             if mem.slope <= 0:
@@ -113,10 +160,14 @@ class SplitProblem:
             return tuple(Affine(f.slope * k, f.intercept * k) for f in fs)
         return replace(self, host_fwd=times(self.host_fwd), dev_fwd=times(self.dev_fwd), host_bwd=times(self.host_bwd),
                        dev_bwd=times(self.dev_bwd), p2p=tuple(c * k for c in self.p2p), dp=times(self.dp),
-                       opt=times(self.opt), zero_fwd=times(self.zero_fwd), zero_bwd=times(self.zero_bwd))
+                       opt=times(self.opt), zero_fwd=times(self.zero_fwd), zero_bwd=times(self.zero_bwd),
+                       alternatives=tuple(pr.scaled(k) for pr in self.alternatives))
 
-    def times(self, layers: list[int]) -> np.ndarray:
-        """Priced parts (stages, N_PARTS) of this template for a split, as the evaluator prices them."""
+    def times(self, layers: list[int], modes: Sequence[str] | None = None) -> np.ndarray:
+        """Priced parts (stages, N_PARTS) of this template for a split (and each stage's recompute mode,
+        per-stage recompute), as the evaluator prices them."""
+        if self.mixed:
+            return self.resolve(modes if modes is not None else [self.modes[0]] * self.depth).times(layers)
         serial = np.array(self.serial)
         n = np.array(layers, dtype=float)
 
@@ -148,17 +199,18 @@ class ScenarioProblem:
     def layers(self) -> int:
         return self.templates[0].layers
 
-    def split(self, layers: list[int]) -> list[list[int]]:
+    def split(self, layers: Sequence) -> list[list]:
         out, start = [], 0
         for t in self.templates:
             out.append(list(layers[start:start + t.depth]))
             start += t.depth
         return out
 
-    def iteration_time(self, layers: list[int]) -> float:
-        """The evaluator's iteration time for a flat split (template after template), through the evaluator's
-        own pipeline functions."""
-        timed = [t.times(n) for t, n in zip(self.templates, self.split(layers), strict=True)]
+    def iteration_time(self, layers: list[int], modes: Sequence[str] | None = None) -> float:
+        """The evaluator's iteration time for a flat split (template after template; with per-stage
+        recompute, `modes` flat the same way), through the evaluator's own pipeline functions."""
+        per_template = self.split(modes) if modes is not None else [None] * len(self.templates)
+        timed = [t.times(n, md) for t, n, md in zip(self.templates, self.split(layers), per_template, strict=True)]
         t_sync = max(float(pipe_times(times, t.micro_batches, t.virtual_stages)[0])
                      for t, times in zip(self.templates, timed, strict=True))
         t_dp = max(float(dp_finish(times, t_sync, np.array(t.dp_overlap)))
@@ -189,10 +241,10 @@ class PlanProblem:
     def scaled(self, k: float) -> PlanProblem:
         return replace(self, scenarios=tuple(sc.scaled(k) for sc in self.scenarios))
 
-    def iteration_time(self, layers: list[int]) -> float:
+    def iteration_time(self, layers: list[int], modes: Sequence[str] | None = None) -> float:
         from hetopt.search.robust import aggregate
 
-        return aggregate([sc.iteration_time(layers) for sc in self.scenarios], list(self.probabilities),
+        return aggregate([sc.iteration_time(layers, modes) for sc in self.scenarios], list(self.probabilities),
                          self.objective, self.alpha)
 
 
@@ -204,6 +256,11 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
                   ) -> ScenarioProblem:
     """Linearise the evaluator for one skeleton (under `cluster`'s link bandwidths, default the instance's);
     raises InfeasibleError when it cannot be placed."""
+    if sk.modes:  # per-stage recompute: the template in each mode, the least-work one first
+        each = [split_problem(inst, replace(sk, recompute=mode, modes=()), profiles, cluster) for mode in sk.modes]
+        templates = tuple(replace(variants[0], modes=sk.modes, alternatives=variants)
+                          for variants in zip(*(sc.templates for sc in each), strict=True))
+        return ScenarioProblem(templates, each[0].cross_s)
     plan1 = sk.placed([1] * sk.depth, inst.cluster)
     plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
     f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)

@@ -246,7 +246,8 @@ class _Run:
         if sol.layers is not None and (t < self.incumbent
                                        or (self.best_sk is None and t <= self.incumbent * (1 + 1e-12))):
             sk = node.skeleton
-            self.incumbent, self.best, self.best_sk = t, sk.placed(sol.layers, self.inst.cluster), sk
+            self.incumbent, self.best_sk = t, sk
+            self.best = sk.placed(sol.layers, self.inst.cluster, sol.recompute)
             if self.tree is not None:
                 self.tree.incumbent = t
 
@@ -328,7 +329,7 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = m
     hint = tuple(x for t in pr.base.templates for x in speed_split(t))
     sol = solve_skeleton(pr, ctx.formulation, ctx.backend,
                          SolveOptions(time_limit_s=left_s, seed=ctx.seed, hint=hint))
-    return "solved", sol, (pr.iteration_time(sol.layers) if sol.layers is not None else math.inf)
+    return "solved", sol, (pr.iteration_time(sol.layers, sol.recompute) if sol.layers is not None else math.inf)
 
 
 def _record_fallbacks(stats: SearchStats, sk: Skeleton, sol: SplitSolution,

@@ -10,8 +10,10 @@ its replicas (where M has no divisor that uses them all), or two depths or TP de
 template may also run the interleaved 1F1B schedule with v model chunks per stage (search.virtual_stages):
 every stage then holds a multiple of v layers. One template with several replicas may shard its
 gradients (ZeRO-2) or also its 16-bit weights (ZeRO-3, FSDP) over them (search.zero): less memory for
-collectives in every micro-batch. The per-skeleton integer program then chooses the layers of every
-stage of every template.
+collectives in every micro-batch. With search.recompute_per_stage each stage picks its own recompute
+mode among those allowed (`Skeleton.modes`): the stages that hold the most in-flight activations (the
+first, in 1F1B) recompute while the others do not. The per-skeleton integer program then chooses the
+layers (and so mixed, the recompute mode) of every stage of every template.
 
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
@@ -75,6 +77,14 @@ class Skeleton:
     """Model chunks per stage: > 1 is the interleaved 1F1B schedule, every stage's layers a multiple of it."""
     zero: int = 1
     """ZeRO stage over the data-parallel group (2 and 3 with one template only)."""
+    modes: tuple[str, ...] = ()
+    """Per-stage recompute: each stage runs one of these modes, chosen with the split (`recompute` is then
+    their least-work mode, which bounds the compute); () — every stage runs `recompute`."""
+
+    @property
+    def memory_mode(self) -> str:
+        """The recompute mode whose memory bounds every stage's: the most saving one a stage may run."""
+        return most_saving(self.modes) if self.modes else self.recompute
 
     @property
     def depth(self) -> int:
@@ -93,11 +103,14 @@ class Skeleton:
             start += d
         return out
 
-    def plan(self, layers: list[int]) -> Plan:
-        pipelines = []
-        for t, t_layers in zip(self.templates, self.split(layers), strict=True):
-            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=self.recompute, sp=True)
-                      for n, seg in zip(t_layers, t.stage_list(), strict=True)]
+    def plan(self, layers: list[int], recompute: list[str] | tuple[str, ...] | None = None) -> Plan:
+        """The plan of a flat layer vector, with each stage's recompute mode (`recompute`, flat like
+        `layers`; default: every stage runs `self.recompute`)."""
+        pipelines, modes = [], self.split(list(recompute)) if recompute is not None else None
+        for j, (t, t_layers) in enumerate(zip(self.templates, self.split(layers), strict=True)):
+            t_modes = modes[j] if modes is not None else [self.recompute] * t.depth
+            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=rc, sp=True)
+                      for n, seg, rc in zip(t_layers, t.stage_list(), t_modes, strict=True)]
             pipelines.append(Pipeline(replicas=t.replicas, micro_batches=t.micro_batches, stages=stages))
         v = self.virtual_stages
         return Plan(micro_batch=self.micro_batch, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
@@ -110,13 +123,15 @@ class Skeleton:
             parts.append(f"R={t.replicas} m={t.micro_batches}: {segs}")
         vp = f" interleaved vp={self.virtual_stages}" if self.virtual_stages > 1 else ""
         zero = f" zero{self.zero}" if self.zero != 1 else ""
-        return f"b={self.micro_batch} {self.recompute}{vp}{zero} {self.order}-major: " + " ‖ ".join(parts)
+        rc = f"per-stage {'|'.join(self.modes)}" if self.modes else self.recompute
+        return f"b={self.micro_batch} {rc}{vp}{zero} {self.order}-major: " + " ‖ ".join(parts)
 
-    def placed(self, layers: list[int], cluster) -> Plan:
-        """The plan for a layer split, placed in this skeleton's order (which the split does not change)."""
+    def placed(self, layers: list[int], cluster, recompute: list[str] | tuple[str, ...] | None = None) -> Plan:
+        """The plan for a layer split (and per-stage recompute modes), placed in this skeleton's order
+        (which neither changes)."""
         from hetopt.placement import place
 
-        return place(self.plan(layers), cluster, self.order)
+        return place(self.plan(layers, recompute), cluster, self.order)
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,8 @@ class SearchOptions:
     zero: tuple[int, ...] = DEFAULT_ZERO
     """ZeRO stages to try: 2 and 3 for one template only (`Family.zero_at`); ZeRO-1 alone by default, as
     ZeRO-2/3 skeletons about double the near-optimal ones a proof must solve (README)."""
+    recompute_per_stage: bool = False
+    """Each stage picks its own mode of `recompute` (one skeleton holds every mix: `Skeleton.modes`)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
@@ -146,7 +163,7 @@ class SearchOptions:
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
                    max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
-                   tp_across_nodes=s.tp_across_nodes)
+                   recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes)
 
 
 @dataclass
@@ -182,6 +199,11 @@ def least_work(modes) -> str:
     return min(modes, key=DEFAULT_RECOMPUTE.index)
 
 
+def most_saving(modes) -> str:
+    """The recompute mode with the least activation memory among `modes` (the most recomputed)."""
+    return max(modes, key=DEFAULT_RECOMPUTE.index)
+
+
 def tp_divides_heads(inst: Instance, tp: int) -> bool:
     """A TP degree splits the attention heads and the key/value heads (grouped-query attention) evenly
     (Megatron-LM requires both: num_attention_heads and num_query_groups divisible by the TP size)."""
@@ -206,6 +228,9 @@ class SkeletonGroup:
     (v > 1) the micro-batches per replica are a multiple of the stages."""
     zero_options: tuple[int, ...] = (1,)
     """ZeRO stages (`Family.zero_at`)."""
+    stage_modes: tuple[str, ...] = ()
+    """Per-stage recompute: the modes each stage picks from (`Skeleton.modes`); recompute_options is then
+    their least-work mode alone."""
 
     @property
     def size(self) -> int:
@@ -224,7 +249,7 @@ class SkeletonGroup:
                  zero: int = 1) -> Skeleton:
         return Skeleton(self.micro_batch, recompute,
                         (Template(self.segments, replicas, self.total_micro_batches // replicas),), order,
-                        virtual_stages, zero)
+                        virtual_stages, zero, self.stage_modes)
 
 
 @dataclass(frozen=True)
@@ -245,6 +270,8 @@ class PairGroup:
     R_a·p_a·t_a + R_b·p_b·t_b may not exceed; 0 for two classes."""
     zero: int = 1
     """The ZeRO stage (0 or 1: ZeRO-2/3 shard over one group of identical pipelines)."""
+    stage_modes: tuple[str, ...] = ()
+    """Per-stage recompute (`SkeletonGroup.stage_modes`)."""
 
     def fits(self, ra: int, rb: int) -> bool:
         """Whether R_a and R_b replicas fit on the GPUs (each side alone always does: a_replicas)."""
@@ -282,7 +309,7 @@ class PairGroup:
             mb = (self.total_micro_batches - ra * ma) // rb
             for order in orders(max(ra, rb)):
                 yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)),
-                               order, zero=self.zero)
+                               order, zero=self.zero, modes=self.stage_modes)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for ra, rb, rc in self.subgroups():
@@ -308,6 +335,8 @@ class Family:
     """The model's layers (a stage holds at least one chunk of v of them)."""
     zero_options: tuple[int, ...] = (1,)
     """ZeRO stages: one template's (`zero_at`), or a pair's one stage (0 or 1)."""
+    stage_modes: tuple[str, ...] = ()
+    """Per-stage recompute: the modes each stage picks from; recompute_options is their least-work one."""
 
     def zero_at(self, replicas: int) -> tuple[int, ...]:
         """The ZeRO stages worth trying at R replicas: with one replica there is nothing to shard, and
@@ -355,7 +384,7 @@ class Family:
         virtual = tuple(v for v in self.virtual_options
                         if v == 1 or (depth * v <= self.layers and m % depth == 0)) or (1,)
         group = SkeletonGroup(self.micro_batch, segments, (replicas,), self.recompute_options,
-                              self.total_micro_batches, virtual, self.zero_at(replicas))
+                              self.total_micro_batches, virtual, self.zero_at(replicas), self.stage_modes)
         stats.enumerated += group.size
         return group
 
@@ -393,7 +422,7 @@ class Family:
                 rb = tuple(range(1, min(cb.gpus // (tb * nb), (total_mb - na) // nb) + 1))
                 group = PairGroup(self.micro_batch, Segment(ca.gpu, ca.island, ta, na),
                                   Segment(cb.gpu, cb.island, tb, nb), ra, rb, self.recompute_options, total_mb,
-                                  shared, self.zero_options[0])
+                                  shared, self.zero_options[0], self.stage_modes)
                 stats.enumerated_groups += 1
                 yield group
 
@@ -429,6 +458,10 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
     # interleaving splits every stage's layers into v chunks: v must divide the model's layers
     virtual = tuple(v for v in sorted(set(opts.virtual_stages)) if inst.model.layers % v == 0) or (1,)
     zero = zero_stages(opts, stats)
+    # per-stage recompute: one skeleton holds every mix of the modes (each uniform mode among them)
+    modes = tuple(sorted(rc, key=DEFAULT_RECOMPUTE.index)) if opts.recompute_per_stage and len(rc) > 1 else ()
+    if modes:
+        rc = (least_work(modes),)
     pair_zero = tuple(z for z in zero if z <= 1)  # ZeRO-2/3 shard over one group of identical pipelines
     for b in opts.micro_batch:
         if inst.global_batch % b:
@@ -439,7 +472,7 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             for order in itertools.permutations(classes, k):
                 for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
                     stats.families += 1
-                    yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, zero)
+                    yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, zero, modes)
         if opts.max_templates >= 2 and pair_zero:
             # two classes, or one class twice: its replicas in two templates with uneven shares (also
             # a different depth or TP)
@@ -448,7 +481,7 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                     if pair[0] is pair[1] and tps[0] > tps[1]:
                         continue  # the same family the other way round
                     stats.families += 1
-                    yield Family(b, pair, tps, True, total_mb, rc, zero_options=pair_zero)
+                    yield Family(b, pair, tps, True, total_mb, rc, zero_options=pair_zero, stage_modes=modes)
 
 
 def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
@@ -488,8 +521,9 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
         why.append(f"micro-batch {plan.micro_batch} not in {list(opts.micro_batch)}")
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
     modes = {st.recompute for st in stages}
-    if len(modes) > 1 or not modes <= set(opts.recompute):
-        why.append(f"recompute {sorted(modes)} (the space: one of {list(opts.recompute)} for every stage)")
+    if not modes <= set(opts.recompute) or (len(modes) > 1 and not opts.recompute_per_stage):
+        each = "each stage's" if opts.recompute_per_stage else "one for every stage"
+        why.append(f"recompute {sorted(modes)} (the space: {each} of {list(opts.recompute)})")
     if any(not st.sp for st in stages):
         why.append("a stage without sequence parallelism")
     node_gpus = {}

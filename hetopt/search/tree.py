@@ -35,6 +35,7 @@ from hetopt.search.space import (
     SkeletonGroup,
     enumerate_families,
     least_work,
+    most_saving,
     orders,
 )
 from hetopt.spec.instance import Instance
@@ -77,8 +78,9 @@ class Tree:
 
     def pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
         """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
-        return tuple(rc for rc in modes if self.fits(group.micro_batch, rc, (group.a,), replicas_total, group.zero)
-                     and self.fits(group.micro_batch, rc, (group.b,), replicas_total, group.zero))
+        return tuple(rc for rc in modes
+                     if self.fits(group.micro_batch, memory_mode(rc, group), (group.a,), replicas_total, group.zero)
+                     and self.fits(group.micro_batch, memory_mode(rc, group), (group.b,), replicas_total, group.zero))
 
     def range_node(self, group: PairGroup, ra: int, rb: int, rows: bool, modes: tuple[str, ...]) -> PairRangeNode:
         bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
@@ -110,7 +112,8 @@ class Tree:
                 return None
             # by increasing work: the first mode that fits bounds every mode that does
             rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
-                       if self.fits(group.micro_batch, rc, group.segments, top, group.zero_options)), None)
+                       if self.fits(group.micro_batch, memory_mode(rc, group), group.segments, top,
+                                    group.zero_options)), None)
             if rc is None:
                 self.stats.pruned[MEMORY_RULE] += group.size
                 return None
@@ -133,6 +136,12 @@ class Tree:
     def refine(self, node: SkeletonNode) -> SkeletonNode:
         """The leaf keyed by its own bound (`Bounds.compute_lower_bound`), at least its parent's."""
         return replace(node, bound=max(node.bound, self.bounds.compute_lower_bound(node.skeleton)), refined=True)
+
+
+def memory_mode(recompute: str, group) -> str:
+    """The recompute mode whose memory a group's skeletons in mode `recompute` need at least: per-stage
+    recompute (the group's stage_modes) holds least in its most saving mode."""
+    return most_saving(group.stage_modes) if group.stage_modes else recompute
 
 
 @dataclass(frozen=True)
@@ -220,7 +229,7 @@ class GroupNode(Node):
     def expand(self, tree: Tree) -> list[Node]:
         out: list[Node] = []
         for sk in self.group.skeletons():
-            if tree.fits(sk.micro_batch, sk.recompute, self.group.segments, sk.templates[0].replicas, sk.zero):
+            if tree.fits(sk.micro_batch, sk.memory_mode, self.group.segments, sk.templates[0].replicas, sk.zero):
                 out.append(tree.skeleton_node(sk))
             else:
                 tree.stats.pruned[MEMORY_RULE] += 1

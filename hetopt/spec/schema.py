@@ -198,6 +198,10 @@ class SearchSection(Section):
         None, description="ZeRO stages to try (default [1]): 2 (gradients sharded too) and 3 (FSDP: the "
                           "16-bit weights too) trade per-micro-batch collectives for memory, for one-template "
                           "plans; 0 is never faster nor smaller than 1 and is searched only alone.")
+    recompute_per_stage: bool = Field(
+        False, description="Let each pipeline stage pick its own recompute mode among `recompute` (the "
+                           "first stages of 1F1B hold the most activations): one integer program per skeleton "
+                           "chooses the modes with the layers. Default false: a mode for the whole plan.")
     max_templates: Literal[1, 2] | None = Field(
         None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
                           "their own micro-batch shares.")

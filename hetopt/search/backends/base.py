@@ -72,6 +72,9 @@ class SplitSolution:
     extra: dict = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
     """Backends that failed on this skeleton before `backend` (fallbacks, in order)."""
+    recompute: list[str] | None = None
+    """Each stage's recompute mode, flat like `layers`, where the skeleton lets each stage pick
+    (per-stage recompute); None: every stage runs the skeleton's mode."""
 
 
 @dataclass(frozen=True)
