@@ -150,7 +150,7 @@ def check_answer(problem: PlanProblem, sol, best: float, backend: str) -> None:
     """What every answer must satisfy, proven or not."""
     assert sol.bound_s <= best * (1 + BOUND_REL), "a bound above the best split"
     if sol.layers is not None:
-        assert sol.objective_s == problem.iteration_time(sol.layers)
+        assert sol.objective_s == problem.iteration_time(sol.layers, sol.recompute)
         assert sol.objective_s >= best * (1 - 1e-12)
         assert sol.bound_s <= sol.objective_s
         model = sol.extra.get("model_objective_s")
@@ -261,7 +261,8 @@ def small_problems(draw) -> PlanProblem:
     and device lines may cross inside the domain, memory that may bind; one template may be ZeRO-2/3
     (passes that wait for collectives, which differ per scenario; mostly with no all-reduce after them,
     as in the cost model, which lets split-milp take convex tables' chords) and may run 2 model chunks
-    per stage (interleaved)."""
+    per stage (interleaved); every template may let each stage pick a recompute mode (per-stage
+    recompute: a "full" copy with more backward work and less memory per layer)."""
     layers = draw(st.integers(2, 8))
     n_templates = draw(st.integers(1, 2))
     n_sc = draw(st.integers(1, 3))
@@ -272,6 +273,7 @@ def small_problems(draw) -> PlanProblem:
         return Affine(draw(t_ms) * 1e-3 + 1e-4, draw(t_ms) * 1e-3)
 
     per_scenario = [[] for _ in range(n_sc)]
+    mixed = draw(st.integers(0, 3)) == 0
     for _ in range(n_templates):
         depth = draw(st.integers(1, min(3, layers)))
         stages = range(depth)
@@ -289,22 +291,49 @@ def small_problems(draw) -> PlanProblem:
         zero = n_templates == 1 and draw(st.booleans())
         no_allreduce = zero and draw(st.integers(0, 3)) > 0  # ZeRO-2/3 reduce-scatter in each pass
         units = tuple(draw(st.integers(0, 2)) for _ in stages)
+        variants = [base]
+        if mixed:  # recompute: the forward work again in the backward pass, activations freed
+            extra = [line() for _ in stages]
+            variants.append(replace(
+                base, dev_bwd=tuple(Affine(d.slope + e.slope, d.intercept + e.intercept)
+                                    for d, e in zip(base.dev_bwd, extra, strict=True)),
+                mem_gib=tuple(Affine(0.5, 0.0) for _ in stages)))
         for s in range(n_sc):  # communication differs per scenario
             comm = {"zero_fwd": tuple(line() for _ in stages), "zero_bwd": tuple(line() for _ in stages),
                     "zero_units": units} if zero else {}
             dp = tuple(Affine(0.0, 0.0) if no_allreduce else line() for _ in stages)
-            per_scenario[s].append(replace(base, p2p=tuple(draw(t_ms) * 1e-3 for _ in stages), dp=dp, **comm))
+            p2p = tuple(draw(t_ms) * 1e-3 for _ in stages)
+            each = tuple(replace(v, p2p=p2p, dp=dp, **comm) for v in variants)
+            per_scenario[s].append(replace(each[0], modes=("none", "full"), alternatives=each) if mixed
+                                   else each[0])
     weights = [draw(st.integers(1, 10)) for _ in range(n_sc)]
     scenarios = tuple(ScenarioProblem(tuple(ts), draw(t_ms) * 1e-3 if n_templates > 1 else 0.0)
                       for ts in per_scenario)
     return PlanProblem(scenarios, tuple(w / sum(weights) for w in weights), objective, CVAR_ALPHA)
 
 
+def fitting_choices(t: SplitProblem) -> list[tuple[tuple[int, ...], tuple[str, ...] | None]]:
+    """Every (split, each stage's mode) of one template that fits in memory (modes None: one mode)."""
+    splits = [c for c in compositions(t.layers, t.depth) if not any(n % t.virtual_stages for n in c)]
+    if not t.mixed:
+        return [(c, None) for c in splits if all(map(int.__le__, c, t.max_layers()))]
+    options = [set(t.options(i, t.layers)) for i in range(t.depth)]
+    return [(c, m) for c in splits for m in itertools.product(range(len(t.modes)), repeat=t.depth)
+            if all((n, r) in o for n, r, o in zip(c, m, options, strict=True))]
+
+
+def timed(problem: PlanProblem, choice) -> float:
+    """The evaluator's time of one (split, modes) per template."""
+    layers = [n for c, _ in choice for n in c]
+    if not problem.base.templates[0].mixed:
+        return problem.iteration_time(layers)
+    modes = [t.modes[r] for t, (_, m) in zip(problem.base.templates, choice, strict=True) for r in m]
+    return problem.iteration_time(layers, modes)
+
+
 def brute_force_small(problem: PlanProblem) -> float:
-    fits = [[c for c in compositions(t.layers, t.depth) if all(map(int.__le__, c, t.max_layers()))
-             and not any(n % t.virtual_stages for n in c)] for t in problem.base.templates]
-    return min((problem.iteration_time([n for part in split for n in part])
-                for split in itertools.product(*fits)), default=math.inf)
+    choices = [fitting_choices(t) for t in problem.base.templates]
+    return min((timed(problem, choice) for choice in itertools.product(*choices)), default=math.inf)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True,
@@ -314,6 +343,7 @@ def test_random_small_problems_match_brute_force(problem, rng):
     best = brute_force_small(problem)
     zero = " ZeRO" if problem.base.templates[0].tabulated else ""
     zero += " interleaved" if problem.base.templates[0].virtual_stages > 1 else ""
+    zero += " per-stage recompute" if problem.base.templates[0].mixed else ""
     event(f"{len(problem.base.templates)} template(s){zero}, {problem.objective}, "
           f"{'infeasible' if math.isinf(best) else 'feasible'}")
     for formulation, backend in PAIRS:
@@ -325,7 +355,15 @@ def test_random_small_problems_match_brute_force(problem, rng):
         check_answer(problem, sol, best, backend)
     if not math.isinf(best):
         layers = random_split(problem, rng)
-        exact = problem.iteration_time(layers)
+        if not problem.base.templates[0].mixed:
+            exact = problem.iteration_time(layers)
+        else:  # the MILP picks the modes too: the best fitting mix at this split
+            parts = problem.base.split(layers)
+            exact = min((timed(problem, choice) for choice in itertools.product(*(
+                [(c, m) for c, m in fitting_choices(t) if list(c) == part]
+                for t, part in zip(problem.base.templates, parts, strict=True)))), default=math.inf)
+            if math.isinf(exact):
+                return
         assert milp_at(problem, layers) == pytest.approx(exact, rel=MILP_REL)
 
 
