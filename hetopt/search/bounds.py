@@ -25,6 +25,7 @@ so no two runs ever share an entry.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -751,6 +752,54 @@ def pipeline_at(lines, caps: list[int], layers: int, micro_batches: int) -> floa
     return (m - 1) * lam + cheapest_sum(list(lines), layers, lam + delta, caps)
 
 
+def stage_tables(pr, caps: list[int]) -> list[list[float]]:
+    """Per-stage recompute: τ_i(L) for L = v, 2v, … ≤ caps_i (v chunks per stage; 1 in 1F1B), the least over
+    the modes in which stage i holds L layers of its passes and send, as the evaluator prices them. The
+    modes that hold L + v layers hold L too and each mode's τ rises with L, so τ_i rises; caps_i is the
+    most any mode holds, so every entry is finite."""
+    v, tables = pr.virtual_stages, []
+    for i in range(pr.depth):
+        best = [math.inf] * (caps[i] // v)
+        for n, r in pr.options(i, caps[i]):
+            best[n // v - 1] = min(best[n // v - 1], pr.pass_s(i, n, "f", r) + pr.pass_s(i, n, "b", r) + pr.p2p[i])
+        tables.append(best)
+    return tables
+
+
+def tabled_pipeline(tables: list[list[float]], layers: int, micro_batches: int) -> float:
+    """`pipeline_at` for stages whose times are tables τ_i(L), rising in L: the same two-evaluation bound
+    (m − 1)·λ + g(λ + Δ), with λ the min-max over integer splits (greedy, exact for rising functions) and
+    g(Λ) ≤ the least Σ τ_i with every τ_i ≤ Λ — one layer per stage, then the smallest steps
+    τ_i(L + 1) − τ_i(L) of the prefixes under Λ, taken in any order (a relaxation: the steps need not
+    rise); inf where no split fits."""
+    p = len(tables)
+    if any(not t or not math.isfinite(t[0]) for t in tables) or sum(map(len, tables)) < layers:
+        return math.inf
+    counts, level = [1] * p, max(t[0] for t in tables)
+    heap = [(t[1], i) for i, t in enumerate(tables) if len(t) > 1]
+    heapq.heapify(heap)
+    for _ in range(layers - p):
+        if not heap or not math.isfinite(heap[0][0]):
+            return math.inf
+        t, i = heapq.heappop(heap)
+        counts[i] += 1
+        level = max(level, t)
+        if counts[i] < len(tables[i]):
+            heapq.heappush(heap, (tables[i][counts[i]], i))
+
+    def g(cap: float) -> float:
+        steps = sorted(b - a for t in tables for a, b in itertools.pairwise(t) if b <= cap * (1 + 1e-12))
+        if len(steps) < layers - p:
+            return math.inf
+        return sum(t[0] for t in tables) + sum(steps[:layers - p])
+
+    m, s = micro_batches, g(math.inf)
+    if m <= 1:
+        return max(level, s)
+    delta = (g(level) - s) / (m - 1)
+    return (m - 1) * level + g(level + delta)
+
+
 def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batches: int, drain,
                      virtual_stages: int = 1) -> float:
     """T ≥ min over L_0 of [(m − 1)·max(τ_0(L_0), λ_rest(N − L_0)) + τ_0(L_0) + S_rest(N − L_0)
@@ -832,6 +881,8 @@ def placed_bound(problem) -> float:
             m = v * pr.micro_batches  # interleaved: v·T_pipe = (v·m − 1)·max τ + Σ τ, one chunk per pass
             caps = [min(c, layers) for c in pr.max_layers()]
             pipe = max(pipeline_at(ls, caps, layers, m) for ls in (lines, collectives) if ls)
+            if pr.mixed:  # each stage at the least work of the modes it holds L layers in
+                pipe = max(pipe, tabled_pipeline(stage_tables(pr, caps), layers // v, m))
             if not math.isfinite(pipe):
                 return math.inf  # no split fits in memory
             pipe /= v
