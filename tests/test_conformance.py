@@ -262,7 +262,7 @@ def small_problems(draw) -> PlanProblem:
     (passes that wait for collectives, which differ per scenario; mostly with no all-reduce after them,
     as in the cost model, which lets split-milp take convex tables' chords) and may run 2 model chunks
     per stage (interleaved); every template may let each stage pick a recompute mode (per-stage
-    recompute: a "full" copy with more backward work and less memory per layer)."""
+    recompute: a "full" copy with more backward work, less memory per layer and perhaps more at one)."""
     layers = draw(st.integers(2, 8))
     n_templates = draw(st.integers(1, 2))
     n_sc = draw(st.integers(1, 3))
@@ -297,7 +297,8 @@ def small_problems(draw) -> PlanProblem:
             variants.append(replace(
                 base, dev_bwd=tuple(Affine(d.slope + e.slope, d.intercept + e.intercept)
                                     for d, e in zip(base.dev_bwd, extra, strict=True)),
-                mem_gib=tuple(Affine(0.5, 0.0) for _ in stages)))
+                # less per layer, but one layer's activations kept whole: at one layer it may hold more
+                mem_gib=tuple(Affine(0.5, draw(st.sampled_from([0.0, 0.25, 0.75]))) for _ in stages)))
         for s in range(n_sc):  # communication differs per scenario
             comm = {"zero_fwd": tuple(line() for _ in stages), "zero_bwd": tuple(line() for _ in stages),
                     "zero_units": units} if zero else {}

@@ -395,13 +395,13 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
     def drained(sk) -> bool:
         total = sum(t.replicas for t in sk.templates)
         plain = max(bounds.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total,
-                                          t.replicas, 1, sk.memory_mode) for t in sk.templates)
+                                          t.replicas, 1, sk.memory_modes) for t in sk.templates)
         return math.isfinite(plain) and bounds.compute_lower_bound(sk) > plain * (1 + 1e-9)
 
     raised = [sk for sk in skeletons if drained(sk)]
     checked = set()
     for sk in rng.sample(skeletons, min(12, len(skeletons))) + raised[:12]:
-        assert sk.modes == ("none", "full") and sk.recompute == "none" and sk.memory_mode == "full"
+        assert sk.modes == sk.memory_modes == ("none", "full") and sk.recompute == "none"
         try:
             problem = plan_problem(inst, sk, profiles, scenarios, objective)
         except InfeasibleError:
@@ -423,6 +423,75 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
         checked.add(len(sk.templates))
     assert 1 in checked
     assert name == "s13-recompute-per-stage" or len(raised) >= 5  # the drain, in its most saving mode
+
+
+def _custom_gpu_instance(tmp_path, memory_gib: float, search: dict, model: dict, gpus: int = 2,
+                         global_batch: int = 3, seq_len: int = 4096, intra_node_gbps: float = 64.0):
+    """A one-node instance of a custom GPU type X (120 TFLOP/s, `memory_gib`), written to tmp_path."""
+    spec = {"name": "custom-x", "model": {**model, "max_seq_len": seq_len},
+            "training": {"seq_len": seq_len, "global_batch": global_batch},
+            "cluster": {"gpus": {"X": {"peak_tflops": 120, "memory_gib": memory_gib, "hbm_gbps": 2400,
+                                       "intra_node_gbps": intra_node_gbps}},
+                        "nodes": [{"name": "a", "count": 1, "gpu": "X", "gpus_per_node": gpus, "island": "r0",
+                                   "nic_gbps": 100}]},
+            "search": search}
+    path = tmp_path / "custom-x.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return load_instance(path)
+
+
+def test_per_stage_recompute_keeps_a_stage_that_only_the_least_work_mode_fits(tmp_path):
+    """Regression (review of per-stage recompute): full recompute keeps one layer's activations whole, so
+    at one layer a stage holding one micro-batch needs more memory in `full` than in `none`. The search
+    took every stage's memory at its most saving mode and called this instance infeasible; each stage
+    now holds what any of its modes holds, and the answer is the exhaustive one, [1 none, 1 none]."""
+    import dataclasses
+
+    inst = _custom_gpu_instance(tmp_path, 17.62, {"tp": [1], "micro_batch": [1], "recompute": ["none", "full"],
+                                                  "max_stages": 2, "max_templates": 1, "recompute_per_stage": True},
+                                {"layers": 2, "hidden": 4096, "heads": 32, "vocab": 128000})
+    opts = SearchOptions.from_instance(inst)
+    truth = exhaustive(inst, opts)
+    assert truth.plan is not None
+    uniform = solve_exact(inst, options=dataclasses.replace(opts, recompute_per_stage=False), time_limit_s=60)
+    assert uniform.objective_s == pytest.approx(truth.objective_s, rel=MILP_REL)
+    for formulation, backend in (("split-milp", "highs"), ("split-cpsat", "cpsat")):
+        mixed = solve_exact(inst, formulation, backend, time_limit_s=60, warm_start=False)  # the space's own
+        assert mixed.status == SolveStatus.OPTIMAL, mixed.reason
+        assert mixed.objective_s == pytest.approx(truth.objective_s, rel=CPSAT_REL)
+        assert mixed.skeleton is not None
+
+
+def test_the_per_stage_tables_bound_holds_where_zero_3_passes_fall_with_layers(tmp_path):
+    """Regression (review): under ZeRO-3 a stage's pass can fall as it holds more layers (its exposed
+    gathers min(P, K)/(L + e) shrink; here a 256k vocabulary on a small model), so the placed bound's
+    per-stage tables take the least over L' ≥ L; before, it exceeded the skeleton's best split and mix."""
+    from hetopt.baselines.exhaustive import compositions
+    from hetopt.cost.profiles import Profiles
+    from hetopt.search.bounds import placed_bound
+    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.space import SearchStats, enumerate_groups
+
+    inst = _custom_gpu_instance(tmp_path, 40, {"tp": [1], "micro_batch": [1], "recompute": ["none", "full"],
+                                               "max_stages": 2, "max_templates": 1, "zero": [3],
+                                               "recompute_per_stage": True},
+                                {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 256000}, gpus=4,
+                                global_batch=8, seq_len=1024, intra_node_gbps=160.0)
+    scenarios, profiles = planning_scenarios(inst, "stable"), Profiles()
+    checked = 0
+    for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
+        for sk in group.skeletons():
+            if sk.depth != 2 or sk.zero != 3:
+                continue
+            problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+            pr = problem.base.templates[0]
+            best = min(problem.iteration_time(list(c), [pr.modes[r] for r in m])
+                       for c in compositions(pr.layers, 2) for m in itertools.product(range(2), repeat=2)
+                       if all((n, r) in pr.options(i, n) for i, (n, r) in enumerate(zip(c, m, strict=True))))
+            assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
+            checked += 1
+    assert checked >= 1
 
 
 @pytest.mark.parametrize(("name", "objective"), [("s3-two-islands", "stable"), ("s3-two-islands", "worst"),

@@ -180,7 +180,7 @@ def test_per_stage_recompute_holds_every_mix_of_the_modes_and_only_with_the_opti
     count = {opts: sum(1 for g in gs for _ in g.skeletons()) for opts, gs in groups.items()}
     assert count[uniform] == 2 * count[per_stage] > 0
     sk = next(sk for g in groups[per_stage] for sk in g.skeletons() if sk.depth == 4)
-    assert (sk.recompute, sk.memory_mode) == ("none", "full")
+    assert (sk.recompute, sk.memory_modes) == ("none", ("none", "full"))
     mixed = sk.plan([2, 2, 2, 2], ["full", "none", "none", "none"])
     assert [st.recompute for st in mixed.pipelines[0].stages] == ["full", "none", "none", "none"]
     assert outside_space(inst, mixed, per_stage) == []

@@ -51,7 +51,7 @@ from hetopt.evaluate import (
     stage_work,
 )
 from hetopt.search.linear import Affine
-from hetopt.search.space import Skeleton, least_work
+from hetopt.search.space import Skeleton, least_work, most_work
 from hetopt.spec.instance import Instance
 
 Line = tuple[float, float]
@@ -354,7 +354,8 @@ class Bounds:
         return self._templates[key]
 
     def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
-                       replicas_total: int, flows: int = 1, zero: int = 1, memory: str | None = None) -> float:
+                       replicas_total: int, flows: int = 1, zero: int = 1,
+                       memory: str | tuple[str, ...] | None = None) -> float:
         """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and L_i ≤ the
         most layers stage i holds in memory with ZeRO stage `zero` over `replicas_total` (`stage_caps`).
         ZeRO-2/3 only add to a pass (its exposed collectives, ≥ 0), so the lines hold for them too; and
@@ -364,8 +365,8 @@ class Bounds:
         rest on the stages of smallest a_i up to what Λ and their memory let them hold; g falls as Λ rises
         but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the bound is at least
         (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ + Δ), two evaluations of g.
-        `flows`: the template's replicas, sharing island links (`send_s`); `memory`: the recompute mode of
-        the caps (per-stage recompute: the most saving; default `recompute`)."""
+        `flows`: the template's replicas, sharing island links (`send_s`); `memory`: the recompute modes of
+        the caps (per-stage recompute: the most any of them holds; default `recompute`)."""
         memory = memory or recompute
         key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero, memory)
         if key not in self._pipelines:
@@ -434,22 +435,25 @@ class Bounds:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
         template's pipeline (and gradient reduction), then for the optimizer step (`optimizer_bound`)."""
         replicas_total = sum(t.replicas for t in sk.templates)
-        # per-stage recompute: compute at the least-work mode, memory (and the all-reduce's overlap with
-        # stage 0's backward pass) at the most saving one — each the side no mix of modes can beat
+        # per-stage recompute: compute at the least-work mode, memory at the most any mode holds, and the
+        # all-reduce's overlap with stage 0's backward pass at the most-work mode — each the side no mix of
+        # modes can beat
         return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages,
-                                      sk.zero, sk.memory_mode)
+                                      sk.zero, sk.memory_modes)
                    for t in sk.templates) \
             + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
-                      virtual_stages: int = 1, zero: int = 1, memory: str | None = None) -> float:
+                      virtual_stages: int = 1, zero: int = 1, memory: str | tuple[str, ...] | None = None
+                      ) -> float:
         """One template's `pipeline_bound` (memory caps at ZeRO stage `zero` over `replicas_total`), raised
         by its stage 0's gradient all-reduce where that must outlast the pipeline (`stage0_drain`,
         `drained_pipeline`; ZeRO-2/3 have no such all-reduce: they reduce-scatter in every backward pass).
         Interleaved with v chunks per stage the pipeline is (1/v)·[(v·m − 1)·max τ + Σ τ]: the bound of v·m
         micro-batches, divided by v (memory caps at one chunk: interleaving only holds more). `memory`: the
-        recompute mode of the memory caps and of stage 0's backward pass beside its all-reduce (per-stage
-        recompute: the most saving of the modes; default `recompute`)."""
+        recompute modes of the memory caps (per-stage recompute: the most any of them holds; default
+        `recompute`), whose most-work mode prices stage 0's backward pass beside its all-reduce (the longest
+        pass: the least drain)."""
         segments, m, v = template.segments, template.micro_batches, virtual_stages
         memory = memory or recompute
         key = (micro_batch, recompute, segments, m, replicas_total, template.replicas, v, zero, memory)
@@ -457,7 +461,8 @@ class Bounds:
             flows = template.replicas
             bound = self.pipeline_bound(micro_batch, recompute, segments, v * m, replicas_total, flows, zero,
                                         memory) / v
-            drain = self.stage0_drain(micro_batch, memory, segments, template.replicas) if zero <= 1 else None
+            longest = memory if isinstance(memory, str) else most_work(memory)
+            drain = self.stage0_drain(micro_batch, longest, segments, template.replicas) if zero <= 1 else None
             if drain is not None and math.isfinite(bound):
                 caps = self.stage_caps(micro_batch, memory, segments, replicas_total, zero)
                 lines = self.stage_lines(micro_batch, recompute, segments, flows)
@@ -587,8 +592,8 @@ class Bounds:
 
     # -- memory ---------------------------------------------------------------------------------------
 
-    def template_fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
-                      zero: int = 1) -> bool:
+    def template_fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple,
+                      replicas_total: int, zero: int = 1) -> bool:
         """Whether a template's stages can hold the model at all: each stage at least one layer and together
         every layer, with ZeRO stage `zero` sharding over `replicas_total` (more replicas only shrink
         memory)."""
@@ -598,17 +603,21 @@ class Bounds:
                 >= self.inst.model.layers
         return self._fits[key]
 
-    def max_layers_total(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
-                         zero: int = 1) -> int:
+    def max_layers_total(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple,
+                         replicas_total: int, zero: int = 1) -> int:
         """Σ over the stages of the most layers each can hold (−1 when a stage cannot hold one)."""
         caps = self.stage_caps(micro_batch, recompute, segments, replicas_total, zero)
         return -1 if min(caps) < 1 else sum(caps)
 
-    def stage_caps(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
-                   zero: int = 1) -> list[int]:
+    def stage_caps(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple,
+                   replicas_total: int, zero: int = 1) -> list[int]:
         """The most layers each stage of a template holds in memory (at most the model's layers; 0 when it
         cannot hold one), ZeRO stage `zero` sharded over `replicas_total`: the evaluator's memory model,
-        affine in L."""
+        affine in L. With a tuple of recompute modes (per-stage recompute) the most any of them holds: each
+        mode's memory rises with L, so a stage holds every L up to that."""
+        if not isinstance(recompute, str):
+            return [max(col) for col in zip(*(self.stage_caps(micro_batch, mode, segments, replicas_total, zero)
+                                              for mode in recompute), strict=True)]
         inst = self.inst
         p = sum(seg.stages for seg in segments)
         n_layers = inst.model.layers
@@ -753,15 +762,18 @@ def pipeline_at(lines, caps: list[int], layers: int, micro_batches: int) -> floa
 
 
 def stage_tables(pr, caps: list[int]) -> list[list[float]]:
-    """Per-stage recompute: τ_i(L) for L = v, 2v, … ≤ caps_i (v chunks per stage; 1 in 1F1B), the least over
-    the modes in which stage i holds L layers of its passes and send, as the evaluator prices them. The
-    modes that hold L + v layers hold L too and each mode's τ rises with L, so τ_i rises; caps_i is the
-    most any mode holds, so every entry is finite."""
+    """Per-stage recompute: τ_i(L) for L = v, 2v, … ≤ caps_i (v chunks per stage; 1 in 1F1B), at most the
+    least over the modes in which stage i holds L layers of its passes and send, as the evaluator prices
+    them; caps_i is the most any mode holds, so every entry is finite. A pass need not rise with L (under
+    ZeRO-2/3 its exposed collectives min(P, K)/(L + e) fall), so each entry is the least over L' ≥ L: a
+    rising lower bound, as `tabled_pipeline` needs."""
     v, tables = pr.virtual_stages, []
     for i in range(pr.depth):
         best = [math.inf] * (caps[i] // v)
         for n, r in pr.options(i, caps[i]):
             best[n // v - 1] = min(best[n // v - 1], pr.pass_s(i, n, "f", r) + pr.pass_s(i, n, "b", r) + pr.p2p[i])
+        for k in range(len(best) - 2, -1, -1):  # the least over L' ≥ L: rising
+            best[k] = min(best[k], best[k + 1])
         tables.append(best)
     return tables
 

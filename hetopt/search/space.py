@@ -82,9 +82,11 @@ class Skeleton:
     their least-work mode, which bounds the compute); () — every stage runs `recompute`."""
 
     @property
-    def memory_mode(self) -> str:
-        """The recompute mode whose memory bounds every stage's: the most saving one a stage may run."""
-        return most_saving(self.modes) if self.modes else self.recompute
+    def memory_modes(self) -> tuple[str, ...]:
+        """The recompute modes a stage may run, whose memory caps bound it: a stage holds at most the most
+        layers any of them holds (no one mode holds least at every L: full recompute keeps one layer's
+        activations whole, more than none at one layer)."""
+        return self.modes or (self.recompute,)
 
     @property
     def depth(self) -> int:
@@ -199,8 +201,8 @@ def least_work(modes) -> str:
     return min(modes, key=DEFAULT_RECOMPUTE.index)
 
 
-def most_saving(modes) -> str:
-    """The recompute mode with the least activation memory among `modes` (the most recomputed)."""
+def most_work(modes) -> str:
+    """The recompute mode with the most compute among `modes` (the most recomputed)."""
     return max(modes, key=DEFAULT_RECOMPUTE.index)
 
 

@@ -35,7 +35,6 @@ from hetopt.search.space import (
     SkeletonGroup,
     enumerate_families,
     least_work,
-    most_saving,
     orders,
 )
 from hetopt.spec.instance import Instance
@@ -69,18 +68,19 @@ class Tree:
         return [FamilyNode(self.bounds.family_bound(f), f)
                 for f in enumerate_families(self.inst, self.options, self.stats)]
 
-    def fits(self, micro_batch: int, recompute: str, segments: tuple, replicas_total: int,
+    def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
         """Whether a template holds the model at one of the ZeRO stages `zero` (no stage holds least in
-        every case: ZeRO-2/3's unsharded buffers can outweigh what they shard over few replicas)."""
+        every case: ZeRO-2/3's unsharded buffers can outweigh what they shard over few replicas), each
+        stage in one of the recompute modes `recompute` (a tuple: per-stage recompute)."""
         return any(self.bounds.template_fits(micro_batch, recompute, segments, replicas_total, z)
                    for z in ((zero,) if isinstance(zero, int) else zero))
 
     def pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
         """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
         return tuple(rc for rc in modes
-                     if self.fits(group.micro_batch, memory_mode(rc, group), (group.a,), replicas_total, group.zero)
-                     and self.fits(group.micro_batch, memory_mode(rc, group), (group.b,), replicas_total, group.zero))
+                     if self.fits(group.micro_batch, memory_modes(rc, group), (group.a,), replicas_total, group.zero)
+                     and self.fits(group.micro_batch, memory_modes(rc, group), (group.b,), replicas_total, group.zero))
 
     def range_node(self, group: PairGroup, ra: int, rb: int, rows: bool, modes: tuple[str, ...]) -> PairRangeNode:
         bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
@@ -112,7 +112,7 @@ class Tree:
                 return None
             # by increasing work: the first mode that fits bounds every mode that does
             rc = next((rc for rc in sorted(group.recompute_options, key=DEFAULT_RECOMPUTE.index)
-                       if self.fits(group.micro_batch, memory_mode(rc, group), group.segments, top,
+                       if self.fits(group.micro_batch, memory_modes(rc, group), group.segments, top,
                                     group.zero_options)), None)
             if rc is None:
                 self.stats.pruned[MEMORY_RULE] += group.size
@@ -138,10 +138,10 @@ class Tree:
         return replace(node, bound=max(node.bound, self.bounds.compute_lower_bound(node.skeleton)), refined=True)
 
 
-def memory_mode(recompute: str, group) -> str:
-    """The recompute mode whose memory a group's skeletons in mode `recompute` need at least: per-stage
-    recompute (the group's stage_modes) holds least in its most saving mode."""
-    return most_saving(group.stage_modes) if group.stage_modes else recompute
+def memory_modes(recompute: str, group) -> tuple[str, ...]:
+    """The recompute modes whose memory caps bound a group's skeletons in mode `recompute`: with per-stage
+    recompute each stage holds at most the most any of the group's modes holds (Skeleton.memory_modes)."""
+    return group.stage_modes or (recompute,)
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,7 @@ class GroupNode(Node):
     def expand(self, tree: Tree) -> list[Node]:
         out: list[Node] = []
         for sk in self.group.skeletons():
-            if tree.fits(sk.micro_batch, sk.memory_mode, self.group.segments, sk.templates[0].replicas, sk.zero):
+            if tree.fits(sk.micro_batch, sk.memory_modes, self.group.segments, sk.templates[0].replicas, sk.zero):
                 out.append(tree.skeleton_node(sk))
             else:
                 tree.stats.pruned[MEMORY_RULE] += 1
