@@ -121,8 +121,8 @@ class SplitProblem:
         counts = [n for n in range(1, top + 1) if n % self.virtual_stages == 0]
         if not self.mixed:
             return [(n, 0) for n in counts]
-        return [(n, k) for n in counts for k, pr in enumerate(self.alternatives)
-                if pr.mem_gib[i].at(n) <= pr.mem_limit_gib[i] + 1e-9]
+        holds = [pr.max_layers()[i] for pr in self.alternatives]  # the one memory rule: `max_layers`
+        return [(n, k) for n in counts for k, most in enumerate(holds) if n <= most]
 
     @property
     def tabulated(self) -> bool:
