@@ -143,7 +143,7 @@ class SplitProblem:
         return float(streamed_pass(compute, z[i].at(layers), layers + self.zero_units[i]))
 
     def max_layers(self) -> list[int]:
-        """The most layers each stage can hold in memory (in its most saving mode, per-stage recompute)."""
+        """The most layers each stage can hold in memory (in any of its modes, per-stage recompute)."""
         if self.mixed:
             return [max(col) for col in zip(*(pr.max_layers() for pr in self.alternatives), strict=True)]
         out = []
