@@ -22,11 +22,12 @@ w_s = round(p_s·P).
 
 Rounding, and what OPTIMAL means. Times are integers in units of 1/S s, S a power of ten chosen per
 problem: the least that keeps the rounding error below FINE_ENOUGH of REL_TOLERANCE of a lower bound on
-the objective (search.bounds.placed_bound), and never so large that an objective value reaches 2^53
-(exact in the doubles of CP-SAT's LP); MIN_SCALE … MAX_SCALE. Finer than needed only slows CP-SAT: a
-two-template CVaR problem of 8 layers over 3 scenarios was not proven in 60 s at 1/S = 1 ns, and at
-once at 100 ns, with the same answer. Each table entry and constant is rounded once (error ≤ ½ unit), so for every split
-the integer scenario time T̃_s differs from the evaluator's T_s by at most (units)
+the objective (PlanProblem.lower_bound_s, search.bounds.placed_bound), and never so large that an
+objective value reaches 2^53 (exact in the doubles of CP-SAT's LP); MIN_SCALE … MAX_SCALE. Finer than
+needed only slows CP-SAT: a two-template CVaR problem of 8 layers over 3 scenarios was not proven in
+60 s at 1/S = 1 ns, and at once at 100 ns or 10 ns, with the same answer. Each table entry and constant
+is rounded once (error ≤ ½ unit), so for every split the integer scenario time T̃_s differs from the
+evaluator's T_s by at most (units)
 
     E_s = max_j (m_j − 1 + p_j) + max_j p_j + 1
 
@@ -162,15 +163,13 @@ def _valid_bound(problem: PlanProblem, bound: float | None, scale: int, divisor:
 def _scale(problem: PlanProblem, weight: int) -> int:
     """S: the least power of ten whose rounding error E/S is below FINE_ENOUGH·REL_TOLERANCE of a lower
     bound on the objective, within MIN_SCALE … the largest with weight · ub · S < 2^53 (≤ MAX_SCALE)."""
-    from hetopt.search.bounds import placed_bound
-
     ub = max(upper_bound_s(sc) for sc in problem.scenarios)
     errors = rounding_error_units(problem)
     margin = 2 * max(errors) + 4  # what _build adds to the domains
     top = MAX_SCALE
     while top > MIN_SCALE and weight * (ub * top + margin) >= EXACT_INT:
         top //= 10
-    low = placed_bound(problem)
+    low = problem.lower_bound_s
     if not (math.isfinite(low) and low > 0):
         return top
     scale = MIN_SCALE

@@ -751,14 +751,21 @@ def water_level(weighted: list[tuple[float, float, int]], layers: int, depth: in
 
 def pipeline_at(lines, caps: list[int], layers: int, micro_batches: int) -> float:
     """`Bounds.pipeline_bound` for given stage lines and memory caps (inf where no split fits)."""
-    lam, s = integer_level(list(lines), layers, caps), cheapest_sum(list(lines), layers, math.inf, caps)
-    m = micro_batches
+    lam = integer_level(list(lines), layers, caps)
     if not math.isfinite(lam):
         return math.inf  # no split fits in memory
+    return fill_and_drain(lam, lambda level: cheapest_sum(list(lines), layers, level, caps), micro_batches)
+
+
+def fill_and_drain(level: float, g, micro_batches: int) -> float:
+    """T ≥ (m − 1)·Λ + Σ τ over splits, Λ = max τ ≥ `level` (λ) and Σ τ ≥ g(Λ), g falling to S = g(∞):
+    for Λ ≥ λ + Δ, Δ = (g(λ) − S)/(m − 1), T ≥ (m − 1)·λ + g(λ); below it T ≥ (m − 1)·λ + g(λ + Δ) —
+    the smaller, two evaluations of g (`Bounds.pipeline_bound`)."""
+    m, s = micro_batches, g(math.inf)
     if m <= 1:
-        return max(lam, s)
-    delta = (cheapest_sum(list(lines), layers, lam, caps) - s) / (m - 1)
-    return (m - 1) * lam + cheapest_sum(list(lines), layers, lam + delta, caps)
+        return max(level, s)
+    delta = (g(level) - s) / (m - 1)
+    return (m - 1) * level + g(level + delta)
 
 
 def stage_tables(pr, caps: list[int]) -> list[list[float]]:
@@ -779,8 +786,8 @@ def stage_tables(pr, caps: list[int]) -> list[list[float]]:
 
 
 def tabled_pipeline(tables: list[list[float]], layers: int, micro_batches: int) -> float:
-    """`pipeline_at` for stages whose times are tables τ_i(L), rising in L: the same two-evaluation bound
-    (m − 1)·λ + g(λ + Δ), with λ the min-max over integer splits (greedy, exact for rising functions) and
+    """`pipeline_at` for stages whose times are tables τ_i(L), rising in L: the same bound
+    (`fill_and_drain`), with λ the min-max over integer splits (greedy, exact for rising functions) and
     g(Λ) ≤ the least Σ τ_i with every τ_i ≤ Λ — one layer per stage, then the smallest steps
     τ_i(L + 1) − τ_i(L) of the prefixes under Λ, taken in any order (a relaxation: the steps need not
     rise); inf where no split fits."""
@@ -805,11 +812,7 @@ def tabled_pipeline(tables: list[list[float]], layers: int, micro_batches: int) 
             return math.inf
         return sum(t[0] for t in tables) + sum(steps[:layers - p])
 
-    m, s = micro_batches, g(math.inf)
-    if m <= 1:
-        return max(level, s)
-    delta = (g(level) - s) / (m - 1)
-    return (m - 1) * level + g(level + delta)
+    return fill_and_drain(level, g, micro_batches)
 
 
 def drained_pipeline(lines: list[Line], caps: list[int], layers: int, micro_batches: int, drain,

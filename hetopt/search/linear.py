@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -121,8 +122,13 @@ class SplitProblem:
         counts = [n for n in range(1, top + 1) if n % self.virtual_stages == 0]
         if not self.mixed:
             return [(n, 0) for n in counts]
-        holds = [pr.max_layers()[i] for pr in self.alternatives]  # the one memory rule: `max_layers`
-        return [(n, k) for n in counts for k, most in enumerate(holds) if n <= most]
+        return [(n, k) for n in counts for k, caps in enumerate(self.mode_caps) if n <= caps[i]]
+
+    @cached_property
+    def mode_caps(self) -> tuple[list[int], ...]:
+        """Per-stage recompute: `max_layers` of the template in each mode (the one memory rule), computed
+        once for the formulations' and bounds' per-stage options."""
+        return tuple(pr.max_layers() for pr in self.alternatives)
 
     @property
     def tabulated(self) -> bool:
@@ -145,7 +151,7 @@ class SplitProblem:
     def max_layers(self) -> list[int]:
         """The most layers each stage can hold in memory (in any of its modes, per-stage recompute)."""
         if self.mixed:
-            return [max(col) for col in zip(*(pr.max_layers() for pr in self.alternatives), strict=True)]
+            return [max(col) for col in zip(*self.mode_caps, strict=True)]
         out = []
         for mem, limit in zip(self.mem_gib, self.mem_limit_gib, strict=True):
             if mem.slope <= 0:
@@ -240,6 +246,14 @@ class PlanProblem:
 
     def scaled(self, k: float) -> PlanProblem:
         return replace(self, scenarios=tuple(sc.scaled(k) for sc in self.scenarios))
+
+    @cached_property
+    def lower_bound_s(self) -> float:
+        """search.bounds.placed_bound of this problem, computed once: the search prunes by it and split-cpsat
+        sizes its time unit by it."""
+        from hetopt.search.bounds import placed_bound
+
+        return placed_bound(self)
 
     def iteration_time(self, layers: list[int], modes: Sequence[str] | None = None) -> float:
         from hetopt.search.robust import aggregate

@@ -35,7 +35,7 @@ from hetopt.errors import InfeasibleError
 from hetopt.executors import check_executor, open_pool
 from hetopt.plan import Plan
 from hetopt.search.backends import solve_skeleton
-from hetopt.search.bounds import Bounds, placed_bound
+from hetopt.search.bounds import Bounds
 from hetopt.search.formulation import SolveOptions, SolveStatus, SplitSolution, clock, pick
 from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA, planning_scenarios
@@ -323,7 +323,7 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = m
         max_layers = template.max_layers()
         if min(max_layers) < 1 or sum(max_layers) < ctx.inst.model.layers:
             return MEMORY_RULE, None, math.inf
-    if placed_bound(pr) >= incumbent * (1 - OPTIMALITY_TOLERANCE):
+    if pr.lower_bound_s >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
     hint = tuple(x for t in pr.base.templates for x in speed_split(t))
