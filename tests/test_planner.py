@@ -422,7 +422,7 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
         assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
         checked.add(len(sk.templates))
     assert 1 in checked
-    assert name == "s13-recompute-per-stage" or len(raised) >= 5  # the drain, in its most saving mode
+    assert name == "s13-recompute-per-stage" or len(raised) >= 5  # the drain, at the most-work mode
 
 
 def _custom_gpu_instance(tmp_path, memory_gib: float, search: dict, model: dict, gpus: int = 2,
