@@ -79,3 +79,12 @@ def test_unknown_csv_is_bad_input(tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(InputError, match="unknown columns"):
         calibrate([bad], "A100-80GB")
+
+
+def test_a_fit_that_does_not_converge_is_an_error_not_an_answer(datasets, monkeypatch):
+    """The fit reads its status in full: evaluations that run out are a clear error (exit 2), not weights."""
+    import hetopt.cost.calibration as calibration
+
+    monkeypatch.setattr(calibration, "MAX_EVALUATIONS", 3)
+    with pytest.raises(InputError, match="did not converge in 3 evaluations"):
+        fit_theta(datasets)

@@ -207,7 +207,7 @@ MAX_EVALUATIONS = 2000
 
 def fit_theta(datasets: list[DataSet]) -> np.ndarray:
     """Least-squares fit of θ (FITTED weights, dp_overlap, launch_serial) to the data sets' relative
-    errors, each data set weighted equally. Raises RuntimeError when the fit does not converge."""
+    errors, each data set weighted equally. Raises InputError (exit 2) when the fit does not converge."""
     from scipy.optimize import least_squares
 
     def residuals(theta: np.ndarray) -> np.ndarray:
@@ -218,8 +218,9 @@ def fit_theta(datasets: list[DataSet]) -> np.ndarray:
     result = least_squares(residuals, START, bounds=(LOWER, UPPER), x_scale=SCALE, method="trf",
                            max_nfev=MAX_EVALUATIONS, ftol=FIT_TOLERANCE, xtol=FIT_TOLERANCE)
     if result.status <= 0:  # 0: the evaluations ran out; −1: bad input to the solver
-        raise RuntimeError(f"the calibration fit did not converge in {MAX_EVALUATIONS} evaluations "
-                           f"({result.message})")
+        raise InputError(", ".join(ds.name for ds in datasets), [Problem(
+            "", f"the calibration fit did not converge in {MAX_EVALUATIONS} evaluations ({result.message}); "
+                "check the rows for measured times that contradict one another, or add rows")])
     return result.x
 
 
