@@ -51,6 +51,7 @@ import math
 
 from ortools.sat.python import cp_model
 
+from hetopt.outputs import atomic_path
 from hetopt.search import backends
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
@@ -90,7 +91,8 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     if options.export_path:  # the exported model carries the hint, as the solved one does
         for var, value in (hint or {}).items():
             model.AddHint(var, value)
-        model.ExportToFile(options.export_path)
+        with atomic_path(options.export_path) as temp:  # a .txt name is written as text, else binary
+            model.ExportToFile(str(temp))
         hint = None
     run = backends.get(backend).run(model, options, hint)
     wall = clock() - start

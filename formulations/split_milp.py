@@ -90,6 +90,7 @@ import math
 
 import pulp
 
+from hetopt.outputs import atomic_path
 from hetopt.search import backends
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
@@ -305,7 +306,8 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     model, L, choices = build(problem.scaled(UNIT_PER_S))
     if options.export_path:
         write = model.writeMPS if options.export_path.endswith(".mps") else model.writeLP
-        write(options.export_path)
+        with atomic_path(options.export_path) as temp:
+            write(str(temp))
     hint = None
     if options.hint is not None and len(options.hint) == len(L):
         hint = {var: min(max(value, var.lowBound), var.upBound)

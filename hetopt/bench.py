@@ -27,6 +27,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
+from hetopt.outputs import atomic_path, check_output_directory, write_text
 from hetopt.sim.engine import Simulation
 from hetopt.sim.scenarios import scenarios_of
 from hetopt.spec.instance import Instance
@@ -75,7 +76,8 @@ def output_paths(out: Path) -> tuple[Path, list[Path]]:
 
 def check_outputs(out: Path, force: bool) -> list[Path]:
     """Refuse, before any work, to overwrite files a user has unless --force."""
-    _, paths = output_paths(out)
+    directory, paths = output_paths(out)
+    check_output_directory(directory, "--out")
     existing = [p for p in paths if p.exists()]
     if existing and not force:
         raise InputError("--out", [Problem("--out", f"{', '.join(str(p) for p in existing)} already exist; pass "
@@ -209,7 +211,7 @@ def write_outputs(result: BenchResult, out: Path, force: bool = False) -> list[P
     output_paths(out)[0].mkdir(parents=True, exist_ok=True)
     csv_path, md_path, throughput, search, distributions = paths
     write_csv(result, csv_path)
-    md_path.write_text(markdown(result), encoding="utf-8")
+    write_text(md_path, markdown(result))
     plot_throughput(result, throughput)
     plot_search_time(result, search)
     plot_iteration_times(result, distributions)
@@ -217,7 +219,7 @@ def write_outputs(result: BenchResult, out: Path, force: bool = False) -> list[P
 
 
 def write_csv(result: BenchResult, path: Path) -> None:
-    with path.open("w", newline="", encoding="utf-8") as fh:
+    with atomic_path(path) as temp, temp.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for row in result.rows:
@@ -339,7 +341,8 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
     ax.set_title("Throughput per planner (0 = no plan)")
     ax.legend(fontsize=8, ncols=4)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as temp:
+        fig.savefig(temp, dpi=120)
     plt.close(fig)
 
 
@@ -365,7 +368,8 @@ def plot_search_time(result: BenchResult, path: Path) -> None:
     ax.set_title("Search time against cluster size")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as temp:
+        fig.savefig(temp, dpi=120)
     plt.close(fig)
 
 
@@ -383,5 +387,6 @@ def plot_iteration_times(result: BenchResult, path: Path) -> None:
     if not dynamic:
         axes[0][0].text(0.5, 0.5, "no instance with dynamic scenarios", ha="center", va="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as temp:
+        fig.savefig(temp, dpi=120)
     plt.close(fig)

@@ -7,17 +7,29 @@ names the file, the key path, the value and the fix; never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from hetopt import __version__
-from hetopt.errors import ExitCode, InfeasibleError, InputError, Problem, did_you_mean, require_columns
+from hetopt.errors import (
+    ExitCode,
+    InfeasibleError,
+    InputError,
+    Problem,
+    check_time_limit,
+    did_you_mean,
+    require_columns,
+)
 from hetopt.lifeline import EXIT_SIGTERM, Terminated, owner_signals
+from hetopt.outputs import PLOT_SUFFIXES, check_output, check_output_directory, write_text
 
 app = typer.Typer(
     name="hetopt",
@@ -53,12 +65,19 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+DEBUG = {"on": bool(os.environ.get("HETOPT_DEBUG"))}
+"""--debug (or HETOPT_DEBUG=1): an internal error prints its traceback."""
+
+
 @app.callback()
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="On an internal error (exit 3), print the traceback "
+                                                        "(also HETOPT_DEBUG=1).")] = False,
 ) -> None:
     """hetopt plans how to train a large transformer on GPUs that are not all alike."""
+    DEBUG["on"] = DEBUG["on"] or debug
 
 
 @app.command()
@@ -84,16 +103,16 @@ def solve(
 ) -> None:
     """Find the fastest plan with a proven bound, verify it, and replay it under every scenario."""
     import json as _json
-    from pathlib import Path
 
     from hetopt.report.tables import solve_view
     from hetopt.solve import solve as run_solve
     from hetopt.spec.instance import load_instance
 
-    for option, target in (("--out", out_path), ("--export-model", export_model)):
-        if target and Path(target).exists() and not force:
-            raise InputError(target, [Problem(option, "exists; pass --force to overwrite it or choose another "
-                                                      "path", target, True)])
+    check_time_limit(time_limit)
+    if out_path:
+        check_output(out_path, "--out", force)
+    if export_model:
+        check_output(export_model, "--export-model", force, MODEL_SUFFIXES["cp-sat" if backend == "cpsat" else "pulp"])
     inst = load_instance(instance) if instance else _demo()
     with err.status(f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
         def progress(solved: int, incumbent: float) -> None:
@@ -103,7 +122,7 @@ def solve(
         result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
                            progress=progress, warm_start=not no_warm_start, executor=executor, address=address)
     if out_path and result["plan"] is not None:
-        Path(out_path).write_text(_json.dumps(result["plan"], indent=2) + "\n", encoding="utf-8")
+        write_text(out_path, _json.dumps(result["plan"], indent=2) + "\n")
     if as_json:
         _print_json(result)
     else:
@@ -275,7 +294,6 @@ def simulate(
     as_json: JsonOpt = False,
 ) -> None:
     """Discrete-event replay of a plan under the instance's bandwidth scenarios."""
-    from pathlib import Path
 
     from hetopt.cost.profiles import Profiles, load_profile_file
     from hetopt.layout import expand_layout, parse_layout
@@ -287,10 +305,10 @@ def simulate(
 
     if (plan is None) == (layout is None):
         raise InputError("simulate", [Problem("options", "give exactly one of --plan or --layout")])
-    for option, target in (("--trace", trace), ("--plot", plot)):
-        if target and Path(target).exists() and not force:
-            raise InputError(target, [Problem(option, "exists; pass --force to overwrite it or choose another "
-                                                      "path", target, True)])
+    if trace:
+        check_output(trace, "--trace", force)
+    if plot:
+        check_output(plot, "--plot", force, PLOT_SUFFIXES)
     inst = load_instance(instance)
     the_plan = load_plan(plan) if plan is not None else expand_layout(inst, parse_layout(layout))
     profiles = Profiles([load_profile_file(p) for p in profile or []])
@@ -310,7 +328,6 @@ def simulate(
 
 def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
     """One result per layout line, in order; an invalid line gets an `error` entry and the sweep goes on."""
-    from pathlib import Path
 
     from hetopt.evaluate import evaluate as run_evaluate
     from hetopt.layout import expand_layout, parse_layout
@@ -356,7 +373,6 @@ def calibrate(
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure them."""
-    from pathlib import Path
 
     if runs_csv:
         _calibrate_runs(runs_csv, out_path, force, as_json)
@@ -375,9 +391,8 @@ def calibrate(
     if gemm is not None:
         _calibrate_gemm(gemm, target, force, as_json)
         return
-    if target is not None and target.exists() and not force:
-        raise InputError(str(target), [Problem("--out", "exists; pass --force to overwrite it or choose another "
-                                                        "path", str(target), True)])
+    if target is not None:
+        check_output(target, "--out", force)
     if gpu not in CATALOG:
         raise InputError("calibrate", [Problem("--gpu", f"unknown GPU type{did_you_mean(gpu, CATALOG)}", gpu, True)])
     if measure:
@@ -405,7 +420,6 @@ RUN_COLUMNS = {"gpu", "num_gpus", "gpus_per_node", "model", "seq_len", "micro_ba
 
 
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
-    from pathlib import Path
 
     from rich.table import Table
 
@@ -419,11 +433,11 @@ def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json
         require_columns(path, RUN_COLUMNS, "an end-to-end runs CSV (the columns of shared/data/calibration/"
                                            "public/training_throughput_non_a100.csv)")
     target = Path(out_path) if out_path else None
-    if target is not None and (target.is_dir() or (target.exists() and not force)):
-        raise InputError(str(target), [Problem("--out", "exists; pass --force to overwrite it or choose another "
-                                                        "file" if not target.is_dir() else
-                                                        "is a directory; with --runs, --out is the stack table "
+    if target is not None and target.is_dir():
+        raise InputError(str(target), [Problem("--out", "is a directory; with --runs, --out is the stack table "
                                                         "file (stacks.json)", str(target), True)])
+    if target is not None:
+        check_output(target, "--out", force)
     stacks = fit_stacks(load_runs(paths))
     report = fit_report(paths, fit=stack_fit, profiles=Profiles(stacks=stacks))
     report["stacks"] = {name: s.to_json() for name, s in stacks.items()}
@@ -463,6 +477,8 @@ def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
     if target is not None and target.exists() and any(target.glob("*.json")) and not force:
         raise InputError(str(target), [Problem("--out", "holds profiles; pass --force to overwrite them",
                                                str(target), True)])
+    if target is not None:
+        check_output_directory(target, "--out")
     table, _ = run_calibrate_gemm(path, target)
     if as_json:
         _print_json({"gemm_fit": table, "out": str(target) if target else None})
@@ -503,7 +519,6 @@ def bench(
     address: AddressOpt = None,
 ) -> None:
     """Run planners side by side, replay every plan in the simulator, write CSV, Markdown and plots."""
-    from pathlib import Path
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -512,8 +527,7 @@ def bench(
     from hetopt.executors import check_executor
     from hetopt.spec.instance import bundled_instances, load_instance
 
-    if time_limit <= 0:
-        raise InputError("--time-limit", [Problem("--time-limit", "must be positive seconds", time_limit, True)])
+    check_time_limit(time_limit)
     chosen = list(PLANNERS) if planners == "all" else check_planners([p.strip() for p in planners.split(",")])
     names = instance_names or list(bundled_instances())
     check_outputs(Path(out_dir), force)  # before any work: nothing a user has is overwritten without --force
@@ -544,6 +558,10 @@ def bench(
         out.print(f"written {p}")
 
 
+MODEL_SUFFIXES = {"pulp": (".lp", ".mps"), "cp-sat": (".pb.txt", ".pb")}
+"""What --export-model writes: PuLP's LP or MPS text, or CP-SAT's model proto (text or binary)."""
+
+
 def _demo():
     from hetopt.spec.instance import DEMO_INSTANCE, load_instance
 
@@ -565,3 +583,12 @@ def main(argv: list[str] | None = None) -> None:
     except InfeasibleError as exc:
         err.print(f"infeasible: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(ExitCode.FAILED)
+    except Exception as exc:  # a fault in hetopt, not an answer (1) and not the user's input (2)
+        if DEBUG["on"]:
+            traceback.print_exc()
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        err.print(f"internal error: {type(exc).__name__}{at}: {exc}. This is a bug in hetopt {__version__}: "
+                  "rerun with --debug for the traceback and report it with the command and its input files.",
+                  markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ExitCode.INTERNAL)

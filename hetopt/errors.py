@@ -7,6 +7,7 @@ the key path, the value given and the fix, and the CLI exits with :data:`EXIT_BA
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -21,6 +22,8 @@ class ExitCode(IntEnum):
     """Infeasible instance or solver failure; the reason is printed."""
     BAD_INPUT = 2
     """Bad input: the message names the file, the key path, the value and the fix."""
+    INTERNAL = 3
+    """A fault in hetopt itself: one line names it (the traceback with --debug); the input is not to blame."""
 
 
 EXIT_BAD_INPUT = ExitCode.BAD_INPUT
@@ -62,7 +65,10 @@ class InputError(Exception):
     def render(self) -> str:
         head = f"error: {self.source}"
         if len(self.problems) == 1:
-            return f"{head}: {self.problems[0].render()}"
+            only = self.problems[0]
+            if only.path == self.source:  # an option's own problem: name it once
+                return f"{head}{only.render()[len(only.path):]}"
+            return f"{head}: {only.render()}"
         lines = [f"{head}: {len(self.problems)} problems"]
         lines += [f"  - {p.render()}" for p in self.problems]
         return "\n".join(lines)
@@ -114,3 +120,11 @@ def require_columns(path: str, required: set[str], what: str) -> None:
     if missing:
         raise InputError(path, [Problem("columns", f"not {what}: missing {', '.join(missing)}", sorted(header),
                                         True)])
+
+
+def check_time_limit(seconds: float, option: str = "--time-limit") -> None:
+    """A time limit is a finite number of seconds above 0 (typer reads "nan" and "inf" as floats, and a
+    solver given either fails inside). Raises: InputError (exit 2)."""
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise InputError(option, [Problem(option, "must be a positive, finite number of seconds, e.g. 60",
+                                          seconds, True)])

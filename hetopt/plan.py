@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from hetopt.outputs import write_text
 from hetopt.spec.load import read_document, validate_document
 from hetopt.spec.schema import Name, PositiveInt, Recompute, Section
 
@@ -96,4 +97,4 @@ def plan_json(plan: Plan) -> dict:
 
 
 def save_plan(plan: Plan, path: Path) -> None:
-    path.write_text(json.dumps(plan_json(plan), indent=2) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(plan_json(plan), indent=2) + "\n")

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from hetopt.cost.profiles import Profiles
-from hetopt.errors import InputError, Problem, did_you_mean
+from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor
 from hetopt.search.formulation import SolveStatus, clock
@@ -39,8 +39,7 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
         hint = did_you_mean(objective, OBJECTIVES)
         raise InputError("--objective", [Problem("--objective", f"unknown objective{hint}; choose one of "
                                                                 f"{', '.join(OBJECTIVES)}", objective, True)])
-    if time_limit_s <= 0:
-        raise InputError("--time-limit", [Problem("--time-limit", "must be positive seconds", time_limit_s, True)])
+    check_time_limit(time_limit_s)
     executor = check_executor(executor, address)
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)

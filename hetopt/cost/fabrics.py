@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hetopt.outputs import check_output, write_text
+
 # -- the fabrics ------------------------------------------------------------------------------------------
 
 NAMES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "xgmi", "pcie3", "pcie4", "pcie5", "pcie3_host",
@@ -382,7 +384,7 @@ def save(fab: dict[str, Fabric], report: dict, path: str | Path) -> None:
             "fabrics": {n: {"eta": f.eta, "alpha_s": f.alpha_s, "source": f.source}
                         for n, f in fab.items() if n != "ideal"},
             "report": report["fabrics"], "left_out": report["left_out"]}
-    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 CSV_COLUMNS = {"fabric", "nominal_gbit_s", "collective", "message_size_bytes", "busbw_GBps", "algbw_GBps",
@@ -396,8 +398,8 @@ def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: boo
 
     if not Path(csv_path).is_file():
         raise InputError(csv_path, [Problem("--fabrics", "file does not exist", csv_path, True)])
-    if out_path and Path(out_path).exists() and not force:
-        raise InputError(out_path, [Problem("--out", "exists; pass --force to overwrite it", out_path, True)])
+    if out_path:
+        check_output(out_path, "--out", force)
     require_columns(csv_path, CSV_COLUMNS, "a collectives CSV (the columns of shared/data/calibration/public/"
                                            "collectives_achieved.csv)")
     try:

@@ -24,6 +24,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from hetopt.cost.terms import ATTN, GEMM, KERN, MEM
+from hetopt.outputs import write_text
 
 FRAMEWORKS = ("megatron", "fsdp")
 COMPUTE_TERMS = (GEMM, KERN, MEM, ATTN)
@@ -80,10 +81,9 @@ def fit_efficiency(predict: Callable[[float], np.ndarray], measured_s: np.ndarra
 def save_stacks(stacks: dict[str, Stack], path, data: list[str]) -> None:
     """Write the stack table (`hetopt calibrate --runs CSV --out FILE`)."""
     import datetime as dt
-    from pathlib import Path
 
     doc = {"date": dt.date.today().isoformat(),
            "method": "hetopt calibrate --runs: per stack, the compute efficiency minimising the mean relative "
                      "error of predicted iteration times on that stack's end-to-end rows",
            "data": data, "stacks": {name: s.to_json() for name, s in stacks.items()}}
-    Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(doc, indent=2) + "\n")

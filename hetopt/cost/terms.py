@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.errors import InputError, Problem
+from hetopt.outputs import write_text
 
 TERMS = ("GEMM", "KERN", "MEM", "LINK", "NET", "STEP", "PASS", "MB", "ITER", "LAT", "ATTN")
 GEMM, KERN, MEM, LINK, NET, STEP, PASS, MB, ITER, LAT, ATTN = range(len(TERMS))
@@ -123,7 +124,7 @@ class CostParams:
                    uncertainty={k: float(v) for k, v in data.get("uncertainty", {}).items()})
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        write_text(path, json.dumps(self.to_json(), indent=2) + "\n")
 
 
 class MissingWeight(ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hetopt.outputs import atomic_path, write_text
 from hetopt.sim.engine import SimResult
 
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "send": "#DD8452", "dp": "#C44E52", "opt": "#8172B3"}
@@ -43,7 +44,7 @@ def chrome_trace(result: SimResult) -> dict:
 
 
 def write_trace(result: SimResult, path: Path) -> None:
-    path.write_text(json.dumps(chrome_trace(result)), encoding="utf-8")
+    write_text(path, json.dumps(chrome_trace(result)))
 
 
 def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
@@ -92,5 +93,6 @@ def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
     bw.set_xlabel("seconds")
     bw.set_xlim(0, result.end_s)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as temp:
+        fig.savefig(temp, dpi=110)
     plt.close(fig)

@@ -1,0 +1,126 @@
+"""Output files are checked before any work and written whole; faults are exit 3, not a traceback (issue 13).
+
+Each case runs the real command line in a subprocess and checks its exit code and message."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import DEMO, REPO, run_hetopt
+
+from hetopt.errors import InputError
+from hetopt.outputs import atomic_path, check_output, write_text
+
+LAYOUT = ["--layout", "tp=1,pp=2,dp=16"]
+
+
+def _refused(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2, one message naming each needle, and no traceback."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+
+
+@pytest.mark.parametrize("command", [
+    ["solve", "--out", "{missing}/plan.json"],
+    ["solve", "--export-model", "{missing}/model.lp"],
+    ["simulate", str(DEMO), *LAYOUT, "--trace", "{missing}/trace.json"],
+    ["simulate", str(DEMO), *LAYOUT, "--plot", "{missing}/timeline.png"],
+    ["calibrate", "--measure", "--device", "cpu", "--tiny", "--out", "{missing}/profile.json"],
+])
+def test_an_output_into_a_missing_directory_is_refused_before_any_work(tmp_path, command):
+    missing = tmp_path / "no-such-dir"
+    args = [a.replace("{missing}", str(missing)) for a in command]
+    result = run_hetopt(*args)
+    _refused(result, f"directory {missing} does not exist", "create it or choose another path")
+    assert not missing.exists()
+
+
+def test_an_output_below_a_file_is_refused(tmp_path):
+    """A path through a plain file (the case a read-only directory would be for root, who can write any)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine\n")
+    _refused(run_hetopt("solve", "--out", str(blocker / "plan.json")), f"{blocker} is not a directory")
+    _refused(run_hetopt("bench", "demo-a100-v100-llama7b", "--planners", "megatron", "--out",
+                        str(blocker / "results")), "is not a directory")
+    assert blocker.read_text() == "mine\n"
+
+
+def test_solve_out_onto_a_directory_is_refused_even_with_force(tmp_path):
+    _refused(run_hetopt("solve", "--out", str(tmp_path), "--force"), "is a directory; give a file path")
+
+
+def test_simulate_plot_with_an_extension_matplotlib_cannot_write_is_refused(tmp_path):
+    _refused(run_hetopt("simulate", str(DEMO), *LAYOUT, "--plot", str(tmp_path / "t.txt")),
+             "--plot", "unknown extension '.txt'", ".png, .pdf, .svg")
+
+
+def test_export_model_extension_follows_the_backend(tmp_path):
+    _refused(run_hetopt("solve", "--export-model", str(tmp_path / "m.pb.txt")), ".lp, .mps")
+    _refused(run_hetopt("solve", "--backend", "cpsat", "--export-model", str(tmp_path / "m.lp")), ".pb.txt, .pb")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
+@pytest.mark.parametrize("command", ["solve", "bench"])
+def test_time_limit_must_be_a_positive_finite_number(command, value):
+    _refused(run_hetopt(command, "--time-limit", value), "--time-limit", "positive, finite number of seconds")
+
+
+def test_solve_writes_the_plan_whole_and_leaves_no_temporary_file(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run_hetopt("solve", "--out", str(out), "--json", "--time-limit", "60")
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().startswith("{") and sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_file(tmp_path):
+    target = tmp_path / "plan.json"
+    target.write_text("the user's plan\n")
+    with pytest.raises(RuntimeError), atomic_path(target) as temp:
+        temp.write_text("half a pl")
+        raise RuntimeError("the writer failed half way")
+    assert target.read_text() == "the user's plan\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    write_text(target, "new\n")
+    assert target.read_text() == "new\n" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    assert (target.stat().st_mode & 0o777) == 0o666 & ~_umask()
+
+
+def test_check_output_refuses_an_existing_file_without_force(tmp_path):
+    target = tmp_path / "x.json"
+    target.write_text("{}")
+    with pytest.raises(InputError, match="exists; pass --force"):
+        check_output(target, "--out", force=False)
+    assert check_output(target, "--out", force=True) == target
+
+
+_BOOM = """
+import sys
+import hetopt.solve
+def boom(*args, **kwargs):
+    raise ZeroDivisionError("float division by zero")
+hetopt.solve.solve = boom
+from hetopt.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_internal_error_is_exit_3_with_one_line_and_the_traceback_only_with_debug(debug):
+    args = ["--debug", "solve"] if debug else ["solve"]
+    env = {k: v for k, v in os.environ.items() if k != "HETOPT_DEBUG"}
+    result = subprocess.run([sys.executable, "-c", _BOOM, *args], capture_output=True, text=True, cwd=REPO,
+                            timeout=120, env=env)
+    assert result.returncode == 3, (result.returncode, result.stderr)
+    assert "internal error: ZeroDivisionError" in result.stderr and "rerun with --debug" in result.stderr
+    assert ("Traceback" in result.stderr) == debug, result.stderr
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
