@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from hetopt.outputs import write_text
 from hetopt.spec.load import read_document, validate_document
@@ -76,6 +76,16 @@ class Plan(Section):
                        "optimizer), 2 also the gradients, 3 (FSDP FULL_SHARD) also the 16-bit weights.")
     pipelines: list[Pipeline] = Field(min_length=1)
     placement: list[PlacementEntry] = Field(default_factory=list)
+
+    @field_validator("virtual_stages")
+    @classmethod
+    def _virtual_stages_need_interleaving(cls, v: int, info: ValidationInfo) -> int:
+        """Virtual stages exist only in the interleaved schedule (Megatron-LM's virtual pipeline)."""
+        schedule = info.data.get("schedule")
+        if v > 1 and schedule != "interleaved":
+            raise ValueError(f"{v} virtual stages need schedule: interleaved (the schedule is {schedule}); set "
+                             "the schedule or virtual_stages: 1")
+        return v
 
     @property
     def gpus_used(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import BAD, run_hetopt
 
@@ -33,6 +35,13 @@ CASES = {
     "top_level_list.yaml": ("", "top level must be a mapping"),
     "unknown_generator_kind.yaml": ("scenarios[0].generator.kind", "got 'sine': unknown kind"),
     "custom_model_missing_fields.yaml": ("model.layers", "required when no preset is given"),
+    "tp_not_dividing_heads.yaml": ("search.tp", "3 does not divide 32 heads and 32 key/value heads; 6 does not"),
+    "tp_larger_than_any_node.yaml": ("search.tp", "16 is more than the 8 GPUs of the largest node; pick among "
+                                                  "[1, 2, 4, 8]"),
+    "micro_batch_not_dividing_batch.yaml": ("search.micro_batch", "none of these divides training.global_batch "
+                                                                  "(64)"),
+    "billion_nodes.yaml": ("cluster.nodes[1].count", "8,000,000,016 GPUs, more than the 131,072"),
+    "markov_dwell_too_short.yaml": ("scenarios[0].generator.mean_dwell_s", "about 60,000,000 bandwidth changes"),
     "unknown_fabric.yaml": ("cluster.nodes[1].intra_fabric", "got 'nvlink9': input should be 'nvlink2'"),
 }
 
@@ -84,3 +93,53 @@ def test_json_instance_errors_name_the_key_path(tmp_path):
     result = run_hetopt("validate", str(bad))
     assert result.returncode == 2
     assert "training.global_batch: got -1" in result.stderr
+
+
+BAD_TRACE = """at_s,a,b,gbps
+0,rack0,rack1,200
+1.5,rack0,rack1,-5
+2,rack0,rack1,nan
+3,rack0,rack1,inf
+4,rack0,rack1,0
+-1,rack0,rack1,100
+5,rack0,rack9,100
+6,rack0,rack1,fast
+"""
+
+
+def test_a_trace_with_bad_rows_is_refused_at_validation_with_every_line_named(tmp_path):
+    """Negative, nan, infinite or 0 Gbit/s, a negative time, an undeclared link: each row named (before, a
+    0 made `simulate` stall and `solve --objective expected` divide by zero, while `validate` passed it)."""
+    (tmp_path / "trace.csv").write_text(BAD_TRACE)
+    instance = tmp_path / "traced.yaml"
+    instance.write_text((BAD / "zero_count.yaml").read_text().replace("count: 0", "count: 2") + """scenarios:
+  - {name: measured, probability: 1.0, generator: {kind: trace, path: trace.csv}}
+""")
+    for command in (["validate", str(instance)], ["solve", str(instance), "--objective", "expected"]):
+        result = run_hetopt(*command)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        message = result.stderr
+        assert "scenarios[0].generator.path" in message and "trace.csv" in message, message
+        for needle in ("line 3 gbps: got '-5': must be Gbit/s > 0", "line 4 gbps: got 'nan': must be finite",
+                       "line 5 gbps: got 'inf': must be finite", "line 6 gbps: got '0': 0 Gbit/s (an outage)",
+                       "line 7 at_s: got '-1': must be seconds ≥ 0", "line 8 a,b: got ['rack0', 'rack9']: no such link",
+                       "line 9 gbps: got 'fast': not a number"):
+            assert needle in message, (needle, message)
+        assert "line 2" not in message
+    (tmp_path / "trace.csv").write_text("at_s,a,b,gbps\n0,rack0,rack1,200\n1.5,rack1,rack0,50\n")
+    assert run_hetopt("validate", str(instance)).returncode == 0
+
+
+def test_a_plan_with_virtual_stages_but_no_interleaved_schedule_is_refused(tmp_path):
+    from hetopt.layout import expand_layout, parse_layout
+    from hetopt.plan import plan_json
+    from hetopt.spec.instance import load_instance
+
+    plan = plan_json(expand_layout(load_instance("demo-a100-v100-llama7b"), parse_layout("tp=1,pp=2,dp=16")))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**plan, "schedule": "1f1b", "virtual_stages": 2}))
+    result = run_hetopt("evaluate", "demo-a100-v100-llama7b", "--plan", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "virtual_stages: got 2: 2 virtual stages need schedule: interleaved" in result.stderr
+    path.write_text(json.dumps({**plan, "schedule": "1f1b", "virtual_stages": 1}))
+    assert run_hetopt("evaluate", "demo-a100-v100-llama7b", "--plan", str(path)).returncode == 0

@@ -180,7 +180,7 @@ def test_timeout_returns_the_warm_start_plan_with_its_gap():
     (["--formulation", "nope"], "unknown formulation"),
     (["--objective", "wrost"], "unknown objective (did you mean 'worst'?)"),
     (["--planner", "greedy"], "unknown planner"),
-    (["--time-limit", "-1"], "must be positive seconds"),
+    (["--time-limit", "-1"], "must be a positive, finite number of seconds"),
 ])
 def test_bad_options_exit_2(args, words):
     result = run_hetopt("solve", str(DEMO), *args)

@@ -77,7 +77,7 @@ def _key(link) -> tuple[str, str]:
 
 def generate(gen, nominal: dict, horizon_s: float, base_dir: Path) -> list[Change]:
     if gen.kind == "trace":
-        return read_trace(base_dir / gen.path)
+        return read_trace(base_dir / gen.path, {frozenset(link) for link in nominal})
     link = _key(gen.link)
     if gen.kind == "step":
         changes = [(gen.at_s, link, gen.low_gbps)]
@@ -101,13 +101,57 @@ def generate(gen, nominal: dict, horizon_s: float, base_dir: Path) -> list[Chang
     raise ValueError(f"unknown generator kind {gen.kind}")
 
 
-def read_trace(path: Path) -> list[Change]:
-    changes = []
+TRACE_COLUMNS = ("at_s", "a", "b", "gbps")
+MAX_TRACE_PROBLEMS = 10
+"""Rows of a bad trace named one by one; the rest are counted."""
+
+
+def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Change]:
+    """The changes of a measured trace CSV (columns at_s, a, b, gbps), every row checked.
+
+    Parameters: path — the CSV; links — the declared island links ({a, b} sets), None to skip that check.
+    Returns: (at_s, (a, b), gbps) per row. Raises: InputError naming each bad row's line, column and value:
+    a time that is not a finite number ≥ 0, a bandwidth that is not a finite number > 0, an undeclared link.
+    """
+    changes, problems = [], []
     with path.open(newline="", encoding="utf-8") as fh:
-        for n, row in enumerate(csv.DictReader(fh), start=2):
-            try:
+        reader = csv.DictReader(fh)
+        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise InputError(str(path), [Problem("line 1", f"missing column(s) {', '.join(missing)}; a trace has "
+                                                           f"the columns {','.join(TRACE_COLUMNS)}",
+                                                 reader.fieldnames, True)])
+        for n, row in enumerate(reader, start=2):
+            found = _row_problems(row, links)
+            problems += [Problem(f"line {n} {column}", message, value, True) for column, message, value in found]
+            if not found:
                 changes.append((float(row["at_s"]), _key((row["a"], row["b"])), float(row["gbps"])))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise InputError(str(path), [Problem(f"line {n}", f"expected columns at_s,a,b,gbps with numbers "
-                                                               f"({exc})")]) from None
+    if problems:
+        shown = problems[:MAX_TRACE_PROBLEMS]
+        if len(problems) > len(shown):
+            shown.append(Problem("", f"and {len(problems) - len(shown)} more bad rows"))
+        raise InputError(str(path), shown)
     return changes
+
+
+def _row_problems(row: dict, links: set[frozenset[str]] | None) -> list[tuple[str, str, object]]:
+    found = []
+    for column, low, what in (("at_s", 0.0, "seconds ≥ 0"), ("gbps", None, "Gbit/s > 0")):
+        text = row.get(column)
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            found.append((column, f"not a number; give {what}", text))
+            continue
+        if not math.isfinite(value):
+            found.append((column, f"must be finite {what}", text))
+        elif column == "at_s" and value < low:
+            found.append((column, f"must be {what}", text))
+        elif column == "gbps" and value == 0:
+            found.append((column, "0 Gbit/s (an outage) is not modelled yet: the planner prices every link at a "
+                                  "positive bandwidth; give the lowest rate the link keeps, e.g. 0.1", text))
+        elif column == "gbps" and value < 0:
+            found.append((column, f"must be {what}", text))
+    if links is not None and frozenset((row.get("a"), row.get("b"))) not in links:
+        found.append(("a,b", "no such link in cluster.network.links", [row.get("a"), row.get("b")]))
+    return found

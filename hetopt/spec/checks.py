@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-from hetopt.errors import did_you_mean
+from hetopt.errors import InputError, did_you_mean
 from hetopt.spec.gpus import CATALOG
 from hetopt.spec.presets import PRESETS, apply_preset
 from hetopt.spec.schema import InstanceFile
@@ -69,9 +69,22 @@ def check_gpu_types(spec: InstanceFile) -> Iterator[Finding]:
                                               "catalog entry or give the custom GPU another name", name)
 
 
+MAX_CLUSTER_GPUS = 131_072
+"""The most GPUs a cluster may have: 16× the largest benchmarked search (8,192 GPUs, 1.6 GiB); a billion
+nodes would take gigabytes to build before any search."""
+MAX_SCENARIO_CHANGES = 100_000
+"""The most bandwidth changes a generator may make over the horizon (each is an event of every replay)."""
+
+
 def check_node_groups(spec: InstanceFile) -> Iterator[Finding]:
     known = {**CATALOG, **spec.cluster.gpus}
     seen: dict[str, int] = {}
+    total_gpus = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
+    if total_gpus > MAX_CLUSTER_GPUS:  # named at the largest group, checked before the cluster is built
+        i, group = max(enumerate(spec.cluster.nodes), key=lambda ig: ig[1].count * ig[1].gpus_per_node)
+        yield (("cluster", "nodes", i, "count"), f"the cluster has {total_gpus:,} GPUs, more than the "
+                                                 f"{MAX_CLUSTER_GPUS:,} hetopt plans for; plan a part of it",
+               group.count)
     for i, group in enumerate(spec.cluster.nodes):
         if group.name in seen:
             yield (("cluster", "nodes", i, "name"), f"duplicate node group name (also cluster.nodes[{seen[group.name]}]"
@@ -104,6 +117,8 @@ def check_links(spec: InstanceFile) -> Iterator[Finding]:
 
 
 def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
+    from hetopt.sim.scenarios import DEFAULT_HORIZON_S, read_trace  # the simulator's own reader and horizon
+
     links = {frozenset((lk.a, lk.b)) for lk in spec.cluster.network.links}
     link_names = ", ".join(f"[{lk.a}, {lk.b}]" for lk in spec.cluster.network.links) or "none declared"
     names: dict[str, int] = {}
@@ -123,6 +138,19 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
         if gen is not None and gen.kind == "trace" and not (base_dir / gen.path).is_file():
             yield (("scenarios", i, "generator", "path"), f"trace file not found (looked for "
                                                           f"{(base_dir / gen.path).resolve()})", gen.path)
+        elif gen is not None and gen.kind == "trace":
+            try:
+                read_trace(base_dir / gen.path, links)
+            except InputError as exc:
+                yield (("scenarios", i, "generator", "path"), f"bad trace: {exc.render().removeprefix('error: ')}",
+                       gen.path)
+        horizon = spec.search.horizon_s or DEFAULT_HORIZON_S
+        step = {"markov": "mean_dwell_s", "diurnal": "step_s"}.get(gen.kind) if gen is not None else None
+        if step and horizon / getattr(gen, step) > MAX_SCENARIO_CHANGES:
+            yield (("scenarios", i, "generator", step), f"makes about {horizon / getattr(gen, step):,.0f} bandwidth "
+                                                        f"changes over the {horizon:g} s horizon, more than "
+                                                        f"{MAX_SCENARIO_CHANGES:,}; give at least "
+                                                        f"{horizon / MAX_SCENARIO_CHANGES:g} s", getattr(gen, step))
         if gen is not None and gen.kind == "diurnal" and gen.amplitude_gbps >= gen.mean_gbps:
             yield (("scenarios", i, "generator", "amplitude_gbps"), f"must be below mean_gbps ({gen.mean_gbps}) "
                                                                     "so the bandwidth stays positive",
@@ -145,13 +173,38 @@ def check_search(spec: InstanceFile) -> Iterator[Finding]:
         elif values is not None and len(set(values)) != len(values):
             yield (("search", key), "lists a value twice; list each value once", values)
     preset = PRESETS.get(spec.model.preset) if spec.model.preset is not None else None
-    layers = apply_preset(preset, spec.model.model_dump(exclude={"preset"})).get("layers")
+    model = apply_preset(preset, spec.model.model_dump(exclude={"preset"}))
+    layers = model.get("layers")
+    yield from check_search_tp(s.tp, model.get("heads"), model.get("kv_heads") or model.get("heads"),
+                               max((g.gpus_per_node for g in spec.cluster.nodes), default=0))
+    batch = spec.training.global_batch
+    if s.micro_batch and not any(batch % b == 0 for b in s.micro_batch):
+        yield (("search", "micro_batch"), f"none of these divides training.global_batch ({batch}), so no plan has "
+                                          f"whole micro-batches; pick among {_divisors(batch)[:8]}", s.micro_batch)
     if s.virtual_stages and layers:
         # interleaving cuts every stage into v chunks of whole layers (Megatron-LM's virtual pipeline)
         bad = [v for v in s.virtual_stages if layers % v]
         if bad:
             yield (("search", "virtual_stages"), f"{', '.join(map(str, bad))} do not divide the model's {layers} "
                                                  f"layers; pick among {_divisors(layers)[:8]}", s.virtual_stages)
+
+
+def check_search_tp(tps: list[int] | None, heads: int | None, kv_heads: int | None, node_gpus: int
+                    ) -> Iterator[Finding]:
+    """Some TP degree of search.tp must be usable: dividing the heads and the key/value heads (Megatron-LM
+    splits both) and fitting in the largest node (TP runs inside a node)."""
+    if not tps or not heads or not kv_heads:
+        return
+    why = {}
+    for t in tps:
+        if heads % t or kv_heads % t:
+            why[t] = f"does not divide {heads} heads and {kv_heads} key/value heads"
+        elif t > node_gpus:
+            why[t] = f"is more than the {node_gpus} GPUs of the largest node"
+    if len(why) == len(tps):
+        fits = [d for d in _divisors(math.gcd(heads, kv_heads)) if d <= node_gpus]
+        yield (("search", "tp"), f"no TP degree can be used: {'; '.join(f'{t} {w}' for t, w in why.items())}; "
+                                 f"pick among {fits}", tps)
 
 
 def _divisors(n: int) -> list[int]:

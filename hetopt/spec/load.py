@@ -167,6 +167,7 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int], root: type[BaseMode
         "string_pattern_mismatch": "may use only letters, digits, '_', '.' and '-'",
         "string_too_short": "must not be empty",
         "union_tag_not_found": "needs a 'kind' key: one of step, markov, diurnal, trace",
+        "value_error": str(ctx.get("error", err["msg"])),  # a validator's own sentence, without "Value error, "
     }
     message = messages.get(kind, err["msg"][0].lower() + err["msg"][1:])
     return Problem(path, message + hint, value=err.get("input"), has_value=True, line=line)
