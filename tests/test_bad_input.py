@@ -40,7 +40,9 @@ CASES = {
                                                   "[1, 2, 4, 8]"),
     "micro_batch_not_dividing_batch.yaml": ("search.micro_batch", "none of these divides training.global_batch "
                                                                   "(64)"),
+    # 10^9 nodes × 8 GPUs + 2 × 8; the limit is checks.MAX_CLUSTER_GPUS
     "billion_nodes.yaml": ("cluster.nodes[1].count", "8,000,000,016 GPUs, more than the 131,072"),
+    # the default 60 s horizon / a 1 µs mean dwell
     "markov_dwell_too_short.yaml": ("scenarios[0].generator.mean_dwell_s", "about 60,000,000 bandwidth changes"),
     "unknown_fabric.yaml": ("cluster.nodes[1].intra_fabric", "got 'nvlink9': input should be 'nvlink2'"),
 }

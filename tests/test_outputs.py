@@ -12,7 +12,7 @@ import pytest
 from conftest import DEMO, REPO, run_hetopt
 
 from hetopt.errors import InputError
-from hetopt.outputs import atomic_path, check_output, write_text
+from hetopt.outputs import _umask, atomic_path, check_output, write_text
 
 LAYOUT = ["--layout", "tp=1,pp=2,dp=16"]
 
@@ -118,9 +118,3 @@ def test_an_internal_error_is_exit_3_with_one_line_and_the_traceback_only_with_d
     assert result.returncode == 3, (result.returncode, result.stderr)
     assert "internal error: ZeroDivisionError" in result.stderr and "rerun with --debug" in result.stderr
     assert ("Traceback" in result.stderr) == debug, result.stderr
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

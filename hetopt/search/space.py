@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hetopt.plan import Pipeline, Plan, Stage
+from hetopt.spec.checks import tp_splits_heads
 from hetopt.spec.cluster import DeviceClass
 from hetopt.spec.instance import Instance
 
@@ -207,9 +208,8 @@ def most_work(modes) -> str:
 
 
 def tp_divides_heads(inst: Instance, tp: int) -> bool:
-    """A TP degree splits the attention heads and the key/value heads (grouped-query attention) evenly
-    (Megatron-LM requires both: num_attention_heads and num_query_groups divisible by the TP size)."""
-    return inst.model.heads % tp == 0 and inst.model.kv_heads % tp == 0
+    """Whether TP degree `tp` splits the instance model's heads (`spec.checks.tp_splits_heads`)."""
+    return tp_splits_heads(inst.model.heads, inst.model.kv_heads, tp)
 
 
 def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions) -> list[int]:

@@ -136,7 +136,7 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
 
 def _row_problems(row: dict, links: set[frozenset[str]] | None) -> list[tuple[str, str, object]]:
     found = []
-    for column, low, what in (("at_s", 0.0, "seconds ≥ 0"), ("gbps", None, "Gbit/s > 0")):
+    for column, what in (("at_s", "seconds ≥ 0"), ("gbps", "Gbit/s > 0")):
         text = row.get(column)
         try:
             value = float(text)
@@ -145,13 +145,11 @@ def _row_problems(row: dict, links: set[frozenset[str]] | None) -> list[tuple[st
             continue
         if not math.isfinite(value):
             found.append((column, f"must be finite {what}", text))
-        elif column == "at_s" and value < low:
+        elif value < 0:
             found.append((column, f"must be {what}", text))
         elif column == "gbps" and value == 0:
             found.append((column, "0 Gbit/s (an outage) is not modelled yet: the planner prices every link at a "
                                   "positive bandwidth; give the lowest rate the link keeps, e.g. 0.1", text))
-        elif column == "gbps" and value < 0:
-            found.append((column, f"must be {what}", text))
     if links is not None and frozenset((row.get("a"), row.get("b"))) not in links:
         found.append(("a,b", "no such link in cluster.network.links", [row.get("a"), row.get("b")]))
     return found

@@ -189,6 +189,12 @@ def check_search(spec: InstanceFile) -> Iterator[Finding]:
                                                  f"layers; pick among {_divisors(layers)[:8]}", s.virtual_stages)
 
 
+def tp_splits_heads(heads: int, kv_heads: int, tp: int) -> bool:
+    """A TP degree splits the attention heads and the key/value heads (grouped-query attention) evenly
+    (Megatron-LM requires both: num_attention_heads and num_query_groups divisible by the TP size)."""
+    return heads % tp == 0 and kv_heads % tp == 0
+
+
 def check_search_tp(tps: list[int] | None, heads: int | None, kv_heads: int | None, node_gpus: int
                     ) -> Iterator[Finding]:
     """Some TP degree of search.tp must be usable: dividing the heads and the key/value heads (Megatron-LM
@@ -197,7 +203,7 @@ def check_search_tp(tps: list[int] | None, heads: int | None, kv_heads: int | No
         return
     why = {}
     for t in tps:
-        if heads % t or kv_heads % t:
+        if not tp_splits_heads(heads, kv_heads, t):
             why[t] = f"does not divide {heads} heads and {kv_heads} key/value heads"
         elif t > node_gpus:
             why[t] = f"is more than the {node_gpus} GPUs of the largest node"
