@@ -145,3 +145,12 @@ def test_a_plan_with_virtual_stages_but_no_interleaved_schedule_is_refused(tmp_p
     assert "virtual_stages: got 2: 2 virtual stages need schedule: interleaved" in result.stderr
     path.write_text(json.dumps({**plan, "schedule": "1f1b", "virtual_stages": 1}))
     assert run_hetopt("evaluate", "demo-a100-v100-llama7b", "--plan", str(path)).returncode == 0
+
+
+def test_divisors_in_messages_are_found_up_to_the_square_root():
+    """A message suggests divisors of the value given; `hidden: 2147483648` (found by the fuzz test) made
+    the old count to n hang `validate` for minutes."""
+    from hetopt.spec.checks import _divisors
+
+    assert all(_divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 500))
+    assert _divisors(2**31) == [2**k for k in range(32)]

@@ -214,7 +214,9 @@ def check_search_tp(tps: list[int] | None, heads: int | None, kv_heads: int | No
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, found up to √n (a value like 2**31 comes with a typo)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _divisors_near(n: int, near: int, k: int = 4) -> list[int]:
