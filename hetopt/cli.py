@@ -83,7 +83,9 @@ def _root(
 @app.command()
 def solve(
     instance: InstanceArg = None,
-    planner: Annotated[str, typer.Option("--planner", help="ilp (exact) or exhaustive (small instances).")] = "ilp",
+    planner: Annotated[str, typer.Option("--planner", help="ilp (exact), exhaustive (small instances), or a "
+                                                           "heuristic without proof: megatron, fastest-subset, "
+                                                           "proportional, amp-like, random.")] = "ilp",
     formulation: Annotated[str | None, typer.Option("--formulation", help="See `hetopt formulations`.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="cpsat, cbc or highs.")] = "highs",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")] = 60.0,

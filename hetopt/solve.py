@@ -16,7 +16,9 @@ from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
-PLANNERS = ("ilp", "exhaustive")
+HEURISTICS = ("megatron", "fastest-subset", "proportional", "amp-like", "random")
+"""The baseline planners `solve` runs by name (hetopt.baselines): a plan, no proof."""
+PLANNERS = ("ilp", "exhaustive", *HEURISTICS)
 
 
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
@@ -25,7 +27,8 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
           warm_start: bool = True, executor: str = "process", address: str | None = None) -> dict[str, Any]:
     """Plan the instance, verify the plan and replay it under every scenario: `hetopt solve --json`.
 
-    Parameters: inst — the instance; planner — `ilp` (the exact search) or `exhaustive`; formulation,
+    Parameters: inst — the instance; planner — `ilp` (the exact search), `exhaustive`, or a heuristic of
+    HEURISTICS (status `feasible`: a plan without a bound); formulation,
     backend, time_limit_s, objective, seed, export_model, warm_start — as solve_exact takes them;
     simulate_iterations — iterations per scenario in the replay (default: the instance's horizon);
     profiles — calibrated weights; progress — progress(skeletons solved, incumbent s); executor, address —
@@ -51,11 +54,31 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
         status = SolveStatus.OPTIMAL if ex.plan is not None else SolveStatus.INFEASIBLE
         result = SearchResult(status, ex.plan, ex.objective_s, ex.objective_s, clock() - start, "enumeration",
                               "none", time_limit_s, seed, ex.stats)
+    elif planner in HEURISTICS:
+        result = run_heuristic(inst, planner, time_limit_s, seed, profiles, objective)
     else:
         result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model,
                              progress=progress, objective=objective, warm_start=warm_start, executor=executor,
                              address=address)
     return report(inst, planner, result, objective, simulate_iterations, profiles)
+
+
+def run_heuristic(inst: Instance, planner: str, time_limit_s: float, seed: int, profiles: Profiles,
+                  objective: str) -> SearchResult:
+    """A baseline planner's plan as a search result: `feasible` with its objective and no bound (nothing is
+    proven), or `infeasible` with the planner's reason when it found no plan that fits."""
+    from hetopt.baselines.registry import PLANNERS as BASELINES
+    from hetopt.search.orchestrate import plan_objective
+    from hetopt.search.robust import planning_scenarios
+
+    found = BASELINES[planner](inst, time_limit_s, profiles, seed)
+    if found.plan is None:
+        return SearchResult(SolveStatus.INFEASIBLE, None, math.inf, math.nan, found.search_time_s, "heuristic",
+                            "none", time_limit_s, seed,
+                            reason=f"{planner} found no plan that fits{': ' + found.note if found.note else ''}")
+    value = plan_objective(inst, found.plan, profiles, planning_scenarios(inst, objective), objective)
+    return SearchResult(SolveStatus.FEASIBLE, found.plan, value, math.nan, found.search_time_s, "heuristic", "none",
+                        time_limit_s, seed)
 
 
 def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int | None,

@@ -21,7 +21,8 @@ from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
 
-SMALL = sorted((Path(__file__).parent / "small").glob("*.yaml"))
+SMALL_DIR = Path(__file__).parent / "small"
+SMALL = sorted(SMALL_DIR.glob("*.yaml"))
 BACKENDS = [("split-milp", "cbc"), ("split-milp", "highs"), ("split-cpsat", "cpsat")]
 # Relative: CP-SAT's OPTIMAL holds within the tolerance split_cpsat enforces (its rounding to integer
 # time); the MILP is the evaluator, so its optimum is the exhaustive one up to the solvers' 1e-9 gap.
@@ -620,3 +621,32 @@ def test_a_pipeline_over_four_device_classes_is_searched_and_pays():
     assert len({st.gpu for st in four.plan.pipelines[0].stages}) == 4
     assert four.objective_s < 0.85 * three.objective_s  # 0.413 s against 0.514 s
     assert four.warm_start is None or not four.warm_start["kept"]
+
+
+@pytest.mark.parametrize("planner", ["megatron", "fastest-subset", "proportional", "amp-like", "random"])
+def test_solve_runs_each_heuristic_by_name_with_no_bound_claimed(planner):
+    """DESIGN 2.4's `solve --planner megatron|…`: the heuristic's own plan, status `feasible`, its objective
+    the evaluator's, no bound and no gap (nothing is proven), verified and replayed like the exact plan's."""
+    from hetopt.baselines.registry import PLANNERS
+    from hetopt.evaluate import evaluate
+    from hetopt.plan import Plan
+    from hetopt.spec.instance import load_instance
+
+    result = run_hetopt("solve", str(SMALL_DIR / "s2-a100-v100.yaml"), "--planner", planner, "--json",
+                        "--time-limit", "20")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "feasible" and data["planner"] == planner
+    assert data["bound_s"] is None and data["gap"] is None and data["verified"]["scenarios"]
+    inst = load_instance(SMALL_DIR / "s2-a100-v100.yaml")
+    theirs = PLANNERS[planner](inst, 20.0).plan
+    assert data["objective_s"] == pytest.approx(evaluate(inst, theirs).iteration_time_s, rel=1e-9)
+    assert data["predicted"]["iteration_time_s"] == pytest.approx(
+        evaluate(inst, Plan.model_validate(data["plan"])).iteration_time_s, rel=1e-9)
+
+
+def test_solve_with_a_heuristic_that_finds_no_plan_is_exit_1_with_its_reason():
+    result = run_hetopt("solve", str(SMALL_DIR / "s9-interleaved.yaml"), "--planner", "megatron", "--json")
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "infeasible" and data["plan"] is None and "megatron found no plan" in data["reason"]

@@ -192,7 +192,9 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
     if r["plan"] is None:
         return Group(*parts)
     pred = r["predicted"]
-    head.append(f"  iteration {r['objective_s']:.3f} s (bound {r['bound_s']:.3f} s, gap {r['gap']:.2%}); "
+    proof = (f"bound {r['bound_s']:.3f} s, gap {r['gap']:.2%}" if r["bound_s"] is not None and r["gap"] is not None
+             else "no bound proven")
+    head.append(f"  iteration {r['objective_s']:.3f} s ({proof}); "
                 f"{pred['tokens_per_s']:,.0f} tokens/s, MFU {pred['mfu']:.1%}; {r['planner']} / {r['formulation']} / "
                 f"{r['backend']} in {r['solve_time_s']:.2f} s")
     plan = r["plan"]

@@ -72,8 +72,8 @@ class SearchResult:
 
     @property
     def gap(self) -> float:
-        if self.plan is None or not math.isfinite(self.objective_s):
-            return math.inf
+        if self.plan is None or not math.isfinite(self.objective_s) or not math.isfinite(self.bound_s):
+            return math.inf  # no bound proven (a heuristic's plan): no gap to report
         return max(0.0, (self.objective_s - self.bound_s) / self.objective_s)
 
 
@@ -280,19 +280,26 @@ WARM_START_PLANNERS = ("amp-like", "proportional")
 never worse than theirs. `megatron`'s plans are among amp-like's candidates (the same layouts, even split)."""
 
 
+def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objective: str) -> float:
+    """A plan's objective, seconds: the evaluator's iteration time in each planning scenario, aggregated
+    as the objective says (stable, expected, worst or cvar; hetopt.search.robust)."""
+    from hetopt.evaluate import evaluate
+    from hetopt.search.robust import aggregate
+
+    times = [evaluate(inst, plan, profiles, cluster=sc.cluster).iteration_time_s for sc in scenarios]
+    return aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)
+
+
 def seed_incumbent(inst: Instance, profiles: Profiles, scenarios, objective: str, budget_s: float) -> dict | None:
     """The best heuristic plan under the objective (each planner gets `budget_s`), or None."""
     from hetopt.baselines.registry import PLANNERS
-    from hetopt.evaluate import evaluate
-    from hetopt.search.robust import aggregate
 
     best = None
     for name in WARM_START_PLANNERS:
         found = PLANNERS[name](inst, budget_s, profiles)
         if found.plan is None:
             continue
-        times = [evaluate(inst, found.plan, profiles, cluster=sc.cluster).iteration_time_s for sc in scenarios]
-        t = aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)
+        t = plan_objective(inst, found.plan, profiles, scenarios, objective)
         if best is None or t < best["objective_s"]:
             best = {"planner": name, "objective_s": t, "plan": found.plan}
     return best
