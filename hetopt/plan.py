@@ -67,6 +67,16 @@ class PlacementEntry(Section):
         return [(self.node, self.gpus), *((n.node, n.gpus) for n in self.more_nodes)]
 
 
+class PlannedFor(Section):
+    """The instance a plan was planned for: its name and the fingerprint of each part a plan depends on
+    (`Instance.fingerprint`). Evaluating the plan against an instance whose parts differ is refused."""
+
+    name: str = Field(description="The instance's name.")
+    model: str = Field(description="SHA-256 (12 hex digits) of the resolved model.")
+    training: str = Field(description="SHA-256 (12 hex digits) of the training settings.")
+    cluster: str = Field(description="SHA-256 (12 hex digits) of the nodes, GPU types and network.")
+
+
 class Plan(Section):
     micro_batch: PositiveInt = Field(description="Sequences per micro-batch.")
     schedule: Schedule = Field("1f1b", description="gpipe, 1f1b or interleaved.")
@@ -76,6 +86,8 @@ class Plan(Section):
                        "optimizer), 2 also the gradients, 3 (FSDP FULL_SHARD) also the 16-bit weights.")
     pipelines: list[Pipeline] = Field(min_length=1)
     placement: list[PlacementEntry] = Field(default_factory=list)
+    instance: PlannedFor | None = Field(None, description="The instance the plan was planned for; absent in "
+                                                           "plans written by hand.")
 
     @field_validator("virtual_stages")
     @classmethod

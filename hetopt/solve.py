@@ -9,6 +9,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor
+from hetopt.plan import PlannedFor
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.orchestrate import SearchResult, solve_exact
 from hetopt.search.robust import OBJECTIVES
@@ -103,7 +104,8 @@ def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterat
     from hetopt.placement import place
     from hetopt.sim.run import simulate
 
-    plan = place(r.plan, inst.cluster)
+    plan = place(r.plan, inst.cluster).model_copy(update={"instance": PlannedFor(name=inst.name,
+                                                                                  **inst.fingerprint())})
     problems = check_plan(inst, plan)
     if problems:  # the verifier is independent of the planner: a failure here is a planner bug
         raise AssertionError(f"the verifier rejected the planner's plan: {problems}")

@@ -16,8 +16,25 @@ Finding = tuple[str, str]
 
 
 def check_plan(inst: Instance, plan: Plan) -> list[Finding]:
-    return [*check_stages(inst, plan), *check_layers(inst, plan), *check_batch(inst, plan),
-            *check_resources(inst, plan), *check_zero(plan), *check_placement(inst, plan)]
+    # a plan made for another instance: that is the one thing to say (its stages would all mismatch too)
+    return check_planned_for(inst, plan) or [
+        *check_stages(inst, plan), *check_layers(inst, plan), *check_batch(inst, plan), *check_resources(inst, plan),
+        *check_zero(plan), *check_placement(inst, plan)]
+
+
+def check_planned_for(inst: Instance, plan: Plan) -> list[Finding]:
+    """A plan that records its instance is checked against the one given: the same model, training
+    settings and cluster (by fingerprint), or it is refused, naming the parts that differ."""
+    if plan.instance is None:
+        return []
+    ours = inst.fingerprint()
+    differ = [part for part in ("model", "training", "cluster") if getattr(plan.instance, part) != ours[part]]
+    if not differ:
+        return []
+    return [("instance", f"planned for instance {plan.instance.name!r}, whose {' and '.join(differ)} "
+                         f"{'differs' if len(differ) == 1 else 'differ'} "
+                         f"from those of {inst.name!r}; plan again for this instance (`hetopt solve`), or remove "
+                         "the plan's `instance` key to evaluate it here anyway")]
 
 
 def check_stages(inst: Instance, plan: Plan) -> list[Finding]:

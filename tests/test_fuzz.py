@@ -103,10 +103,12 @@ def test_a_mutated_instance_is_valid_or_refused_with_its_file_named(data):
 
 def _plan() -> dict:
     from hetopt.layout import expand_layout, parse_layout
-    from hetopt.plan import plan_json
+    from hetopt.plan import PlannedFor, plan_json
     from hetopt.spec.instance import load_instance
 
-    return plan_json(expand_layout(load_instance(PLAN_INSTANCE), parse_layout("tp=2,pp=2,dp=8")))
+    inst = load_instance(PLAN_INSTANCE)  # the plan records its instance, as `solve --out` writes it
+    plan = expand_layout(inst, parse_layout("tp=2,pp=2,dp=8"))
+    return plan_json(plan.model_copy(update={"instance": PlannedFor(name=inst.name, **inst.fingerprint())}))
 
 
 PLAN = _plan()

@@ -650,3 +650,27 @@ def test_solve_with_a_heuristic_that_finds_no_plan_is_exit_1_with_its_reason():
     assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)
     assert data["status"] == "infeasible" and data["plan"] is None and "megatron found no plan" in data["reason"]
+
+
+def test_a_plan_records_its_instance_and_is_refused_against_another(tmp_path):
+    """A plan file names the instance it was planned for, with a fingerprint of its model, training and
+    cluster (DESIGN 2.4). The demo's plan against GPT-3 6.7B on the same cluster used to 'fit' silently."""
+    out = tmp_path / "plan.json"
+    assert run_hetopt("solve", "--out", str(out), "--json").returncode == 0
+    recorded = json.loads(out.read_text())["instance"]
+    assert recorded["name"] == "demo-a100-v100-llama7b" and all(len(recorded[k]) == 12
+                                                                 for k in ("model", "training", "cluster"))
+    assert run_hetopt("evaluate", str(DEMO), "--plan", str(out)).returncode == 0
+    other = tmp_path / "gpt3.yaml"
+    other.write_text(DEMO.read_text().replace("preset: llama-7b", "preset: gpt3-6.7b"))
+    for command in ("evaluate", "simulate"):
+        result = run_hetopt(command, str(other), "--plan", str(out))
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "planned for instance 'demo-a100-v100-llama7b', whose model differs" in result.stderr, result.stderr
+    scenarios_changed = tmp_path / "calm.yaml"  # scenarios are not part of what a plan depends on
+    scenarios_changed.write_text(DEMO.read_text().replace("probability: 0.7", "probability: 0.6")
+                                 .replace("probability: 0.3", "probability: 0.4"))
+    assert run_hetopt("evaluate", str(scenarios_changed), "--plan", str(out)).returncode == 0
+    anonymous = {k: v for k, v in json.loads(out.read_text()).items() if k != "instance"}
+    out.write_text(json.dumps(anonymous))
+    assert run_hetopt("evaluate", str(other), "--plan", str(out)).returncode == 0

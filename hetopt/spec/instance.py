@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -40,6 +42,17 @@ class Instance:
     @cached_property
     def cluster(self) -> Cluster:
         return Cluster.from_spec(self.spec.cluster, self.gpu_types)
+
+    def fingerprint(self) -> dict[str, str]:
+        """What a plan depends on, each part hashed: the model as resolved, the training settings and the
+        cluster (nodes, GPU types, network). Scenarios and the search space are left out: a plan stays a
+        plan of the same cluster under other scenarios. Returns: {part: 12 hex digits of its SHA-256}."""
+        parts = {"model": asdict(self.model),
+                 "training": {**self.spec.training.model_dump(mode="json"), "seq_len": self.seq_len},
+                 "cluster": {**self.spec.cluster.model_dump(mode="json"),
+                             "gpu_types": {k: asdict(v) for k, v in sorted(self.gpu_types.items())}}}
+        return {part: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+                for part, value in parts.items()}
 
 
 def resolve_model(section: ModelSection, seq_len: int | None) -> ModelArch:
