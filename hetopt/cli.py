@@ -54,6 +54,11 @@ AddressOpt = Annotated[str | None, typer.Option("--address", help="With --execut
                                                                   "HOST:PORT (or auto); default: a local Ray "
                                                                   "started for this command.")]
 
+HeadroomOpt = Annotated[str | None, typer.Option("--memory-headroom", help="Keep this much of every GPU's memory "
+                                                                            "free: GiB (2, 2GiB) or a share "
+                                                                            "(5%). Default: plans may use all of "
+                                                                            "it.")]
+
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
@@ -101,6 +106,7 @@ def solve(
                                                                         "(amp-like, proportional).")] = False,
     executor: ExecutorOpt = "process",
     address: AddressOpt = None,
+    memory_headroom: HeadroomOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest plan with a proven bound, verify it, and replay it under every scenario."""
@@ -108,14 +114,14 @@ def solve(
 
     from hetopt.report.tables import solve_view
     from hetopt.solve import solve as run_solve
-    from hetopt.spec.instance import load_instance
+    from hetopt.spec.instance import load_instance, with_memory_headroom
 
     check_time_limit(time_limit)
     if out_path:
         check_output(out_path, "--out", force)
     if export_model:
         check_output(export_model, "--export-model", force, MODEL_SUFFIXES["cp-sat" if backend == "cpsat" else "pulp"])
-    inst = load_instance(instance) if instance else _demo()
+    inst = with_memory_headroom(load_instance(instance) if instance else _demo(), memory_headroom)
     with err.status(f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
         def progress(solved: int, incumbent: float) -> None:
             best = f"best so far {incumbent:.3f} s" if incumbent < float("inf") else "no plan yet"
@@ -243,6 +249,7 @@ def evaluate(
     layout: Annotated[str | None, typer.Option("--layout", help="Layout shorthand, e.g. tp=2,pp=4,dp=4.")] = None,
     layouts: Annotated[str | None, typer.Option("--layouts", help="File with one layout per line.")] = None,
     profile: Annotated[list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")] = None,
+    memory_headroom: HeadroomOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Analytic iteration time and memory of a plan, a layout, or a file of layouts."""
@@ -251,13 +258,13 @@ def evaluate(
     from hetopt.layout import expand_layout, parse_layout
     from hetopt.plan import load_plan
     from hetopt.report.tables import evaluation_view
-    from hetopt.spec.instance import load_instance
+    from hetopt.spec.instance import load_instance, with_memory_headroom
 
     given = [name for name, v in (("--plan", plan), ("--layout", layout), ("--layouts", layouts)) if v]
     if len(given) != 1:
         raise InputError("evaluate", [Problem("options", "give exactly one of --plan, --layout, --layouts",
                                               given, True)])
-    inst = load_instance(instance)
+    inst = with_memory_headroom(load_instance(instance), memory_headroom)
     profiles = Profiles([load_profile_file(p) for p in profile or []])
     if layouts is not None:
         results = _evaluate_layouts(inst, layouts, profiles)
@@ -293,6 +300,7 @@ def simulate(
     plot: Annotated[str | None, typer.Option("--plot", help="Write a timeline PNG here.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --trace/--plot files.")] = False,
     profile: Annotated[list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")] = None,
+    memory_headroom: HeadroomOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Discrete-event replay of a plan under the instance's bandwidth scenarios."""
@@ -303,7 +311,7 @@ def simulate(
     from hetopt.report.tables import simulation_view
     from hetopt.sim.run import simulate as run_simulate
     from hetopt.sim.trace import plot_timeline, write_trace
-    from hetopt.spec.instance import load_instance
+    from hetopt.spec.instance import load_instance, with_memory_headroom
 
     if (plan is None) == (layout is None):
         raise InputError("simulate", [Problem("options", "give exactly one of --plan or --layout")])
@@ -311,7 +319,7 @@ def simulate(
         check_output(trace, "--trace", force)
     if plot:
         check_output(plot, "--plot", force, PLOT_SUFFIXES)
-    inst = load_instance(instance)
+    inst = with_memory_headroom(load_instance(instance), memory_headroom)
     the_plan = load_plan(plan) if plan is not None else expand_layout(inst, parse_layout(layout))
     profiles = Profiles([load_profile_file(p) for p in profile or []])
     result, records = run_simulate(inst, the_plan, scenario, iterations, profiles, keep_records=bool(trace or plot))
@@ -519,6 +527,7 @@ def bench(
                                                              "ray (each a Ray task; pip install "
                                                              "\"hetopt[ray]\").")] = "process",
     address: AddressOpt = None,
+    memory_headroom: HeadroomOpt = None,
 ) -> None:
     """Run planners side by side, replay every plan in the simulator, write CSV, Markdown and plots."""
 
@@ -527,14 +536,14 @@ def bench(
     from hetopt.baselines.registry import PLANNERS
     from hetopt.bench import check_outputs, check_planners, run_bench, write_outputs
     from hetopt.executors import check_executor
-    from hetopt.spec.instance import bundled_instances, load_instance
+    from hetopt.spec.instance import bundled_instances, load_instance, with_memory_headroom
 
     check_time_limit(time_limit)
     chosen = list(PLANNERS) if planners == "all" else check_planners([p.strip() for p in planners.split(",")])
     names = instance_names or list(bundled_instances())
     check_outputs(Path(out_dir), force)  # before any work: nothing a user has is overwritten without --force
     check_executor(executor, address)
-    insts = [load_instance(n) for n in names]
+    insts = [with_memory_headroom(load_instance(n), memory_headroom) for n in names]
     wanted = None if scenarios == "all" else [s.strip() for s in scenarios.split(",")]
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err) as bar:

@@ -674,3 +674,26 @@ def test_a_plan_records_its_instance_and_is_refused_against_another(tmp_path):
     anonymous = {k: v for k, v in json.loads(out.read_text()).items() if k != "instance"}
     out.write_text(json.dumps(anonymous))
     assert run_hetopt("evaluate", str(other), "--plan", str(out)).returncode == 0
+
+
+def test_memory_headroom_keeps_every_stage_that_far_below_its_gpus_memory():
+    """Without headroom the demo's optimum fills a V100-32GB stage to 30.4 of 31.75 GiB; with 8 GiB kept
+    free every stage stays 8 GiB below its GPU's usable memory, at a cost no lower than the optimum's."""
+    from hetopt.spec.gpus import CATALOG
+
+    free = json.loads(run_hetopt("solve", "--json").stdout)
+    kept = json.loads(run_hetopt("solve", "--memory-headroom", "8", "--json").stdout)
+    assert kept["status"] == "optimal" and kept["objective_s"] >= free["objective_s"] - 1e-9
+    stages = [st["gpu"] for pipe in kept["plan"]["pipelines"] for st in pipe["stages"]]
+    for gpu, peak, limit in zip(stages, kept["predicted"]["peak_memory_gib"], kept["predicted"]["memory_limit_gib"],
+                                strict=True):
+        assert limit == pytest.approx(CATALOG[gpu].usable_memory_gib - 8) and peak <= limit
+    assert max(p / lim for p, lim in zip(free["predicted"]["peak_memory_gib"],
+                                         free["predicted"]["memory_limit_gib"], strict=True)) > 0.95
+
+
+@pytest.mark.parametrize("value,words", [("abc", "give GiB"), ("100%", "below 100%"), ("-1", "give GiB"),
+                                         ("40", "leaves nothing of V100-32GB's 31.75 GiB")])
+def test_a_memory_headroom_that_leaves_nothing_or_is_no_number_is_refused(value, words):
+    result = run_hetopt("solve", "--memory-headroom", value)
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr

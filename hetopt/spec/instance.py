@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -49,10 +50,39 @@ class Instance:
         plan of the same cluster under other scenarios. Returns: {part: 12 hex digits of its SHA-256}."""
         parts = {"model": asdict(self.model),
                  "training": {**self.spec.training.model_dump(mode="json"), "seq_len": self.seq_len},
-                 "cluster": {**self.spec.cluster.model_dump(mode="json"),
-                             "gpu_types": {k: asdict(v) for k, v in sorted(self.gpu_types.items())}}}
+                 "cluster": self.spec.cluster.model_dump(mode="json")}  # custom GPU types included
         return {part: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
                 for part, value in parts.items()}
+
+
+def with_memory_headroom(inst: Instance, headroom: str | None) -> Instance:
+    """The instance with `headroom` of every GPU's memory kept free: what the planner, the evaluator and
+    the verifier may allocate is the usable memory less it (plans otherwise go up to the limit).
+
+    Parameters: headroom — GiB ("2", "2GiB") or a share of each GPU's usable memory ("5%"); None: none.
+    Returns: the instance (the same one without headroom). Raises: InputError (exit 2) for a value that
+    is not a number ≥ 0, a share of 100% or more, or GiB that leave some GPU type nothing."""
+    if headroom is None:
+        return inst
+    text = headroom.strip().removesuffix("GiB").strip()
+    share = text.endswith("%")
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        value = math.nan
+
+    def refuse(message: str) -> InputError:
+        return InputError("--memory-headroom", [Problem("--memory-headroom", message, headroom, True)])
+
+    if not (math.isfinite(value) and value >= 0) or (share and value >= 100):
+        raise refuse("give GiB (e.g. 2 or 2GiB) or a share of each GPU's memory below 100% (e.g. 5%)")
+    types = {}
+    for name, gpu in inst.gpu_types.items():
+        free = gpu.usable_memory_gib * value / 100 if share else value
+        if free >= gpu.usable_memory_gib:
+            raise refuse(f"leaves nothing of {name}'s {gpu.usable_memory_gib:g} GiB; give less")
+        types[name] = replace(gpu, usable_memory_gib=gpu.usable_memory_gib - free)
+    return replace(inst, gpu_types=types)
 
 
 def resolve_model(section: ModelSection, seq_len: int | None) -> ModelArch:
