@@ -7,6 +7,7 @@ names the file, the key path, the value and the fix; never a traceback.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import traceback
@@ -127,8 +128,14 @@ def solve(
             best = f"best so far {incumbent:.3f} s" if incumbent < float("inf") else "no plan yet"
             status.update(f"planning {inst.name}: {solved} skeletons solved, {best}")
 
-        result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
-                           progress=progress, warm_start=not no_warm_start, executor=executor, address=address)
+        try:
+            result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
+                               progress=progress, warm_start=not no_warm_start, executor=executor,
+                               address=address)
+        except (KeyboardInterrupt, Terminated) as stop:
+            status.stop()
+            _keep_best_so_far(inst, getattr(stop, "best_so_far", None), out_path)
+            raise
     if out_path and result["plan"] is not None:
         write_text(out_path, _json.dumps(result["plan"], indent=2) + "\n")
     if as_json:
@@ -142,6 +149,27 @@ def solve(
             err.print(f"{result['status']}: {result.get('reason', 'no plan found within the time limit')}",
                       markup=False, highlight=False, soft_wrap=True)
         sys.exit(ExitCode.FAILED)
+
+
+def _keep_best_so_far(inst, best, out_path: str | None) -> None:
+    """Ctrl-C or SIGTERM during `solve`: write the best plan found so far to --out (verified, not
+    simulated) and say so with its gap; without --out, say what was found."""
+    import json as _json
+
+    from hetopt.plan import plan_json
+    from hetopt.solve import finished_plan
+
+    if best is None or best.plan is None:
+        err.print("interrupted before any plan was found", markup=False, highlight=False)
+        return
+    gap = f"gap {best.gap:.2%} proven" if math.isfinite(best.gap) else "no bound proven"
+    found = f"the best plan so far: {best.objective_s:.3f} s, {gap}"
+    if out_path is None:
+        err.print(f"interrupted: {found}; pass --out to keep it", markup=False, highlight=False, soft_wrap=True)
+        return
+    write_text(out_path, _json.dumps(plan_json(finished_plan(inst, best.plan)), indent=2) + "\n")
+    err.print(f"interrupted: {found}, written to {out_path} (verified, not simulated)", markup=False,
+              highlight=False, soft_wrap=True)
 
 
 def _listing(key: str, title: str, rows: list[dict], columns: list[tuple[str, Callable[[dict], str]]],

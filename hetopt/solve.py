@@ -9,7 +9,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor
-from hetopt.plan import PlannedFor
+from hetopt.plan import Plan, PlannedFor
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.orchestrate import SearchResult, solve_exact
 from hetopt.search.robust import OBJECTIVES
@@ -82,6 +82,19 @@ def run_heuristic(inst: Instance, planner: str, time_limit_s: float, seed: int, 
                         time_limit_s, seed)
 
 
+def finished_plan(inst: Instance, plan: Plan) -> Plan:
+    """A planner's plan as `solve` hands it out: placed on the cluster, with the instance it was planned
+    for, and passed by the independent verifier (a failure there is a planner bug: AssertionError)."""
+    from hetopt.placement import place
+
+    plan = place(plan, inst.cluster).model_copy(update={"instance": PlannedFor(name=inst.name,
+                                                                                **inst.fingerprint())})
+    problems = check_plan(inst, plan)
+    if problems:
+        raise AssertionError(f"the verifier rejected the planner's plan: {problems}")
+    return plan
+
+
 def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int | None,
            profiles: Profiles) -> dict[str, Any]:
     out: dict[str, Any] = {
@@ -101,14 +114,9 @@ def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterat
         out["warm_start"] = {k: v for k, v in r.warm_start.items() if k != "plan"}
     if r.plan is None:
         return out
-    from hetopt.placement import place
     from hetopt.sim.run import simulate
 
-    plan = place(r.plan, inst.cluster).model_copy(update={"instance": PlannedFor(name=inst.name,
-                                                                                  **inst.fingerprint())})
-    problems = check_plan(inst, plan)
-    if problems:  # the verifier is independent of the planner: a failure here is a planner bug
-        raise AssertionError(f"the verifier rejected the planner's plan: {problems}")
+    plan = finished_plan(inst, r.plan)
     predicted = evaluate(inst, plan, profiles)
     if not predicted.fits:
         raise AssertionError("the planner returned a plan that does not fit in memory")

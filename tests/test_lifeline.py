@@ -7,6 +7,7 @@ and checks by process tree — every descendant seen while it ran — that none 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_hetopt
 
 GONE_WITHIN_S = 5.0
 START_WITHIN_S = 90.0
@@ -124,7 +125,18 @@ def unnarrowed(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM", "SIGINT"])
 def test_solve_workers_end_with_the_command(how, unnarrowed, tmp_path):
-    _check_stopped(["solve", str(unnarrowed), "--time-limit", "120"], how, 2, tmp_path)
+    """…and Ctrl-C or SIGTERM keeps the best plan found so far in --out, verified, with its gap (issue 13)."""
+    out = tmp_path / "best-so-far.json"
+    _check_stopped(["solve", str(unnarrowed), "--time-limit", "120", "--out", str(out)], how, 2, tmp_path)
+    if how == "SIGKILL":  # no handler runs: nothing can be kept, and nothing half-written is left
+        assert not out.exists() and not list(tmp_path.glob(".best-so-far.json.*"))
+        return
+    said = (tmp_path / "stderr.txt").read_text()
+    assert "interrupted: the best plan so far: " in said and f"written to {out} (verified, not simulated)" in said
+    plan = json.loads(out.read_text())
+    assert plan["instance"]["name"] == "cloud-mix-a10g-l4-t4-l40s"
+    result = run_hetopt("evaluate", str(unnarrowed), "--plan", str(out), "--json")
+    assert result.returncode == 0 and json.loads(result.stdout)["fits"], result.stderr
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])

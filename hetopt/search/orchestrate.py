@@ -33,6 +33,7 @@ from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.executors import check_executor, open_pool
+from hetopt.lifeline import Terminated
 from hetopt.plan import Plan
 from hetopt.search.backends import solve_skeleton
 from hetopt.search.bounds import Bounds
@@ -103,13 +104,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     profiles = profiles or Profiles()
     run = _Run(inst, options, time_limit_s)
     run.plant(Tree(inst, options, run.stats, Bounds(inst, profiles, [sc.cluster for sc in scenarios])))
-    if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
-        run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
-    pool = None if lazy else open_pool(executor, ctx, _solve_with, workers, address)
+    pool = None
     opened = not lazy  # one try: a pool that cannot start (one CPU, a script from stdin) is not retried
-    solving_since = clock()
+    batch: list = []
     pending = None  # a batch the workers are solving: (its leaves, the call that waits for its outcomes)
 
     def absorb(batch, outcomes) -> None:
@@ -119,6 +118,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 progress(run.stats.solved, run.incumbent)
 
     try:
+        if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
+            run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
+        if not lazy:
+            pool = open_pool(executor, ctx, _solve_with, workers, address)
+        solving_since = clock()
         while True:
             if not opened and clock() - solving_since > PARALLEL_AFTER_S:
                 pool, opened = open_pool(executor, ctx, _solve_with, None, address), True
@@ -137,10 +141,13 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             if launched is None and pending is None:
                 break
             pending = launched
-    except BaseException:
+    except BaseException as stop:
         if pool is not None:  # Ctrl-C, SIGTERM or an error: the workers stop now, not after their jobs
             pool.abort()
             pool = None
+        if isinstance(stop, (KeyboardInterrupt, Terminated)):  # the best plan so far, with the gap proven
+            in_flight = [*(pending[0] if pending else []), *batch]
+            stop.best_so_far = run.interrupt(in_flight).answer(form.name, backend, seed)
         raise
     finally:
         if pool is not None:
@@ -169,6 +176,7 @@ class _Run:
         self.seeded: dict | None = None
         self.open_bound = math.inf  # the smallest bound among skeletons not finished
         self.timed_out = False  # something is left unproven
+        self.selecting = math.inf  # the least bound of the nodes `select` has taken out of the heap so far
         self.out_of_time = False  # the clock stopped the search (not only a skeleton no backend could solve)
         self.errors: list[str] = []  # skeletons every backend failed on, with the solvers' words
         self.proof_tolerance = OPTIMALITY_TOLERANCE
@@ -211,6 +219,7 @@ class _Run:
             return []
         batch: list[SkeletonNode] = []
         while self.heap and len(batch) < size and self._open(self.heap[0][0]):
+            self.selecting = min(self.selecting, self.heap[0][0])  # held by no heap while it is selected
             _, _, node = heapq.heappop(self.heap)
             if node.is_leaf and not node.refined:  # its own bound first: back in the heap if it rose
                 node = self.tree.refine(node)
@@ -225,6 +234,7 @@ class _Run:
             else:
                 for child in node.expand(self.tree):
                     heapq.heappush(self.heap, (child.bound, next(self.tie), child))
+        self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
         return batch
 
     def absorb(self, node: SkeletonNode, kind: str, sol, t: float) -> None:
@@ -250,6 +260,14 @@ class _Run:
             self.best = sk.placed(sol.layers, self.inst.cluster, sol.recompute)
             if self.tree is not None:
                 self.tree.incumbent = t
+
+    def interrupt(self, in_flight: list) -> _Run:
+        """Ctrl-C or SIGTERM mid-search: the skeletons not finished (in the heap or being solved) keep
+        their bounds open, as at a time-out, so the answer's gap is one the search proved."""
+        self.timed_out = self.out_of_time = True
+        self.open_bound = min([self.open_bound, self.selecting, *(self.heap[0][:1] if self.heap else []),
+                               *(node.bound for node in in_flight)])
+        return self
 
     def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:
         wall = clock() - self.start
