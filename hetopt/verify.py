@@ -165,7 +165,9 @@ def _node_findings(nodes: dict, stage, name: str, gpus: list[int], where: str) -
 
 
 def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
-    if not plan.placement:
+    # a plan over the cluster's GPUs is refused by check_resources; its placement is not enumerated (a
+    # plan file with 10**12 replicas made this check allocate until the OOM killer came, found by fuzzing)
+    if not plan.placement or plan.gpus_used > inst.cluster.total_gpus:
         return []
     found = []
     nodes = inst.cluster.nodes

@@ -154,3 +154,21 @@ def test_divisors_in_messages_are_found_up_to_the_square_root():
 
     assert all(_divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 500))
     assert _divisors(2**31) == [2**k for k in range(32)]
+
+
+def test_a_plan_file_with_absurd_replicas_is_refused_not_enumerated(tmp_path):
+    """10**12 replicas (found by the fuzz test): the placement check enumerated every replica until the OOM
+    killer ended the run; the plan uses more GPUs than the cluster has, which is what to say."""
+    from hetopt.layout import expand_layout, parse_layout
+    from hetopt.placement import place
+    from hetopt.plan import plan_json
+    from hetopt.spec.instance import load_instance
+
+    inst = load_instance("demo-a100-v100-llama7b")
+    plan = plan_json(place(expand_layout(inst, parse_layout("tp=2,pp=2,dp=8")), inst.cluster))
+    plan["pipelines"][0]["replicas"] = 10**12
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    result = run_hetopt("evaluate", "demo-a100-v100-llama7b", "--plan", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "the plan uses 2000000000000 GPUs of A100-80GB@rack0; the cluster has 16" in result.stderr

@@ -12,9 +12,11 @@ import copy
 import io
 import json
 import math
+import resource
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REPO
 from hypothesis import HealthCheck, given, settings
@@ -83,6 +85,19 @@ def _check(code: int, message: str, path: Path) -> None:
     assert "Traceback" not in message, message
     if code == 2:
         assert f"error: {path}" in message, message
+
+
+@pytest.fixture(autouse=True)
+def _memory_cap():
+    """Address space capped at what the process has plus 4 GiB while fuzzing: an input that makes hetopt
+    allocate without end is a MemoryError, hence exit 3 and a failing example, not the OOM killer ending
+    the whole CI run (a plan with 10**12 replicas once did, in the placement check)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as fh:
+        size = int(fh.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (size + 4 * 2**30, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 FUZZ = settings(max_examples=MUTATIONS // 2, deadline=None, derandomize=True, database=None,
