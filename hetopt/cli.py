@@ -607,6 +607,18 @@ def _demo():
     return load_instance(DEMO_INSTANCE)
 
 
+def _signalled(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `exc` was caused by (or raised while handling) a `kind`: a signal's exception raised in a
+    handler while C code ran comes back wrapped ("SystemError: … returned a result with an exception set")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps user errors to exit codes instead of tracebacks; SIGTERM ends the command
     like Ctrl-C (its workers stopped, nothing half-written) with exit 143 (hetopt.lifeline)."""
@@ -623,6 +635,9 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"infeasible: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(ExitCode.FAILED)
     except Exception as exc:  # a fault in hetopt, not an answer (1) and not the user's input (2)
+        if _signalled(exc, Terminated):  # SIGTERM inside C code (a Ray call) surfaces as its SystemError
+            err.print("terminated (SIGTERM): stopped with its worker processes", markup=False, highlight=False)
+            sys.exit(EXIT_SIGTERM)
         if DEBUG["on"]:
             traceback.print_exc()
         where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
