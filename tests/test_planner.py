@@ -32,9 +32,17 @@ SOLVE_FIELDS = {"status", "objective_s", "bound_s", "gap", "solve_time_s", "plan
                 "plan", "predicted", "verified", "search"}
 
 
+def _exhaustive_of(path: Path):
+    return exhaustive(load_instance(path))
+
+
 @pytest.fixture(scope="module")
 def ground_truth():
-    return {path.stem: exhaustive(load_instance(path)) for path in SMALL}
+    """Every small instance enumerated, two at a time (the suite's largest fixture)."""
+    from hetopt.lifeline import worker_pool
+
+    with worker_pool(2) as pool:
+        return {path.stem: truth for path, truth in zip(SMALL, pool.map(_exhaustive_of, SMALL), strict=True)}
 
 
 def test_there_are_ten_small_instances_with_one_to_four_types_and_two_islands():

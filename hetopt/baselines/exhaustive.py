@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 
 from hetopt.cost.profiles import Profiles
@@ -40,7 +41,16 @@ def compositions(total: int, parts: int):
 
 
 def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: Profiles | None = None,
-               budget: int = DEFAULT_BUDGET, objective: str = "stable") -> ExhaustiveResult:
+               budget: int = DEFAULT_BUDGET, objective: str = "stable",
+               workers: int | None = None) -> ExhaustiveResult:
+    """Every plan of the space priced by the evaluator; the best that fits.
+
+    Parameters: inst — the instance; options — the plan space (default: the instance's search section);
+    profiles — calibrated weights; budget — refuse spaces of more plans than this; objective — one of
+    hetopt.search.robust.OBJECTIVES; workers — processes to price in (default: up to 4 from
+    PARALLEL_FROM_PRICINGS on, else 1).
+    Returns: the best plan (None if none fits), its objective, and how many plans were priced.
+    Raises: InputError when the space exceeds the budget."""
     options = options or SearchOptions.from_instance(inst)
     scenarios = planning_scenarios(inst, objective)
     probabilities = [sc.probability for sc in scenarios]
@@ -56,12 +66,46 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
                 "planner", f"the plan space has more than {budget:,} plans (the exhaustive budget) — "
                            f"{size:,} in its first {len(skeletons):,} skeletons alone; use --planner ilp, or "
                            f"narrow the instance's search section", size, True)])
-    best, best_t, evaluated = None, math.inf, 0
-    for sk in skeletons:
+    n = max(1, min(_workers(size * len(scenarios), workers), len(skeletons)))
+    # dealt round-robin, as skeletons' plan counts differ widely; each keeps its skeletons' order
+    jobs = [(inst, list(enumerate(skeletons))[k::n], scenarios, probabilities, objective, profiles)
+            for k in range(n)]
+    if len(jobs) > 1:
+        from hetopt.lifeline import worker_pool
+
+        with worker_pool(len(jobs)) as pool:
+            found = list(pool.map(_best_of, jobs))
+    else:
+        found = [_best_of(job) for job in jobs]
+    evaluated = sum(f[3] for f in found)
+    stats.pruned["placement"] += sum(f[4] for f in found)
+    # the first skeleton's among equal plans, as a serial pass finds it
+    _, best_t, best, _, _ = min(found, key=lambda f: (f[1], f[0]))
+    stats.solved = evaluated
+    return ExhaustiveResult(best, best_t, evaluated, stats)
+
+
+PARALLEL_FROM_PRICINGS = 30_000
+"""From this many evaluator calls (plans × scenarios, about 0.3 ms each) the space is priced in worker
+processes, each taking every n-th skeleton: starting a worker costs about 1.5 s."""
+
+
+def _workers(pricings: int, workers: int | None) -> int:
+    if workers is not None:
+        return max(1, workers)
+    return min(os.cpu_count() or 1, 4) if pricings >= PARALLEL_FROM_PRICINGS else 1
+
+
+def _best_of(job) -> tuple[int, float, Plan | None, int, int]:
+    """The best fitting plan of some numbered skeletons: (its skeleton's number, objective s, plan, plans
+    priced, skeletons not placed)."""
+    inst, skeletons, scenarios, probabilities, objective, profiles = job
+    best, best_t, best_k, evaluated, unplaced = None, math.inf, math.inf, 0, 0
+    for k, sk in skeletons:
         try:
             placement = sk.placed([1] * sk.depth, inst.cluster).placement
         except InfeasibleError:
-            stats.pruned["placement"] += 1
+            unplaced += 1
             continue
         mixes = list(itertools.product(sk.modes, repeat=sk.depth)) if sk.modes else [None]
         for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)):
@@ -74,6 +118,5 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
                 evaluated += 1
                 t = aggregate([ev.iteration_time_s for ev in evs], probabilities, objective)
                 if evs[0].fits and t < best_t:
-                    best, best_t = plan, t
-    stats.solved = evaluated
-    return ExhaustiveResult(best, best_t, evaluated, stats)
+                    best, best_t, best_k = plan, t, k
+    return best_k, best_t, best, evaluated, unplaced
