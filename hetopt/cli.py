@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict
@@ -32,6 +33,7 @@ from hetopt.errors import (
 )
 from hetopt.lifeline import EXIT_SIGTERM, Terminated, owner_signals
 from hetopt.outputs import PLOT_SUFFIXES, check_output, check_output_directory, write_text
+from hetopt.progress import Progress
 
 app = typer.Typer(
     name="hetopt",
@@ -55,6 +57,9 @@ ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where skeleton sol
 AddressOpt = Annotated[str | None, typer.Option("--address", help="With --executor ray: a Ray cluster's "
                                                                   "HOST:PORT (or auto); default: a local Ray "
                                                                   "started for this command.")]
+
+MAX_ITERATIONS = 100_000
+"""The most iterations `simulate --iterations` replays per scenario (each is every pass of the plan)."""
 
 HeadroomOpt = Annotated[str | None, typer.Option("--memory-headroom", help="Keep this much of every GPU's memory "
                                                                             "free: GiB (2, 2GiB) or a share "
@@ -95,7 +100,9 @@ def solve(
                                                            "proportional, amp-like, random.")] = "ilp",
     formulation: Annotated[str | None, typer.Option("--formulation", help="See `hetopt formulations`.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="cpsat, cbc or highs.")] = "highs",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the whole search.")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the whole command: the search, "
+                                                                   "then placing, verifying and replaying the plan "
+                                                                   "(a tenth of it, at most 10 s).")] = 60.0,
     objective: Annotated[str, typer.Option("--objective", help="stable, expected, worst or cvar over the "
                                                                "instance's bandwidth scenarios.")] = "stable",
     seed: Annotated[int, typer.Option("--seed", help="Solver random seed.")] = 0,
@@ -124,7 +131,7 @@ def solve(
     if export_model:
         check_output(export_model, "--export-model", force, MODEL_SUFFIXES["cp-sat" if backend == "cpsat" else "pulp"])
     inst = with_memory_headroom(load_instance(instance) if instance else _demo(), memory_headroom)
-    with err.status(f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
+    with Progress(err, f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
         def progress(solved: int, incumbent: float) -> None:
             best = f"best so far {incumbent:.3f} s" if incumbent < float("inf") else "no plan yet"
             status.update(f"planning {inst.name}: {solved} skeletons solved, {best}")
@@ -132,7 +139,7 @@ def solve(
         try:
             result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
                                progress=progress, warm_start=not no_warm_start, executor=executor,
-                               address=address)
+                               address=address, replay_progress=_replay_progress(status))
         except (KeyboardInterrupt, Terminated) as stop:
             status.stop()
             _keep_best_so_far(inst, getattr(stop, "best_so_far", None), out_path)
@@ -150,6 +157,12 @@ def solve(
             err.print(f"{result['status']}: {result.get('reason', 'no plan found within the time limit')}",
                       markup=False, highlight=False, soft_wrap=True)
         sys.exit(ExitCode.FAILED)
+
+
+def _replay_progress(status: Progress) -> Callable[[int, int], None]:
+    def tell(done: int, total: int) -> None:
+        status.update(f"simulating: {done} of {total} scenarios replayed", final=done == total)
+    return tell
 
 
 def _keep_best_so_far(inst, best, out_path: str | None) -> None:
@@ -322,9 +335,12 @@ def simulate(
     layout: Annotated[str | None, typer.Option("--layout", help="Or a layout shorthand.")] = None,
     scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "all",
     iterations: Annotated[int | None, typer.Option(
-        "--iterations", min=1,
+        "--iterations", min=1, max=MAX_ITERATIONS,
         help="Iterations back to back. Default: the instance's horizon (search.horizon_s, 60 s) — "
              "iterations start until it is reached.")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds: no iteration starts after them "
+                                                                   "(each scenario replays at least one).")]
+    = 300.0,
     trace: Annotated[str | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace JSON here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a timeline PNG here.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --trace/--plot files.")] = False,
@@ -344,6 +360,7 @@ def simulate(
 
     if (plan is None) == (layout is None):
         raise InputError("simulate", [Problem("options", "give exactly one of --plan or --layout")])
+    check_time_limit(time_limit)
     if trace:
         check_output(trace, "--trace", force)
     if plot:
@@ -351,7 +368,10 @@ def simulate(
     inst = with_memory_headroom(load_instance(instance), memory_headroom)
     the_plan = load_plan(plan) if plan is not None else expand_layout(inst, parse_layout(layout))
     profiles = Profiles([load_profile_file(p) for p in profile or []])
-    result, records = run_simulate(inst, the_plan, scenario, iterations, profiles, keep_records=bool(trace or plot))
+    with Progress(err, f"simulating {inst.name}…") as status:
+        result, records = run_simulate(inst, the_plan, scenario, iterations, profiles,
+                                       keep_records=bool(trace or plot), deadline=time.time() + time_limit,
+                                       progress=_replay_progress(status))
     if trace:
         write_trace(records, Path(trace))
     if plot:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from hetopt.cost.profiles import Profiles
@@ -21,11 +24,22 @@ HEURISTICS = ("megatron", "fastest-subset", "proportional", "amp-like", "random"
 """The baseline planners `solve` runs by name (hetopt.baselines): a plan, no proof."""
 PLANNERS = ("ilp", "exhaustive", *HEURISTICS)
 
+REPLAY_SHARE = 0.1
+REPLAY_MOST_S = 10.0
+"""Of `--time-limit`, what the search leaves for placing, verifying and replaying the plan: a tenth, at
+most 10 s. The replay stops starting iterations when the limit is reached (hetopt.sim.engine)."""
+
+
+def search_time_limit_s(time_limit_s: float) -> float:
+    """The search's part of a command's time limit (REPLAY_SHARE)."""
+    return time_limit_s - min(REPLAY_MOST_S, REPLAY_SHARE * time_limit_s)
+
 
 def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, backend: str = "highs",
           time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
           simulate_iterations: int | None = None, profiles: Profiles | None = None, progress=None,
-          warm_start: bool = True, executor: str = "process", address: str | None = None) -> dict[str, Any]:
+          warm_start: bool = True, executor: str = "process", address: str | None = None,
+          replay_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Plan the instance, verify the plan and replay it under every scenario: `hetopt solve --json`.
 
     Parameters: inst — the instance; planner — `ilp` (the exact search), `exhaustive`, or a heuristic of
@@ -33,7 +47,10 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     backend, time_limit_s, objective, seed, export_model, warm_start — as solve_exact takes them;
     simulate_iterations — iterations per scenario in the replay (default: the instance's horizon);
     profiles — calibrated weights; progress — progress(skeletons solved, incumbent s); executor, address —
-    where the search solves skeletons side by side (`process` or `ray`, hetopt/executors.py).
+    where the search solves skeletons side by side (`process` or `ray`, hetopt/executors.py);
+    replay_progress — replay_progress(scenarios replayed, scenarios). The whole call keeps to
+    time_limit_s: the search gets search_time_limit_s of it, the replay what is left (at least one
+    iteration per scenario).
     Returns: the solve JSON object of DESIGN 2.4 (plus `executor`).
     Raises: InputError for a bad planner, objective, time limit or executor."""
     if planner not in PLANNERS:
@@ -47,6 +64,8 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     executor = check_executor(executor, address)
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
+    deadline = time.time() + time_limit_s
+    search_s = search_time_limit_s(time_limit_s)
     start = clock()
     if planner == "exhaustive":
         from hetopt.baselines.exhaustive import exhaustive
@@ -56,12 +75,13 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
         result = SearchResult(status, ex.plan, ex.objective_s, ex.objective_s, clock() - start, "enumeration",
                               "none", time_limit_s, seed, ex.stats)
     elif planner in HEURISTICS:
-        result = run_heuristic(inst, planner, time_limit_s, seed, profiles, objective)
+        result = run_heuristic(inst, planner, search_s, seed, profiles, objective)
     else:
-        result = solve_exact(inst, formulation, backend, time_limit_s, seed, options, profiles, export_model,
+        result = solve_exact(inst, formulation, backend, search_s, seed, options, profiles, export_model,
                              progress=progress, objective=objective, warm_start=warm_start, executor=executor,
                              address=address)
-    return report(inst, planner, result, objective, simulate_iterations, profiles)
+    result = replace(result, time_limit_s=time_limit_s)
+    return report(inst, planner, result, objective, simulate_iterations, profiles, deadline, replay_progress)
 
 
 def run_heuristic(inst: Instance, planner: str, time_limit_s: float, seed: int, profiles: Profiles,
@@ -96,7 +116,8 @@ def finished_plan(inst: Instance, plan: Plan) -> Plan:
 
 
 def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int | None,
-           profiles: Profiles) -> dict[str, Any]:
+           profiles: Profiles, deadline: float | None = None,
+           replay_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "status": r.status.value,
         "objective_s": r.objective_s if math.isfinite(r.objective_s) else None,
@@ -122,5 +143,6 @@ def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterat
         raise AssertionError("the planner returned a plan that does not fit in memory")
     out["plan"] = plan.model_dump(mode="json")
     out["predicted"] = predicted.to_json()
-    out["verified"], _ = simulate(inst, plan, "all", iterations, profiles)
+    out["verified"], _ = simulate(inst, plan, "all", iterations, profiles, deadline=deadline,
+                                  progress=replay_progress)
     return out

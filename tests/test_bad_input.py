@@ -42,6 +42,8 @@ CASES = {
                                                                   "(64)"),
     # 10^9 nodes × 8 GPUs + 2 × 8; the limit is checks.MAX_CLUSTER_GPUS
     "billion_nodes.yaml": ("cluster.nodes[1].count", "8,000,000,016 GPUs, more than the 131,072"),
+    # 10^12 sequences; the limit is checks.MAX_GLOBAL_BATCH (the shares of two templates explode beyond it)
+    "global_batch_trillion.yaml": ("training.global_batch", "more sequences per iteration than the 1,048,576"),
     # the default 60 s horizon / a 1 µs mean dwell
     "markov_dwell_too_short.yaml": ("scenarios[0].generator.mean_dwell_s", "about 60,000,000 bandwidth changes"),
     "unknown_fabric.yaml": ("cluster.nodes[1].intra_fabric", "got 'nvlink9': input should be 'nvlink2'"),
@@ -172,3 +174,22 @@ def test_a_plan_file_with_absurd_replicas_is_refused_not_enumerated(tmp_path):
     result = run_hetopt("evaluate", "demo-a100-v100-llama7b", "--plan", str(path))
     assert result.returncode == 2, result.stderr
     assert "the plan uses 2000000000000 GPUs of A100-80GB@rack0; the cluster has 16" in result.stderr
+
+
+def test_solve_on_a_trillion_sequence_batch_ends_at_once_within_bounded_memory():
+    """Issue 13's acceptance: global_batch 10^12 ends with a clear message within its time limit + 30 s and
+    under 2 GiB (it filled 24 GB before MAX_GLOBAL_BATCH)."""
+    import resource
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    limit_s = 10
+    result = subprocess.run([sys.executable, "-m", "hetopt", "solve", str(BAD / "global_batch_trillion.yaml"),
+                             "--time-limit", str(limit_s)], capture_output=True, text=True, cwd=REPO,
+                            timeout=limit_s + 30)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far
+    assert result.returncode == 2 and "training.global_batch" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert peak_kib < 2 * 1024 * 1024

@@ -246,3 +246,69 @@ def test_simulate_command_json_trace_and_plot(tmp_path):
 def test_simulate_unknown_scenario_is_bad_input():
     result = run_hetopt("simulate", str(DEMO), "--layout", "tp=2,pp=4,dp=4", "--scenario", "clam")
     assert result.returncode == 2 and "did you mean 'calm'" in result.stderr
+
+
+# -- bounded replays (issue 13) ----------------------------------------------------------------------------
+
+def _big_batch(tmp_path, global_batch: int):
+    data = yaml.safe_load(DEMO.read_text())
+    data["training"]["global_batch"] = global_batch
+    path = tmp_path / "big-batch.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_instance(path)
+
+
+@pytest.mark.parametrize("layout,rel", [
+    ("tp=2,pp=4,dp=4,mb=2,vp=2,schedule=interleaved", 1e-9),  # samples in whole groups of stages
+    # the optimum, A100 ‖ V100→V100 with 49 and 60 micro-batches: the templates' flows share NICs, and
+    # meet at other moments in a sample than in the whole replay (0.16% apart)
+    (None, 0.01),
+])
+def test_a_sampled_iteration_is_the_whole_replays_time(tmp_path, monkeypatch, layout, rel):
+    """Each template's last pass ends linearly later with its micro-batches, so two samples extrapolate to
+    the whole replay's iteration time at constant bandwidth."""
+    import hetopt.sim.engine as engine
+    from hetopt.search.orchestrate import solve_exact
+
+    inst = _big_batch(tmp_path, 4096)
+    plan = expand_layout(inst, parse_layout(layout)) if layout else solve_exact(inst).plan
+    assert layout or [p.micro_batches for p in plan.pipelines] == [49, 60]
+    sim = Simulation(inst, plan)
+    halved = BandwidthScenario("halved", 1.0, ((0.0, ("rack0", "rack1"), 200.0),))
+    for scenario in (STABLE, halved):
+        whole = sim.run(scenario)
+        assert whole.sampled is None and whole.cut is None
+        monkeypatch.setattr(engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4)
+        sampled = sim.run(scenario)
+        monkeypatch.undo()
+        small, large = sampled.sampled["micro_batches"]
+        assert all(s < m for s, m in zip(large, sampled.sampled["of"], strict=True)), sampled.sampled
+        assert [2 * s for s in small] == large
+        assert sampled.iteration_times_s[0] == pytest.approx(whole.iteration_times_s[0], rel=rel)
+
+
+def test_a_replay_stops_at_its_pass_budget_and_says_so(monkeypatch):
+    import hetopt.sim.engine as engine
+
+    inst = load_instance(DEMO)
+    sim = Simulation(inst, expand_layout(inst, parse_layout("tp=2,pp=2,dp=8")))
+    per_iteration = sim.passes([p.micro_batches for p in sim.plan.pipelines])
+    monkeypatch.setattr(engine, "REPLAY_PASSES", 3 * per_iteration)
+    result = sim.run(STABLE, iterations=10)
+    assert len(result.iteration_times_s) == 3 and result.cut == "pass budget"
+    assert sim.run(STABLE, iterations=2).cut is None
+
+
+def test_simulate_keeps_to_its_time_limit_and_logs_progress_off_a_terminal():
+    result = run_hetopt("simulate", str(DEMO), "--layout", "tp=2,pp=2,dp=8", "--iterations", "100000",
+                        "--time-limit", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    scenarios = json.loads(result.stdout)["scenarios"]
+    assert all(sc["cut"] == "time limit" and 1 <= sc["iterations"] < 100_000 for sc in scenarios)
+    assert "simulating: 2 of 2 scenarios replayed" in result.stderr and "\x1b" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_simulate_refuses_more_iterations_than_it_replays():
+    result = run_hetopt("simulate", str(DEMO), "--layout", "tp=1,pp=1,dp=32", "--iterations", "100001")
+    assert result.returncode == 2 and "--iterations" in result.stderr and "100000" in result.stderr

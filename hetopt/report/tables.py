@@ -176,13 +176,31 @@ def simulation_view(result: dict[str, Any]) -> Group:
                       f"{it['mean']:.3f}", f"{it['p50']:.3f}",
                       f"{it['p90']:.3f}", f"{it['max']:.3f}", f"{sc['tokens_per_s']:,.0f}",
                       f"{busiest[0]} {busiest[1]:.0%}" if busiest else "")
+    notes = Text("".join(f"{line}\n" for sc in result["scenarios"] for line in replay_notes(sc)), style="dim")
     first = result["scenarios"][0]
     busy = Table(title=f"GPU busy fraction ({first['name']})", title_justify="left")
     for col in ("template", "stage", "busy", "peak GiB"):
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
         busy.add_row(str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}", f"{peak:.1f}")
-    return Group(table, busy)
+    return Group(table, notes, busy) if notes else Group(table, busy)
+
+
+CUT_REASONS = {"pass budget": "the replay's pass budget (hetopt.sim.engine.REPLAY_PASSES)",
+               "time limit": "the time limit", "trace end": "the longest trace its generators may make"}
+
+
+def replay_notes(sc: dict[str, Any]) -> list[str]:
+    """What a scenario's replay did not do in full: a sampled iteration, iterations cut short."""
+    notes = []
+    if sc.get("sampled"):
+        small, large = sc["sampled"]["micro_batches"]
+        notes.append(f"{sc['name']}: an iteration is too large to replay whole; {small} and then {large} of "
+                     f"{sc['sampled']['of']} micro-batches per template were replayed and the time extrapolated")
+    if sc.get("cut"):
+        notes.append(f"{sc['name']}: stopped after {sc['iterations']} iterations ({sc['replayed_s']:.1f} s "
+                     f"replayed) at {CUT_REASONS.get(sc['cut'], sc['cut'])}")
+    return notes
 
 
 def solve_view(inst: Any, r: dict[str, Any]) -> Group:

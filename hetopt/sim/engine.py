@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -58,6 +59,15 @@ from hetopt.verify import check_plan
 Device = tuple[int, int, int]
 """(template, replica, stage)."""
 
+SAMPLE_PASSES = 200_000
+"""An iteration of more forward and backward passes than this (Σ replicas × stages × chunks × 2 ×
+micro-batches over the templates; one to a few seconds of replay on one core) is not replayed whole: two
+samples of fewer micro-batches are, and its time is extrapolated from them (`Simulation.run`)."""
+
+REPLAY_PASSES = 5_000_000
+"""A replay starts no new iteration after this many passes (about 30 s on one core) — the horizon or the
+iterations asked for are cut short there, and the result says so."""
+
 
 @dataclass
 class Transfer:
@@ -87,6 +97,11 @@ class SimResult:
     records: list[Record] = field(default_factory=list)
     capacity_trace: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     end_s: float = 0.0
+    sampled: dict | None = None
+    """When the iteration was too large to replay whole: the micro-batches per template of the two samples
+    replayed and of the plan (what was measured comes from the larger sample)."""
+    cut: str | None = None
+    """Why the replay stopped before its horizon or iterations: "pass budget", "time limit" or "trace end"."""
 
 
 class Simulation:
@@ -196,9 +211,19 @@ class Simulation:
 
     # -- running -------------------------------------------------------------------------------------------
 
+    def passes(self, micro_batches: list[int]) -> int:
+        """Forward and backward passes in one iteration with these micro-batches per template."""
+        return sum(pipe.replicas * len(pipe.stages) * self.vp * 2 * m
+                   for pipe, m in zip(self.plan.pipelines, micro_batches, strict=True))
+
     def run(self, scenario: BandwidthScenario, iterations: int = 1, record: bool = False,
-            until_s: float | None = None) -> SimResult:
+            until_s: float | None = None, deadline: float | None = None,
+            stop_s: float | None = None) -> SimResult:
         """Replay iterations back to back from t = 0 under a scenario.
+
+        An iteration of more than SAMPLE_PASSES passes is replayed as two samples instead (`sample`).
+        No iteration starts after REPLAY_PASSES passes or after `deadline` (the result's `cut` says
+        which); the first always runs.
 
         Parameters:
             scenario: the capacity trace.
@@ -206,18 +231,64 @@ class Simulation:
             record: keep every operation and transfer (for traces and plots).
             until_s: also keep starting iterations while the clock is before this time (the
                 horizon).
+            deadline: a `time.time()` after which no further iteration starts.
+            stop_s: no iteration starts at or after this simulated time (the end of a trace cut short).
         Returns: the iteration times and what the replay measured.
         """
-        return _Run(self, scenario, iterations, record, until_s).go()
+        full = [pipe.micro_batches for pipe in self.plan.pipelines]
+        if self.passes(full) > SAMPLE_PASSES:
+            return self.sample(scenario, record)
+        return _Run(self, scenario, iterations, record, until_s, full, deadline, stop_s).go()
+
+    def sample(self, scenario: BandwidthScenario, record: bool = False) -> SimResult:
+        """One iteration too large to replay whole, from two replays of fewer micro-batches.
+
+        Template j replays s_j and then 2·s_j micro-batches (s_j about m_j · SAMPLE_PASSES / 3 / passes,
+        at least its stages, whole groups of them when interleaved, at most m_j), one iteration each from
+        t = 0. In steady state a 1F1B or GPipe pipeline's last pass ends linearly later with its
+        micro-batches, so each template's end is extrapolated from its two to m_j; what follows (its
+        gradient all-reduces, then the exchange between templates and the optimizer step) takes as long as
+        in the larger sample. Bandwidth changes later than the samples' end are not seen.
+
+        Returns: a SimResult of one iteration: its extrapolated time; the rest is the larger sample's.
+        """
+        full = [pipe.micro_batches for pipe in self.plan.pipelines]
+        share = SAMPLE_PASSES / 3 / self.passes(full)
+        first, second = [], []
+        for pipe, m in zip(self.plan.pipelines, full, strict=True):
+            p = len(pipe.stages)
+            s = max(p, round(m * share))
+            if self.vp > 1:
+                s = math.ceil(s / p) * p  # the interleaved schedule runs whole groups of p
+            first.append(min(m, s))
+            second.append(min(m, 2 * s))
+        small_run = _Run(self, scenario, 1, False, None, first)
+        small_run.go()
+        large_run = _Run(self, scenario, 1, record, None, second)
+        large = large_run.go()
+        done_s = []
+        for j, m in enumerate(full):  # each template's last pass ends linearly later with its micro-batches
+            t1, t2 = small_run.template_ends_s[j], large_run.template_ends_s[j]
+            slope_s = (t2 - t1) / (second[j] - first[j]) if second[j] > first[j] else 0.0
+            # ... and its gradient all-reduces take as long after it as in the larger sample
+            done_s.append(t2 + slope_s * (m - second[j]) + large_run.template_done_s[j] - t2)
+        # the exchange between templates and the optimizer step, as sampled
+        after_s = large.iteration_times_s[0] - max(large_run.template_done_s)
+        large.iteration_times_s = [max(done_s) + after_s]
+        large.sampled = {"micro_batches": [first, second], "of": full}
+        return large
 
 
 class _Run:
     """One replay of `iterations` iterations under one scenario."""
 
     def __init__(self, sim: Simulation, scenario: BandwidthScenario, iterations: int, record: bool,
-                 until_s: float | None = None) -> None:
+                 until_s: float | None, micro_batches: list[int], deadline: float | None = None,
+                 stop_s: float | None = None) -> None:
         self.sim, self.scenario, self.iterations, self.record = sim, scenario, iterations, record
-        self.until_s = until_s
+        self.until_s, self.micro_batches, self.deadline, self.stop_s = until_s, micro_batches, deadline, stop_s
+        self.passes_done = 0
+        self.cut: str | None = None
         self.now = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
@@ -305,6 +376,15 @@ class _Run:
         times = []
         start = 0.0
         while len(times) < self.iterations or (self.until_s is not None and start < self.until_s):
+            if times and self.passes_done >= REPLAY_PASSES:
+                self.cut = "pass budget"
+                break
+            if times and self.deadline is not None and time.time() >= self.deadline:
+                self.cut = "time limit"
+                break
+            if times and self.stop_s is not None and start >= self.stop_s:
+                self.cut = "trace end"
+                break
             end = self._iteration(start, len(times))
             times.append(end - start)
             start = end
@@ -312,7 +392,7 @@ class _Run:
         self.net.settle_all(self.now)
         self._integrate_capacity()
         return SimResult(times, self.busy, dict(self.net.bytes_on), self.cap_integral, self.records,
-                         self.capacity_trace, start)
+                         self.capacity_trace, start, cut=self.cut)
 
     def _iteration(self, t0: float, it: int) -> float:
         sim, plan = self.sim, self.sim.plan
@@ -321,16 +401,17 @@ class _Run:
         arrived: set[tuple] = set()
         remaining_devices = 0
         ready_at: dict[tuple[int, int], list[float]] = {}
-        pipeline_end = [t0]
+        pipeline_end = [t0] * len(plan.pipelines)  # when each template's last pass ends
         for j, pipe in enumerate(plan.pipelines):
             p = len(pipe.stages)
             for r in range(pipe.replicas):
                 for d in range(p):
-                    ops = device_ops(plan.schedule, p, pipe.micro_batches, d, vp)
+                    ops = device_ops(plan.schedule, p, self.micro_batches[j], d, vp)
                     state[(j, r, d)] = {"ops": ops, "i": 0, "busy": False, "last_b": len(ops) - 1 -
                                         next(k for k, op in enumerate(reversed(ops)) if op[0] == "B")}
                     remaining_devices += 1
         done_collectives: list[float] = []
+        template_done = list(pipeline_end)  # ... and when its gradient all-reduces do
         pending = {c["key"]: c for c in self.collectives}
         finished_devices = [0]
 
@@ -353,6 +434,7 @@ class _Run:
             if kind == "B" and v < last_v and ("B", j, r, v, mb) not in arrived:
                 return
             st["busy"] = True
+            self.passes_done += 1
             dur = duration(dev, kind)
             start = self.now
             is_last_b = st["i"] == st["last_b"]
@@ -387,7 +469,7 @@ class _Run:
             st["busy"] = False
             st["i"] += 1
             if st["i"] >= len(st["ops"]):
-                pipeline_end[0] = max(pipeline_end[0], self.now)
+                pipeline_end[dev[0]] = max(pipeline_end[dev[0]], self.now)
                 finished_devices[0] += 1
             if was_last_b:
                 check_collectives()
@@ -427,6 +509,7 @@ class _Run:
 
         def complete(c: dict, begin: float) -> None:
             done_collectives.append(self.now)
+            template_done[c['key'][0]] = max(template_done[c['key'][0]], self.now)
             if self.record:
                 self.records.append(Record("dp", f"all-reduce stage {c['key'][1]}", begin, self.now,
                                            (c["key"][0], 0, c["key"][1])))
@@ -437,7 +520,9 @@ class _Run:
         self._drain()
         if finished_devices[0] != remaining_devices:
             raise RuntimeError("simulation stalled: some operations never became ready")
-        t_dp = max([pipeline_end[0], *done_collectives])
+        self.template_ends_s = [t - t0 for t in pipeline_end]
+        self.template_done_s = [max(t, e) - t0 for t, e in zip(template_done, pipeline_end, strict=True)]
+        t_dp = max([*pipeline_end, *done_collectives])
         if sim.features.cross_flows:
             t_dp = self._exchange(t_dp)
         t_opt = max(float(t[:, OPT].max()) for t in sim.times)

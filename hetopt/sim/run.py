@@ -6,11 +6,18 @@ starts before H, under the traces generated to H — the very traces the robust 
 (hetopt.search.robust). A scenario whose bandwidth never changes after t = 0 replays one iteration:
 every other would be the same. `iterations` replays exactly that many instead, under traces
 generated far enough to cover them.
+
+Every replay is bounded (hetopt.sim.engine): an iteration of more than SAMPLE_PASSES passes is replayed as
+two smaller samples and extrapolated (the scenario's `sampled` gives their micro-batches); no iteration
+starts after REPLAY_PASSES passes, past the deadline, or past the longest trace the generators may make
+(`longest_trace_s`; the scenario's `cut` says which).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from concurrent.futures import as_completed
 from typing import Any
 
 import numpy as np
@@ -21,7 +28,7 @@ from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan
 from hetopt.sim.engine import SimResult, Simulation
-from hetopt.sim.scenarios import BandwidthScenario, horizon_of, scenarios_of, varies
+from hetopt.sim.scenarios import BandwidthScenario, horizon_of, longest_trace_s, scenarios_of, varies
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
 
@@ -65,19 +72,22 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
         "link_utilization": links,
         "gpu_busy": busy,
         "peak_memory_gib": peak_memory_gib,
+        "sampled": result.sampled,
+        "cut": result.cut,
     }
 
 
 def _one(args) -> tuple[dict[str, Any], SimResult | None]:
-    inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib = args
+    inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib, deadline, stop_s = args
     sim = Simulation(inst, plan, profiles)
-    result = sim.run(scenario, iterations, record=keep, until_s=until_s)
+    result = sim.run(scenario, iterations, record=keep, until_s=until_s, deadline=deadline, stop_s=stop_s)
     return summarise(inst, sim, scenario, result, peak_memory_gib), (result if keep else None)
 
 
 def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int | None = None,
              profiles: Profiles | None = None, keep_records: bool = False,
-             workers: int | None = None):
+             workers: int | None = None, deadline: float | None = None,
+             progress: Callable[[int, int], None] | None = None):
     """Simulate every chosen scenario.
 
     Parameters:
@@ -88,28 +98,43 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
         profiles: calibration profiles.
         keep_records: keep the first scenario's records (for a trace or a plot).
         workers: processes for the scenarios; default one per scenario up to the CPU count.
+        deadline: a `time.time()` after which no replay starts another iteration (each scenario replays
+            at least one; its `cut` says where it stopped).
+        progress: progress(scenarios replayed, scenarios) after each one.
     Returns: (the JSON-ready `{"scenarios": [...]}`, records of the first scenario or None).
     """
     profiles = profiles or Profiles()
     # the memory per stage, and the trace length for `iterations` (no second model)
     analytic = evaluate(inst, plan, profiles)
     horizon_s = horizon_of(inst)
+    stop_s = None
     if iterations is None:
         chosen = select_scenarios(inst, scenario, horizon_s)
         runs = [(1, horizon_s if varies(sc) else None) for sc in chosen]
     else:  # traces long enough for iterations four times slower than the analytic estimate
         trace_s = max(horizon_s, analytic.iteration_time_s * iterations * 4 + 60)
+        longest_s = max(horizon_s, longest_trace_s(inst))
+        if trace_s > longest_s:  # the replay ends where the generated traces do
+            trace_s = stop_s = longest_s
         chosen = select_scenarios(inst, scenario, trace_s)
         runs = [(iterations, None)] * len(chosen)
     jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,
-             analytic.peak_memory_gib)
+             analytic.peak_memory_gib, deadline, stop_s)
             for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
+    tell = progress or (lambda done, total: None)
+    tell(0, len(jobs))
     if workers > 1 and len(jobs) > 1:
         # spawned workers that end with this process (`hetopt solve` simulates after solving in-process, and
         # a fork would inherit solver threads)
         with worker_pool(workers) as pool:
-            outcomes = list(pool.map(_one, jobs))
+            futures = [pool.submit(_one, job) for job in jobs]
+            for done, _ in enumerate(as_completed(futures), 1):
+                tell(done, len(jobs))
+            outcomes = [f.result() for f in futures]
     else:
-        outcomes = [_one(job) for job in jobs]
+        outcomes = []
+        for job in jobs:
+            outcomes.append(_one(job))
+            tell(len(outcomes), len(jobs))
     return {"scenarios": [o[0] for o in outcomes]}, outcomes[0][1]

@@ -55,6 +55,16 @@ def varies(scenario: BandwidthScenario) -> bool:
     return any(t > 0 for t, _, _ in scenario.changes)
 
 
+def longest_trace_s(inst: Instance) -> float:
+    """The longest replay whose generated traces stay within MAX_SCENARIO_CHANGES changes each (a Markov
+    or diurnal generator changes the bandwidth about once per mean_dwell_s or step_s); inf without one."""
+    from hetopt.spec.checks import MAX_SCENARIO_CHANGES
+
+    steps = [getattr(sc.generator, {"markov": "mean_dwell_s", "diurnal": "step_s"}[sc.generator.kind])
+             for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in ("markov", "diurnal")]
+    return min(steps, default=math.inf) * MAX_SCENARIO_CHANGES
+
+
 def scenarios_of(inst: Instance, horizon_s: float) -> list[BandwidthScenario]:
     """Every scenario of the instance (one `stable` scenario when it has none), generated up to horizon_s."""
     if not inst.spec.scenarios:

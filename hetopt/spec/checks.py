@@ -27,6 +27,7 @@ def check_instance(spec: InstanceFile, base_dir: Path) -> list[Finding]:
     return [
         *check_model(spec),
         *check_gpu_types(spec),
+        *check_training(spec),
         *check_node_groups(spec),
         *check_links(spec),
         *check_scenarios(spec, base_dir),
@@ -60,6 +61,20 @@ def check_model(spec: InstanceFile) -> Iterator[Finding]:
     if heads and kv_heads and heads % kv_heads:
         yield (("model", "kv_heads"), f"must divide heads ({heads}) for grouped-query attention — pick one "
                                       f"of {_divisors(heads)}", kv_heads)
+
+
+MAX_GLOBAL_BATCH = 1 << 20
+"""The most sequences per iteration hetopt plans for: 16× the largest published batch (65,536 sequences,
+BERT with LAMB, You et al. 2020); beyond it the micro-batch shares between two templates run to billions
+of skeletons (global_batch 10^12 filled 24 GB)."""
+
+
+def check_training(spec: InstanceFile) -> Iterator[Finding]:
+    batch = spec.training.global_batch
+    if batch > MAX_GLOBAL_BATCH:
+        yield (("training", "global_batch"), f"more sequences per iteration than the {MAX_GLOBAL_BATCH:,} hetopt "
+                                             "plans for (the largest published batches are about 65,536); give "
+                                             "the batch of one optimizer step", batch)
 
 
 def check_gpu_types(spec: InstanceFile) -> Iterator[Finding]:

@@ -1,0 +1,60 @@
+"""Progress of long commands on stderr: a live status line on a terminal, else a log line per step.
+
+A script or CI log that reads stderr gets plain lines it can follow (`[12 s] simulating: 1 of 2
+scenarios replayed`), never the spinner's control characters; steps that come faster than one per
+LOG_EVERY_S are thinned to one line per interval, so a search of thousands of skeletons stays readable.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from rich.console import Console
+
+LOG_EVERY_S = 5.0
+"""Off a terminal, the least time between two log lines of the same phase."""
+
+
+class Progress:
+    """A status that a command updates as it goes.
+
+    Parameters: console — where it goes (stderr); text — the first status."""
+
+    def __init__(self, console: Console, text: str) -> None:
+        self.console, self.start = console, time.monotonic()
+        self.live = console.status(text) if console.is_terminal else None
+        self.phase, self.logged_at = "", -LOG_EVERY_S
+        if self.live is None:
+            self._log(text)
+
+    def __enter__(self) -> Progress:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Take the live line away (before printing a message of one's own)."""
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, text: str, final: bool = False) -> None:
+        """Show `text`; off a terminal, log it when its phase (the words before ':') is new, when it is a
+        phase's `final` step, or LOG_EVERY_S after the last line."""
+        if self.live is not None:
+            self.live.update(text)
+            return
+        phase = text.split(":", 1)[0]
+        now = time.monotonic()
+        if final or phase != self.phase or now - self.logged_at >= LOG_EVERY_S:
+            self._log(text)
+        self.phase = phase
+
+    def _log(self, text: str) -> None:
+        self.logged_at = time.monotonic()
+        self.console.print(f"[{self.logged_at - self.start:.0f} s] {text}", markup=False, highlight=False,
+                           soft_wrap=True)
