@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import BAD, run_hetopt
+from conftest import BAD, DEMO, run_hetopt
 
 # file → (key path the message must name, words the message must contain)
 CASES = {
@@ -112,8 +112,8 @@ BAD_TRACE = """at_s,a,b,gbps
 
 
 def test_a_trace_with_bad_rows_is_refused_at_validation_with_every_line_named(tmp_path):
-    """Negative, nan, infinite or 0 Gbit/s, a negative time, an undeclared link: each row named (before, a
-    0 made `simulate` stall and `solve --objective expected` divide by zero, while `validate` passed it)."""
+    """Negative, nan or infinite Gbit/s, a negative time, an undeclared link: each row named (before, such
+    rows were silently ignored or divided by zero, while `validate` passed them). A 0 is an outage."""
     (tmp_path / "trace.csv").write_text(BAD_TRACE)
     instance = tmp_path / "traced.yaml"
     instance.write_text((BAD / "zero_count.yaml").read_text().replace("count: 0", "count: 2") + """scenarios:
@@ -124,12 +124,12 @@ def test_a_trace_with_bad_rows_is_refused_at_validation_with_every_line_named(tm
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         message = result.stderr
         assert "scenarios[0].generator.path" in message and "trace.csv" in message, message
-        for needle in ("line 3 gbps: got '-5': must be Gbit/s > 0", "line 4 gbps: got 'nan': must be finite",
-                       "line 5 gbps: got 'inf': must be finite", "line 6 gbps: got '0': 0 Gbit/s (an outage)",
-                       "line 7 at_s: got '-1': must be seconds ≥ 0", "line 8 a,b: got ['rack0', 'rack9']: no such link",
+        for needle in ("line 3 gbps: got '-5': must be Gbit/s ≥ 0", "line 4 gbps: got 'nan': must be finite",
+                       "line 5 gbps: got 'inf': must be finite", "line 7 at_s: got '-1': must be seconds ≥ 0",
+                       "line 8 a,b: got ['rack0', 'rack9']: no such link",
                        "line 9 gbps: got 'fast': not a number"):
             assert needle in message, (needle, message)
-        assert "line 2" not in message
+        assert "line 2" not in message and "line 6" not in message
     (tmp_path / "trace.csv").write_text("at_s,a,b,gbps\n0,rack0,rack1,200\n1.5,rack1,rack0,50\n")
     assert run_hetopt("validate", str(instance)).returncode == 0
 
@@ -193,3 +193,44 @@ def test_solve_on_a_trillion_sequence_batch_ends_at_once_within_bounded_memory()
     assert result.returncode == 2 and "training.global_batch" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert peak_kib < 2 * 1024 * 1024
+
+
+TRACED = "  - {name: cut, probability: 1.0, generator: {kind: trace, path: trace.csv}}\n"
+
+
+def _with_scenario(tmp_path, scenario: str, trace: str | None = None):
+    if trace is not None:
+        (tmp_path / "trace.csv").write_text(trace)
+    instance = tmp_path / "outage.yaml"
+    instance.write_text(DEMO.read_text().split("scenarios:")[0] + "scenarios:\n" + scenario)
+    return instance
+
+
+def test_an_outage_that_never_ends_is_refused_with_the_link_and_time(tmp_path):
+    endless = "at_s,a,b,gbps\n0,rack0,rack1,400\n5,rack0,rack1,0\n"
+    traced = _with_scenario(tmp_path, TRACED, endless)
+    stepped = tmp_path / "step.yaml"
+    stepped.write_text(traced.read_text().replace("{kind: trace, path: trace.csv}",
+                                                  "{kind: step, link: [rack0, rack1], low_gbps: 0, at_s: 5}"))
+    for path, key in ((traced, "scenarios[0].generator.path"), (stepped, "scenarios[0].generator.until_s")):
+        result = run_hetopt("validate", str(path))
+        assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert "never" in result.stderr and "comes back" in result.stderr, result.stderr
+    assert "rack0-rack1 down (0 Gbit/s) at 5 s" in run_hetopt("validate", str(traced)).stderr
+
+
+def test_an_outage_is_replayed_and_refused_by_the_objectives_that_cannot_price_it(tmp_path):
+    """0 Gbit/s from 5 s to 15 s: `solve` (stable) plans and its replay waits the outage out; the robust
+    objectives, one bandwidth per link, say why they cannot price it (exit 2, no division by zero)."""
+    trace = "at_s,a,b,gbps\n0,rack0,rack1,400\n5,rack0,rack1,0\n15,rack0,rack1,400\n"
+    instance = _with_scenario(tmp_path, TRACED, trace)
+    for objective in ("expected", "worst", "cvar"):
+        result = run_hetopt("solve", str(instance), "--objective", objective)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"scenario 'cut' takes link rack0-rack1 down (0 Gbit/s) at 5 s: the {objective} objective" \
+            in result.stderr
+    result = run_hetopt("solve", str(instance), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    times = data["verified"]["scenarios"][0]["iteration_time_s"]
+    assert times["max"] > data["objective_s"] + 5  # an iteration met the outage and waited for the link

@@ -312,3 +312,18 @@ def test_simulate_keeps_to_its_time_limit_and_logs_progress_off_a_terminal():
 def test_simulate_refuses_more_iterations_than_it_replays():
     result = run_hetopt("simulate", str(DEMO), "--layout", "tp=1,pp=1,dp=32", "--iterations", "100001")
     assert result.returncode == 2 and "--iterations" in result.stderr and "100000" in result.stderr
+
+
+def test_an_outage_holds_the_transfers_across_the_link_until_it_comes_back():
+    """The link is down (0 Gbit/s) from 5 s to 15 s. tp=8,pp=1,dp=4 on the demo reaches its exchange of
+    gradients between racks at about 14.4 s, so the first iteration sends it from 15 s on and ends as long
+    after 15 s as the exchange and the optimizer take; the second iteration is as at constant bandwidth."""
+    demo = load_instance(DEMO)
+    sim = Simulation(demo, expand_layout(demo, parse_layout("tp=8,pp=1,dp=4")))
+    stable = sim.run(STABLE, record=True)
+    exchange = next(r for r in stable.records if r.name == "exchange between templates")
+    assert 5 < exchange.start_s < 15
+    outage = BandwidthScenario("outage", 1.0, ((5.0, ("rack0", "rack1"), 0.0), (15.0, ("rack0", "rack1"), 400.0)))
+    times = sim.run(outage, iterations=2).iteration_times_s
+    assert times[0] == pytest.approx(15.0 + stable.iteration_times_s[0] - exchange.start_s, rel=1e-9)
+    assert times[1] == pytest.approx(stable.iteration_times_s[0], rel=1e-9)

@@ -52,7 +52,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hetopt.sim.scenarios import DEFAULT_HORIZON_S, Change, horizon_of, scenarios_of
+from hetopt.errors import InputError, Problem
+from hetopt.sim.scenarios import DEFAULT_HORIZON_S, BandwidthScenario, Change, horizon_of, outages, scenarios_of
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 
@@ -90,10 +91,29 @@ def planning_scenarios(inst: Instance, objective: str,
         return [PlanningScenario("stable", 1.0, inst.cluster)]
     horizon = horizon_of(inst) if horizon_s is None else horizon_s
     nominal = {_key(lk.a, lk.b): lk.gbps for lk in inst.spec.cluster.network.links}
+    scenarios = scenarios_of(inst, horizon)
+    check_no_outage(scenarios, horizon, objective)
     return [PlanningScenario(sc.name, sc.probability,
                              inst.cluster.with_link_gbps(link_gbps(sc.changes, nominal, horizon,
                                                                    objective)))
-            for sc in scenarios_of(inst, horizon)]
+            for sc in scenarios]
+
+
+def check_no_outage(scenarios: list[BandwidthScenario], horizon_s: float, objective: str) -> None:
+    """Refuse an objective that would price an outage: at 0 Gbit/s a link's transfers wait for it to come
+    back, a delay that no one bandwidth per link expresses (the transfer-time mean and the lowest level
+    are both 0, every plan across the link infinitely slow). The simulator replays outages as they are.
+
+    Raises: InputError naming the scenario, the link and the time, with what to do instead."""
+    for sc in scenarios:
+        for link, start, _ in outages(list(sc.changes)):
+            if start <= horizon_s:
+                raise InputError("--objective", [Problem(
+                    "--objective", f"scenario '{sc.name}' takes link {link[0]}-{link[1]} down (0 Gbit/s) at "
+                                   f"{start:g} s: the {objective} objective prices each link at one bandwidth and "
+                                   "cannot price waiting out an outage; plan with --objective stable, or give the "
+                                   "outage the lowest rate the link keeps, and replay the plan with `hetopt "
+                                   "simulate`, which models the outage", objective, True)])
 
 
 def link_gbps(changes: Iterable[Change], nominal: dict[Link, float], horizon_s: float,

@@ -355,15 +355,20 @@ class _Run:
 
     # one iteration
     def _drain(self) -> None:
-        """Process events in time order, applying capacity changes as their times come."""
+        """Process events in time order, applying capacity changes as their times come — also when no
+        event is left but flows are (a link down at 0 Gbit/s holds them until a change brings it back)."""
         changes = self.scenario.changes
-        while self.heap:
-            t_next = self.heap[0][0]
-            while self.change_index < len(changes) and changes[self.change_index][0] <= t_next:
+        while self.heap or self.net.flows:
+            t_next = self.heap[0][0] if self.heap else math.inf
+            if self.change_index < len(changes) and changes[self.change_index][0] <= t_next:
                 t, link, gbps = changes[self.change_index]
                 self.change_index += 1
                 self.now = max(self.now, t)
                 self._apply_change(link, gbps)
+                continue
+            if not self.heap:
+                raise RuntimeError(f"simulation stalled at {self.now:g} s: flows wait on a link that is down "
+                                   "and never comes back")
             t, _, fn = heapq.heappop(self.heap)
             self.now = max(self.now, t)
             fn()

@@ -55,6 +55,21 @@ def varies(scenario: BandwidthScenario) -> bool:
     return any(t > 0 for t, _, _ in scenario.changes)
 
 
+def outages(changes: list[Change]) -> list[tuple[tuple[str, str], float, float]]:
+    """The spans a link is down (at 0 Gbit/s): (link, from s, until s), until inf when it never comes back.
+    Changes at one instant apply in their order: only the last one holds."""
+    down: dict[tuple[str, str], float] = {}
+    spans = []
+    for t, link, gbps in sorted(changes, key=lambda c: c[0]):
+        if gbps == 0:
+            down.setdefault(link, t)
+        elif link in down:
+            start = down.pop(link)
+            if t > start:
+                spans.append((link, start, t))
+    return spans + [(link, start, math.inf) for link, start in down.items()]
+
+
 def longest_trace_s(inst: Instance) -> float:
     """The longest replay whose generated traces stay within MAX_SCENARIO_CHANGES changes each (a Markov
     or diurnal generator changes the bandwidth about once per mean_dwell_s or step_s); inf without one."""
@@ -121,7 +136,8 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
 
     Parameters: path — the CSV; links — the declared island links ({a, b} sets), None to skip that check.
     Returns: (at_s, (a, b), gbps) per row. Raises: InputError naming each bad row's line, column and value:
-    a time that is not a finite number ≥ 0, a bandwidth that is not a finite number > 0, an undeclared link.
+    a time or a bandwidth that is not a finite number ≥ 0, an undeclared link. A bandwidth of 0 is an outage:
+    the link carries nothing until a later row brings it back.
     """
     changes, problems = [], []
     with path.open(newline="", encoding="utf-8") as fh:
@@ -146,7 +162,7 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
 
 def _row_problems(row: dict, links: set[frozenset[str]] | None) -> list[tuple[str, str, object]]:
     found = []
-    for column, what in (("at_s", "seconds ≥ 0"), ("gbps", "Gbit/s > 0")):
+    for column, what in (("at_s", "seconds ≥ 0"), ("gbps", "Gbit/s ≥ 0 (0: an outage)")):
         text = row.get(column)
         try:
             value = float(text)
@@ -157,9 +173,6 @@ def _row_problems(row: dict, links: set[frozenset[str]] | None) -> list[tuple[st
             found.append((column, f"must be finite {what}", text))
         elif value < 0:
             found.append((column, f"must be {what}", text))
-        elif column == "gbps" and value == 0:
-            found.append((column, "0 Gbit/s (an outage) is not modelled yet: the planner prices every link at a "
-                                  "positive bandwidth; give the lowest rate the link keeps, e.g. 0.1", text))
     if links is not None and frozenset((row.get("a"), row.get("b"))) not in links:
         found.append(("a,b", "no such link in cluster.network.links", [row.get("a"), row.get("b")]))
     return found

@@ -131,6 +131,27 @@ def check_links(spec: InstanceFile) -> Iterator[Finding]:
         pairs.setdefault(pair, i)
 
 
+def check_outages_end(spec: InstanceFile, i: int, base_dir: Path, links: set) -> Iterator[Finding]:
+    """Every outage (0 Gbit/s) of scenario i's events or trace ends: one that lasts to the end of the trace
+    would leave every plan that crosses the link unable to finish an iteration."""
+    from hetopt.sim.scenarios import outages, read_trace
+
+    sc = spec.scenarios[i]
+    changes = [(ev.at_s, tuple(sorted(ev.link)), ev.gbps) for ev in sc.events]
+    where: tuple = ("scenarios", i, "events")
+    if sc.generator is not None and sc.generator.kind == "trace":
+        where = ("scenarios", i, "generator", "path")
+        try:
+            changes = read_trace(base_dir / sc.generator.path, links)
+        except (InputError, OSError):
+            return  # said above
+    for link, start, end in outages(changes):
+        if math.isinf(end):
+            yield (where, f"takes link {link[0]}-{link[1]} down (0 Gbit/s) at {start:g} s and never brings it "
+                          "back, so no plan that crosses it can finish an iteration; add the time it comes back",
+                   f"{link[0]}-{link[1]} at {start:g} s")
+
+
 def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
     from hetopt.sim.scenarios import DEFAULT_HORIZON_S, read_trace  # the simulator's own reader and horizon
 
@@ -172,6 +193,11 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
                    gen.amplitude_gbps)
         if gen is not None and gen.kind == "step" and gen.until_s is not None and gen.until_s <= gen.at_s:
             yield (("scenarios", i, "generator", "until_s"), f"must be after at_s ({gen.at_s})", gen.until_s)
+        if gen is not None and gen.kind == "step" and gen.low_gbps == 0 and gen.until_s is None:
+            yield (("scenarios", i, "generator", "until_s"), "a drop to 0 Gbit/s is an outage, and one that never "
+                                                             "ends leaves no plan across the link able to finish; "
+                                                             "give the time the link comes back", None)
+        yield from check_outages_end(spec, i, base_dir, links)
     if spec.scenarios:
         total = math.fsum(sc.probability for sc in spec.scenarios)
         if abs(total - 1.0) > PROBABILITY_TOLERANCE:

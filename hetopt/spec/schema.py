@@ -122,7 +122,8 @@ class ClusterSection(Section):
 class BandwidthEvent(Section):
     at_s: NonNegativeFloat = Field(description="Time from the start of training, seconds ≥ 0.")
     link: LinkEnds
-    gbps: PositiveFloat = Field(description="The link's bandwidth from at_s on, Gbit/s > 0.")
+    gbps: NonNegativeFloat = Field(description="The link's bandwidth from at_s on, Gbit/s ≥ 0 (0: the link is "
+                                               "down until a later event brings it back).")
 
 
 class StepGenerator(Section):
@@ -130,7 +131,8 @@ class StepGenerator(Section):
 
     kind: Literal["step"]
     link: LinkEnds
-    low_gbps: PositiveFloat = Field(description="Bandwidth during the drop, Gbit/s > 0.")
+    low_gbps: NonNegativeFloat = Field(description="Bandwidth during the drop, Gbit/s ≥ 0 (0: an outage, which "
+                                                   "needs until_s).")
     at_s: NonNegativeFloat = Field(description="When the drop starts, seconds.")
     until_s: PositiveFloat | None = Field(None, description="When it recovers, seconds; absent = never.")
 
