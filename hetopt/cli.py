@@ -134,7 +134,7 @@ def solve(
     with Progress(err, f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
         def progress(solved: int, incumbent: float) -> None:
             best = f"best so far {incumbent:.3f} s" if incumbent < float("inf") else "no plan yet"
-            status.update(f"planning {inst.name}: {solved} skeletons solved, {best}")
+            status.update(f"planning {inst.name}: {solved} skeletons solved, {best}", step=False)
 
         try:
             result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
@@ -161,7 +161,7 @@ def solve(
 
 def _replay_progress(status: Progress) -> Callable[[int, int], None]:
     def tell(done: int, total: int) -> None:
-        status.update(f"simulating: {done} of {total} scenarios replayed", final=done == total)
+        status.update(f"simulating: {done} of {total} scenarios replayed")
     return tell
 
 
@@ -463,7 +463,8 @@ def calibrate(
             raise InputError("calibrate", [Problem("DATA", "give one or more CSV files, or --measure")])
         from hetopt.cost.calibration import calibrate as fit
 
-        params = fit(data, gpu, folds=folds)
+        with Progress(err, f"calibrating {gpu} on {len(data)} file(s)…") as status:
+            params = fit(data, gpu, folds=folds, progress=status.update)
     if target is not None:
         params.save(target)
     if as_json:
@@ -497,8 +498,10 @@ def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json
                                                         "file (stacks.json)", str(target), True)])
     if target is not None:
         check_output(target, "--out", force)
-    stacks = fit_stacks(load_runs(paths))
-    report = fit_report(paths, fit=stack_fit, profiles=Profiles(stacks=stacks))
+    with Progress(err, f"calibrating: fitting the framework stacks on {len(paths)} runs file(s)…") as status:
+        stacks = fit_stacks(load_runs(paths))
+        status.update("calibrating: predicting every run, leaving each source out in turn")
+        report = fit_report(paths, fit=stack_fit, profiles=Profiles(stacks=stacks))
     report["stacks"] = {name: s.to_json() for name, s in stacks.items()}
     if target is not None:
         save_stacks(stacks, target, [Path(p).name for p in paths])
@@ -538,7 +541,8 @@ def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
                                                str(target), True)])
     if target is not None:
         check_output_directory(target, "--out")
-    table, _ = run_calibrate_gemm(path, target)
+    with Progress(err, f"calibrating: fitting the GEMM efficiency of every catalog type on {path}…"):
+        table, _ = run_calibrate_gemm(path, target)
     if as_json:
         _print_json({"gemm_fit": table, "out": str(target) if target else None})
         return

@@ -1,8 +1,9 @@
 """Progress of long commands on stderr: a live status line on a terminal, else a log line per step.
 
 A script or CI log that reads stderr gets plain lines it can follow (`[12 s] simulating: 1 of 2
-scenarios replayed`), never the spinner's control characters; steps that come faster than one per
-LOG_EVERY_S are thinned to one line per interval, so a search of thousands of skeletons stays readable.
+scenarios replayed`), never the spinner's control characters: a line per step of the work, and for a
+count that runs on (skeletons solved) at most one line per LOG_EVERY_S, so a search of thousands of
+skeletons stays readable.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import TracebackType
 from rich.console import Console
 
 LOG_EVERY_S = 5.0
-"""Off a terminal, the least time between two log lines of the same phase."""
+"""Off a terminal, the least time between two log lines of a running count."""
 
 
 class Progress:
@@ -42,15 +43,16 @@ class Progress:
         if self.live is not None:
             self.live.stop()
 
-    def update(self, text: str, final: bool = False) -> None:
-        """Show `text`; off a terminal, log it when its phase (the words before ':') is new, when it is a
-        phase's `final` step, or LOG_EVERY_S after the last line."""
+    def update(self, text: str, step: bool = True) -> None:
+        """Show `text`; off a terminal, log it when it is a `step` of the work (a fold fitted, a scenario
+        replayed), else — a count that runs on, as skeletons solved — when its phase (the words before
+        ':') is new or LOG_EVERY_S after the last line."""
         if self.live is not None:
             self.live.update(text)
             return
         phase = text.split(":", 1)[0]
         now = time.monotonic()
-        if final or phase != self.phase or now - self.logged_at >= LOG_EVERY_S:
+        if step or phase != self.phase or now - self.logged_at >= LOG_EVERY_S:
             self._log(text)
         self.phase = phase
 

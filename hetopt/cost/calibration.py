@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -238,8 +239,10 @@ def errors(ds: DataSet, theta: np.ndarray) -> dict:
     return out
 
 
-def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0) -> dict[str, dict]:
-    """k-fold CV: every layout data set is split into folds; small layer-time sets stay in every fit."""
+def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0,
+                   progress: Callable[[int], None] | None = None) -> dict[str, dict]:
+    """k-fold CV: every layout data set is split into folds; small layer-time sets stay in every fit.
+    progress(k) is called after fold k (1-based) is fitted."""
     rng = np.random.default_rng(seed)
     splits = {ds.name: np.array_split(rng.permutation(len(ds.measured_s)), folds) for ds in datasets
               if ds.kind == "layout"}
@@ -255,6 +258,8 @@ def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0) -> di
                 idx = splits[ds.name][k]
                 predicted[ds.name][idx] = predict(ds.subset(idx), theta)
                 held[ds.name].append(idx)
+        if progress is not None:
+            progress(k + 1)
     report = {}
     for ds in datasets:
         if ds.name in splits:
@@ -264,14 +269,23 @@ def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0) -> di
     return report
 
 
-def calibrate(paths: list[str | Path], gpu: str, folds: int = 5) -> CostParams:
-    """Fit the weights of `gpu` on the given CSV files; the result carries its fit report."""
+def calibrate(paths: list[str | Path], gpu: str, folds: int = 5,
+              progress: Callable[[str], None] | None = None) -> CostParams:
+    """Fit the weights of `gpu` on the given CSV files; the result carries its fit report.
+
+    Parameters: paths — the CSV files; gpu — the catalog type measured; folds — cross-validation folds;
+    progress — progress(what is being done) before the fit and after each fold.
+    Returns: the fitted CostParams. Raises: InputError for bad data or a fit that does not converge."""
+    tell = progress or (lambda text: None)
     datasets = [load_dataset(p, gpu) for p in paths]
+    sets = f"{len(datasets)} data set{'s' if len(datasets) != 1 else ''}"
+    tell(f"fitting: {sum(len(ds.measured_s) for ds in datasets)} measurements in {sets}")
     theta = fit_theta(datasets)
     w, overlap, serial = weights_of(theta)
     family = CATALOG[gpu].family if gpu in CATALOG else ""
     w[ATTN], _ = attention_weight(family, w[GEMM])
-    cv = cross_validate(datasets, folds) if any(ds.kind == "layout" for ds in datasets) else {}
+    cv = cross_validate(datasets, folds, progress=lambda k: tell(f"cross-validating: fold {k} of {folds} fitted")) \
+        if any(ds.kind == "layout" for ds in datasets) else {}
     report = {ds.name: {**errors(ds, theta), **cv.get(ds.name, {})} for ds in datasets}
     return CostParams(
         gpu=gpu, weights=tuple(float(x) for x in w), dp_overlap=overlap, launch_serial=serial,
