@@ -34,6 +34,7 @@ from hetopt.errors import (
 from hetopt.lifeline import EXIT_SIGTERM, Terminated, owner_signals
 from hetopt.outputs import PLOT_SUFFIXES, check_output, check_output_directory, write_text
 from hetopt.progress import Progress
+from hetopt.report.tables import narrow_table
 
 app = typer.Typer(
     name="hetopt",
@@ -189,12 +190,10 @@ def _keep_best_so_far(inst, best, out_path: str | None) -> None:
 def _listing(key: str, title: str, rows: list[dict], columns: list[tuple[str, Callable[[dict], str]]],
              as_json: bool) -> None:
     """A list command's output: {key: rows} with --json, else a table of the given columns."""
-    from rich.table import Table
-
     if as_json:
         _print_json({key: rows})
         return
-    table = Table(title=title, title_justify="left")
+    table = narrow_table(title)
     for header, _ in columns:
         table.add_column(header)
     for r in rows:
@@ -481,8 +480,6 @@ RUN_COLUMNS = {"gpu", "num_gpus", "gpus_per_node", "model", "seq_len", "micro_ba
 
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
 
-    from rich.table import Table
-
     from hetopt.cost.profiles import Profiles
     from hetopt.cost.runs import fit_report, fit_stacks, load_runs, stack_fit
     from hetopt.cost.stacks import save_stacks
@@ -508,7 +505,7 @@ def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json
     if as_json:
         _print_json({**report, "out": str(target) if target else None})
         return
-    view = Table(title=f"End-to-end runs: {report['expressed']} of {report['rows']} expressed; error = "
+    view = narrow_table(f"End-to-end runs: {report['expressed']} of {report['rows']} expressed; error = "
                        "predicted / measured − 1")
     for col in ("GPU type", "rows", "MAPE", "median pred/meas", "Spearman", "LOSO MAPE", "≤ 15%"):
         view.add_column(col)
@@ -546,9 +543,7 @@ def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
     if as_json:
         _print_json({"gemm_fit": table, "out": str(target) if target else None})
         return
-    from rich.table import Table
-
-    view = Table(title="GEMM curve per GPU type: achieved = peak·η·F/(F + t_kernel·peak·η)")
+    view = narrow_table("GEMM curve per GPU type: achieved = peak·η·F/(F + t_kernel·peak·η)")
     for col in ("type", "family", "rows", "excl.", "η", "t_k µs", "mean err", "max err", "LOSO max", "t_k from"):
         view.add_column(col)
     for r in table:

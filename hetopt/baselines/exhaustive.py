@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 import os
 from dataclasses import dataclass
 
@@ -93,6 +94,8 @@ processes, each taking every n-th skeleton: starting a worker costs about 1.5 s.
 def _workers(pricings: int, workers: int | None) -> int:
     if workers is not None:
         return max(1, workers)
+    if multiprocessing.parent_process() is not None:
+        return 1  # already a worker (a bench or test sweep): its siblings hold the other cores
     return min(os.cpu_count() or 1, 4) if pricings >= PARALLEL_FROM_PRICINGS else 1
 
 

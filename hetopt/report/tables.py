@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.presets import ModelArch
+
+
+def narrow_table(title: str) -> Table:
+    """A table that fits 80 columns: a rule under the header, no vertical lines."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                 collapse_padding=True)
 
 
 def _document(source: str) -> str:
@@ -20,7 +27,7 @@ def _document(source: str) -> str:
 def gpu_table(catalog: dict[str, GPUType]) -> Group:
     """The catalog with a footnote per source document, so every number points at where it comes from."""
     documents: list[str] = []
-    table = Table(title="GPU catalog (peak figures; efficiency is calibrated separately)", title_justify="left")
+    table = narrow_table("GPU catalog (peak figures; efficiency is calibrated separately)")
     for col in ("GPU", "TFLOP/s", "GiB", "HBM Gbit/s", "intra Gbit/s", "interconnect", "sources"):
         table.add_column(col, justify="left" if col in ("GPU", "interconnect", "sources") else "right",
                          no_wrap=col != "interconnect")
@@ -43,14 +50,22 @@ def gpu_table(catalog: dict[str, GPUType]) -> Group:
     return Group(table, notes)
 
 
-def preset_table(presets: dict[str, ModelArch]) -> Table:
-    table = Table(title="Model presets", title_justify="left")
-    for col in ("preset", "layers", "hidden", "heads", "kv heads", "ffn", "MLP", "vocab", "context", "source"):
-        table.add_column(col)
+def preset_table(presets: dict[str, ModelArch]) -> Group:
+    """The presets with a footnote per source, so the table fits 80 columns."""
+    table = narrow_table("Model presets (MLP: gated SwiGLU or GPT's; context: the longest trained sequence)")
+    for col in ("preset", "layers", "hidden", "heads/kv", "ffn", "MLP", "vocab", "context", "source"):
+        table.add_column(col, justify="left" if col in ("preset", "MLP", "source") else "right", no_wrap=True)
+    sources: list[str] = []
     for m in presets.values():
-        table.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads), str(m.ffn_hidden),
-                      "gated" if m.gated_mlp else "GPT", str(m.vocab), str(m.max_seq_len), m.source)
-    return table
+        if m.source not in sources:
+            sources.append(m.source)
+        table.add_row(m.name, str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}", str(m.ffn_hidden),
+                      "gated" if m.gated_mlp else "GPT", str(m.vocab), str(m.max_seq_len),
+                      f"[{sources.index(m.source) + 1}]")
+    notes = Text(style="dim")
+    for i, source in enumerate(sources, 1):
+        notes.append(f"[{i}] {source}\n")
+    return Group(table, notes)
 
 
 def summary_view(s: dict[str, Any]) -> Group:
@@ -67,7 +82,7 @@ def summary_view(s: dict[str, Any]) -> Group:
         f"{s['flops_per_iteration'] / 1e15:.1f} PFLOP per iteration; "
         f"{s['iteration_time_at_peak_s']:.2f} s per iteration if every GPU ran at peak",
     )
-    classes = Table(title="Device classes (GPU type × island)", title_justify="left")
+    classes = narrow_table("Device classes (GPU type × island)")
     for col in ("class", "nodes", "GPUs", "GPUs/node", "NIC Gbit/s", "memory GiB", "peak TFLOP/s"):
         classes.add_column(col, justify="left" if col == "class" else "right", no_wrap=col == "class")
     for c in s["device_classes"]:
@@ -77,13 +92,13 @@ def summary_view(s: dict[str, Any]) -> Group:
                     f"{totals['peak_tflops']:,.0f}", style="bold")
     parts: list[Any] = [head, classes]
     if s["links"]:
-        links = Table(title="Island links", title_justify="left")
+        links = narrow_table("Island links")
         for col in ("a", "b", "Gbit/s", "latency µs"):
             links.add_column(col)
         for lk in s["links"]:
             links.add_row(lk["a"], lk["b"], f"{lk['gbps']:g}", f"{lk['latency_us']:g}")
         parts.append(links)
-    scenarios = Table(title="Bandwidth scenarios", title_justify="left")
+    scenarios = narrow_table("Bandwidth scenarios")
     for col in ("scenario", "probability", "kind"):
         scenarios.add_column(col)
     for sc in s["scenarios"]:
@@ -94,7 +109,7 @@ def summary_view(s: dict[str, Any]) -> Group:
 
 def evaluation_view(results: list[dict[str, Any]]) -> Group:
     """A table of evaluated plans or layouts, then each one's breakdown and per-stage memory."""
-    summary = Table(title="Analytic evaluation", title_justify="left")
+    summary = narrow_table("Analytic evaluation")
     for col in ("plan", "iteration s", "tokens/s", "TFLOP/s/GPU", "MFU", "fits"):
         summary.add_column(col, justify="left" if col == "plan" else "right")
     parts: list[Any] = [summary]
@@ -108,13 +123,13 @@ def evaluation_view(results: list[dict[str, Any]]) -> Group:
     if len(results) == 1 and "error" not in results[0]:
         r = results[0]
         total = r["iteration_time_s"]
-        bd = Table(title="Where the iteration goes", title_justify="left")
+        bd = narrow_table("Where the iteration goes")
         bd.add_column("part")
         bd.add_column("seconds", justify="right")
         bd.add_column("share", justify="right")
         for key, value in r["breakdown"].items():
             bd.add_row(key.replace("_", " "), f"{value:.4f}", f"{value / total:.1%}")
-        mem = Table(title="Peak memory per stage (GiB)", title_justify="left")
+        mem = narrow_table("Peak memory per stage (GiB)")
         for col in ("stage", "peak", "limit", ""):
             mem.add_column(col, justify="right")
         for i, (peak, limit) in enumerate(zip(r["peak_memory_gib"], r["memory_limit_gib"], strict=True)):
@@ -127,7 +142,7 @@ def calibration_view(params: Any) -> Group:
     """Fitted parameters in readable units and the fit report per data set."""
     head = Text.assemble((f"Calibration profile for {params.gpu}", "bold"), f" ({params.date})\n",
                          f"data: {params.source}\nmethod: {params.method}")
-    values = Table(title="Parameters", title_justify="left")
+    values = narrow_table("Parameters")
     values.add_column("parameter")
     values.add_column("value", justify="right")
     for key, value in params.describe().items():
@@ -135,7 +150,7 @@ def calibration_view(params: Any) -> Group:
     parts: list[Any] = [head, values]
     checks = {name: r for name, r in params.fit.items() if "measured_ms" in r}
     if checks:
-        table = Table(title="Measured vs predicted", title_justify="left")
+        table = narrow_table("Measured vs predicted")
         for col in ("check", "measured ms", "predicted ms", "error"):
             table.add_column(col, justify="left" if col == "check" else "right")
         for name, r in checks.items():
@@ -143,7 +158,7 @@ def calibration_view(params: Any) -> Group:
         parts.append(table)
     fits = {name: r for name, r in params.fit.items() if "rows" in r}
     if fits:
-        report = Table(title="Fit report (relative error of predicted vs measured time)", title_justify="left")
+        report = narrow_table("Fit report (relative error of predicted vs measured time)")
         for col in ("data set", "rows", "MAPE", "max error", "Spearman", "CV MAPE", "CV max"):
             report.add_column(col, justify="left" if col == "data set" else "right")
         for name, r in fits.items():
@@ -154,7 +169,7 @@ def calibration_view(params: Any) -> Group:
         parts.append(report)
         for name, r in fits.items():
             if "per_row" in r:
-                rows = Table(title=f"{name}: every row", title_justify="left")
+                rows = narrow_table(f"{name}: every row")
                 for col in ("row", "measured ms", "predicted ms", "error"):
                     rows.add_column(col, justify="left" if col == "row" else "right")
                 for label, v in r["per_row"].items():
@@ -164,21 +179,23 @@ def calibration_view(params: Any) -> Group:
 
 
 def simulation_view(result: dict[str, Any]) -> Group:
-    table = Table(title="Simulated iterations per scenario", title_justify="left")
-    for col in ("scenario", "p", "iters", "mean s", "p50 s", "p90 s", "max s", "tokens/s",
-                "busiest link"):
+    table = narrow_table("Simulated iterations per scenario")
+    for col in ("scenario", "p", "iters", "mean s", "p50 s", "p90 s", "max s", "tokens/s"):
         table.add_column(col, justify="left" if col == "scenario" else "right")
+    busiest = []
     for sc in result["scenarios"]:
         it = sc["iteration_time_s"]
+        table.add_row(sc["name"], f"{sc['probability']:g}", str(sc.get("iterations", "")), *(
+            _seconds(it[k]) for k in ("mean", "p50", "p90", "max")), f"{sc['tokens_per_s']:,.0f}")
         links = sc["link_utilization"]
-        busiest = max(links.items(), key=lambda kv: kv[1]) if links else None
-        table.add_row(sc["name"], f"{sc['probability']:g}", str(sc.get("iterations", "")),
-                      f"{it['mean']:.3f}", f"{it['p50']:.3f}",
-                      f"{it['p90']:.3f}", f"{it['max']:.3f}", f"{sc['tokens_per_s']:,.0f}",
-                      f"{busiest[0]} {busiest[1]:.0%}" if busiest else "")
-    notes = Text("".join(f"{line}\n" for sc in result["scenarios"] for line in replay_notes(sc)), style="dim")
+        if links:
+            name, util = max(links.items(), key=lambda kv: kv[1])
+            busiest.append(f"{name} {util:.0%} ({sc['name']})")
+    lines = [f"busiest link: {', '.join(busiest)}"] if busiest else []
+    lines += [line for sc in result["scenarios"] for line in replay_notes(sc)]
+    notes = Text("".join(f"{line}\n" for line in lines), style="dim")
     first = result["scenarios"][0]
-    busy = Table(title=f"GPU busy fraction ({first['name']})", title_justify="left")
+    busy = narrow_table(f"GPU busy fraction ({first['name']})")
     for col in ("template", "stage", "busy", "peak GiB"):
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
@@ -188,6 +205,11 @@ def simulation_view(result: dict[str, Any]) -> Group:
 
 CUT_REASONS = {"pass budget": "the replay's pass budget (hetopt.sim.engine.REPLAY_PASSES)",
                "time limit": "the time limit", "trace end": "the longest trace its generators may make"}
+
+
+def _seconds(value: float) -> str:
+    """Seconds with four significant figures or more: 0.1234, 4.834, 17,437."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.4g}" if value >= 1 else f"{value:.4f}"
 
 
 def replay_notes(sc: dict[str, Any]) -> list[str]:
@@ -203,6 +225,18 @@ def replay_notes(sc: dict[str, Any]) -> list[str]:
     return notes
 
 
+def search_view(search: dict[str, Any]) -> Table:
+    """What the search enumerated, solved and pruned, one rule a line, the largest count first."""
+    table = Table(title=f"search: {search['skeletons_enumerated']:,} skeletons enumerated, {search['solved']:,} "
+                        "solved; pruned by", title_justify="left", title_style="dim", box=None, show_header=False,
+                  padding=(0, 1), style="dim")
+    table.add_column("skeletons", justify="right", no_wrap=True, style="dim")
+    table.add_column("rule", style="dim")
+    for rule, count in sorted(search["pruned"].items(), key=lambda kv: -kv[1]):
+        table.add_row(f"{count:,}", rule)
+    return table
+
+
 def solve_view(inst: Any, r: dict[str, Any]) -> Group:
     """The plan as a table (pipelines, stages, GPUs, TP, layers, micro-batches, time and memory per stage)."""
     head = Text.assemble((f"{inst.name}: {r['status']}", "bold"))
@@ -216,9 +250,8 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
                 f"{pred['tokens_per_s']:,.0f} tokens/s, MFU {pred['mfu']:.1%}; {r['planner']} / {r['formulation']} / "
                 f"{r['backend']} in {r['solve_time_s']:.2f} s")
     plan = r["plan"]
-    table = Table(title=f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']}; "
-                        "T template, × replicas, m micro-batches each, # stage, L layers, rc recompute)",
-                  title_justify="left")
+    table = narrow_table(f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']}; "
+                         "T template, × replicas, m micro-batches each, # stage, L layers, rc recompute)")
     for col in ("T", "×", "m", "#", "device class", "TP", "L", "rc", "GiB/lim"):
         table.add_column(col, justify="left" if col in ("device class", "rc") else "right", no_wrap=True)
     k = 0
@@ -230,11 +263,8 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
                           str(st["tp"]), str(st["layers"]), st["recompute"], f"{peak:.1f} / {limit:g}")
             k += 1
     parts.append(table)
-    search = r["search"]
-    pruned = ", ".join(f"{k}: {v:,}" for k, v in search["pruned"].items())
-    parts.append(Text(f"search: {search['skeletons_enumerated']:,} skeletons enumerated, {search['solved']:,} "
-                      f"solved; pruned — {pruned}", style="dim"))
-    for f in search.get("fallbacks", []):  # a backend that failed and who took its skeletons over
+    parts.append(search_view(r["search"]))
+    for f in r["search"].get("fallbacks", []):  # a backend that failed and who took its skeletons over
         taker = "no backend could solve them" if f["solved_by"] == "none" else f"{f['solved_by']} took over"
         parts.append(Text(f"fallback: {f['failed']} failed on {f['skeletons']:,} skeleton(s) "
                           f"({f['detail']}); {taker}", style="yellow"))
