@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.baselines.common import PlannerResult
-from hetopt.baselines.registry import OUTSIDE_SPACE_NOTE, PLANNERS
+from hetopt.baselines.registry import ALIASES, EXACT, OUTSIDE_SPACE_NOTE, PLANNERS
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
@@ -87,11 +87,13 @@ def check_outputs(out: Path, force: bool) -> list[Path]:
 
 
 def check_planners(names: list[str]) -> list[str]:
+    """The planners by their PLANNERS names (an alias of ALIASES read as its planner).
+    Raises: InputError for a name that is neither."""
     for name in names:
-        if name not in PLANNERS:
+        if name not in PLANNERS and name not in ALIASES:
             raise InputError("--planners", [Problem("--planners", f"unknown planner{did_you_mean(name, PLANNERS)}; "
                                                                   f"available: {', '.join(PLANNERS)}", name, True)])
-    return names
+    return list(dict.fromkeys(ALIASES.get(name, name) for name in names))
 
 
 def run_bench(instances: list[Instance], planners: list[str], scenarios: list[str] | None = None,
@@ -107,7 +109,7 @@ def run_bench(instances: list[Instance], planners: list[str], scenarios: list[st
     Returns: a BenchResult whose rows are in (instance, planner, scenario) order whatever the executor.
     Raises: InputError for an unknown planner, scenario or executor."""
     profiles = profiles or Profiles()
-    check_planners(planners)
+    planners = check_planners(planners)
     _check_scenarios(instances, scenarios)
     executor = check_executor(executor, address)
     result = BenchResult()
@@ -154,7 +156,7 @@ def _sweep_on_ray(runs: list, time_limit_s: float, iterations: int, seed: int, p
         stored = {id(inst): ray.put(inst) for inst, _, _ in runs}
         pending = {}
         for k, (inst, name, chosen) in enumerate(runs):
-            cpus = search_cpus if name == "hetopt" else 1
+            cpus = search_cpus if name == EXACT else 1
             ref = task.options(num_cpus=cpus).remote(stored[id(inst)], name, chosen, time_limit_s, iterations,
                                                       seed, shared)
             pending[ref] = k
@@ -241,7 +243,8 @@ def expected_tokens(result: BenchResult) -> dict[tuple[str, str], float | None]:
 def markdown(result: BenchResult) -> str:
     lines = ["# hetopt bench", "",
              "Tokens/s and iteration time are simulated (mean over the replayed iterations, each scenario); "
-             "`vs hetopt` is hetopt's tokens/s ÷ the planner's (above 1: hetopt is faster by that factor). "
+             "`vs ilp` is the exact planner's (ilp) tokens/s ÷ the planner's (above 1: ilp is faster by that "
+             "factor). "
              "The best tokens/s of each scenario is in bold.", ""]
     expected = expected_tokens(result)
     instances = list(dict.fromkeys(r.instance for r in result.rows))
@@ -252,7 +255,7 @@ def markdown(result: BenchResult) -> str:
                 for sc in scenarios}
         lines += [f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} type{'s' if rows[0].gpu_types > 1 else ''})",
                   "", "| planner | status | search s | predicted s | "
-                  + " | ".join(f"{sc} tokens/s" for sc in scenarios) + " | vs hetopt |",
+                  + " | ".join(f"{sc} tokens/s" for sc in scenarios) + " | vs ilp |",
                   "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |"]
         for planner in dict.fromkeys(r.planner for r in rows):
             mine = [r for r in rows if r.planner == planner]
@@ -279,7 +282,7 @@ def markdown(result: BenchResult) -> str:
 
 
 def _ratio(expected, instance: str, planner: str) -> str:
-    mine, ours = expected.get((instance, planner)), expected.get((instance, "hetopt"))
+    mine, ours = expected.get((instance, planner)), expected.get((instance, EXACT))
     if not mine or not ours:
         return "—"
     return f"{ours / mine:.2f}×"
@@ -291,8 +294,8 @@ def speedups(result: BenchResult, heterogeneous_only: bool = True) -> dict[str, 
     types = {r.instance: r.gpu_types for r in result.rows}
     out: dict[str, list[float]] = {}
     for (instance, planner), tokens in expected.items():
-        ours = expected.get((instance, "hetopt"))
-        if planner == "hetopt" or not tokens or not ours or (heterogeneous_only and types[instance] < 2):
+        ours = expected.get((instance, EXACT))
+        if planner == EXACT or not tokens or not ours or (heterogeneous_only and types[instance] < 2):
             continue
         out.setdefault(planner, []).append(ours / tokens)
     return out
@@ -332,7 +335,7 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
     for k, planner in enumerate(planners):
         values = []
         for inst in instances:
-            ours, mine = expected.get((inst, "hetopt")), expected.get((inst, planner))
+            ours, mine = expected.get((inst, EXACT)), expected.get((inst, planner))
             values.append(mine / ours if mine and ours else 0.0)
         ax.bar(np.arange(len(instances)) + (k - (len(planners) - 1) / 2) * width, values, width, label=planner)
     ax.axhline(1.0, color="black", linewidth=0.8)

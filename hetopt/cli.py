@@ -560,7 +560,7 @@ def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
 def bench(
     instance_names: Annotated[list[str] | None, typer.Argument(
         metavar="[INSTANCE]...", help="Instance files or bundled names; default: every bundled instance.")] = None,
-    planners: Annotated[str, typer.Option("--planners", help="Comma-separated planners; default: all (hetopt, "
+    planners: Annotated[str, typer.Option("--planners", help="Comma-separated planners; default: all (ilp, "
                                                              "megatron, fastest-subset, proportional, amp-like, "
                                                              "random, exhaustive).")] = "all",
     scenarios: Annotated[str, typer.Option("--scenarios", help="Comma-separated scenario names, or all.")] = "all",

@@ -124,12 +124,12 @@ def test_bench_writes_csv_markdown_and_plots_and_never_overwrites(tmp_path):
     wan = [r for r in rows if r["instance"] == "wan-flapping-a100-v100"]
     assert {r["scenario"] for r in wan} == {"calm", "congested"}  # one row per instance × planner × scenario
     assert len(rows) == 3 * 2 + 3 * 1
-    ours = {r["scenario"]: float(r["tokens_per_s"]) for r in wan if r["planner"] == "hetopt"}
+    ours = {r["scenario"]: float(r["tokens_per_s"]) for r in wan if r["planner"] == "ilp"}
     assert all(math.isfinite(v) and v > 0 for v in ours.values())
     refused = [r for r in wan if r["planner"] == "exhaustive"]
     assert all(r["status"] in ("refused", "optimal") for r in refused)
     md = (out / "results.md").read_text()
-    assert "## wan-flapping-a100-v100" in md and "**" in md and "vs hetopt" in md
+    assert "## wan-flapping-a100-v100" in md and "**" in md and "vs ilp" in md  # --planners hetopt: the old name of ilp
     before = (out / "results.csv").read_bytes()
     again = run_hetopt(*args)
     assert again.returncode == 2 and "already exist" in again.stderr and "--force" in again.stderr

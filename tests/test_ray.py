@@ -46,12 +46,12 @@ def test_search_on_a_local_ray_with_2_workers_gives_the_process_pools_answer(pro
 
 def test_bench_sweep_as_ray_tasks_gives_the_serial_rows():
     inst = load_instance(SMALL)
-    serial = run_bench([inst], ["hetopt", "megatron"], iterations=1)
+    serial = run_bench([inst], ["ilp", "megatron"], iterations=1)
     finished = []
-    on_ray = run_bench([inst], ["hetopt", "megatron"], iterations=1, executor="ray",
+    on_ray = run_bench([inst], ["ilp", "megatron"], iterations=1, executor="ray",
                        progress=lambda i, p: finished.append(p))
     assert not ray.is_initialized()
-    assert sorted(finished) == ["hetopt", "megatron"]
+    assert sorted(finished) == ["ilp", "megatron"]
 
     def timeless(rows):  # the search time is the wall clock's, the rest is deterministic
         return [{k: v for k, v in asdict(r).items() if k != "search_time_s"} for r in rows]

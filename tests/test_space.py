@@ -55,7 +55,7 @@ def test_bench_marks_a_kept_warm_start_outside_the_space(tmp_path):
     from hetopt.bench import markdown, run_bench
 
     inst = load_instance(_narrow(tmp_path))
-    text = markdown(run_bench([inst], ["hetopt"], time_limit_s=20, iterations=1))
+    text = markdown(run_bench([inst], ["ilp"], time_limit_s=20, iterations=1))
     assert "warm-start plan outside the searched space" in text
 
 
