@@ -65,9 +65,31 @@ def test_export_model_extension_follows_the_backend(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0"])
-@pytest.mark.parametrize("command", ["solve", "bench"])
+@pytest.mark.parametrize("command", [["solve"], ["bench"], ["simulate", str(DEMO), *LAYOUT]])
 def test_time_limit_must_be_a_positive_finite_number(command, value):
-    _refused(run_hetopt(command, "--time-limit", value), "--time-limit", "positive, finite number of seconds")
+    _refused(run_hetopt(*command, "--time-limit", value), "--time-limit", "positive, finite number of seconds")
+
+
+def test_the_time_limit_bounds_the_whole_solve(tmp_path):
+    """cloud-mix with interleaving allowed searches for about 25 s here: under --time-limit 8 the search
+    stops at 90% of it and the replay follows within the limit (acceptance: within the limit + 30 s)."""
+    import json
+    import time
+
+    import yaml
+
+    spec = yaml.safe_load((REPO / "instances" / "cloud-mix-a10g-l4-t4-l40s.yaml").read_text())
+    spec["search"] = {"virtual_stages": [1, 2, 4]}
+    path = tmp_path / "cloud-mix-unnarrowed.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    start = time.monotonic()
+    result = run_hetopt("solve", str(path), "--time-limit", "8", "--json")
+    wall_s = time.monotonic() - start
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "timeout" and data["time_limit_s"] == 8
+    assert data["solve_time_s"] <= 8 * 0.9 + 3  # its share of the limit, and the last solves' overrun
+    assert wall_s < 8 + 30, wall_s
 
 
 def test_solve_writes_the_plan_whole_and_leaves_no_temporary_file(tmp_path):

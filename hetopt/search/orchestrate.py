@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import time
 from dataclasses import dataclass, field
 
 from hetopt.cost.flops import total_params
@@ -127,7 +128,9 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             if not opened and clock() - solving_since > PARALLEL_AFTER_S:
                 pool, opened = open_pool(executor, ctx, _solve_with, None, address), True
             batch = run.select(2 * pool.workers if pool is not None else 1)
-            jobs = [(node.skeleton, run.left_s(), run.incumbent) for node in batch]
+            # a deadline, not seconds left: a job may wait in a worker's queue behind another
+            deadline = time.time() + run.left_s()
+            jobs = [(node.skeleton, deadline, run.incumbent) for node in batch]
             if pool is None:  # in-process: solve and absorb at once
                 if not batch:
                     break
@@ -336,10 +339,11 @@ class _Context:
     seed: int
 
 
-def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = math.inf):
-    """Place, linearise and solve one skeleton: ("solved", solution, exact time) or (prune rule, None, inf)
-    — pruned by its bound once placed (`placed_bound`, communication included) when that reaches
-    `incumbent`."""
+def _solve_with(ctx: _Context, sk: Skeleton, deadline: float, incumbent: float = math.inf):
+    """Place, linearise and solve one skeleton by `deadline` (a time.time()): ("solved", solution, exact
+    time) or (prune rule, None, inf) — pruned by its bound once placed (`placed_bound`, communication
+    included) when that reaches `incumbent`. Past the deadline once its model is built, it is not solved:
+    a TIMEOUT with its placed bound, which stays open."""
     try:
         pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
     except InfeasibleError:
@@ -352,6 +356,10 @@ def _solve_with(ctx: _Context, sk: Skeleton, left_s: float, incumbent: float = m
         return PLACED_BOUND_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
     hint = tuple(x for t in pr.base.templates for x in speed_split(t))
+    left_s = deadline - time.time()
+    if left_s <= 0:
+        return "solved", SplitSolution(SolveStatus.TIMEOUT, None, math.inf, pr.lower_bound_s, 0.0, ctx.backend,
+                                       "the time limit came before its solve"), math.inf
     sol = solve_skeleton(pr, ctx.formulation, ctx.backend,
                          SolveOptions(time_limit_s=left_s, seed=ctx.seed, hint=hint))
     return "solved", sol, (pr.iteration_time(sol.layers, sol.recompute) if sol.layers is not None else math.inf)
