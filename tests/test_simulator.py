@@ -327,3 +327,36 @@ def test_an_outage_holds_the_transfers_across_the_link_until_it_comes_back():
     times = sim.run(outage, iterations=2).iteration_times_s
     assert times[0] == pytest.approx(15.0 + stable.iteration_times_s[0] - exchange.start_s, rel=1e-9)
     assert times[1] == pytest.approx(stable.iteration_times_s[0], rel=1e-9)
+
+
+def test_a_sampled_iteration_runs_at_the_bandwidth_of_its_start_and_says_what_it_skipped(tmp_path, monkeypatch):
+    """A change that only the larger sample met would be multiplied by the extrapolation (an outage of 1 s
+    cost 22 s), so both samples run at the bandwidth in force at t = 0: under a scenario that drops the link
+    later the sampled iteration equals the one at constant bandwidth; asked for more iterations than one,
+    the result says it is one sampled iteration."""
+    import hetopt.sim.engine as engine
+
+    inst = _big_batch(tmp_path, 4096)
+    sim = Simulation(inst, expand_layout(inst, parse_layout("tp=8,pp=4,dp=1")))
+    monkeypatch.setattr(engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4)
+    blip = BandwidthScenario("blip", 1.0, ((3.0, ("rack0", "rack1"), 0.0), (4.0, ("rack0", "rack1"), 400.0)))
+    steady = sim.run(STABLE)
+    sampled = sim.run(blip, iterations=5)
+    assert sampled.sampled["method"] == "two samples"
+    assert sampled.iteration_times_s == pytest.approx(steady.iteration_times_s, rel=1e-12)
+    assert sampled.cut == "sampled" and steady.cut is None
+
+
+def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, monkeypatch):
+    import hetopt.sim.engine as engine
+    from hetopt.sim.run import simulate
+
+    inst = _big_batch(tmp_path, 4096)
+    plan = expand_layout(inst, parse_layout("tp=2,pp=4,dp=4"))
+    monkeypatch.setattr(engine, "SAMPLE_PASSES", 100)
+    monkeypatch.setattr(engine, "MAX_SAMPLE_PASSES", 100)
+    result, _ = simulate(inst, plan, "calm", workers=1)
+    sc = result["scenarios"][0]
+    assert sc["sampled"] == {"method": "analytic", "of": [p.micro_batches for p in plan.pipelines]}
+    assert sc["iteration_time_s"]["mean"] == pytest.approx(evaluate(inst, plan).iteration_time_s, rel=1e-12)
+    assert sc["gpu_busy"] == [] and sc["link_utilization"] == {}  # nothing replayed, nothing measured

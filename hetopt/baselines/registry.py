@@ -40,7 +40,7 @@ def run_exhaustive(inst: Instance, time_limit_s: float = 60.0, profiles: Profile
 
     start = clock()
     try:
-        ex = exhaustive(inst, profiles=profiles)
+        ex = exhaustive(inst, profiles=profiles, workers=1)  # one process, as every planner of a sweep
     except InputError as exc:  # over its budget: refused, which the bench reports as such
         return PlannerResult("exhaustive", None, math.inf, clock() - start, "refused",
                              note=exc.problems[0].message)

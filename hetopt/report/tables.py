@@ -200,11 +200,12 @@ def simulation_view(result: dict[str, Any]) -> Group:
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
         busy.add_row(str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}", f"{peak:.1f}")
-    return Group(table, notes, busy) if notes else Group(table, busy)
+    return Group(table, *([notes] if lines else []), *([busy] if first["gpu_busy"] else []))
 
 
 CUT_REASONS = {"pass budget": "the replay's pass budget (hetopt.sim.engine.REPLAY_PASSES)",
-               "time limit": "the time limit", "trace end": "the longest trace its generators may make"}
+               "time limit": "the time limit", "trace end": "the longest trace its generators may make",
+               "sampled": "one iteration: too large to replay several"}
 
 
 def _seconds(value: float) -> str:
@@ -212,16 +213,25 @@ def _seconds(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.4g}" if value >= 1 else f"{value:.4f}"
 
 
+def _counts(values: list[int]) -> str:
+    return "/".join(f"{v:,}" for v in values)
+
+
 def replay_notes(sc: dict[str, Any]) -> list[str]:
-    """What a scenario's replay did not do in full: a sampled iteration, iterations cut short."""
+    """What a scenario's replay did not do in full: a sampled or priced iteration, iterations cut short."""
     notes = []
-    if sc.get("sampled"):
-        small, large = sc["sampled"]["micro_batches"]
-        notes.append(f"{sc['name']}: an iteration is too large to replay whole; {small} and then {large} of "
-                     f"{sc['sampled']['of']} micro-batches per template were replayed and the time extrapolated")
+    sampled = sc.get("sampled")
+    if sampled and sampled.get("method") == "analytic":
+        notes.append(f"{sc['name']}: an iteration ({_counts(sampled['of'])} micro-batches per template) is too "
+                     "large even to sample; its time is the analytic evaluator's, nothing was replayed")
+    elif sampled:
+        small, large = sampled["micro_batches"]
+        notes.append(f"{sc['name']}: an iteration ({_counts(sampled['of'])} micro-batches per template) is too "
+                     f"large to replay whole; {_counts(small)} and {_counts(large)} were replayed at the "
+                     "bandwidth of t = 0 and the time extrapolated")
     if sc.get("cut"):
-        notes.append(f"{sc['name']}: stopped after {sc['iterations']} iterations ({sc['replayed_s']:.1f} s "
-                     f"replayed) at {CUT_REASONS.get(sc['cut'], sc['cut'])}")
+        notes.append(f"{sc['name']}: stopped after {sc['iterations']} iteration{'s' if sc['iterations'] > 1 else ''} "
+                     f"({sc['replayed_s']:.1f} s replayed) at {CUT_REASONS.get(sc['cut'], sc['cut'])}")
     return notes
 
 

@@ -44,6 +44,7 @@ from hetopt.evaluate import (
     nic_columns,
     p2p_features,
     plan_features,
+    price,
     price_template,
     stage_nodes,
 )
@@ -63,6 +64,10 @@ SAMPLE_PASSES = 200_000
 """An iteration of more forward and backward passes than this (Σ replicas × stages × chunks × 2 ×
 micro-batches over the templates; one to a few seconds of replay on one core) is not replayed whole: two
 samples of fewer micro-batches are, and its time is extrapolated from them (`Simulation.run`)."""
+
+MAX_SAMPLE_PASSES = 5 * SAMPLE_PASSES
+"""The most passes the two samples may take together (each stage needs a pipeline-fill of micro-batches
+for the steady state, so many replicas × deep pipelines can need more); beyond, the analytic evaluator."""
 
 REPLAY_PASSES = 5_000_000
 """A replay starts no new iteration after this many passes (about 30 s on one core) — the horizon or the
@@ -101,7 +106,8 @@ class SimResult:
     """When the iteration was too large to replay whole: the micro-batches per template of the two samples
     replayed and of the plan (what was measured comes from the larger sample)."""
     cut: str | None = None
-    """Why the replay stopped before its horizon or iterations: "pass budget", "time limit" or "trace end"."""
+    """Why the replay stopped before its horizon or iterations: "pass budget", "time limit", "trace end", or
+    "sampled" (an iteration too large to replay several)."""
 
 
 class Simulation:
@@ -237,7 +243,10 @@ class Simulation:
         """
         full = [pipe.micro_batches for pipe in self.plan.pipelines]
         if self.passes(full) > SAMPLE_PASSES:
-            return self.sample(scenario, record)
+            result = self.sample(scenario, record)
+            more = iterations > 1 or (until_s is not None and result.iteration_times_s[0] < until_s)
+            result.cut = "sampled" if more else None
+            return result
         return _Run(self, scenario, iterations, record, until_s, full, deadline, stop_s).go()
 
     def sample(self, scenario: BandwidthScenario, record: bool = False) -> SimResult:
@@ -248,9 +257,13 @@ class Simulation:
         t = 0. In steady state a 1F1B or GPipe pipeline's last pass ends linearly later with its
         micro-batches, so each template's end is extrapolated from its two to m_j; what follows (its
         gradient all-reduces, then the exchange between templates and the optimizer step) takes as long as
-        in the larger sample. Bandwidth changes later than the samples' end are not seen.
+        in the larger sample. Both samples run at the bandwidth in force at t = 0 (a link down then at its
+        next level): a change that only the larger sample met would be multiplied by the extrapolation.
+        When even samples of one pipeline fill each stage would exceed MAX_SAMPLE_PASSES, the iteration is
+        priced by the analytic evaluator at the instance's bandwidths instead.
 
-        Returns: a SimResult of one iteration: its extrapolated time; the rest is the larger sample's.
+        Returns: a SimResult of one iteration: its extrapolated time; the rest is the larger sample's
+        (`sampled` says which micro-batches, or `method: analytic`).
         """
         full = [pipe.micro_batches for pipe in self.plan.pipelines]
         share = SAMPLE_PASSES / 3 / self.passes(full)
@@ -262,21 +275,40 @@ class Simulation:
                 s = math.ceil(s / p) * p  # the interleaved schedule runs whole groups of p
             first.append(min(m, s))
             second.append(min(m, 2 * s))
-        small_run = _Run(self, scenario, 1, False, None, first)
+        if self.passes(first) + self.passes(second) > MAX_SAMPLE_PASSES:
+            return self._analytic(full)
+        steady = _at_start(scenario)
+        small_run = _Run(self, steady, 1, False, None, first)
         small_run.go()
-        large_run = _Run(self, scenario, 1, record, None, second)
+        large_run = _Run(self, steady, 1, record, None, second)
         large = large_run.go()
         done_s = []
         for j, m in enumerate(full):  # each template's last pass ends linearly later with its micro-batches
             t1, t2 = small_run.template_ends_s[j], large_run.template_ends_s[j]
             slope_s = (t2 - t1) / (second[j] - first[j]) if second[j] > first[j] else 0.0
             # ... and its gradient all-reduces take as long after it as in the larger sample
-            done_s.append(t2 + slope_s * (m - second[j]) + large_run.template_done_s[j] - t2)
+            done_s.append(large_run.template_done_s[j] + slope_s * (m - second[j]))
         # the exchange between templates and the optimizer step, as sampled
         after_s = large.iteration_times_s[0] - max(large_run.template_done_s)
         large.iteration_times_s = [max(done_s) + after_s]
-        large.sampled = {"micro_batches": [first, second], "of": full}
+        large.sampled = {"method": "two samples", "micro_batches": [first, second], "of": full}
         return large
+
+    def _analytic(self, full: list[int]) -> SimResult:
+        """The evaluator's iteration time, for an iteration too large even to sample: nothing replayed."""
+        t = price(self.inst, self.plan, self.features, self.profiles).iteration_time_s
+        return SimResult([t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full})
+
+
+def _at_start(scenario: BandwidthScenario) -> BandwidthScenario:
+    """The scenario held at the bandwidths in force at t = 0 (a link down at t = 0 at its first level
+    after)."""
+    level: dict = {}
+    for t, link, gbps in sorted(scenario.changes, key=lambda c: c[0]):
+        if t <= 0 or level.get(link) == 0:
+            level[link] = gbps
+    return BandwidthScenario(scenario.name, scenario.probability,
+                             tuple((0.0, link, gbps) for link, gbps in level.items()))
 
 
 class _Run:
@@ -514,7 +546,7 @@ class _Run:
 
         def complete(c: dict, begin: float) -> None:
             done_collectives.append(self.now)
-            template_done[c['key'][0]] = max(template_done[c['key'][0]], self.now)
+            template_done[c["key"][0]] = max(template_done[c["key"][0]], self.now)
             if self.record:
                 self.records.append(Record("dp", f"all-reduce stage {c['key'][1]}", begin, self.now,
                                            (c["key"][0], 0, c["key"][1])))

@@ -28,7 +28,14 @@ from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan
 from hetopt.sim.engine import SimResult, Simulation
-from hetopt.sim.scenarios import BandwidthScenario, horizon_of, longest_trace_s, scenarios_of, varies
+from hetopt.sim.scenarios import (
+    BandwidthScenario,
+    generated_scenarios,
+    horizon_of,
+    longest_trace_s,
+    scenarios_of,
+    varies,
+)
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
 
@@ -51,13 +58,13 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
     times = np.array(result.iteration_times_s)
     total = result.end_s
     links = {}
-    for lk in inst.spec.cluster.network.links:
+    for lk in inst.spec.cluster.network.links if result.busy_s else []:  # none when priced, not replayed
         u, v = island_vertex(lk.a), island_vertex(lk.b)
         util = [result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
                 for e in ((u, v), (v, u)) if result.link_capacity_integral.get(e)]
         links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
     busy = []
-    for j, pipe in enumerate(sim.plan.pipelines):
+    for j, pipe in enumerate(sim.plan.pipelines if result.busy_s else []):  # none when priced, not replayed
         for d in range(len(pipe.stages)):
             per_replica = [result.busy_s.get((j, r, d), 0.0) / total for r in range(pipe.replicas)]
             busy.append({"pipeline": j, "stage": d, "busy": float(np.mean(per_replica))})
@@ -114,12 +121,13 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
     else:  # traces long enough for iterations four times slower than the analytic estimate
         trace_s = max(horizon_s, analytic.iteration_time_s * iterations * 4 + 60)
         longest_s = max(horizon_s, longest_trace_s(inst))
-        if trace_s > longest_s:  # the replay ends where the generated traces do
+        if trace_s > longest_s:  # the generated traces end there, and the replays that follow them
             trace_s = stop_s = longest_s
         chosen = select_scenarios(inst, scenario, trace_s)
         runs = [(iterations, None)] * len(chosen)
+    generated = generated_scenarios(inst)
     jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,
-             analytic.peak_memory_gib, deadline, stop_s)
+             analytic.peak_memory_gib, deadline, stop_s if sc.name in generated else None)
             for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     tell = progress or (lambda done, total: None)

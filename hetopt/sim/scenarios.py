@@ -75,9 +75,18 @@ def longest_trace_s(inst: Instance) -> float:
     or diurnal generator changes the bandwidth about once per mean_dwell_s or step_s); inf without one."""
     from hetopt.spec.checks import MAX_SCENARIO_CHANGES
 
-    steps = [getattr(sc.generator, {"markov": "mean_dwell_s", "diurnal": "step_s"}[sc.generator.kind])
-             for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in ("markov", "diurnal")]
+    steps = [getattr(sc.generator, STEP_KEYS[sc.generator.kind])
+             for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS]
     return min(steps, default=math.inf) * MAX_SCENARIO_CHANGES
+
+
+STEP_KEYS = {"markov": "mean_dwell_s", "diurnal": "step_s"}
+"""The generators that change the bandwidth over and over, and the key of their interval."""
+
+
+def generated_scenarios(inst: Instance) -> set[str]:
+    """The names of the scenarios whose trace a generator makes as long as asked (STEP_KEYS)."""
+    return {sc.name for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS}
 
 
 def scenarios_of(inst: Instance, horizon_s: float) -> list[BandwidthScenario]:
