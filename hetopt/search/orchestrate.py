@@ -128,9 +128,10 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             if not opened and clock() - solving_since > PARALLEL_AFTER_S:
                 pool, opened = open_pool(executor, ctx, _solve_with, None, address), True
             batch = run.select(2 * pool.workers if pool is not None else 1)
-            # a deadline, not seconds left: a job may wait in a worker's queue behind another
-            deadline = time.time() + run.left_s()
-            jobs = [(node.skeleton, deadline, run.incumbent) for node in batch]
+            # a deadline: a job may wait in a worker's queue behind another (and the seconds left, which a
+            # Ray worker whose clock runs behind this machine's still keeps to)
+            left_s = run.left_s()
+            jobs = [(node.skeleton, (time.time() + left_s, left_s), run.incumbent) for node in batch]
             if pool is None:  # in-process: solve and absorb at once
                 if not batch:
                     break
@@ -339,11 +340,12 @@ class _Context:
     seed: int
 
 
-def _solve_with(ctx: _Context, sk: Skeleton, deadline: float, incumbent: float = math.inf):
-    """Place, linearise and solve one skeleton by `deadline` (a time.time()): ("solved", solution, exact
-    time) or (prune rule, None, inf) — pruned by its bound once placed (`placed_bound`, communication
-    included) when that reaches `incumbent`. Past the deadline once its model is built, it is not solved:
-    a TIMEOUT with its placed bound, which stays open."""
+def _solve_with(ctx: _Context, sk: Skeleton, limit: tuple[float, float], incumbent: float = math.inf):
+    """Place, linearise and solve one skeleton within `limit` — (deadline as a time.time(), seconds left when
+    sent), whichever ends first: ("solved", solution, exact time) or (prune rule, None, inf) — pruned by
+    its bound once placed (`placed_bound`, communication included) when that reaches `incumbent`. Past the
+    limit once its model is built, it is not solved: a TIMEOUT with its placed bound, which stays open."""
+    started = time.time()
     try:
         pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
     except InfeasibleError:
@@ -356,7 +358,8 @@ def _solve_with(ctx: _Context, sk: Skeleton, deadline: float, incumbent: float =
         return PLACED_BOUND_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
     hint = tuple(x for t in pr.base.templates for x in speed_split(t))
-    left_s = deadline - time.time()
+    deadline, sent_left_s = limit
+    left_s = min(deadline, started + sent_left_s) - time.time()
     if left_s <= 0:
         return "solved", SplitSolution(SolveStatus.TIMEOUT, None, math.inf, pr.lower_bound_s, 0.0, ctx.backend,
                                        "the time limit came before its solve"), math.inf
