@@ -223,6 +223,10 @@ class _Run:
             return []
         batch: list[SkeletonNode] = []
         while self.heap and len(batch) < size and self._open(self.heap[0][0]):
+            if self.left_s() <= 0:  # expanding a large tree takes seconds: the limit holds here too
+                self.timed_out = self.out_of_time = True
+                self.open_bound = min(self.open_bound, self.heap[0][0])
+                break
             self.selecting = min(self.selecting, self.heap[0][0])  # held by no heap while it is selected
             _, _, node = heapq.heappop(self.heap)
             if node.is_leaf and not node.refined:  # its own bound first: back in the heap if it rose

@@ -92,28 +92,27 @@ def planning_scenarios(inst: Instance, objective: str,
     horizon = horizon_of(inst) if horizon_s is None else horizon_s
     nominal = {_key(lk.a, lk.b): lk.gbps for lk in inst.spec.cluster.network.links}
     scenarios = scenarios_of(inst, horizon)
-    check_no_outage(scenarios, horizon, objective)
+    check_no_outage(scenarios, objective)
     return [PlanningScenario(sc.name, sc.probability,
                              inst.cluster.with_link_gbps(link_gbps(sc.changes, nominal, horizon,
                                                                    objective)))
             for sc in scenarios]
 
 
-def check_no_outage(scenarios: list[BandwidthScenario], horizon_s: float, objective: str) -> None:
+def check_no_outage(scenarios: list[BandwidthScenario], objective: str) -> None:
     """Refuse an objective that would price an outage: at 0 Gbit/s a link's transfers wait for it to come
     back, a delay that no one bandwidth per link expresses (the transfer-time mean and the lowest level
     are both 0, every plan across the link infinitely slow). The simulator replays outages as they are.
 
     Raises: InputError naming the scenario, the link and the time, with what to do instead."""
-    for sc in scenarios:
+    for sc in scenarios:  # also past H: the last replayed iteration runs into what follows it
         for link, start, _ in outages(list(sc.changes)):
-            if start <= horizon_s:
-                raise InputError("--objective", [Problem(
-                    "--objective", f"scenario '{sc.name}' takes link {link[0]}-{link[1]} down (0 Gbit/s) at "
-                                   f"{start:g} s: the {objective} objective prices each link at one bandwidth and "
-                                   "cannot price waiting out an outage; plan with --objective stable, or give the "
-                                   "outage the lowest rate the link keeps, and replay the plan with `hetopt "
-                                   "simulate`, which models the outage", objective, True)])
+            raise InputError("--objective", [Problem(
+                "--objective", f"scenario '{sc.name}' takes link {link[0]}-{link[1]} down (0 Gbit/s) at "
+                               f"{start:g} s: the {objective} objective prices each link at one bandwidth and "
+                               "cannot price waiting out an outage; plan with --objective stable, or give the "
+                               "outage the lowest rate the link keeps, and replay the plan with `hetopt "
+                               "simulate`, which models the outage", objective, True)])
 
 
 def link_gbps(changes: Iterable[Change], nominal: dict[Link, float], horizon_s: float,
