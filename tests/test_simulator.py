@@ -329,22 +329,27 @@ def test_an_outage_holds_the_transfers_across_the_link_until_it_comes_back():
     assert times[1] == pytest.approx(stable.iteration_times_s[0], rel=1e-9)
 
 
-def test_a_sampled_iteration_runs_at_the_bandwidth_of_its_start_and_says_what_it_skipped(tmp_path, monkeypatch):
-    """A change that only the larger sample met would be multiplied by the extrapolation (an outage of 1 s
-    cost 22 s), so both samples run at the bandwidth in force at t = 0: under a scenario that drops the link
-    later the sampled iteration equals the one at constant bandwidth; asked for more iterations than one,
-    the result says it is one sampled iteration."""
+def test_a_sampled_iteration_waits_out_an_outage_once(tmp_path, monkeypatch):
+    """Both samples run at the bandwidth of t = 0 (a change only the larger sample met would be multiplied by
+    the extrapolation: a 1 s outage cost 22 s); the scenario then acts on the whole iteration as phases. A
+    1 s outage of a link the pipeline crosses costs the sampled iteration 1 s; halving the link for 10 s
+    costs what the evaluator says the slower phase costs. Asked for
+    more iterations than one, the result says it is one sampled iteration."""
     import hetopt.sim.engine as engine
 
     inst = _big_batch(tmp_path, 4096)
     sim = Simulation(inst, expand_layout(inst, parse_layout("tp=8,pp=4,dp=1")))
     monkeypatch.setattr(engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4)
-    blip = BandwidthScenario("blip", 1.0, ((3.0, ("rack0", "rack1"), 0.0), (4.0, ("rack0", "rack1"), 400.0)))
-    steady = sim.run(STABLE)
+    link = ("rack0", "rack1")
+    steady = sim.run(STABLE).iteration_times_s[0]
+    blip = BandwidthScenario("blip", 1.0, ((3.0, link, 0.0), (4.0, link, 400.0)))
     sampled = sim.run(blip, iterations=5)
-    assert sampled.sampled["method"] == "two samples"
-    assert sampled.iteration_times_s == pytest.approx(steady.iteration_times_s, rel=1e-12)
-    assert sampled.cut == "sampled" and steady.cut is None
+    assert sampled.sampled["method"] == "two samples" and sampled.sampled["bandwidth_phases"] == 3
+    assert sampled.iteration_times_s[0] == pytest.approx(steady + 1.0, rel=1e-12)
+    assert sampled.cut == "sampled"
+    halved = BandwidthScenario("halved", 1.0, ((3.0, link, 200.0), (13.0, link, 400.0)))
+    slow = sim._price_at({link: 200.0}) / sim._price_at({link: 400.0})  # the evaluator's slow-down
+    assert sim.run(halved).iteration_times_s[0] == pytest.approx(steady + 10.0 * (1 - 1 / slow), rel=1e-9)
 
 
 def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, monkeypatch):

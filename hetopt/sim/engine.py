@@ -142,6 +142,7 @@ class Simulation:
         self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
+        self._prices: dict[tuple, float] = {}  # the evaluator's time per set of link bandwidths (sample)
 
     # -- static pieces -----------------------------------------------------------------------------------
 
@@ -259,6 +260,7 @@ class Simulation:
         gradient all-reduces, then the exchange between templates and the optimizer step) takes as long as
         in the larger sample. Both samples run at the bandwidth in force at t = 0 (a link down then at its
         next level): a change that only the larger sample met would be multiplied by the extrapolation.
+        The scenario's changes then act on the whole iteration through `_through_phases`.
         When even samples of one pipeline fill each stage would exceed MAX_SAMPLE_PASSES, the iteration is
         priced by the analytic evaluator at the instance's bandwidths instead.
 
@@ -290,14 +292,67 @@ class Simulation:
             done_s.append(large_run.template_done_s[j] + slope_s * (m - second[j]))
         # the exchange between templates and the optimizer step, as sampled
         after_s = large.iteration_times_s[0] - max(large_run.template_done_s)
-        large.iteration_times_s = [max(done_s) + after_s]
-        large.sampled = {"method": "two samples", "micro_batches": [first, second], "of": full}
+        at_steady_s = max(done_s) + after_s
+        end_s, phases = self._through_phases(scenario, steady, at_steady_s)
+        large.iteration_times_s = [end_s]
+        large.sampled = {"method": "two samples", "micro_batches": [first, second], "of": full,
+                         "bandwidth_phases": phases}
         return large
+
+    def _through_phases(self, scenario: BandwidthScenario, steady: BandwidthScenario,
+                        at_steady_s: float) -> tuple[float, int]:
+        """When an iteration that takes `at_steady_s` at the `steady` bandwidths ends under the scenario,
+        and how many bandwidth phases it crosses.
+
+        A fluid model: through a phase of constant bandwidths S the iteration progresses at the rate
+        1 / T(S), T(S) = at_steady_s · A(S) / A(steady) with A the analytic evaluator's time (the replay
+        measures the level, the evaluator how it scales with the bandwidth); it ends when its progress
+        reaches 1. A link down that the plan sends over stops it; one it does not use changes nothing."""
+        nominal = {_pair(lk.a, lk.b): lk.gbps for lk in self.inst.spec.cluster.network.links}
+        reference = self._priced({**nominal, **{link: g for _, link, g in steady.changes}})
+        done, phase_start, levels, phases = 0.0, 0.0, dict(nominal), 0
+        changes = sorted(scenario.changes, key=lambda c: c[0])
+        k = 0
+        while True:
+            while k < len(changes) and changes[k][0] <= phase_start:
+                levels[changes[k][1]] = changes[k][2]
+                k += 1
+            phase_end = changes[k][0] if k < len(changes) else math.inf
+            phases += 1
+            priced = self._priced(levels)
+            rate = 0.0 if math.isinf(priced) else reference / (at_steady_s * priced)
+            if rate > 0 and phase_start + (1 - done) / rate <= phase_end:
+                return phase_start + (1 - done) / rate, phases
+            if math.isinf(phase_end):
+                raise RuntimeError("a sampled iteration never ends: a link it uses stays down")
+            done += rate * (phase_end - phase_start)
+            phase_start = phase_end
+
+    def _priced(self, levels: dict[tuple[str, str], float]) -> float:
+        """The evaluator's iteration time at these link bandwidths; inf when a link the plan uses is down."""
+        key = tuple(sorted(levels.items()))
+        if key not in self._prices:
+            nominal = {_pair(lk.a, lk.b): lk.gbps for lk in self.inst.spec.cluster.network.links}
+            down = [link for link, g in levels.items() if g == 0]
+            up = {**levels, **{link: nominal[link] for link in down}}
+            t = self._price_at(up)
+            # a link the plan sends over changes its time when its bandwidth does
+            used = any(self._price_at({**up, link: nominal[link] / 2}) != t for link in down)
+            self._prices[key] = math.inf if used else t
+        return self._prices[key]
+
+    def _price_at(self, levels: dict[tuple[str, str], float]) -> float:
+        cluster = self.cluster.with_link_gbps(levels)
+        return price(self.inst, self.plan, plan_features(self.inst, self.plan, cluster), self.profiles).iteration_time_s
 
     def _analytic(self, full: list[int]) -> SimResult:
         """The evaluator's iteration time, for an iteration too large even to sample: nothing replayed."""
         t = price(self.inst, self.plan, self.features, self.profiles).iteration_time_s
         return SimResult([t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full})
+
+
+def _pair(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a <= b else (b, a)
 
 
 def _at_start(scenario: BandwidthScenario) -> BandwidthScenario:
