@@ -612,7 +612,7 @@ def bench(
                            executor=executor, address=address)
         bar.update(task, completed=len(insts) * len(chosen), description="bench done")
     paths = write_outputs(result, Path(out_dir), force)
-    out.print(Path(paths[1]).read_text(encoding="utf-8"), markup=False, highlight=False)
+    out.print(Path(paths[1]).read_text(encoding="utf-8"), markup=False, highlight=False, soft_wrap=True)
     for p in paths:
         out.print(f"written {p}")
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from hetopt.baselines.registry import ALIASES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
@@ -53,6 +54,7 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     iteration per scenario).
     Returns: the solve JSON object of DESIGN 2.4 (plus `executor`).
     Raises: InputError for a bad planner, objective, time limit or executor."""
+    planner = ALIASES.get(planner, planner)  # `hetopt`: bench's former name of the exact planner
     if planner not in PLANNERS:
         raise InputError("--planner", [Problem("--planner", f"unknown planner{did_you_mean(planner, PLANNERS)}; "
                                                             f"available: {', '.join(PLANNERS)}", planner, True)])

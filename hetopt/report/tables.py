@@ -13,10 +13,18 @@ from hetopt.spec.gpus import GPUType
 from hetopt.spec.presets import ModelArch
 
 
+class _FoldingTable(Table):
+    """A table whose cells wrap onto more lines where the terminal is narrow, never cut with '…'."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
+
+
 def narrow_table(title: str) -> Table:
-    """A table that fits 80 columns: a rule under the header, no vertical lines."""
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                 collapse_padding=True)
+    """A table that fits 80 columns: a rule under the header, no vertical lines, no cell cut short."""
+    return _FoldingTable(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                         collapse_padding=True)
 
 
 def _document(source: str) -> str:

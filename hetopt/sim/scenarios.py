@@ -149,7 +149,7 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
     the link carries nothing until a later row brings it back.
     """
     changes, problems = [], []
-    with path.open(newline="", encoding="utf-8") as fh:
+    with path.open(newline="", encoding="utf-8-sig") as fh:  # a spreadsheet's byte-order mark is no column
         reader = csv.DictReader(fh)
         missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
@@ -161,6 +161,9 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
             problems += [Problem(f"line {n} {column}", message, value, True) for column, message, value in found]
             if not found:
                 changes.append((float(row["at_s"]), _key((row["a"], row["b"])), float(row["gbps"])))
+    if not changes and not problems:
+        raise InputError(str(path), [Problem("line 2", "the trace has no rows; give at least one (at_s,a,b,gbps)",
+                                             None, False)])
     if problems:
         shown = problems[:MAX_TRACE_PROBLEMS]
         if len(problems) > len(shown):
