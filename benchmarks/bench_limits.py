@@ -43,6 +43,8 @@ def cases(quick: bool) -> list[tuple[str, list[str], float]]:
         ("solve, global_batch 10^12", ["solve", str(trillion), "--time-limit", "60"], 60),
         ("solve, global_batch 2^20 (the largest allowed)", ["solve", str(largest), "--time-limit", "60"], 60),
         ("solve cloud-mix with interleaving, --time-limit 8", ["solve", str(cloud), "--time-limit", "8"], 8),
+        ("solve scale-1024-four-islands, --time-limit 2", ["solve", "scale-1024-four-islands", "--time-limit", "2"],
+         2),
         ("simulate demo --iterations 100000 --time-limit 10",
          ["simulate", str(demo), "--layout", "tp=2,pp=2,dp=8", "--iterations", "100000", "--time-limit", "10"], 10),
     ]

@@ -241,3 +241,20 @@ def test_an_outage_is_replayed_and_refused_by_the_objectives_that_cannot_price_i
     data = json.loads(result.stdout)
     times = data["verified"]["scenarios"][0]["iteration_time_s"]
     assert times["max"] > data["objective_s"] + 5  # an iteration met the outage and waited for the link
+
+
+def test_a_trace_from_a_spreadsheet_reads_and_an_empty_one_is_refused(tmp_path):
+    bom = _with_scenario(tmp_path, TRACED, "\ufeffat_s,a,b,gbps\r\n0,rack0,rack1,200\r\n")
+    assert run_hetopt("validate", str(bom)).returncode == 0
+    empty = _with_scenario(tmp_path, TRACED, "at_s,a,b,gbps\n")
+    result = run_hetopt("validate", str(empty))
+    assert result.returncode == 2 and "the trace has no rows" in result.stderr, result.stderr
+
+
+def test_an_outage_after_the_horizon_is_refused_by_the_robust_objectives_too(tmp_path):
+    """The last replayed iteration starts before the horizon and runs into what follows it: an outage at
+    60.001 s made an iteration 2.6× the `worst` price."""
+    instance = _with_scenario(tmp_path, TRACED, "at_s,a,b,gbps\n0,rack0,rack1,400\n60.001,rack0,rack1,0\n"
+                                                "70,rack0,rack1,400\n")
+    result = run_hetopt("solve", str(instance), "--objective", "worst")
+    assert result.returncode == 2 and "down (0 Gbit/s) at 60.001 s" in result.stderr, result.stderr

@@ -705,3 +705,9 @@ def test_memory_headroom_keeps_every_stage_that_far_below_its_gpus_memory():
 def test_a_memory_headroom_that_leaves_nothing_or_is_no_number_is_refused(value, words):
     result = run_hetopt("solve", "--memory-headroom", value)
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_hetopt_is_the_former_name_of_the_exact_planner_in_solve_as_in_bench():
+    result = run_hetopt("solve", "--planner", "hetopt", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["planner"] == "ilp"
