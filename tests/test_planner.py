@@ -209,11 +209,20 @@ def test_formulations_and_backends_are_listed():
     assert {b["name"] for b in backends if b["usable"]} == {"cpsat", "cbc", "highs"}
 
 
+@pytest.fixture(scope="module")
+def robust_truth():
+    """s3-two-islands enumerated under the robust objectives: expected and cvar price the same scenarios,
+    so one pass serves both."""
+    from hetopt.baselines.exhaustive import exhaustive_objectives
+
+    inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))
+    return {**exhaustive_objectives(inst, ("expected", "cvar")), "worst": exhaustive(inst, objective="worst")}
+
+
 @pytest.mark.parametrize("objective", ["expected", "worst", "cvar"])
-def test_robust_objectives_match_exhaustive_on_every_backend(objective):
-    path = next(p for p in SMALL if p.stem == "s3-two-islands")
-    inst = load_instance(path)
-    truth = exhaustive(inst, objective=objective)
+def test_robust_objectives_match_exhaustive_on_every_backend(objective, robust_truth):
+    inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))
+    truth = robust_truth[objective]
     for formulation, backend in BACKENDS:
         result = solve_exact(inst, formulation, backend, objective=objective)
         tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
@@ -705,6 +714,26 @@ def test_memory_headroom_keeps_every_stage_that_far_below_its_gpus_memory():
 def test_a_memory_headroom_that_leaves_nothing_or_is_no_number_is_refused(value, words):
     result = run_hetopt("solve", "--memory-headroom", value)
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_one_enumeration_for_objectives_alike_finds_what_one_each_finds(tmp_path):
+    from hetopt.baselines.exhaustive import exhaustive_objectives
+
+    spec = yaml.safe_load((SMALL_DIR / "s2-a100-v100.yaml").read_text())  # its V100 node in a second rack
+    spec["cluster"]["nodes"][1]["island"] = "r1"
+    spec["cluster"]["network"] = {"links": [{"a": "r0", "b": "r1", "gbps": 100}]}
+    spec["scenarios"] = [{"name": "calm", "probability": 0.6, "events": []},
+                         {"name": "slow", "probability": 0.4, "events": [{"at_s": 0, "link": ["r0", "r1"],
+                                                                          "gbps": 5}]}]
+    path = tmp_path / "s2-two-racks.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    inst = load_instance(path)
+    both = exhaustive_objectives(inst, ("expected", "cvar"), workers=1)
+    for objective in ("expected", "cvar"):
+        alone = exhaustive(inst, objective=objective, workers=1)
+        assert both[objective].objective_s == alone.objective_s and both[objective].plan == alone.plan
+    with pytest.raises(ValueError, match="price different scenarios"):
+        exhaustive_objectives(inst, ("expected", "worst"))
 
 
 def test_hetopt_is_the_former_name_of_the_exact_planner_in_solve_as_in_bench():

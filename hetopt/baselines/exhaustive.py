@@ -52,8 +52,21 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
     PARALLEL_FROM_PRICINGS on, else 1).
     Returns: the best plan (None if none fits), its objective, and how many plans were priced.
     Raises: InputError when the space exceeds the budget."""
+    return exhaustive_objectives(inst, (objective,), options, profiles, budget, workers)[objective]
+
+
+def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: SearchOptions | None = None,
+                          profiles: Profiles | None = None, budget: int = DEFAULT_BUDGET,
+                          workers: int | None = None) -> dict[str, ExhaustiveResult]:
+    """`exhaustive` for several objectives that price the same planning scenarios (expected and cvar), in
+    one pass: each plan is priced once and aggregated per objective.
+
+    Returns: objective → its ExhaustiveResult. Raises: InputError when the space exceeds the budget;
+    ValueError for objectives that price different scenarios."""
     options = options or SearchOptions.from_instance(inst)
-    scenarios = planning_scenarios(inst, objective)
+    if len({_pricing(o) for o in objectives}) > 1:
+        raise ValueError(f"{', '.join(objectives)} price different scenarios: enumerate them apart")
+    scenarios = planning_scenarios(inst, objectives[0])
     probabilities = [sc.probability for sc in scenarios]
     profiles = profiles or Profiles()
     stats = SearchStats()
@@ -69,7 +82,7 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
                            f"narrow the instance's search section", size, True)])
     n = max(1, min(_workers(size * len(scenarios), workers), len(skeletons)))
     # dealt round-robin, as skeletons' plan counts differ widely; each keeps its skeletons' order
-    jobs = [(inst, list(enumerate(skeletons))[k::n], scenarios, probabilities, objective, profiles)
+    jobs = [(inst, list(enumerate(skeletons))[k::n], scenarios, probabilities, objectives, profiles)
             for k in range(n)]
     if len(jobs) > 1:
         from hetopt.lifeline import worker_pool
@@ -78,12 +91,20 @@ def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: P
             found = list(pool.map(_best_of, jobs))
     else:
         found = [_best_of(job) for job in jobs]
-    evaluated = sum(f[3] for f in found)
-    stats.pruned["placement"] += sum(f[4] for f in found)
-    # the first skeleton's among equal plans, as a serial pass finds it
-    _, best_t, best, _, _ = min(found, key=lambda f: (f[1], f[0]))
+    evaluated = sum(f[1] for f in found)
+    stats.pruned["placement"] += sum(f[2] for f in found)
     stats.solved = evaluated
-    return ExhaustiveResult(best, best_t, evaluated, stats)
+    out = {}
+    for i, objective in enumerate(objectives):
+        # the first skeleton's among equal plans, as a serial pass finds it
+        _, best_t, best = min((f[0][i] for f in found), key=lambda b: (b[1], b[0]))
+        out[objective] = ExhaustiveResult(best, best_t, evaluated, stats)
+    return out
+
+
+def _pricing(objective: str) -> str:
+    """How an objective prices the links (hetopt.search.robust.link_gbps): objectives alike share a pass."""
+    return {"stable": "nominal", "worst": "lowest"}.get(objective, "transfer-time mean")
 
 
 PARALLEL_FROM_PRICINGS = 30_000
@@ -99,11 +120,12 @@ def _workers(pricings: int, workers: int | None) -> int:
     return min(os.cpu_count() or 1, 4) if pricings >= PARALLEL_FROM_PRICINGS else 1
 
 
-def _best_of(job) -> tuple[int, float, Plan | None, int, int]:
-    """The best fitting plan of some numbered skeletons: (its skeleton's number, objective s, plan, plans
-    priced, skeletons not placed)."""
-    inst, skeletons, scenarios, probabilities, objective, profiles = job
-    best, best_t, best_k, evaluated, unplaced = None, math.inf, math.inf, 0, 0
+def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
+    """The best fitting plan of some numbered skeletons per objective: ([(its skeleton's number, objective
+    s, plan) per objective], plans priced, skeletons not placed)."""
+    inst, skeletons, scenarios, probabilities, objectives, profiles = job
+    best: list[tuple[float, float, Plan | None]] = [(math.inf, math.inf, None)] * len(objectives)
+    evaluated, unplaced = 0, 0
     for k, sk in skeletons:
         try:
             placement = sk.placed([1] * sk.depth, inst.cluster).placement
@@ -119,7 +141,11 @@ def _best_of(job) -> tuple[int, float, Plan | None, int, int]:
                 plan = sk.plan(layers, modes).model_copy(update={"placement": placement})
                 evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
                 evaluated += 1
-                t = aggregate([ev.iteration_time_s for ev in evs], probabilities, objective)
-                if evs[0].fits and t < best_t:
-                    best, best_t, best_k = plan, t, k
-    return best_k, best_t, best, evaluated, unplaced
+                if not evs[0].fits:
+                    continue
+                times = [ev.iteration_time_s for ev in evs]
+                for i, objective in enumerate(objectives):
+                    t = aggregate(times, probabilities, objective)
+                    if t < best[i][1]:
+                        best[i] = (k, t, plan)
+    return best, evaluated, unplaced
