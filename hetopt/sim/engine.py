@@ -143,6 +143,7 @@ class Simulation:
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
         self._prices: dict[tuple, float] = {}  # the evaluator's time per set of link bandwidths (sample)
+        self.nominal_gbps = {tuple(sorted((lk.a, lk.b))): lk.gbps for lk in inst.spec.cluster.network.links}
 
     # -- static pieces -----------------------------------------------------------------------------------
 
@@ -308,9 +309,8 @@ class Simulation:
         1 / T(S), T(S) = at_steady_s · A(S) / A(steady) with A the analytic evaluator's time (the replay
         measures the level, the evaluator how it scales with the bandwidth); it ends when its progress
         reaches 1. A link down that the plan sends over stops it; one it does not use changes nothing."""
-        nominal = {_pair(lk.a, lk.b): lk.gbps for lk in self.inst.spec.cluster.network.links}
-        reference = self._priced({**nominal, **{link: g for _, link, g in steady.changes}})
-        done, phase_start, levels, phases = 0.0, 0.0, dict(nominal), 0
+        reference = self._priced({**self.nominal_gbps, **{link: g for _, link, g in steady.changes}})
+        done, phase_start, levels, phases = 0.0, 0.0, dict(self.nominal_gbps), 0
         changes = sorted(scenario.changes, key=lambda c: c[0])
         k = 0
         while True:
@@ -332,7 +332,7 @@ class Simulation:
         """The evaluator's iteration time at these link bandwidths; inf when a link the plan uses is down."""
         key = tuple(sorted(levels.items()))
         if key not in self._prices:
-            nominal = {_pair(lk.a, lk.b): lk.gbps for lk in self.inst.spec.cluster.network.links}
+            nominal = self.nominal_gbps
             down = [link for link, g in levels.items() if g == 0]
             up = {**levels, **{link: nominal[link] for link in down}}
             t = self._price_at(up)
@@ -349,10 +349,6 @@ class Simulation:
         """The evaluator's iteration time, for an iteration too large even to sample: nothing replayed."""
         t = price(self.inst, self.plan, self.features, self.profiles).iteration_time_s
         return SimResult([t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full})
-
-
-def _pair(a: str, b: str) -> tuple[str, str]:
-    return (a, b) if a <= b else (b, a)
 
 
 def _at_start(scenario: BandwidthScenario) -> BandwidthScenario:
