@@ -202,7 +202,8 @@ def _check_scenarios(instances: list[Instance], scenarios: list[str] | None) -> 
     for name in scenarios:
         if name not in known:
             raise InputError("--scenarios", [Problem("--scenarios", f"no instance has this scenario"
-                                                                    f"{did_you_mean(name, sorted(known))}", name,
+                                                                    f"{did_you_mean(name, sorted(known))}; they "
+                                                                    f"have: {', '.join(sorted(known))}", name,
                                                      True)])
 
 

@@ -140,3 +140,10 @@ def test_bench_rejects_an_unknown_planner():
     result = run_hetopt("bench", "demo", "--planners", "hetopt,megatorn")
     assert result.returncode == 2
     assert "megatorn" in result.stderr and "did you mean 'megatron'" in result.stderr
+
+
+def test_an_unknown_scenario_is_refused_with_the_ones_the_instances_have(tmp_path):
+    result = run_hetopt("bench", "demo-a100-v100-llama7b", "--scenarios", "nope", "--out", str(tmp_path / "b"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "no instance has this scenario; they have: calm, congested-uplink" in result.stderr
+    assert not (tmp_path / "b" / "results.csv").exists()
