@@ -55,6 +55,10 @@ def varies(scenario: BandwidthScenario) -> bool:
     return any(t > 0 for t, _, _ in scenario.changes)
 
 
+STEP_KEYS = {"markov": "mean_dwell_s", "diurnal": "step_s"}
+"""The generators that change the bandwidth over and over, and the key of their interval."""
+
+
 def outages(changes: list[Change]) -> list[tuple[tuple[str, str], float, float]]:
     """The spans a link is down (at 0 Gbit/s): (link, from s, until s), until inf when it never comes back.
     Changes at one instant apply in their order: only the last one holds."""
@@ -78,10 +82,6 @@ def longest_trace_s(inst: Instance) -> float:
     steps = [getattr(sc.generator, STEP_KEYS[sc.generator.kind])
              for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS]
     return min(steps, default=math.inf) * MAX_SCENARIO_CHANGES
-
-
-STEP_KEYS = {"markov": "mean_dwell_s", "diurnal": "step_s"}
-"""The generators that change the bandwidth over and over, and the key of their interval."""
 
 
 def generated_scenarios(inst: Instance) -> set[str]:

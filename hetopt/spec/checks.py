@@ -131,20 +131,11 @@ def check_links(spec: InstanceFile) -> Iterator[Finding]:
         pairs.setdefault(pair, i)
 
 
-def check_outages_end(spec: InstanceFile, i: int, base_dir: Path, links: set) -> Iterator[Finding]:
-    """Every outage (0 Gbit/s) of scenario i's events or trace ends: one that lasts to the end of the trace
-    would leave every plan that crosses the link unable to finish an iteration."""
-    from hetopt.sim.scenarios import outages, read_trace
+def check_outages_end(where: tuple, changes: list) -> Iterator[Finding]:
+    """Every outage (0 Gbit/s) among a scenario's changes (its events or measured trace) ends: one that
+    lasts to the end would leave every plan that crosses the link unable to finish an iteration."""
+    from hetopt.sim.scenarios import outages
 
-    sc = spec.scenarios[i]
-    changes = [(ev.at_s, tuple(sorted(ev.link)), ev.gbps) for ev in sc.events]
-    where: tuple = ("scenarios", i, "events")
-    if sc.generator is not None and sc.generator.kind == "trace":
-        where = ("scenarios", i, "generator", "path")
-        try:
-            changes = read_trace(base_dir / sc.generator.path, links)
-        except (InputError, OSError):
-            return  # said above
     for link, start, end in outages(changes):
         if math.isinf(end):
             yield (where, f"takes link {link[0]}-{link[1]} down (0 Gbit/s) at {start:g} s and never brings it "
@@ -153,7 +144,8 @@ def check_outages_end(spec: InstanceFile, i: int, base_dir: Path, links: set) ->
 
 
 def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
-    from hetopt.sim.scenarios import DEFAULT_HORIZON_S, read_trace  # the simulator's own reader and horizon
+    # the simulator's own reader, horizon and generator intervals
+    from hetopt.sim.scenarios import DEFAULT_HORIZON_S, STEP_KEYS, read_trace
 
     links = {frozenset((lk.a, lk.b)) for lk in spec.cluster.network.links}
     link_names = ", ".join(f"[{lk.a}, {lk.b}]" for lk in spec.cluster.network.links) or "none declared"
@@ -171,17 +163,20 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
             if frozenset(link) not in links:
                 yield (loc, f"no such link in cluster.network.links; declared links: {link_names}", link)
         gen = sc.generator
+        changes = [(ev.at_s, tuple(sorted(ev.link)), ev.gbps) for ev in sc.events]
+        where: tuple = ("scenarios", i, "events")
         if gen is not None and gen.kind == "trace" and not (base_dir / gen.path).is_file():
             yield (("scenarios", i, "generator", "path"), f"trace file not found (looked for "
                                                           f"{(base_dir / gen.path).resolve()})", gen.path)
         elif gen is not None and gen.kind == "trace":
+            where = ("scenarios", i, "generator", "path")
             try:
-                read_trace(base_dir / gen.path, links)
+                changes = read_trace(base_dir / gen.path, links)
             except InputError as exc:
                 yield (("scenarios", i, "generator", "path"), f"bad trace: {exc.render().removeprefix('error: ')}",
                        gen.path)
         horizon = spec.search.horizon_s or DEFAULT_HORIZON_S
-        step = {"markov": "mean_dwell_s", "diurnal": "step_s"}.get(gen.kind) if gen is not None else None
+        step = STEP_KEYS.get(gen.kind) if gen is not None else None
         if step and horizon / getattr(gen, step) > MAX_SCENARIO_CHANGES:
             yield (("scenarios", i, "generator", step), f"makes about {horizon / getattr(gen, step):,.0f} bandwidth "
                                                         f"changes over the {horizon:g} s horizon, more than "
@@ -197,7 +192,7 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
             yield (("scenarios", i, "generator", "until_s"), "a drop to 0 Gbit/s is an outage, and one that never "
                                                              "ends leaves no plan across the link able to finish; "
                                                              "give the time the link comes back", None)
-        yield from check_outages_end(spec, i, base_dir, links)
+        yield from check_outages_end(where, changes)
     if spec.scenarios:
         total = math.fsum(sc.probability for sc in spec.scenarios)
         if abs(total - 1.0) > PROBABILITY_TOLERANCE:
