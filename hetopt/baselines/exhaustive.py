@@ -20,7 +20,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError, Problem
 from hetopt.evaluate import plan_features, price
 from hetopt.plan import Plan
-from hetopt.search.robust import aggregate, planning_scenarios
+from hetopt.search.robust import aggregate, planning_scenarios, pricing
 from hetopt.search.space import SearchOptions, SearchStats, enumerate_skeletons
 from hetopt.spec.instance import Instance
 
@@ -64,7 +64,7 @@ def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: 
     Returns: objective → its ExhaustiveResult. Raises: InputError when the space exceeds the budget;
     ValueError for objectives that price different scenarios."""
     options = options or SearchOptions.from_instance(inst)
-    if len({_pricing(o) for o in objectives}) > 1:
+    if len({pricing(o) for o in objectives}) > 1:
         raise ValueError(f"{', '.join(objectives)} price different scenarios: enumerate them apart")
     scenarios = planning_scenarios(inst, objectives[0])
     probabilities = [sc.probability for sc in scenarios]
@@ -100,11 +100,6 @@ def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: 
         _, best_t, best = min((f[0][i] for f in found), key=lambda b: (b[1], b[0]))
         out[objective] = ExhaustiveResult(best, best_t, evaluated, stats)
     return out
-
-
-def _pricing(objective: str) -> str:
-    """How an objective prices the links (hetopt.search.robust.link_gbps): objectives alike share a pass."""
-    return {"stable": "nominal", "worst": "lowest"}.get(objective, "transfer-time mean")
 
 
 PARALLEL_FROM_PRICINGS = 30_000

@@ -60,7 +60,7 @@ from hetopt.spec.instance import Instance
 OBJECTIVES = ("stable", "expected", "worst", "cvar")
 CVAR_ALPHA = 0.8
 __all__ = ["CVAR_ALPHA", "DEFAULT_HORIZON_S", "OBJECTIVES", "PlanningScenario", "aggregate",
-           "link_gbps", "lowest_gbps", "planning_scenarios", "transfer_time_gbps"]
+           "link_gbps", "lowest_gbps", "planning_scenarios", "pricing", "transfer_time_gbps"]
 
 Link = tuple[str, str]
 """An island pair, the two names in sorted order (as scenario changes name them)."""
@@ -75,6 +75,12 @@ class PlanningScenario:
     cluster: Cluster
 
 
+def pricing(objective: str) -> str:
+    """How an objective prices each link (module docstring): "nominal" (stable), "lowest" (worst) or
+    "transfer-time mean" (expected, cvar). Objectives alike price the same planning scenarios."""
+    return {"stable": "nominal", "worst": "lowest"}.get(objective, "transfer-time mean")
+
+
 def planning_scenarios(inst: Instance, objective: str,
                        horizon_s: float | None = None) -> list[PlanningScenario]:
     """The clusters the objective prices, one per bandwidth scenario.
@@ -87,7 +93,7 @@ def planning_scenarios(inst: Instance, objective: str,
             60 s), the window the simulator replays.
     Returns: one PlanningScenario per scenario of the instance, in the instance's order.
     """
-    if objective == "stable":
+    if pricing(objective) == "nominal":
         return [PlanningScenario("stable", 1.0, inst.cluster)]
     horizon = horizon_of(inst) if horizon_s is None else horizon_s
     nominal = {_key(lk.a, lk.b): lk.gbps for lk in inst.spec.cluster.network.links}
@@ -127,7 +133,7 @@ def link_gbps(changes: Iterable[Change], nominal: dict[Link, float], horizon_s: 
         objective: worst prices the lowest bandwidth in [0, H]; any other the transfer-time mean.
     Returns: Gbit/s per link of `nominal`.
     """
-    rule = lowest_gbps if objective == "worst" else transfer_time_gbps
+    rule = lowest_gbps if pricing(objective) == "lowest" else transfer_time_gbps
     changes = list(changes)
     return {link: rule(_holds(changes, link, gbps, horizon_s)) for link, gbps in nominal.items()}
 
