@@ -27,6 +27,21 @@ def narrow_table(title: str) -> Table:
                          collapse_padding=True)
 
 
+class _Footnotes:
+    """Source documents numbered in the order first cited: `cite` gives a document's [n], `text` the list."""
+
+    def __init__(self) -> None:
+        self.documents: list[str] = []
+
+    def cite(self, document: str) -> int:
+        if document not in self.documents:
+            self.documents.append(document)
+        return self.documents.index(document) + 1
+
+    def text(self, preamble: str = "") -> Text:
+        return Text(preamble + "".join(f"[{i}] {doc}\n" for i, doc in enumerate(self.documents, 1)), style="dim")
+
+
 def _document(source: str) -> str:
     """The document part of a per-field source string ("<document>: <what it says>")."""
     return source.split(":", 1)[0]
@@ -34,28 +49,20 @@ def _document(source: str) -> str:
 
 def gpu_table(catalog: dict[str, GPUType]) -> Group:
     """The catalog with a footnote per source document, so every number points at where it comes from."""
-    documents: list[str] = []
+    notes = _Footnotes()
     table = narrow_table("GPU catalog (peak figures; efficiency is calibrated separately)")
     for col in ("GPU", "TFLOP/s", "GiB", "HBM Gbit/s", "intra Gbit/s", "interconnect", "sources"):
         table.add_column(col, justify="left" if col in ("GPU", "interconnect", "sources") else "right",
                          no_wrap=col != "interconnect")
     for g in catalog.values():
-        refs = []
-        for key, source in g.sources.items():
-            if key in ("family", "tdp_w", "usable_memory_gib"):
-                continue  # in `hetopt gpus --json`
-            doc = _document(source)
-            if doc not in documents:
-                documents.append(doc)
-            refs.append(documents.index(doc) + 1)
+        refs = [notes.cite(_document(source)) for key, source in g.sources.items()
+                if key not in ("family", "tdp_w", "usable_memory_gib")]  # those in `hetopt gpus --json`
         table.add_row(g.name, f"{g.peak_tflops:g}", f"{g.memory_gib:g}", f"{g.hbm_gbps:g}",
                       f"{g.intra_node_gbps:g}", g.interconnect, ",".join(f"[{r}]" for r in dict.fromkeys(refs)))
-    notes = Text("TFLOP/s: dense 16-bit tensor peak. HBM and intra Gbit/s: datasheet GB/s × 8; intra-node is per "
-                 "GPU and direction (NVLink/xGMI aggregate ÷ 2, or one direction of the PCIe x16 slot). "
-                 "`hetopt gpus --json` gives the source of each number.\n", style="dim")
-    for i, doc in enumerate(documents, 1):
-        notes.append(f"[{i}] {doc}\n")
-    return Group(table, notes)
+    return Group(table, notes.text("TFLOP/s: dense 16-bit tensor peak. HBM and intra Gbit/s: datasheet GB/s × 8; "
+                                   "intra-node is per GPU and direction (NVLink/xGMI aggregate ÷ 2, or one "
+                                   "direction of the PCIe x16 slot). `hetopt gpus --json` gives the source of "
+                                   "each number.\n"))
 
 
 def preset_table(presets: dict[str, ModelArch]) -> Group:
@@ -63,17 +70,12 @@ def preset_table(presets: dict[str, ModelArch]) -> Group:
     table = narrow_table("Model presets (MLP: gated SwiGLU or GPT's; context: the longest trained sequence)")
     for col in ("preset", "layers", "hidden", "heads/kv", "ffn", "MLP", "vocab", "context", "source"):
         table.add_column(col, justify="left" if col in ("preset", "MLP", "source") else "right", no_wrap=True)
-    sources: list[str] = []
+    notes = _Footnotes()
     for m in presets.values():
-        if m.source not in sources:
-            sources.append(m.source)
         table.add_row(m.name, str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}", str(m.ffn_hidden),
                       "gated" if m.gated_mlp else "GPT", str(m.vocab), str(m.max_seq_len),
-                      f"[{sources.index(m.source) + 1}]")
-    notes = Text(style="dim")
-    for i, source in enumerate(sources, 1):
-        notes.append(f"[{i}] {source}\n")
-    return Group(table, notes)
+                      f"[{notes.cite(m.source)}]")
+    return Group(table, notes.text())
 
 
 def summary_view(s: dict[str, Any]) -> Group:
