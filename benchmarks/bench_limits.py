@@ -37,6 +37,8 @@ def cases(quick: bool) -> list[tuple[str, list[str], float]]:
     demo = REPO / "instances" / "demo-a100-v100-llama7b.yaml"
     trillion = _variant("trillion", demo, lambda s: s["training"].update(global_batch=10**12))
     largest = _variant("batch-2-20", demo, lambda s: s["training"].update(global_batch=1 << 20))
+    unnarrowed_1024 = _variant("scale-1024-unnarrowed", REPO / "instances" / "scale-1024-four-islands.yaml",
+                               lambda s: s.pop("search"))
     cloud = _variant("cloud-mix-unnarrowed", REPO / "instances" / "cloud-mix-a10g-l4-t4-l40s.yaml",
                      lambda s: s.update(search={"virtual_stages": [1, 2, 4]}))
     out = [
@@ -45,13 +47,17 @@ def cases(quick: bool) -> list[tuple[str, list[str], float]]:
         ("solve cloud-mix with interleaving, --time-limit 8", ["solve", str(cloud), "--time-limit", "8"], 8),
         ("solve scale-1024-four-islands, --time-limit 2", ["solve", "scale-1024-four-islands", "--time-limit", "2"],
          2),
+        ("solve scale-1024 without its search: narrowing, --time-limit 10",
+         ["solve", str(unnarrowed_1024), "--time-limit", "10"], 10),
         ("simulate demo --iterations 100000 --time-limit 10",
          ["simulate", str(demo), "--layout", "tp=2,pp=2,dp=8", "--iterations", "100000", "--time-limit", "10"], 10),
     ]
     if not quick:
-        out.append(("solve scale-8192, --time-limit 120",
-                    ["solve", str(REPO / "benchmarks" / "instances" / "scale-8192-four-types.yaml"),
-                     "--time-limit", "120"], 120))
+        scale_8192 = REPO / "benchmarks" / "instances" / "scale-8192-four-types.yaml"
+        out.append(("solve scale-8192, --time-limit 120", ["solve", str(scale_8192), "--time-limit", "120"], 120))
+        out.append(("solve scale-8192 without its search: narrowing, --time-limit 60",
+                    ["solve", str(_variant("scale-8192-unnarrowed", scale_8192, lambda s: s.pop("search"))),
+                     "--time-limit", "60"], 60))
     return out
 
 

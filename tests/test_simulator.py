@@ -362,6 +362,24 @@ def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, m
     monkeypatch.setattr(engine, "MAX_SAMPLE_PASSES", 100)
     result, _ = simulate(inst, plan, "calm", workers=1)
     sc = result["scenarios"][0]
-    assert sc["sampled"] == {"method": "analytic", "of": [p.micro_batches for p in plan.pipelines]}
+    assert sc["sampled"] == {"method": "analytic", "of": [p.micro_batches for p in plan.pipelines],
+                             "reason": "too large even to sample"}
     assert sc["iteration_time_s"]["mean"] == pytest.approx(evaluate(inst, plan).iteration_time_s, rel=1e-12)
     assert sc["gpu_busy"] == [] and sc["link_utilization"] == {}  # nothing replayed, nothing measured
+
+
+def test_a_replay_the_deadline_interrupts_before_one_iteration_is_priced_and_says_so(monkeypatch):
+    """Many flows make an iteration slow to replay however few its passes (the 8,192-GPU instance without
+    its search narrowing: 58 s for one): the deadline is looked at inside an iteration too, and the
+    evaluator prices what was not replayed."""
+    import time
+
+    import hetopt.sim.engine as engine
+
+    demo = load_instance(DEMO)
+    plan = expand_layout(demo, parse_layout("tp=2,pp=2,dp=8"))
+    monkeypatch.setattr(engine, "DEADLINE_EVERY", 1)
+    result = Simulation(demo, plan).run(STABLE, iterations=3, deadline=time.time())
+    assert result.cut == "time limit" and result.sampled["method"] == "analytic"
+    assert result.iteration_times_s == [pytest.approx(evaluate(demo, plan).iteration_time_s, rel=1e-12)]
+    assert "time limit" in result.sampled["reason"]

@@ -232,14 +232,14 @@ def replay_notes(sc: dict[str, Any]) -> list[str]:
     notes = []
     sampled = sc.get("sampled")
     if sampled and sampled.get("method") == "analytic":
-        notes.append(f"{sc['name']}: an iteration ({_counts(sampled['of'])} micro-batches per template) is too "
-                     "large even to sample; its time is the analytic evaluator's, nothing was replayed")
+        notes.append(f"{sc['name']}: an iteration ({_counts(sampled['of'])} micro-batches per template) was not "
+                     f"replayed — {sampled['reason']}; its time is the analytic evaluator's")
     elif sampled:
         small, large = sampled["micro_batches"]
         notes.append(f"{sc['name']}: an iteration ({_counts(sampled['of'])} micro-batches per template) is too "
                      f"large to replay whole; {_counts(small)} and {_counts(large)} were replayed at the "
                      "bandwidth of t = 0 and the time extrapolated")
-    if sc.get("cut"):
+    if sc.get("cut") and not (sampled and sampled.get("method") == "analytic"):  # else said above
         notes.append(f"{sc['name']}: stopped after {sc['iterations']} iteration{'s' if sc['iterations'] > 1 else ''} "
                      f"({sc['replayed_s']:.1f} s replayed) at {CUT_REASONS.get(sc['cut'], sc['cut'])}")
     return notes

@@ -69,6 +69,14 @@ MAX_SAMPLE_PASSES = 5 * SAMPLE_PASSES
 """The most passes the two samples may take together (each stage needs a pipeline-fill of micro-batches
 for the steady state, so many replicas × deep pipelines can need more); beyond, the analytic evaluator."""
 
+DEADLINE_EVERY = 4096
+"""Events between two looks at the clock in a replay with a deadline."""
+
+
+class _OutOfTime(Exception):
+    """The deadline came in the middle of a replay's first iteration."""
+
+
 REPLAY_PASSES = 5_000_000
 """A replay starts no new iteration after this many passes (about 30 s on one core) — the horizon or the
 iterations asked for are cut short there, and the result says so."""
@@ -231,7 +239,8 @@ class Simulation:
 
         An iteration of more than SAMPLE_PASSES passes is replayed as two samples instead (`sample`).
         No iteration starts after REPLAY_PASSES passes or after `deadline` (the result's `cut` says
-        which); the first always runs.
+        which). Should the deadline come before one iteration is replayed, the evaluator prices it
+        (`sampled.method: analytic`, `cut: time limit`).
 
         Parameters:
             scenario: the capacity trace.
@@ -244,14 +253,20 @@ class Simulation:
         Returns: the iteration times and what the replay measured.
         """
         full = [pipe.micro_batches for pipe in self.plan.pipelines]
-        if self.passes(full) > SAMPLE_PASSES:
-            result = self.sample(scenario, record)
-            more = iterations > 1 or (until_s is not None and result.iteration_times_s[0] < until_s)
-            result.cut = "sampled" if more else None
+        try:
+            if self.passes(full) > SAMPLE_PASSES:
+                result = self.sample(scenario, record, deadline)
+                more = iterations > 1 or (until_s is not None and result.iteration_times_s[0] < until_s)
+                result.cut = "sampled" if more else None
+                return result
+            return _Run(self, scenario, iterations, record, until_s, full, deadline, stop_s).go()
+        except _OutOfTime:  # not even one iteration replayed in time (many flows share the links)
+            result = self._analytic(full, "the time limit came before one iteration was replayed")
+            result.cut = "time limit"
             return result
-        return _Run(self, scenario, iterations, record, until_s, full, deadline, stop_s).go()
 
-    def sample(self, scenario: BandwidthScenario, record: bool = False) -> SimResult:
+    def sample(self, scenario: BandwidthScenario, record: bool = False, deadline: float | None = None
+               ) -> SimResult:
         """One iteration too large to replay whole, from two replays of fewer micro-batches.
 
         Template j replays s_j and then 2·s_j micro-batches (s_j about m_j · SAMPLE_PASSES / 3 / passes,
@@ -279,11 +294,11 @@ class Simulation:
             first.append(min(m, s))
             second.append(min(m, 2 * s))
         if self.passes(first) + self.passes(second) > MAX_SAMPLE_PASSES:
-            return self._analytic(full)
+            return self._analytic(full, "too large even to sample")
         steady = _at_start(scenario)
-        small_run = _Run(self, steady, 1, False, None, first)
+        small_run = _Run(self, steady, 1, False, None, first, deadline)
         small_run.go()
-        large_run = _Run(self, steady, 1, record, None, second)
+        large_run = _Run(self, steady, 1, record, None, second, deadline)
         large = large_run.go()
         done_s = []
         for j, m in enumerate(full):  # each template's last pass ends linearly later with its micro-batches
@@ -345,10 +360,10 @@ class Simulation:
         cluster = self.cluster.with_link_gbps(levels)
         return price(self.inst, self.plan, plan_features(self.inst, self.plan, cluster), self.profiles).iteration_time_s
 
-    def _analytic(self, full: list[int]) -> SimResult:
-        """The evaluator's iteration time, for an iteration too large even to sample: nothing replayed."""
+    def _analytic(self, full: list[int], reason: str) -> SimResult:
+        """The evaluator's iteration time, for an iteration not replayed (`reason`)."""
         t = price(self.inst, self.plan, self.features, self.profiles).iteration_time_s
-        return SimResult([t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full})
+        return SimResult([t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full, "reason": reason})
 
 
 def _at_start(scenario: BandwidthScenario) -> BandwidthScenario:
@@ -370,7 +385,8 @@ class _Run:
                  stop_s: float | None = None) -> None:
         self.sim, self.scenario, self.iterations, self.record = sim, scenario, iterations, record
         self.until_s, self.micro_batches, self.deadline, self.stop_s = until_s, micro_batches, deadline, stop_s
-        self.passes_done = 0
+        self.passes_done = self.events = 0
+        self.first = True  # replaying the first iteration
         self.cut: str | None = None
         self.now = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
@@ -455,6 +471,11 @@ class _Run:
             t, _, fn = heapq.heappop(self.heap)
             self.now = max(self.now, t)
             fn()
+            self.events += 1
+            # within the first iteration: after it, the deadline stops the next from starting (`go`)
+            if self.first and self.deadline is not None and self.events % DEADLINE_EVERY == 0 \
+                    and time.time() >= self.deadline:
+                raise _OutOfTime
 
     def go(self) -> SimResult:
         self.change_index = 0
@@ -474,6 +495,7 @@ class _Run:
                 self.cut = "trace end"
                 break
             end = self._iteration(start, len(times))
+            self.first = False
             times.append(end - start)
             start = end
         self.now = start
