@@ -35,7 +35,7 @@ def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
 
 @pytest.mark.parametrize("name", ["s2-a100-v100", "s3-two-islands", "s4-three-types", "s6-h100-a100",
                                   "s9-interleaved", "s10-four-types", "s11-uneven-shares", "s12-zero",
-                                  "s13-recompute-per-stage"])
+                                  "s13-recompute-per-stage", "s14-pair-sides"])
 def test_every_node_bound_holds_for_every_skeleton_under_it(name):
     """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each skeleton
     they key (which is ≤ its optimum); children never key below their parent."""
@@ -77,3 +77,40 @@ def test_bounds_of_one_instance_are_not_served_to_another():
         gc.collect()
         again = load_instance(DEMO)
         assert Bounds(again, Profiles()).family_bound(family) == pytest.approx(want, rel=1e-15)
+
+
+def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_tight_at_its_vertices():
+    """region_bound (and region_least, its plain-float twin, equal to it): the least pair bound over
+    R_a, R_b in a box with classes both templates share (R_a·g_a + R_b·g_b ≤ G). It never exceeds the
+    bound at any whole point of the region (where S ≥ λ the pair bound is at least the throughput bound)
+    — so it is finite wherever one fits — and it often reaches their least (a vertex of the real polygon
+    is whole)."""
+    import random
+
+    import numpy as np
+
+    from hetopt.search.bounds import pair_at, region_bound, region_least
+
+    rng = random.Random(7)
+    empty = tight = 0
+    for _ in range(400):
+        lines = [(rng.uniform(0.01, 1.0), 0.0) for _ in range(2)]
+        lines = [(lam, lam * rng.uniform(1.0, 6.0)) for lam, _ in lines]  # S ≥ λ
+        top = [rng.randint(1, 9) for _ in range(2)]
+        low = [rng.randint(1, t) for t in top]
+        shared = [(rng.randint(1, 6), rng.randint(1, 6), rng.randint(2, 40)) for _ in range(rng.randint(0, 3))]
+        total = rng.randint(8, 200)
+        sides = [(np.float64(lam), np.float64(s), float(lo), float(hi))
+                 for (lam, s), lo, hi in zip(lines, low, top, strict=True)]
+        bound = float(region_bound(*sides, [tuple(np.float64(x) for x in c) for c in shared], float(total)))
+        plain = region_least(*[(float(lam), float(s), lo, hi) for lam, s, lo, hi in sides], shared, total)
+        assert plain == pytest.approx(bound, rel=1e-12) or (math.isinf(plain) and math.isinf(bound))
+        points = [(ra, rb) for ra in range(low[0], top[0] + 1) for rb in range(low[1], top[1] + 1)
+                  if all(ra * ga + rb * gb <= g for ga, gb, g in shared)]
+        if not points:
+            empty += 1
+            continue
+        least = min(pair_at(lines, p, total) for p in points)
+        assert bound <= least * (1 + 1e-12)
+        tight += bound >= least * (1 - 1e-9)
+    assert empty > 0 and tight > 100  # the whole-number optimum is often a vertex of the polygon

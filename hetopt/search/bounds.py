@@ -12,11 +12,13 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | bound                    | keys                         | statement                                          |
 | ------------------------ | ---------------------------- | -------------------------------------------------- |
 | `family_bound`           | a family (classes × TP)      | T ≥ M·N / Σ_k G_k/(t_k·a_k)                         |
+| `pair_table`             | every group of a pair family | `range_bound` of each, vectorised                   |
 | `bucket_bound`           | a family at R, counts fixed  | T ≥ (m − 1)·λ + max(λ, N·min a), λ = N/max Σ n_k/a_k |
 | `group_bound`            | a one-template group         | T ≥ (m − 1)·λ* + S (real water level λ*)            |
-| `throughput_bound`       | a two-template range         | T ≥ M / Σ_j R_j/λ_j                                 |
+| `range_bound`            | a two-template range         | T ≥ M / Σ_j R_j/λ_j; pair_bound at its corners      |
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
+| `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die with it,
 so no two runs ever share an entry.
@@ -31,10 +33,12 @@ from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from hetopt.cost.comm import all_reduce, group_gbps, reduce_scatter
+import numpy as np
+
+from hetopt.cost.comm import all_reduce, group_gbps, reduce_scatter, transfer
 from hetopt.cost.compute import ACT_BYTES, optimizer_step
-from hetopt.cost.features import slowest_transfer
-from hetopt.cost.flops import layer_params
+from hetopt.cost.features import shared_gbps, slowest_transfer
+from hetopt.cost.flops import layer_params, total_params
 from hetopt.cost.memory import GIB, WEIGHT_BYTES, stage_params
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import ITER
@@ -113,6 +117,10 @@ class Bounds:
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
         self._buckets: dict[tuple, tuple] = {}
+        self._pairs: dict[tuple, tuple] = {}
+        self._pair_tables: dict[int, tuple] = {}
+        self._exchange: dict[tuple, float] = {}
+        self._capped: dict[tuple, tuple[float, float]] = {}
         self._zero: dict[tuple, float] = {}
         self._optimizer: dict[tuple, float] = {}
 
@@ -353,6 +361,23 @@ class Bounds:
             self._templates[key] = (integer_level(lines, layers), sum_bound(weighted, layers))
         return self._templates[key]
 
+    def capped_bound(self, micro_batch: int, recompute: str, memory: tuple[str, ...], segments: tuple,
+                     replicas_total: int, zero: int = 1) -> tuple[float, float]:
+        """`template_bound` over the splits that fit in memory: each stage holds at most the layers the
+        recompute modes `memory` let it hold (the most any of them holds) with ZeRO stage `zero` over
+        `replicas_total` replicas (more only loosen the caps) — λ the integer water level under the caps,
+        S the least Σ τ under them (S ≥ λ: every split's Σ τ is at least its max τ); (inf, inf) where no
+        split fits."""
+        key = (micro_batch, recompute, memory, segments, replicas_total, zero)
+        if key not in self._capped:
+            caps = self.stage_caps(micro_batch, memory, segments, replicas_total, zero)
+            lines = self.stage_lines(micro_batch, recompute, segments)
+            layers = self.inst.model.layers
+            lam = integer_level(lines, layers, caps)
+            self._capped[key] = (lam, cheapest_sum(lines, layers, math.inf, caps)) if math.isfinite(lam) \
+                else (math.inf, math.inf)
+        return self._capped[key]
+
     def pipeline_bound(self, micro_batch: int, recompute: str, segments: tuple, micro_batches: int,
                        replicas_total: int, flows: int = 1, zero: int = 1,
                        memory: str | tuple[str, ...] | None = None) -> float:
@@ -433,7 +458,8 @@ class Bounds:
 
     def compute_lower_bound(self, sk: Skeleton) -> float:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
-        template's pipeline (and gradient reduction), then for the optimizer step (`optimizer_bound`)."""
+        template's pipeline (and gradient reduction), then two templates' exchange (`exchange_s`), then
+        for the optimizer step (`optimizer_bound`)."""
         replicas_total = sum(t.replicas for t in sk.templates)
         # per-stage recompute: compute at the least-work mode, memory at the most any mode holds, and the
         # all-reduce's overlap with stage 0's backward pass at the most-work mode — each the side no mix of
@@ -441,7 +467,9 @@ class Bounds:
         return max(self.drained_bound(sk.micro_batch, sk.recompute, t, replicas_total, sk.virtual_stages,
                                       sk.zero, sk.memory_modes)
                    for t in sk.templates) \
-            + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
+            + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates) \
+            + (self.exchange_s(sk.templates[0].segments, sk.templates[1].segments) if len(sk.templates) == 2
+               else 0.0)
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
                       virtual_stages: int = 1, zero: int = 1, memory: str | tuple[str, ...] | None = None
@@ -490,54 +518,129 @@ class Bounds:
             out = max(out, (micro_batches - 1 / v) * lam + s / v)
         return out
 
-    def pair_bound(self, micro_batch: int, recompute: str, segments: list, replicas: list[int],
-                   total_micro_batches: int) -> float:
-        """Templates side by side with replicas R_j and any shares Σ R_j·m_j = M: from
-        T ≥ (m_j − 1)·λ_j + S_j, m_j ≤ (T − S_j)/λ_j + 1, so M ≤ Σ R_j·((T − S_j)/λ_j + 1)."""
-        lines = [self.template_bound(micro_batch, recompute, seg) for seg in segments]
-        num = total_micro_batches + sum(r * (s / lam - 1) for r, (lam, s) in zip(replicas, lines, strict=True))
-        return num / sum(r / lam for r, (lam, _) in zip(replicas, lines, strict=True))
+    def pair_table(self, family, opts) -> tuple[tuple[list, list], np.ndarray]:
+        """A pair family's side templates (`Family.pair_sides`) and the bound of every group of them, as an
+        array over (template a, template b): `range_bound` at the least-work mode over all replica counts
+        each side's GPUs allow (a box holding the group's), inf where the micro-batches cannot give each
+        stage one. Arithmetic on each side's (λ, S): no group is made to bound it. Memoised by the family
+        object (its entry keeps it alive)."""
+        key = id(family)
+        if key not in self._pair_tables or self._pair_tables[key][0] is not family:
+            rc, total = least_work(family.recompute_options), family.total_micro_batches
+            memory = family.stage_modes or family.recompute_options
+            sides = family.pair_sides(opts, self.inst.model.layers)
+            tops = [[min(gpus // g for g, gpus in per.values()) for _, _, per in side] for side in sides]
+            columns = []
+            for side, top, other in zip(sides, tops, reversed(tops), strict=True):
+                most = max(other, default=0)  # the other side's most replicas: caps at the most sharding
+                lines = [self.capped_bound(family.micro_batch, rc, memory, segments, t + most, family.zero_options[0])
+                         for (_, segments, _), t in zip(side, top, strict=True)]
+                columns.append(np.array([(lam, s, sum(counts), t)
+                                         for (lam, s), (counts, _, _), t in zip(lines, side, top, strict=True)],
+                                        dtype=float).reshape(-1, 4))
+            keys_b = {dc.key for dc in family.sides[1][0]}
+            shared = [(np.array([per[dc.key][0] for _, _, per in sides[0]], dtype=float).reshape(-1, 1),
+                       np.array([per[dc.key][0] for _, _, per in sides[1]], dtype=float).reshape(1, -1), dc.gpus)
+                      for dc in family.sides[0][0] if dc.key in keys_b]
+            exchange = self.exchange_s(*(classes for classes, _ in family.sides))
+            self._pair_tables[key] = (family, (sides, pair_grid(columns[0], columns[1], total, shared) + exchange))
+        return self._pair_tables[key][1]
 
-    def throughput_bound(self, micro_batch: int, recompute: str, segments: list, replicas: list[int],
-                         total_micro_batches: int) -> float:
-        """T ≥ m_j·λ_j for each template (S_j ≥ λ_j), so T ≥ M / Σ R_j/λ_j — falling with every R_j, so at
-        the largest replica counts it bounds every smaller choice as well."""
-        lines = [self.template_bound(micro_batch, recompute, seg) for seg in segments]
-        return total_micro_batches / sum(r / lam for r, (lam, _) in zip(replicas, lines, strict=True))
+    def exchange_s(self, side_a: tuple, side_b: tuple) -> float:
+        """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates' exchange
+        (features.cross_template_exchange) sends the model's gradients G from each template to the other over
+        at most c = min(nodes of a's classes, nodes of b's) node pairs, so some flow carries G/c bytes; it is
+        slowest alone on its route, and no faster than over the fastest pair of nodes of the two sides'
+        classes (a node with itself where a class is on both sides) under the fastest planning cluster,
+        priced with the least of the two sides' GPU types' weights (the exchange is priced with one
+        template's first stage's; every weight of a transfer is ≥ 0, else no bound)."""
+        keys = tuple(tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b))
+        if keys not in self._exchange:
+            inst, classes = self.inst, self.inst.cluster.device_classes
+            channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
+            nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
+            weights = [self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
+                       for gpu in {k[0] for side in keys for k in side}]
+            best = math.inf
+            for cluster in self.clusters:
+                for ka in keys[0]:
+                    for kb in keys[1]:
+                        for a, b in self.node_pairs(ka, kb):
+                            route = cluster.route(a, b)
+                            features = transfer(nbytes, shared_gbps(route, Counter()), route.intra_node,
+                                                latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
+                            best = min(best, min(float(features @ w) for w in weights))
+            self._exchange[keys] = best if all(min(w) >= 0 for w in weights) else 0.0
+        return self._exchange[keys]
+
+    def pair_lines(self, group, recompute: str, memory: tuple[str, ...], replicas_total: int
+                   ) -> tuple[tuple[float, float], ...]:
+        """(λ_j, S_j) of both templates of a pair group in memory at `replicas_total` replicas
+        (`capped_bound`), memoised by the group object (its entry keeps it alive, so no id is reused): the
+        pair bounds below are arithmetic on them."""
+        key = (id(group), recompute, memory, replicas_total)
+        if key not in self._pairs or self._pairs[key][0] is not group:
+            lines = tuple(self.capped_bound(group.micro_batch, recompute, memory, side, replicas_total, group.zero)
+                          for side in (group.a, group.b))
+            self._pairs[key] = (group, lines)
+        return self._pairs[key][1]
+
+    def pair_bound(self, group, recompute: str, memory: tuple[str, ...], replicas: tuple[int, int]) -> float:
+        """Templates side by side with replicas R_j and any shares Σ R_j·m_j = M: from
+        T ≥ (m_j − 1)·λ_j + S_j, m_j ≤ (T − S_j)/λ_j + 1, so M ≤ Σ R_j·((T − S_j)/λ_j + 1); then the
+        templates' exchange. λ_j, S_j over the splits that fit in memory in the modes `memory`."""
+        lines = self.pair_lines(group, recompute, memory, sum(replicas))
+        return pair_at(lines, replicas, group.total_micro_batches) + self.exchange_s(group.a, group.b)
+
+    def range_bound(self, group, recompute: str, memory: tuple[str, ...], lowest: tuple[int, int],
+                    replicas: tuple[int, int]) -> float:
+        """Two templates at every replica counts lowest_j ≤ R_j ≤ replicas_j that fit on the classes they
+        share: the larger of the throughput bound T ≥ M / Σ_j R_j/λ_j (T ≥ m_j·λ_j as S_j ≥ λ_j) and
+        `pair_bound`, each at its least over that region (`region_bound`), then the exchange; λ_j, S_j in
+        memory at the most replicas (the most sharding: the loosest caps)."""
+        lines, total = self.pair_lines(group, recompute, memory, sum(replicas)), group.total_micro_batches
+        if not all(math.isfinite(lam) for lam, _ in lines):
+            return math.inf
+        sides = [(lam, s, float(lo), float(hi)) for (lam, s), lo, hi in zip(lines, lowest, replicas, strict=True)]
+        return region_least(*sides, group.shared, total) + self.exchange_s(group.a, group.b)
 
     def family_bound(self, family) -> float:
         """Every skeleton of a family from throughput alone: a stage of class k at TP t_k takes τ ≥ a_k·L, so
         a replica's bottleneck is at least N / Σ_i 1/a_i and T ≥ m·max τ; with R·n_k·t_k ≤ G_k GPUs of each
-        class, T ≥ M·N / Σ_k G_k/(t_k·a_k) — for one template across the classes and for two side by side
-        (two on one class: T ≥ M·N / max_k G/(t_k·a_k), its GPUs shared).
-        One template also pays the sends beside each change of class (`bucket_bound`, one flow: the least):
-        N becomes N + Σ c_i/a_i, as in every bucket's λ (T ≥ m·λ at any R)."""
-        rate = 0.0
+        class, T ≥ M·N / Σ_k G_k/(t_k·a_k). A template also pays the sends beside each change of class
+        (`bucket_bound`, one flow: the least): N becomes N + w, w = Σ c_i/a_i, as in every bucket's λ
+        (T ≥ m·λ at any R).
+        Two templates side by side: M = Σ_j R_j·m_j ≤ T·Σ_j R_j/λ_j with R_j/λ_j ≤ Σ_k R_j·n_jk/(a_jk·(N + w_j)),
+        and the templates share each class's G_k GPUs (Σ_j R_j·n_jk·t_jk ≤ G_k), so
+        T ≥ M / Σ_k G_k·max_j 1/(t_jk·a_jk·(N + w_j)): a class both use counts once, at the better rate;
+        and the templates' exchange follows (`exchange_s`). The search keys a pair family by the larger of
+        this and the least bound of its groups (`pair_table`, tree.Tree.family_bound)."""
         rc = least_work(family.recompute_options)
-        per_layer = []
-        for dc, tp in zip(family.classes, family.tps, strict=True):
-            a = self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
-            if a <= 0:
+        layers, b = self.inst.model.layers, family.micro_batch
+        rates: dict[tuple[str, str], float] = {}
+        for classes, tps in family.sides:
+            per_layer = [self.per_layer_s(dc.gpu, tp, b, rc) for dc, tp in zip(classes, tps, strict=True)]
+            if min(per_layer) <= 0:
                 return 0.0
-            per_layer.append(a)
-            rate += dc.gpus / (tp * a)
-        if family.pair and family.classes[0] is family.classes[1]:
-            # two templates on one class share its G GPUs: at best all at the faster TP's rate
-            dc = family.classes[0]
-            rate = max(dc.gpus / (tp * a) for tp, a in zip(family.tps, per_layer, strict=True))
-        weight = 0.0 if family.pair else sum(
-            c / a for a, c in self._class_sends(family, per_layer, 1))
-        return family.total_micro_batches * (self.inst.model.layers + weight) / rate
+            weight = sum(c / a for a, c in self._side_sends(classes, tps, b, per_layer, 1))
+            if not family.pair:
+                rate = sum(dc.gpus / (tp * a) for dc, tp, a in zip(classes, tps, per_layer, strict=True))
+                return family.total_micro_batches * (layers + weight) / rate
+            for dc, tp, a in zip(classes, tps, per_layer, strict=True):
+                rates[dc.key] = max(rates.get(dc.key, 0.0), dc.gpus / (tp * a * (layers + weight)))
+        return family.total_micro_batches / sum(rates.values()) \
+            + self.exchange_s(*(classes for classes, _ in family.sides))
 
-    def _class_sends(self, family, per_layer: list[float], flows: int) -> list[tuple[float, float]]:
-        """(a, c) of the sends beside each change of class of a one-template family: the stage on each side
-        pays one (per-layer time of its class, the send at least), with `flows` replicas sharing islands."""
+    def _side_sends(self, classes: tuple, tps: tuple[int, ...], micro_batch: int, per_layer: list[float],
+                    flows: int) -> list[tuple[float, float]]:
+        """(a, c) of the sends beside each change of class of one template over `classes` at `tps`: the
+        stage on each side pays one (per-layer time of its class, the send at least), with `flows`
+        replicas sharing islands."""
         sends = []
-        cls = [(dc.gpu, dc.island) for dc in family.classes]
-        b, tps = family.micro_batch, family.tps
+        cls = [(dc.gpu, dc.island) for dc in classes]
         for k in range(len(cls) - 1):
-            sends.append((per_layer[k], self.send_s(cls[k], cls[k + 1], tps[k], b, flows)))
-            sends.append((per_layer[k + 1], self.send_s(cls[k + 1], cls[k], tps[k + 1], b, flows)))
+            sends.append((per_layer[k], self.send_s(cls[k], cls[k + 1], tps[k], micro_batch, flows)))
+            sends.append((per_layer[k + 1], self.send_s(cls[k + 1], cls[k], tps[k + 1], micro_batch, flows)))
         return sends
 
     def bucket_bound(self, family, replicas: int, max_stages: int, fixed: tuple[int, ...] = ()) -> float:
@@ -585,7 +688,7 @@ class Bounds:
                 return None
             most = [min(cap, dc.gpus // (tp * replicas)) for dc, tp in zip(family.classes, family.tps, strict=True)]
             # every configuration has a stage on each side of each change of class, paying a send over NICs
-            sends = self._class_sends(family, per_layer, replicas)
+            sends = self._side_sends(family.classes, family.tps, family.micro_batch, per_layer, replicas)
             self._buckets[key] = (family, (m, cap, per_layer, most, sum(c / a for a, c in sends),
                                            sum(c for _, c in sends)))
         return self._buckets[key][1]
@@ -682,6 +785,81 @@ def segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool,
         else:
             parts.append((*key, 1))
     return parts
+
+
+def pair_grid(side_a: np.ndarray, side_b: np.ndarray, total_micro_batches: int,
+              shared: list[tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray:
+    """`Bounds.range_bound` of every pair of side templates, each a row (λ, S, depth p, most replicas its
+    GPUs allow): over 1 ≤ R_j ≤ min(that, (M − p_other)/p_j) and R_a·g_a + R_b·g_b ≤ G on each class
+    both use (`shared`: each side's GPUs per replica, as a column and a row, and the class's GPUs); inf
+    where M < p_a + p_b, no replica counts fit, or a template cannot hold the model (λ = inf)."""
+    lam_a, s_a, p_a, gpus_a = (side_a[:, k:k + 1] for k in range(4))
+    lam_b, s_b, p_b, gpus_b = (side_b[:, k].reshape(1, -1) for k in range(4))
+    total = float(total_micro_batches)
+    fits = np.isfinite(lam_a) & np.isfinite(lam_b)  # each template can hold the model
+    lam_a, s_a, lam_b, s_b = (np.where(np.isfinite(x), x, 1.0) for x in (lam_a, s_a, lam_b, s_b))
+    top_a = np.minimum(gpus_a, np.floor((total - p_b) / p_a))
+    top_b = np.minimum(gpus_b, np.floor((total - p_a) / p_b))
+    bound = region_bound((lam_a, s_a, 1.0, top_a), (lam_b, s_b, 1.0, top_b), shared, total)
+    return np.where(fits & (top_a >= 1) & (top_b >= 1), bound, np.inf)
+
+
+def region_bound(side_a: tuple, side_b: tuple, shared: list[tuple], total: float):
+    """The least pair bound over replica counts in a region, each side (λ, S, least R, most R) and the
+    shared classes' R_a·g_a + R_b·g_b ≤ G: a convex polygon in real (R_a, R_b). The throughput bound
+    M / (R_a/λ_a + R_b/λ_b) is least where the linear denominator is most, and `pair_at` is
+    linear-fractional with a positive denominator (quasi-linear), so both are least at a vertex: the box's
+    corners, where a class's line meets the box, or where two classes' lines meet. The larger of the two
+    holds (`Bounds.range_bound`); inf where the polygon is empty. Arrays broadcast (pair_grid) or scalars."""
+    (lam_a, s_a, lo_a, top_a), (lam_b, s_b, lo_b, top_b) = side_a, side_b
+    points = [(lo_a, lo_b), (lo_a, top_b), (top_a, lo_b), (top_a, top_b)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for ga, gb, gpus in shared:
+            points += [(x, (gpus - ga * x) / gb) for x in (lo_a, top_a)]
+            points += [((gpus - gb * y) / ga, y) for y in (lo_b, top_b)]
+        for (ga1, gb1, g1), (ga2, gb2, g2) in itertools.combinations(shared, 2):
+            det = ga1 * gb2 - ga2 * gb1  # 0 where the two lines are parallel: nan, never a vertex
+            points.append(((g1 * gb2 - g2 * gb1) / det, (ga1 * g2 - ga2 * g1) / det))
+        rate, least = 0.0, np.inf
+        for x, y in points:
+            inside = (x >= lo_a - 1e-9) & (x <= top_a + 1e-9) & (y >= lo_b - 1e-9) & (y <= top_b + 1e-9)
+            for ga, gb, gpus in shared:
+                inside = inside & (ga * x + gb * y <= gpus * (1 + 1e-9))
+            here = x / lam_a + y / lam_b
+            pair = (total + x * (s_a / lam_a - 1) + y * (s_b / lam_b - 1)) / here
+            rate = np.where(inside, np.maximum(rate, here), rate)
+            least = np.where(inside, np.minimum(least, pair), least)
+        return np.where(rate > 0, np.maximum(total / rate, least), np.inf)
+
+
+def region_least(side_a: tuple, side_b: tuple, shared, total: float) -> float:
+    """`region_bound` of one pair of templates, in plain floats (numpy's per-call cost is most of the
+    time on scalars)."""
+    (lam_a, s_a, lo_a, top_a), (lam_b, s_b, lo_b, top_b) = side_a, side_b
+    points = [(lo_a, lo_b), (lo_a, top_b), (top_a, lo_b), (top_a, top_b)]
+    for ga, gb, gpus in shared:
+        points += [(x, (gpus - ga * x) / gb) for x in (lo_a, top_a)]
+        points += [((gpus - gb * y) / ga, y) for y in (lo_b, top_b)]
+    for (ga1, gb1, g1), (ga2, gb2, g2) in itertools.combinations(shared, 2):
+        det = ga1 * gb2 - ga2 * gb1
+        if det:  # parallel lines never meet at a vertex
+            points.append(((g1 * gb2 - g2 * gb1) / det, (ga1 * g2 - ga2 * g1) / det))
+    rate, least = 0.0, math.inf
+    for x, y in points:
+        if lo_a - 1e-9 <= x <= top_a + 1e-9 and lo_b - 1e-9 <= y <= top_b + 1e-9 \
+                and all(ga * x + gb * y <= gpus * (1 + 1e-9) for ga, gb, gpus in shared):
+            here = x / lam_a + y / lam_b
+            rate = max(rate, here)
+            least = min(least, (total + x * (s_a / lam_a - 1) + y * (s_b / lam_b - 1)) / here)
+    return max(total / rate, least) if rate > 0 else math.inf
+
+
+def pair_at(lines, replicas, total_micro_batches: int) -> float:
+    """`Bounds.pair_bound` from the templates' (λ_j, S_j) at replica counts R_j."""
+    if not all(math.isfinite(lam) for lam, _ in lines):
+        return math.inf  # a template that cannot hold the model
+    num = total_micro_batches + sum(r * (s / lam - 1) for r, (lam, s) in zip(replicas, lines, strict=True))
+    return num / sum(r / lam for r, (lam, _) in zip(replicas, lines, strict=True))
 
 
 def sum_bound(weighted: list[tuple[float, float, int]], layers: int) -> float:

@@ -3,10 +3,11 @@
 A skeleton fixes the small outer choices: micro-batch size b, one recompute mode, and one or two pipeline
 templates. One template: its stages as segments (a device class, its TP degree and how many consecutive
 stages it serves, classes in a chosen order) and its replica count R (R divides the M = global_batch / b
-micro-batches, each replica takes m = M / R ≥ p of them). Two templates: each on one device class, with
-its own depth, TP, replica count R_j and micro-batch share m_j ≥ p_j, R_a·m_a + R_b·m_b = M — a fast
-template takes more micro-batches. The two may be on the same class, sharing its GPUs: uneven shares among
-its replicas (where M has no divisor that uses them all), or two depths or TP degrees on one class. One
+micro-batches, each replica takes m = M / R ≥ p of them). Two templates: each on one device class (or on
+up to search.pair_classes classes in order), with its own depth, TP, replica count R_j and micro-batch
+share m_j ≥ p_j, R_a·m_a + R_b·m_b = M — a fast template takes more micro-batches. The two may use the same
+class, sharing its GPUs: uneven shares among its replicas (where M has no divisor that uses them all), or
+two depths or TP degrees on one class. One
 template may also run the interleaved 1F1B schedule with v model chunks per stage (search.virtual_stages):
 every stage then holds a multiple of v layers. One template with several replicas may shard its
 gradients (ZeRO-2) or also its 16-bit weights (ZeRO-3, FSDP) over them (search.zero): less memory for
@@ -147,7 +148,9 @@ class SearchOptions:
     max_classes: int = 4
     """Most device classes one pipeline template may span."""
     max_templates: int = 2
-    """With 2, pairs of single-class templates with their own micro-batch shares are searched too."""
+    """With 2, pairs of templates with their own micro-batch shares are searched too."""
+    pair_classes: int = 1
+    """Most device classes each template of a pair may span: 1 (default) pairs single-class templates."""
     virtual_stages: tuple[int, ...] = (1,)
     """Model chunks per stage to try: 1 is 1F1B, more the interleaved 1F1B schedule (one template only)."""
     zero: tuple[int, ...] = DEFAULT_ZERO
@@ -165,6 +168,7 @@ class SearchOptions:
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
                    max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
+                   pair_classes=s.pair_classes or 1,
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes)
 
@@ -256,29 +260,38 @@ class SkeletonGroup:
 
 @dataclass(frozen=True)
 class PairGroup:
-    """Two single-class templates side by side, each with its own replica count and micro-batch share:
-    R_a·m_a + R_b·m_b = M, m ≥ the template's depth. Expanded in two steps by the search: replica counts
-    and recompute mode (`subgroups`), then the shares (`skeletons_of`)."""
+    """Two templates side by side, each with its own segments (device classes in order, with TP and stage
+    counts), replica count and micro-batch share: R_a·m_a + R_b·m_b = M, m ≥ the template's depth.
+    Expanded in two steps by the search: replica counts and recompute mode (`subgroups`), then the shares
+    (`skeletons_of`)."""
 
     micro_batch: int
-    a: Segment
-    b: Segment
+    a: tuple[Segment, ...]
+    b: tuple[Segment, ...]
     a_replicas: tuple[int, ...]
     b_replicas: tuple[int, ...]
     recompute_options: tuple[str, ...]
     total_micro_batches: int
-    shared_gpus: int = 0
-    """Both templates on one device class (uneven shares among its replicas): the class's GPUs, which
-    R_a·p_a·t_a + R_b·p_b·t_b may not exceed; 0 for two classes."""
+    shared: tuple[tuple[int, int, int], ...] = ()
+    """The device classes both templates use, sharing their GPUs: (GPUs of one replica of a, of one of b,
+    the class's GPUs) each, so that R_a·g_a + R_b·g_b ≤ G; () where the templates share no class."""
     zero: int = 1
     """The ZeRO stage (0 or 1: ZeRO-2/3 shard over one group of identical pipelines)."""
     stage_modes: tuple[str, ...] = ()
     """Per-stage recompute (`SkeletonGroup.stage_modes`)."""
 
+    @property
+    def depth_a(self) -> int:
+        return sum(seg.stages for seg in self.a)
+
+    @property
+    def depth_b(self) -> int:
+        return sum(seg.stages for seg in self.b)
+
     def fits(self, ra: int, rb: int) -> bool:
-        """Whether R_a and R_b replicas fit on the GPUs (each side alone always does: a_replicas)."""
-        return not self.shared_gpus or \
-            ra * self.a.stages * self.a.tp + rb * self.b.stages * self.b.tp <= self.shared_gpus
+        """Whether R_a and R_b replicas fit on the GPUs of the classes they share (each side alone always
+        does: a_replicas)."""
+        return all(ra * ga + rb * gb <= gpus for ga, gb, gpus in self.shared)
 
     def shares(self, ra: int, rb: int) -> range:
         """Every m_a that leaves the other template a whole share m_b ≥ its depth: m_a ≥ p_a and
@@ -287,16 +300,16 @@ class PairGroup:
         round: only R_a ≤ R_b, and at R_a = R_b only m_a ≤ m_b."""
         if not self.fits(ra, rb) or (self.a == self.b and ra > rb):
             return range(0)
-        total = self.total_micro_batches
-        hi = (total - rb * self.b.stages) // ra
+        total, pa = self.total_micro_batches, self.depth_a
+        hi = (total - rb * self.depth_b) // ra
         if self.a == self.b and ra == rb:
             hi = min(hi, total // (2 * ra))  # m_a ≤ m_b = (M − R·m_a)/R
         g = math.gcd(ra, rb)
-        if total % g or hi < self.a.stages:
+        if total % g or hi < pa:
             return range(0)
         step = rb // g
         first = (total // g) * pow(ra // g, -1, step) % step if step > 1 else 0
-        lo = self.a.stages + (first - self.a.stages) % step
+        lo = pa + (first - pa) % step
         return range(lo, hi + 1, step)
 
     def subgroups(self) -> Iterator[tuple[int, int, str]]:
@@ -308,10 +321,17 @@ class PairGroup:
 
     def skeletons_of(self, ra: int, rb: int, rc: str) -> Iterator[Skeleton]:
         for ma in self.shares(ra, rb):
-            mb = (self.total_micro_batches - ra * ma) // rb
-            for order in orders(max(ra, rb)):
-                yield Skeleton(self.micro_batch, rc, (Template((self.a,), ra, ma), Template((self.b,), rb, mb)),
-                               order, zero=self.zero, modes=self.stage_modes)
+            yield from self.skeletons_at(ra, rb, rc, ma)
+
+    def templates_at(self, ra: int, rb: int, ma: int) -> tuple[Template, Template]:
+        """The two templates at replica counts (R_a, R_b) with a's share m_a (b's the rest)."""
+        return Template(self.a, ra, ma), Template(self.b, rb, (self.total_micro_batches - ra * ma) // rb)
+
+    def skeletons_at(self, ra: int, rb: int, rc: str, ma: int) -> Iterator[Skeleton]:
+        """The skeletons of one share m_a (one per placement order)."""
+        for order in orders(max(ra, rb)):
+            yield Skeleton(self.micro_batch, rc, self.templates_at(ra, rb, ma), order, zero=self.zero,
+                           modes=self.stage_modes)
 
     def skeletons(self) -> Iterator[Skeleton]:
         for ra, rb, rc in self.subgroups():
@@ -321,9 +341,9 @@ class PairGroup:
 @dataclass(frozen=True)
 class Family:
     """Skeleton groups that share the micro-batch size, the device classes (in stage order) and their TP
-    degrees, and differ in how many stages each class serves. `pair`: two single-class templates side by
-    side instead of one template across the classes. The search bounds a family by throughput before it
-    generates any of its groups."""
+    degrees, and differ in how many stages each class serves. `pair`: two templates side by side instead
+    of one template across the classes, the first `split` classes the first template's and the rest the
+    second's. The search bounds a family by throughput before it generates any of its groups."""
 
     micro_batch: int
     classes: tuple[DeviceClass, ...]
@@ -339,6 +359,16 @@ class Family:
     """ZeRO stages: one template's (`zero_at`), or a pair's one stage (0 or 1)."""
     stage_modes: tuple[str, ...] = ()
     """Per-stage recompute: the modes each stage picks from; recompute_options is their least-work one."""
+    split: int = 0
+    """A pair's first template's classes: classes[:split] (the second's classes[split:])."""
+
+    @property
+    def sides(self) -> tuple[tuple[tuple[DeviceClass, ...], tuple[int, ...]], ...]:
+        """(classes, TP degrees) of each template: one for one template, two for a pair."""
+        if not self.pair:
+            return ((self.classes, self.tps),)
+        k = self.split
+        return (self.classes[:k], self.tps[:k]), (self.classes[k:], self.tps[k:])
 
     def zero_at(self, replicas: int) -> tuple[int, ...]:
         """The ZeRO stages worth trying at R replicas: with one replica there is nothing to shard, and
@@ -407,26 +437,60 @@ class Family:
                                          for dc, t in zip(self.classes, self.tps, strict=True)) - generated
 
     def _pairs(self, inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[PairGroup]:
-        total_mb, cap = self.total_micro_batches, min(opts.max_stages, inst.model.layers)
-        (ca, cb), (ta, tb) = self.classes, self.tps
-        shared = ca.gpus if ca is cb else 0  # one class for both: its GPUs shared
-        for na in range(1, min(cap, ca.gpus // ta) + 1):
-            for nb in range(1, min(cap, cb.gpus // tb) + 1):
-                if total_mb < na + nb:
-                    stats.pruned[DIVISIBILITY] += 1
-                    continue
-                if shared and ((ta, na) > (tb, nb) or na * ta + nb * tb > shared):
-                    # the same templates the other way round, or no replica of each fits
-                    stats.pruned[SHARED] += 1
-                    continue
-                # each template keeps at least one micro-batch per stage for the other one's share
-                ra = tuple(range(1, min(ca.gpus // (ta * na), (total_mb - nb) // na) + 1))
-                rb = tuple(range(1, min(cb.gpus // (tb * nb), (total_mb - na) // nb) + 1))
-                group = PairGroup(self.micro_batch, Segment(ca.gpu, ca.island, ta, na),
-                                  Segment(cb.gpu, cb.island, tb, nb), ra, rb, self.recompute_options, total_mb,
-                                  shared, self.zero_options[0], self.stage_modes)
-                stats.enumerated_groups += 1
-                yield group
+        side_a, side_b = self.pair_sides(opts, inst.model.layers)
+        for ta in side_a:
+            for tb in side_b:
+                if (group := self.pair_group(ta, tb, stats)) is not None:
+                    yield group
+
+    def pair_sides(self, opts: SearchOptions, layers: int) -> tuple[list[SideTemplate], list[SideTemplate]]:
+        """Every template each side of a pair family can be (`side_templates`)."""
+        cap = min(opts.max_stages, layers)
+        side_a, side_b = (side_templates(classes, tps, cap) for classes, tps in self.sides)
+        return side_a, side_b
+
+    def pair_group(self, ta: SideTemplate, tb: SideTemplate, stats: SearchStats) -> PairGroup | None:
+        """The group of two side templates (counted as enumerated), or None (counted as pruned) where the
+        micro-batches cannot give each stage one, where it mirrors another group of a family whose two
+        sides are alike, or where one replica of each does not fit on a class they share."""
+        total_mb = self.total_micro_batches
+        (counts_a, a, per_a), (counts_b, b, per_b) = ta, tb
+        pa, pb = sum(counts_a), sum(counts_b)
+        if total_mb < pa + pb:
+            stats.pruned[DIVISIBILITY] += 1
+            return None
+        shared = tuple((g, per_b[key][0], gpus) for key, (g, gpus) in per_a.items() if key in per_b)
+        if (self.sides[0] == self.sides[1] and counts_a > counts_b) or any(ga + gb > gpus for ga, gb, gpus in shared):
+            stats.pruned[SHARED] += 1
+            return None
+        # each template keeps at least one micro-batch per stage for the other one's share
+        ra = tuple(range(1, min(min(gpus // g for g, gpus in per_a.values()), (total_mb - pb) // pa) + 1))
+        rb = tuple(range(1, min(min(gpus // g for g, gpus in per_b.values()), (total_mb - pa) // pb) + 1))
+        stats.enumerated_groups += 1
+        return PairGroup(self.micro_batch, a, b, ra, rb, self.recompute_options, total_mb, shared,
+                         self.zero_options[0], self.stage_modes)
+
+
+SideTemplate = tuple[tuple[int, ...], tuple[Segment, ...], dict]
+"""One side of a pair: (stage counts per class, segments, {class: (GPUs of one replica, class GPUs)})."""
+
+
+def side_templates(classes: tuple[DeviceClass, ...], tps: tuple[int, ...], cap: int) -> list[SideTemplate]:
+    """Every template one side of a pair can be: (stage counts, segments, {class: (GPUs of one replica,
+    the class's GPUs)}) — a count per class, at least one, at most its GPUs allow at one replica, at most
+    `cap` stages in all."""
+    def counts(fixed: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        k = len(fixed)
+        if k == len(classes):
+            yield fixed
+            return
+        room = cap - sum(fixed) - (len(classes) - k - 1)
+        for n in range(1, min(room, classes[k].gpus // tps[k]) + 1):
+            yield from counts((*fixed, n))
+
+    return [(ns, tuple(Segment(dc.gpu, dc.island, t, n) for dc, t, n in zip(classes, tps, ns, strict=True)),
+             {dc.key: (t * n, dc.gpus) for dc, t, n in zip(classes, tps, ns, strict=True)})
+            for ns in counts(())]
 
 
 SYMMETRY = "symmetry: selective recompute equals none under flash attention (whole plan space, halved)"
@@ -483,7 +547,28 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                     if pair[0] is pair[1] and tps[0] > tps[1]:
                         continue  # the same family the other way round
                     stats.families += 1
-                    yield Family(b, pair, tps, True, total_mb, rc, zero_options=pair_zero, stage_modes=modes)
+                    yield Family(b, pair, tps, True, total_mb, rc, zero_options=pair_zero, stage_modes=modes,
+                                 split=1)
+            for side_a, side_b in multi_class_pairs(inst, opts, classes):
+                stats.families += 1
+                yield Family(b, side_a[0] + side_b[0], side_a[1] + side_b[1], True, total_mb, rc,
+                             zero_options=pair_zero, stage_modes=modes, split=len(side_a[0]))
+
+
+def multi_class_pairs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass]):
+    """The (classes, TP degrees) of the two templates of each pair family in which one template spans
+    several device classes (at most search.pair_classes each): every ordered run of distinct classes with
+    their TP degrees is a side, and each unordered pair of sides is one family (a side with itself too:
+    one template twice, with uneven shares). The pairs of single-class templates come before these."""
+    most = min(opts.pair_classes, opts.max_classes, len(classes))
+    if most < 2:
+        return
+    sides = [(order, tps) for k in range(1, most + 1) for order in itertools.permutations(classes, k)
+             for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order))]
+    for i, side_a in enumerate(sides):
+        for side_b in sides[i:]:
+            if len(side_a[0]) > 1 or len(side_b[0]) > 1:
+                yield side_a, side_b
 
 
 def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
@@ -505,7 +590,7 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     search.zero (2 and 3 with one template), sequence parallel, one micro-batch size and recompute mode
     from the options, TP from the options and inside a node, at most max_stages stages and max_classes
     device classes per template, each class one contiguous run at one TP, and at most max_templates
-    templates — two only as single-class templates side by side."""
+    templates — two side by side only of at most search.pair_classes classes each (1 by default)."""
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
         and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0
@@ -547,7 +632,9 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
             why.append(f"template {j}: a device class in more than one run or at two TP degrees")
         if len(set(classes)) > opts.max_classes:
             why.append(f"template {j}: {len(set(classes))} device classes (the space: at most {opts.max_classes})")
-        if len(plan.pipelines) > 1 and len(set(classes)) > 1:
-            why.append(f"template {j}: several device classes beside another template (the space: single-class "
-                       "templates side by side)")
+        if len(plan.pipelines) > 1 and len(set(classes)) > opts.pair_classes:
+            most = "single-class templates" if opts.pair_classes == 1 else \
+                f"templates of at most {opts.pair_classes} classes (search.pair_classes)"
+            why.append(f"template {j}: {len(set(classes))} device classes beside another template (the space: "
+                       f"{most} side by side)")
     return why

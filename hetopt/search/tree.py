@@ -10,7 +10,8 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
     │  └─ BucketNode  … the next class's count fixed, down to the last class
     │     └─ GroupNode   stages per class at R (space.SkeletonGroup)
     │     └─ SkeletonNode
-    └─ PairGroupNode  two templates side by side (space.PairGroup)
+    └─ PairGroupNode  two templates side by side (space.PairGroup), made only where the family's table
+       │              of group bounds (Bounds.pair_table) leaves them open
        └─ PairRangeNode     replica counts (ra', rb') ≤ (ra, rb), peeled a row or a cell at a time
           └─ PairSubgroupNode  fixed (ra, rb) and recompute: the micro-batch shares
              └─ SkeletonNode
@@ -24,9 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from hetopt.search.bounds import Bounds
 from hetopt.search.space import (
     DEFAULT_RECOMPUTE,
+    DIVISIBILITY,
     Family,
     PairGroup,
     SearchOptions,
@@ -42,6 +46,7 @@ from hetopt.spec.instance import Instance
 BOUND_RULE = "bound: compute lower bound ≥ incumbent"
 BUCKET_RULE = "bound: families at one replica count never generated"
 COUNTS_RULE = "bound: stage counts of a family's first classes at one replica count never generated"
+PAIR_GROUPS_RULE = "bound: two-template groups never generated"
 MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
 MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
 
@@ -65,8 +70,15 @@ class Tree:
 
     def roots(self) -> list[Node]:
         """Every family of the plan space, keyed by its throughput bound."""
-        return [FamilyNode(self.bounds.family_bound(f), f)
-                for f in enumerate_families(self.inst, self.options, self.stats)]
+        return [FamilyNode(self.family_bound(f), f) for f in enumerate_families(self.inst, self.options, self.stats)]
+
+    def family_bound(self, family: Family) -> float:
+        """A family's key: its throughput bound (`Bounds.family_bound`), and for a pair family also the
+        least bound of its groups (`Bounds.pair_table`), which counts each template's pipeline bubble."""
+        bound = self.bounds.family_bound(family)
+        if family.pair:
+            bound = max(bound, float(self.bounds.pair_table(family, self.options)[1].min(initial=math.inf)))
+        return bound
 
     def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
@@ -79,12 +91,12 @@ class Tree:
     def pair_modes(self, group: PairGroup, modes, replicas_total: int) -> tuple[str, ...]:
         """The recompute modes in which both templates can hold the model, ZeRO over `replicas_total`."""
         return tuple(rc for rc in modes
-                     if self.fits(group.micro_batch, memory_modes(rc, group), (group.a,), replicas_total, group.zero)
-                     and self.fits(group.micro_batch, memory_modes(rc, group), (group.b,), replicas_total, group.zero))
+                     if self.fits(group.micro_batch, memory_modes(rc, group), group.a, replicas_total, group.zero)
+                     and self.fits(group.micro_batch, memory_modes(rc, group), group.b, replicas_total, group.zero))
 
     def range_node(self, group: PairGroup, ra: int, rb: int, rows: bool, modes: tuple[str, ...]) -> PairRangeNode:
-        bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
-                                             [ra, rb], group.total_micro_batches)
+        bound = self.bounds.range_bound(group, least_work(modes), group.stage_modes or modes, (1 if rows else ra, 1),
+                                        (ra, rb))
         return PairRangeNode(bound, group, ra, rb, rows, modes)
 
     def group_nodes(self, group) -> list[Node]:
@@ -119,14 +131,18 @@ class Tree:
                 return None
             return GroupNode(self.bounds.group_bound(group.micro_batch, rc, group.segments,
                                                      group.total_micro_batches // top, flows, v, zero), group)
-        modes = self.pair_modes(group, group.recompute_options, max(group.a_replicas) + max(group.b_replicas))
+        top = (max(group.a_replicas), max(group.b_replicas))
+        # as above: the least-work mode of all bounds every mode, before any memory check
+        every = group.stage_modes or group.recompute_options
+        if self.beaten(self.bounds.range_bound(group, least_work(group.recompute_options), every, (1, 1), top)):
+            self.stats.pruned[PairGroupNode.pruned_as] += 1
+            return None
+        modes = self.pair_modes(group, group.recompute_options, sum(top))
         if not modes:
             self.stats.pruned[MEMORY_GROUPS_RULE] += 1
             return None
-        bound = self.bounds.throughput_bound(group.micro_batch, least_work(modes), [(group.a,), (group.b,)],
-                                             [max(group.a_replicas), max(group.b_replicas)],
-                                             group.total_micro_batches)
-        return PairGroupNode(bound, group)
+        return PairGroupNode(self.bounds.range_bound(group, least_work(modes), group.stage_modes or modes, (1, 1),
+                                                     top), group)
 
     def skeleton_node(self, sk: Skeleton) -> SkeletonNode:
         """A leaf keyed by its parent's bound (`_children`); its own bound is computed when it first
@@ -188,8 +204,23 @@ class FamilyNode(Node):
                                           self.family, r)
                                for r in self.family.replica_counts(tree.stats)]
         else:
-            out = [n for g in self.family.groups(tree.inst, tree.options, tree.stats) for n in tree.group_nodes(g)]
+            out = self._pair_groups(tree)
         return _children(self, out)
+
+    def _pair_groups(self, tree: Tree) -> list[Node]:
+        """The groups of a pair family whose bounds (`Bounds.pair_table`) the incumbent does not beat; the
+        others are never made (counted as pruned)."""
+        family = self.family
+        (side_a, side_b), table = tree.bounds.pair_table(family, tree.options)
+        finite = np.isfinite(table)
+        kept = finite & (table < tree.incumbent * (1 - tree.tolerance))
+        tree.stats.pruned[DIVISIBILITY] += int(table.size - np.count_nonzero(finite))
+        tree.stats.pruned[PAIR_GROUPS_RULE] += int(np.count_nonzero(finite & ~kept))
+        out: list[Node] = []
+        for i, j in np.argwhere(kept):
+            if (group := family.pair_group(side_a[i], side_b[j], tree.stats)) is not None:
+                out += tree.group_nodes(group)
+        return out
 
 
 @dataclass(frozen=True)
@@ -284,8 +315,9 @@ class PairRangeNode(Node):
                 sub = PairSubgroupNode(0.0, g, self.ra, self.rb, rc)
                 tree.stats.enumerated += sub.size
                 if rc in fitting:
-                    bound = tree.bounds.pair_bound(g.micro_batch, rc, [(g.a,), (g.b,)], [self.ra, self.rb],
-                                                   g.total_micro_batches)
+                    shares = ShareBounds(tree.bounds, g, self.ra, self.rb, rc)
+                    bound = max(tree.bounds.pair_bound(g, rc, memory_modes(rc, g), (self.ra, self.rb)),
+                                shares.least())
                     out.append(_rekey(sub, bound))
                 else:
                     tree.stats.pruned[MEMORY_RULE] += sub.size
@@ -306,12 +338,67 @@ class PairSubgroupNode(Node):
         return len(self.group.shares(self.ra, self.rb)) * len(orders(max(self.ra, self.rb)))
 
     def expand(self, tree: Tree) -> list[Node]:
-        return _children(self, [tree.skeleton_node(sk)
-                                for sk in self.group.skeletons_of(self.ra, self.rb, self.recompute)])
+        """The skeletons of the shares whose bounds the incumbent does not beat (`ShareBounds.window`); the
+        others are counted as pruned, never made."""
+        g, shares = self.group, self.group.shares(self.ra, self.rb)
+        lo, hi = ShareBounds(tree.bounds, g, self.ra, self.rb, self.recompute).window(
+            tree.incumbent * (1 - tree.tolerance))
+        leaves = [tree.skeleton_node(sk) for ma in shares[lo:hi + 1]
+                  for sk in g.skeletons_at(self.ra, self.rb, self.recompute, ma)]
+        tree.stats.pruned[BOUND_RULE] += self.size - len(leaves)
+        return _children(self, leaves)
 
     @property
     def pruned_count(self) -> int:
         return self.size
+
+
+class ShareBounds:
+    """`Bounds.compute_lower_bound` of a pair group's skeletons at fixed replica counts and recompute mode,
+    as a function of the share: D_a(m_a) ∨ D_b(m_b) + C, with D_j a template's `drained_bound`, which
+    rises with its micro-batches (each piece of it is (m − 1)·Λ + Σ τ or a least such over stage 0's
+    layers), and C the optimizer step and exchange, the same for every share. As m_a rises m_b falls, so
+    D_a rises and D_b falls along the shares: the least bound is where they cross, and the shares below
+    a threshold are one run of them — both found by bisection."""
+
+    def __init__(self, bounds: Bounds, group: PairGroup, ra: int, rb: int, recompute: str) -> None:
+        self.bounds, self.group, self.ra, self.rb, self.recompute = bounds, group, ra, rb, recompute
+        self.shares = group.shares(ra, rb)
+        self.memory = memory_modes(recompute, group)
+        first = group.templates_at(ra, rb, self.shares[0])
+        self.constant = max(bounds.optimizer_bound(t, ra + rb, group.zero) for t in first) \
+            + bounds.exchange_s(group.a, group.b)
+
+    def parts(self, i: int) -> tuple[float, float]:
+        """(D_a, D_b) at the i-th share."""
+        g, b = self.group, self.bounds
+        return tuple(b.drained_bound(g.micro_batch, self.recompute, t, self.ra + self.rb, 1, g.zero, self.memory)
+                     for t in g.templates_at(self.ra, self.rb, self.shares[i]))
+
+    def least(self) -> float:
+        """The least bound over the shares: at the first share where D_a ≥ D_b, or just before it."""
+        n = len(self.shares)
+        cross = _first(n, lambda i: (lambda d: d[0] >= d[1])(self.parts(i)))
+        return min(max(self.parts(i)) for i in (cross - 1, cross) if 0 <= i < n) + self.constant
+
+    def window(self, threshold: float) -> tuple[int, int]:
+        """(lo, hi): the shares lo … hi are those whose bounds lie below `threshold` (hi < lo: none)."""
+        n, room = len(self.shares), threshold - self.constant
+        lo = _first(n, lambda i: self.parts(i)[1] < room)  # D_b falls along the shares
+        hi = _first(n, lambda i: self.parts(i)[0] >= room) - 1  # D_a rises
+        return lo, hi
+
+
+def _first(n: int, test) -> int:
+    """The first i in 0 … n − 1 where a test that once true stays true holds (n where it never does)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @dataclass(frozen=True)

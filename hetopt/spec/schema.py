@@ -207,6 +207,10 @@ class SearchSection(Section):
     max_templates: Literal[1, 2] | None = Field(
         None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
                           "their own micro-batch shares.")
+    pair_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
+        None, description="Most device classes each template of a two-template pair may span (default 1: "
+                          "pairs of single-class templates). 2 or more also searches pairs such as "
+                          "(H200 → A100) ‖ (H100 → A100-40GB), at a large cost in time on big clusters.")
     horizon_s: PositiveFloat | None = Field(
         None, description="Seconds of training, from t = 0, over which the robust objectives "
                           "(expected, worst, cvar) price each scenario's links and `hetopt "
