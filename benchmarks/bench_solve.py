@@ -2,12 +2,14 @@
 
 Run: python benchmarks/bench_solve.py [INSTANCE ...] [--all] [--backends highs cbc cpsat] [--time-limit S]
                                       [--narrowing on|off|both] [--executor process|ray] [--address A]
+                                      [--pair-classes N]
 Default instances: the bundled demo, the WAN-flapping pair of data centres and the 256, 1,024 and 4,096-GPU
 scale instances; --all: every bundled instance. --narrowing off drops the instance's `search:` section (the
 default plan space: TP 1–8, micro-batch 1–8, every recompute mode, 16 stages, 4 classes, 2 templates).
 Aims (issues 5, 11, 12): every bundled instance proven optimal on 2 cores, with and without its narrowing;
 without narrowing 4,096 GPUs of 4 types within 120 s, the same plan and bound with --executor ray; the
 search's memory below 4 GiB at 8,192 GPUs (benchmarks/instances/scale-8192-four-types.yaml, given by path).
+--pair-classes N sets search.pair_classes on every instance run (two templates of up to N classes each).
 The two memory columns are peak resident sets (getrusage): of this process (the search, its tree and its
 in-process solves) and of the largest worker process; both are peaks since the script started, so run one
 instance at a time for its own figure.
@@ -36,6 +38,8 @@ def main() -> None:
     parser.add_argument("--executor", choices=("process", "ray"), default="process",
                         help="where skeletons are solved side by side (ray: optional extra [ray])")
     parser.add_argument("--address", default=None, help="a Ray cluster (with --executor ray)")
+    parser.add_argument("--pair-classes", type=int, default=None,
+                        help="search.pair_classes for every instance (default: each instance's own)")
     args = parser.parse_args()
     names = sorted(p.stem for p in BUNDLED.glob("*.yaml")) if args.all else args.instances
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.narrowing]
@@ -45,6 +49,8 @@ def main() -> None:
     for name in names:
         for narrowed in modes:
             inst = load_instance(name) if narrowed else unnarrowed(name)
+            if args.pair_classes is not None:
+                inst = with_search(name, inst.spec.search.model_copy(update={"pair_classes": args.pair_classes}))
             for backend in args.backends:
                 r = solve_exact(inst, backend=backend, time_limit_s=args.time_limit, executor=args.executor,
                                 address=args.address)
@@ -66,8 +72,12 @@ BUNDLED = Path(__file__).resolve().parents[1] / "instances"
 
 def unnarrowed(name: str):
     """The bundled instance `name` without its `search:` section: the default plan space."""
-    inst = load_instance(name)
-    spec = inst.spec.model_copy(update={"search": type(inst.spec.search)()})
+    return with_search(name, type(load_instance(name).spec.search)())
+
+
+def with_search(name: str, search):
+    """The bundled instance `name` with `search` as its `search:` section."""
+    spec = load_instance(name).spec.model_copy(update={"search": search})
     path = resolve_instance_path(name)
     return instance_from_spec(spec, str(path), path.parent, None, path)
 

@@ -15,7 +15,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `pair_table`             | every group of a pair family | `range_bound` of each, vectorised                   |
 | `bucket_bound`           | a family at R, counts fixed  | T ≥ (m − 1)·λ + max(λ, N·min a), λ = N/max Σ n_k/a_k |
 | `group_bound`            | a one-template group         | T ≥ (m − 1)·λ* + S (real water level λ*)            |
-| `range_bound`            | a two-template range         | T ≥ M / Σ_j R_j/λ_j; pair_bound at its corners      |
+| `range_bound`            | a two-template range         | M / Σ_j R_j/λ_j ∨ pair_bound, least at a vertex     |
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
@@ -41,7 +41,7 @@ from hetopt.cost.features import shared_gbps, slowest_transfer
 from hetopt.cost.flops import layer_params, total_params
 from hetopt.cost.memory import GIB, WEIGHT_BYTES, stage_params
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.terms import ITER
+from hetopt.cost.terms import ITER, LAT, LINK, NET, STEP
 from hetopt.evaluate import (
     BWD,
     BWD_TP,
@@ -549,11 +549,11 @@ class Bounds:
     def exchange_s(self, side_a: tuple, side_b: tuple) -> float:
         """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates' exchange
         (features.cross_template_exchange) sends the model's gradients G from each template to the other over
-        at most c = min(nodes of a's classes, nodes of b's) node pairs, so some flow carries G/c bytes; it is
-        slowest alone on its route, and no faster than over the fastest pair of nodes of the two sides'
-        classes (a node with itself where a class is on both sides) under the fastest planning cluster,
-        priced with the least of the two sides' GPU types' weights (the exchange is priced with one
-        template's first stage's; every weight of a transfer is ≥ 0, else no bound)."""
+        at most c = min(nodes of a's classes, nodes of b's) node pairs, so some flow carries G/c bytes. It
+        takes no less than alone on its route, and no less than over the fastest pair of nodes of the two
+        sides' classes (a node with itself where a class is on both sides) under the fastest planning
+        cluster, priced with the least of the two sides' GPU types' weights (the exchange is priced with
+        one template's first stage's; every weight of a transfer is ≥ 0, else no bound: 0)."""
         keys = tuple(tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b))
         if keys not in self._exchange:
             inst, classes = self.inst, self.inst.cluster.device_classes
@@ -562,15 +562,16 @@ class Bounds:
             weights = [self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
                        for gpu in {k[0] for side in keys for k in side}]
             best = math.inf
+            ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
             for cluster in self.clusters:
-                for ka in keys[0]:
-                    for kb in keys[1]:
-                        for a, b in self.node_pairs(ka, kb):
-                            route = cluster.route(a, b)
-                            features = transfer(nbytes, shared_gbps(route, Counter()), route.intra_node,
-                                                latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
-                            best = min(best, min(float(features @ w) for w in weights))
-            self._exchange[keys] = best if all(min(w) >= 0 for w in weights) else 0.0
+                for src, dst in ends + [(kb, ka) for ka, kb in ends]:  # a hop each way round the ring
+                    for a, b in self.node_pairs(src, dst):
+                        route = cluster.route(a, b)
+                        features = transfer(nbytes, shared_gbps(route, Counter()), route.intra_node,
+                                            latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
+                        best = min(best, min(float(features @ w) for w in weights))
+            transfer_terms = [LINK, NET, STEP, LAT]
+            self._exchange[keys] = best if all(min(w[transfer_terms]) >= 0 for w in weights) else 0.0
         return self._exchange[keys]
 
     def pair_lines(self, group, recompute: str, memory: tuple[str, ...], replicas_total: int

@@ -205,7 +205,8 @@ class SearchSection(Section):
                            "first stages of 1F1B hold the most activations): one integer program per skeleton "
                            "chooses the modes with the layers. Default false: a mode for the whole plan.")
     max_templates: Literal[1, 2] | None = Field(
-        None, description="1: one pipeline template; 2 (default): also pairs of single-class templates with "
+        None, description="1: one pipeline template; 2 (default): also pairs of templates (each over at most "
+                          "`pair_classes` device classes) with "
                           "their own micro-batch shares.")
     pair_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
         None, description="Most device classes each template of a two-template pair may span (default 1: "
