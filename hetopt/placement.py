@@ -9,7 +9,8 @@ Rules, in order:
   over the device graph, `Cluster.route`): nodes with faster NICs, islands joined by faster links — the
   heavy pipeline traffic keeps off slow links;
 - among equally good nodes, best fit: the node with the fewest free GPUs that still hold the group, which
-  keeps whole nodes free for wide groups.
+  keeps whole nodes free for wide groups;
+- pipelines take GPUs in an order of their shape, not of their place in the plan (`placing_order`).
 
 Two orders (the planner tries both, DESIGN 4's placement as a choice of the skeleton): `replica` packs one
 replica's stages together (pipeline sends stay inside nodes; the gradient rings cross them), `stage` packs
@@ -33,7 +34,8 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
     free = FreeGPUs(cluster)
     at: dict[tuple[int, int, int], str] = {}
     entries = []
-    for p_index, pipe in enumerate(plan.pipelines):
+    for p_index in placing_order(plan):
+        pipe = plan.pipelines[p_index]
         pairs = [(r, s) for r in range(pipe.replicas) for s in range(len(pipe.stages))] if order == "replica" \
             else [(r, s) for s in range(len(pipe.stages)) for r in range(pipe.replicas)]
         for replica, s_index in pairs:
@@ -65,6 +67,18 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
             at[(p_index, replica, s_index)] = node
     entries.sort(key=lambda e: (e.pipeline, e.replica, e.stage))
     return plan.model_copy(update={"placement": entries})
+
+
+def placing_order(plan: Plan) -> list[int]:
+    """The pipelines in the order they take GPUs: by their shape (each stage's GPU type, island and TP,
+    the replicas, the micro-batches), not by their place in the plan — so two templates side by side land
+    on the same GPUs whichever is written first (the search lists each pair once), and a pipeline's nodes
+    never depend on its layers (a skeleton's placement holds for every split)."""
+    def shape(j: int) -> tuple:
+        pipe = plan.pipelines[j]
+        return tuple((st.gpu, st.island, st.tp) for st in pipe.stages), pipe.replicas, pipe.micro_batches
+
+    return sorted(range(len(plan.pipelines)), key=shape)
 
 
 class FreeGPUs:

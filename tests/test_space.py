@@ -230,3 +230,26 @@ def test_per_stage_recompute_holds_every_mix_of_the_modes_and_only_with_the_opti
     assert any("one for every stage" in why for why in outside_space(inst, mixed, uniform))
     selective = sk.plan([2, 2, 2, 2], ["selective", "none", "none", "none"])
     assert any("recompute" in why for why in outside_space(inst, selective, per_stage))
+
+
+def test_two_templates_are_the_same_plan_whichever_is_written_first():
+    """The space lists each pair of templates once, so the other order must be the same plan: placement
+    takes GPUs in an order of the pipelines' shapes (placement.placing_order), and the evaluator times
+    both orders alike — on classes both templates share (s3 with search.pair_classes 2, s11's one class)."""
+    from hetopt.evaluate import evaluate
+
+    checked = 0
+    for name, wide in (("s3-two-islands", 2), ("s11-uneven-shares", 1)):
+        inst = load_instance(SMALL / f"{name}.yaml")
+        opts = dataclasses.replace(SearchOptions.from_instance(inst), pair_classes=wide)
+        pairs = [g for g in enumerate_groups(inst, opts, SearchStats()) if hasattr(g, "shared") and g.shared]
+        for group in random.Random(11).sample(pairs, min(40, len(pairs))):
+            for sk in itertools.islice(group.skeletons(), 2):
+                layers = [n for part in sk.split([1] * sk.depth) for n in _full(part, inst.model.layers)]
+                plan = sk.plan(layers)
+                swapped = plan.model_copy(update={"pipelines": plan.pipelines[::-1]})
+                one, other = evaluate(inst, plan), evaluate(inst, swapped)
+                if one.fits:
+                    assert other.iteration_time_s == one.iteration_time_s, sk.describe()
+                    checked += 1
+    assert checked >= 20

@@ -118,7 +118,6 @@ class Bounds:
         self._drained: dict[tuple, float] = {}
         self._buckets: dict[tuple, tuple] = {}
         self._pairs: dict[tuple, tuple] = {}
-        self._pair_tables: dict[int, tuple] = {}
         self._exchange: dict[tuple, float] = {}
         self._capped: dict[tuple, tuple[float, float]] = {}
         self._zero: dict[tuple, float] = {}
@@ -518,33 +517,33 @@ class Bounds:
             out = max(out, (micro_batches - 1 / v) * lam + s / v)
         return out
 
-    def pair_table(self, family, opts) -> tuple[tuple[list, list], np.ndarray]:
+    def pair_table(self, family, opts) -> tuple[tuple[list, list], np.ndarray, dict[str, np.ndarray]]:
         """A pair family's side templates (`Family.pair_sides`) and the bound of every group of them, as an
         array over (template a, template b): `range_bound` at the least-work mode over all replica counts
-        each side's GPUs allow (a box holding the group's), inf where the micro-batches cannot give each
-        stage one. Arithmetic on each side's (λ, S): no group is made to bound it. Memoised by the family
-        object (its entry keeps it alive)."""
-        key = id(family)
-        if key not in self._pair_tables or self._pair_tables[key][0] is not family:
-            rc, total = least_work(family.recompute_options), family.total_micro_batches
-            memory = family.stage_modes or family.recompute_options
-            sides = family.pair_sides(opts, self.inst.model.layers)
-            tops = [[min(gpus // g for g, gpus in per.values()) for _, _, per in side] for side in sides]
-            columns = []
-            for side, top, other in zip(sides, tops, reversed(tops), strict=True):
-                most = max(other, default=0)  # the other side's most replicas: caps at the most sharding
-                lines = [self.capped_bound(family.micro_batch, rc, memory, segments, t + most, family.zero_options[0])
-                         for (_, segments, _), t in zip(side, top, strict=True)]
-                columns.append(np.array([(lam, s, sum(counts), t)
-                                         for (lam, s), (counts, _, _), t in zip(lines, side, top, strict=True)],
-                                        dtype=float).reshape(-1, 4))
-            keys_b = {dc.key for dc in family.sides[1][0]}
-            shared = [(np.array([per[dc.key][0] for _, _, per in sides[0]], dtype=float).reshape(-1, 1),
-                       np.array([per[dc.key][0] for _, _, per in sides[1]], dtype=float).reshape(1, -1), dc.gpus)
-                      for dc in family.sides[0][0] if dc.key in keys_b]
-            exchange = self.exchange_s(*(classes for classes, _ in family.sides))
-            self._pair_tables[key] = (family, (sides, pair_grid(columns[0], columns[1], total, shared) + exchange))
-        return self._pair_tables[key][1]
+        each side's GPUs allow and that fit the classes both use (a region holding the group's), inf where
+        the micro-batches cannot give each stage one (with `pair_grid`'s masks of why). Arithmetic on each
+        side's (λ, S): no group is made to bound it. Memory caps at M replicas in all (R_a + R_b ≤ M: each
+        takes a micro-batch at least), which shares each side template's bound among families. Not memoised
+        (a table per family would hold them all at once: gigabytes over tens of thousands of families); the
+        side templates' bounds are."""
+        rc, total = least_work(family.recompute_options), family.total_micro_batches
+        memory = family.stage_modes or family.recompute_options
+        sides = family.pair_sides(opts, self.inst.model.layers)
+        tops = [[min(gpus // g for g, gpus in per.values()) for _, _, per in side] for side in sides]
+        columns = []
+        for side, top in zip(sides, tops, strict=True):
+            lines = [self.capped_bound(family.micro_batch, rc, memory, segments, total, family.zero_options[0])
+                     for _, segments, _ in side]
+            columns.append(np.array([(lam, s, sum(counts), t)
+                                     for (lam, s), (counts, _, _), t in zip(lines, side, top, strict=True)],
+                                    dtype=float).reshape(-1, 4))
+        keys_b = {dc.key for dc in family.sides[1][0]}
+        shared = [(np.array([per[dc.key][0] for _, _, per in sides[0]], dtype=float).reshape(-1, 1),
+                   np.array([per[dc.key][0] for _, _, per in sides[1]], dtype=float).reshape(1, -1), dc.gpus)
+                  for dc in family.sides[0][0] if dc.key in keys_b]
+        exchange = self.exchange_s(*(classes for classes, _ in family.sides))
+        table, why = pair_grid(columns[0], columns[1], total, shared)
+        return sides, table + exchange, why
 
     def exchange_s(self, side_a: tuple, side_b: tuple) -> float:
         """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates' exchange
@@ -615,7 +614,7 @@ class Bounds:
         and the templates share each class's G_k GPUs (Σ_j R_j·n_jk·t_jk ≤ G_k), so
         T ≥ M / Σ_k G_k·max_j 1/(t_jk·a_jk·(N + w_j)): a class both use counts once, at the better rate;
         and the templates' exchange follows (`exchange_s`). The search keys a pair family by the larger of
-        this and the least bound of its groups (`pair_table`, tree.Tree.family_bound)."""
+        this and the least bound of its groups (`pair_table`, tree.FamilyNode.expand)."""
         rc = least_work(family.recompute_options)
         layers, b = self.inst.model.layers, family.micro_batch
         rates: dict[tuple[str, str], float] = {}
@@ -789,11 +788,13 @@ def segment_parts(start: int, stages: int, depth: int) -> list[tuple[bool, bool,
 
 
 def pair_grid(side_a: np.ndarray, side_b: np.ndarray, total_micro_batches: int,
-              shared: list[tuple[np.ndarray, np.ndarray, int]]) -> np.ndarray:
+              shared: list[tuple[np.ndarray, np.ndarray, int]]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """`Bounds.range_bound` of every pair of side templates, each a row (λ, S, depth p, most replicas its
     GPUs allow): over 1 ≤ R_j ≤ min(that, (M − p_other)/p_j) and R_a·g_a + R_b·g_b ≤ G on each class
     both use (`shared`: each side's GPUs per replica, as a column and a row, and the class's GPUs); inf
-    where M < p_a + p_b, no replica counts fit, or a template cannot hold the model (λ = inf)."""
+    where M < p_a + p_b, no replica counts fit, or a template cannot hold the model (λ = inf). With masks of
+    why: "divisibility" (the micro-batches) and "memory" (λ = inf); the other infinite entries fit no
+    replica counts on the classes both templates share."""
     lam_a, s_a, p_a, gpus_a = (side_a[:, k:k + 1] for k in range(4))
     lam_b, s_b, p_b, gpus_b = (side_b[:, k].reshape(1, -1) for k in range(4))
     total = float(total_micro_batches)
@@ -802,7 +803,8 @@ def pair_grid(side_a: np.ndarray, side_b: np.ndarray, total_micro_batches: int,
     top_a = np.minimum(gpus_a, np.floor((total - p_b) / p_a))
     top_b = np.minimum(gpus_b, np.floor((total - p_a) / p_b))
     bound = region_bound((lam_a, s_a, 1.0, top_a), (lam_b, s_b, 1.0, top_b), shared, total)
-    return np.where(fits & (top_a >= 1) & (top_b >= 1), bound, np.inf)
+    deep = (top_a < 1) | (top_b < 1)
+    return np.where(fits & ~deep, bound, np.inf), {"divisibility": deep, "memory": ~fits & ~deep}
 
 
 def region_bound(side_a: tuple, side_b: tuple, shared: list[tuple], total: float):

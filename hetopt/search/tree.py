@@ -31,6 +31,7 @@ from hetopt.search.bounds import Bounds
 from hetopt.search.space import (
     DEFAULT_RECOMPUTE,
     DIVISIBILITY,
+    SHARED,
     Family,
     PairGroup,
     SearchOptions,
@@ -69,16 +70,11 @@ class Tree:
         return bound >= self.incumbent * (1 - self.tolerance)
 
     def roots(self) -> list[Node]:
-        """Every family of the plan space, keyed by its throughput bound."""
-        return [FamilyNode(self.family_bound(f), f) for f in enumerate_families(self.inst, self.options, self.stats)]
-
-    def family_bound(self, family: Family) -> float:
-        """A family's key: its throughput bound (`Bounds.family_bound`), and for a pair family also the
-        least bound of its groups (`Bounds.pair_table`), which counts each template's pipeline bubble."""
-        bound = self.bounds.family_bound(family)
-        if family.pair:
-            bound = max(bound, float(self.bounds.pair_table(family, self.options)[1].min(initial=math.inf)))
-        return bound
+        """Every family of the plan space, keyed by its throughput bound (`Bounds.family_bound`); a pair
+        family's key rises to the least bound of its groups when it first reaches the top
+        (`FamilyNode.expand`): building the roots stays cheap, inside the search's clock."""
+        return [FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
+                for f in enumerate_families(self.inst, self.options, self.stats)]
 
     def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
@@ -195,6 +191,8 @@ def _rekey(node: Node, bound: float) -> Node:
 @dataclass(frozen=True)
 class FamilyNode(Node):
     family: Family
+    refined: bool = True
+    """Whether a pair family's key is the least bound of its groups yet (`Bounds.pair_table`)."""
 
     pruned_as = "bound: whole families never generated (device classes × TP degrees)"
 
@@ -203,22 +201,33 @@ class FamilyNode(Node):
             out: list[Node] = [BucketNode(tree.bounds.bucket_bound(self.family, r, tree.options.max_stages),
                                           self.family, r)
                                for r in self.family.replica_counts(tree.stats)]
+        elif not self.refined:  # back in the heap at the least bound of its groups
+            table = tree.bounds.pair_table(self.family, tree.options)[1]
+            out = [FamilyNode(float(table.min(initial=math.inf)), self.family, refined=True)]
         else:
             out = self._pair_groups(tree)
         return _children(self, out)
 
     def _pair_groups(self, tree: Tree) -> list[Node]:
         """The groups of a pair family whose bounds (`Bounds.pair_table`) the incumbent does not beat; the
-        others are never made (counted as pruned)."""
+        others are never made (counted as pruned, each under its reason)."""
         family = self.family
-        (side_a, side_b), table = tree.bounds.pair_table(family, tree.options)
+        (side_a, side_b), table, why = tree.bounds.pair_table(family, tree.options)
         finite = np.isfinite(table)
-        kept = finite & (table < tree.incumbent * (1 - tree.tolerance))
-        tree.stats.pruned[DIVISIBILITY] += int(table.size - np.count_nonzero(finite))
-        tree.stats.pruned[PAIR_GROUPS_RULE] += int(np.count_nonzero(finite & ~kept))
+        if family.sides[0] == family.sides[1]:  # a pair and its mirror are one pair: only counts_a ≤ counts_b
+            mirrored = np.array([[ta[0] > tb[0] for tb in side_b] for ta in side_a], dtype=bool)
+        else:
+            mirrored = np.zeros(table.shape, dtype=bool)
+        kept = finite & ~mirrored & (table < tree.incumbent * (1 - tree.tolerance))
+        stats = tree.stats
+        stats.pruned[DIVISIBILITY] += int(np.count_nonzero(why["divisibility"]))
+        stats.pruned[MEMORY_GROUPS_RULE] += int(np.count_nonzero(why["memory"] & ~mirrored))
+        stats.pruned[SHARED] += int(np.count_nonzero(mirrored & ~why["divisibility"])
+                                    + np.count_nonzero(~finite & ~why["divisibility"] & ~why["memory"] & ~mirrored))
+        stats.pruned[PAIR_GROUPS_RULE] += int(np.count_nonzero(finite & ~mirrored & ~kept))
         out: list[Node] = []
         for i, j in np.argwhere(kept):
-            if (group := family.pair_group(side_a[i], side_b[j], tree.stats)) is not None:
+            if (group := family.pair_group(side_a[i], side_b[j], stats)) is not None:
                 out += tree.group_nodes(group)
         return out
 
