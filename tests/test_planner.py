@@ -761,3 +761,20 @@ def test_two_templates_over_several_classes_are_searched_and_pay():
     assert wide.objective_s < 0.92 * narrow.objective_s  # measured: 0.3435 s against 0.3815 s
     assert check_plan(inst, wide.plan) == []
     assert wide.warm_start is None or not wide.warm_start["kept"]
+
+
+def test_a_wider_pair_space_starts_from_the_default_spaces_optimum():
+    """With search.pair_classes 2 the default space (single-class pairs) is searched first for an
+    incumbent (orchestrate.NARROW_SHARE): on s14 the wider search beats it; on s3 (two islands) its
+    optimum is a one-template plan, so the seed is kept — inside the space, with its skeleton, proven."""
+    import dataclasses
+
+    s14 = solve_exact(load_instance(SMALL_DIR / "s14-pair-sides.yaml"), time_limit_s=60)
+    assert s14.warm_start["planner"] == "ilp, search.pair_classes 1" and not s14.warm_start["kept"]
+    assert s14.warm_start["objective_s"] == pytest.approx(0.3815, abs=1e-4)  # the default space's optimum
+    inst = load_instance(SMALL_DIR / "s3-two-islands.yaml")
+    wide = solve_exact(inst, options=dataclasses.replace(SearchOptions.from_instance(inst), pair_classes=2),
+                       time_limit_s=60)
+    narrow = solve_exact(inst, time_limit_s=60)
+    assert wide.status == SolveStatus.OPTIMAL and wide.objective_s == pytest.approx(narrow.objective_s, rel=1e-12)
+    assert wide.warm_start["kept"] and wide.warm_start["outside_space"] == [] and wide.skeleton is not None

@@ -23,6 +23,7 @@ the answer are the same.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -120,7 +121,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
 
     try:
         if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
-            run.seed(seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s))
+            seeded = seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s)
+            if options.pair_classes > 1 and options.max_templates >= 2:
+                seeded = _narrow_first(inst, form.name, backend, NARROW_SHARE * time_limit_s, seed, options,
+                                       profiles, progress, objective, workers, executor, address, seeded)
+            run.seed(seeded)
         if not lazy:
             pool = open_pool(executor, ctx, _solve_with, workers, address)
         solving_since = clock()
@@ -178,6 +183,7 @@ class _Run:
         self.tree: Tree | None = None
         self.incumbent, self.best, self.best_sk = math.inf, None, None
         self.seeded: dict | None = None
+        self.seed_plan = None  # the seed's plan, while no skeleton beats it
         self.open_bound = math.inf  # the smallest bound among skeletons not finished
         self.timed_out = False  # something is left unproven
         self.selecting = math.inf  # the least bound of the nodes `select` has taken out of the heap so far
@@ -196,6 +202,8 @@ class _Run:
         if seeded is not None:
             self.seeded = seeded
             self.incumbent, self.best = seeded["objective_s"], seeded.pop("plan")
+            self.best_sk = seeded.pop("skeleton", None)  # a plan of a subspace's search comes with its own
+            self.seed_plan = self.best
             if self.tree is not None:
                 self.tree.incumbent = self.incumbent
 
@@ -289,8 +297,8 @@ class _Run:
         bound = min(self.incumbent, self.open_bound)
         proven = bound >= self.incumbent * (1 - self.proof_tolerance)
         if self.seeded is not None:
-            self.seeded["kept"] = self.best_sk is None
-            if self.best_sk is None:  # the answer is the heuristic's plan: say whether the space holds it
+            self.seeded["kept"] = self.best is self.seed_plan
+            if self.seeded["kept"]:  # the answer is the seed's plan: say whether the space holds it
                 self.seeded["outside_space"] = outside_space(self.inst, self.best, self.options)
         # unproven for want of time: TIMEOUT; for a skeleton no backend could prove: FEASIBLE
         status = SolveStatus.OPTIMAL if proven else \
@@ -314,6 +322,27 @@ def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objectiv
 
     times = [evaluate(inst, plan, profiles, cluster=sc.cluster).iteration_time_s for sc in scenarios]
     return aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)
+
+
+NARROW_SHARE = 0.5
+"""With search.pair_classes > 1, the share of the time limit the default space (pairs of single-class
+templates) is searched first in, for an incumbent: the wider space's pairs keep weak bounds, and best-first
+over them alone can spend the whole limit before it solves a skeleton (scale-4096: 9% open, the warm start
+kept, worse than the default space's optimum; benchmarks/results.md)."""
+
+
+def _narrow_first(inst: Instance, formulation: str, backend: str, time_limit_s: float, seed: int,
+                  options: SearchOptions, profiles: Profiles, progress, objective: str, workers, executor: str,
+                  address, seeded: dict | None) -> dict | None:
+    """The better of the heuristic seed and the best plan of the space with pair_classes 1 (its subspace),
+    searched for `time_limit_s`, as the wider search's first incumbent (with its skeleton)."""
+    narrow = solve_exact(inst, formulation, backend, time_limit_s, seed,
+                         dataclasses.replace(options, pair_classes=1), profiles, progress=progress,
+                         objective=objective, workers=workers, executor=executor, address=address)
+    if narrow.plan is None or (seeded is not None and seeded["objective_s"] <= narrow.objective_s):
+        return seeded
+    return {"planner": "ilp, search.pair_classes 1", "objective_s": narrow.objective_s, "plan": narrow.plan,
+            "skeleton": narrow.skeleton}
 
 
 def seed_incumbent(inst: Instance, profiles: Profiles, scenarios, objective: str, budget_s: float) -> dict | None:
