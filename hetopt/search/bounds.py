@@ -851,9 +851,8 @@ def region_least(side_a: tuple, side_b: tuple, shared, total: float) -> float:
     for x, y in points:
         if lo_a - 1e-9 <= x <= top_a + 1e-9 and lo_b - 1e-9 <= y <= top_b + 1e-9 \
                 and all(ga * x + gb * y <= gpus * (1 + 1e-9) for ga, gb, gpus in shared):
-            here = x / lam_a + y / lam_b
-            rate = max(rate, here)
-            least = min(least, (total + x * (s_a / lam_a - 1) + y * (s_b / lam_b - 1)) / here)
+            rate = max(rate, x / lam_a + y / lam_b)
+            least = min(least, pair_at(((lam_a, s_a), (lam_b, s_b)), (x, y), total))
     return max(total / rate, least) if rate > 0 else math.inf
 
 

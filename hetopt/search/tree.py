@@ -22,7 +22,9 @@ What cannot hold the model in memory even at its most ZeRO sharding is dropped o
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -387,7 +389,7 @@ class ShareBounds:
     def least(self) -> float:
         """The least bound over the shares: at the first share where D_a ≥ D_b, or just before it."""
         n = len(self.shares)
-        cross = _first(n, lambda i: (lambda d: d[0] >= d[1])(self.parts(i)))
+        cross = _first(n, lambda i: operator.ge(*self.parts(i)))
         return min(max(self.parts(i)) for i in (cross - 1, cross) if 0 <= i < n) + self.constant
 
     def window(self, threshold: float) -> tuple[int, int]:
@@ -400,14 +402,7 @@ class ShareBounds:
 
 def _first(n: int, test) -> int:
     """The first i in 0 … n − 1 where a test that once true stays true holds (n where it never does)."""
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if test(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    return bisect.bisect_left(range(n), True, key=test)
 
 
 @dataclass(frozen=True)
