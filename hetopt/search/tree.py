@@ -222,11 +222,12 @@ class FamilyNode(Node):
             mirrored = np.zeros(table.shape, dtype=bool)
         kept = finite & ~mirrored & (table < tree.incumbent * (1 - tree.tolerance))
         stats = tree.stats
-        stats.pruned[DIVISIBILITY] += int(np.count_nonzero(why["divisibility"]))
-        stats.pruned[MEMORY_GROUPS_RULE] += int(np.count_nonzero(why["memory"] & ~mirrored))
-        stats.pruned[SHARED] += int(np.count_nonzero(mirrored & ~why["divisibility"])
-                                    + np.count_nonzero(~finite & ~why["divisibility"] & ~why["memory"] & ~mirrored))
-        stats.pruned[PAIR_GROUPS_RULE] += int(np.count_nonzero(finite & ~mirrored & ~kept))
+        deep, memory = why["divisibility"], why["memory"] & ~mirrored
+        shared = (mirrored & ~deep) | (~finite & ~deep & ~why["memory"] & ~mirrored)
+        for rule, mask in ((DIVISIBILITY, deep), (MEMORY_GROUPS_RULE, memory), (SHARED, shared),
+                           (PAIR_GROUPS_RULE, finite & ~mirrored & ~kept)):
+            if (count := int(np.count_nonzero(mask))) > 0:  # no rule listed with nothing pruned
+                stats.pruned[rule] += count
         out: list[Node] = []
         for i, j in np.argwhere(kept):
             if (group := family.pair_group(side_a[i], side_b[j], stats)) is not None:
@@ -356,7 +357,8 @@ class PairSubgroupNode(Node):
             tree.incumbent * (1 - tree.tolerance))
         leaves = [tree.skeleton_node(sk) for ma in shares[lo:hi + 1]
                   for sk in g.skeletons_at(self.ra, self.rb, self.recompute, ma)]
-        tree.stats.pruned[BOUND_RULE] += self.size - len(leaves)
+        if self.size > len(leaves):
+            tree.stats.pruned[BOUND_RULE] += self.size - len(leaves)
         return _children(self, leaves)
 
     @property
