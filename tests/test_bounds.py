@@ -113,4 +113,6 @@ def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_ti
         least = min(pair_at(lines, p, total) for p in points)
         assert bound <= least * (1 + 1e-12)
         tight += bound >= least * (1 - 1e-9)
-    assert empty > 0 and tight > 100  # the whole-number optimum is often a vertex of the polygon
+    # measured (seed 7): 189 of the 400 regions hold no whole point, and in 171 of the other 211 the bound
+    # is the least over the whole points (a vertex of the real polygon is whole)
+    assert empty > 0 and tight > 100

@@ -534,41 +534,28 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             stats.pruned["divisibility: micro-batch does not divide the global batch"] += 1
             continue
         total_mb = inst.global_batch // b
-        for k in range(1, min(opts.max_classes, len(classes)) + 1):
-            for order in itertools.permutations(classes, k):
-                for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
-                    stats.families += 1
-                    yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, zero, modes)
+        for order, tps in class_runs(inst, opts, classes, opts.max_classes):
+            stats.families += 1
+            yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, zero, modes)
         if opts.max_templates >= 2 and pair_zero:
-            # two classes, or one class twice: its replicas in two templates with uneven shares (also
-            # a different depth or TP)
-            for pair in itertools.combinations_with_replacement(classes, 2):
-                for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in pair)):
-                    if pair[0] is pair[1] and tps[0] > tps[1]:
-                        continue  # the same family the other way round
+            # two templates side by side, on two classes or one class twice: its replicas in two templates
+            # with uneven shares (also a different depth or TP)
+            sides = list(class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes)))
+            for i, side_a in enumerate(sides):
+                for side_b in sides[i:]:  # each unordered pair once (placement.placing_order: either order)
                     stats.families += 1
-                    yield Family(b, pair, tps, True, total_mb, rc, zero_options=pair_zero, stage_modes=modes,
-                                 split=1)
-            for side_a, side_b in multi_class_pairs(inst, opts, classes):
-                stats.families += 1
-                yield Family(b, side_a[0] + side_b[0], side_a[1] + side_b[1], True, total_mb, rc,
-                             zero_options=pair_zero, stage_modes=modes, split=len(side_a[0]))
+                    yield Family(b, side_a[0] + side_b[0], side_a[1] + side_b[1], True, total_mb, rc,
+                                 zero_options=pair_zero, stage_modes=modes, split=len(side_a[0]))
 
 
-def multi_class_pairs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass]):
-    """The (classes, TP degrees) of the two templates of each pair family in which one template spans
-    several device classes (at most search.pair_classes each): every ordered run of distinct classes with
-    their TP degrees is a side, and each unordered pair of sides is one family (a side with itself too:
-    one template twice, with uneven shares). The pairs of single-class templates come before these."""
-    most = min(opts.pair_classes, opts.max_classes, len(classes))
-    if most < 2:
-        return
-    sides = [(order, tps) for k in range(1, most + 1) for order in itertools.permutations(classes, k)
-             for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order))]
-    for i, side_a in enumerate(sides):
-        for side_b in sides[i:]:
-            if len(side_a[0]) > 1 or len(side_b[0]) > 1:
-                yield side_a, side_b
+def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], most: int
+               ) -> Iterator[tuple[tuple[DeviceClass, ...], tuple[int, ...]]]:
+    """Every ordered run of up to `most` distinct device classes with a TP degree each (`tp_options`): the
+    classes of one template, in stage order."""
+    for k in range(1, min(most, len(classes)) + 1):
+        for order in itertools.permutations(classes, k):
+            for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
+                yield order, tps
 
 
 def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
