@@ -48,21 +48,22 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
             # same stage; the one to be near when moving: the replica's previous stage
             stay = at.get((p_index, replica, s_index - 1) if order == "replica" else (p_index, replica - 1, s_index))
             near = at.get((p_index, replica, s_index - 1))
-            if stage.tp > dc.max_gpus_per_node:
+            if stage.width > dc.max_gpus_per_node:  # a TP group over whole nodes (the verifier: no CP then)
                 entry = span_nodes(cluster, dc, stage.tp, free, near, (p_index, replica, s_index))
                 entries.append(entry)
                 at[(p_index, replica, s_index)] = entry.node
                 continue
             if stay is not None and cluster.nodes[stay].gpu == stage.gpu and \
-                    cluster.nodes[stay].island == stage.island and free.count(stay) >= stage.tp:
+                    cluster.nodes[stay].island == stage.island and free.count(stay) >= stage.width:
                 node = stay
             else:
-                node = free.pick(dc, stage.tp, near)
+                node = free.pick(dc, stage.width, near)
             if node is None:
                 raise InfeasibleError(
                     f"pipelines[{p_index}] replica {replica} stage {s_index}: no node of "
-                    f"{stage.gpu}@{stage.island} has {stage.tp} free GPUs left for its TP group")
-            gpus = free.take(node, stage.tp)
+                    f"{stage.gpu}@{stage.island} has {stage.width} free GPUs left for its TP"
+                    f"{'×CP' if stage.cp > 1 else ''} group")
+            gpus = free.take(node, stage.width)
             entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, node=node, gpus=gpus))
             at[(p_index, replica, s_index)] = node
     entries.sort(key=lambda e: (e.pipeline, e.replica, e.stage))
@@ -76,7 +77,7 @@ def placing_order(plan: Plan) -> list[int]:
     never depend on its layers (a skeleton's placement holds for every split)."""
     def shape(j: int) -> tuple:
         pipe = plan.pipelines[j]
-        return tuple((st.gpu, st.island, st.tp) for st in pipe.stages), pipe.replicas, pipe.micro_batches
+        return tuple((st.gpu, st.island, st.tp, st.cp) for st in pipe.stages), pipe.replicas, pipe.micro_batches
 
     return sorted(range(len(plan.pipelines)), key=shape)
 

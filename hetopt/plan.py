@@ -28,12 +28,20 @@ class Stage(Section):
     island: Name = Field(description="Island of the stage's device class.")
     tp: PositiveInt = Field(description="Tensor-parallel degree: GPUs of the stage, inside one node, or whole nodes "
                                         "of its device class when it exceeds a node (placement `more_nodes`).")
+    cp: PositiveInt = Field(1, description="Context-parallel degree: the stage's sequence split over cp TP "
+                                           "groups (ring attention), tp·cp GPUs inside one node; needs "
+                                           "flash attention.")
     recompute: Recompute = Field("none", description="Activation recompute: none, selective or full.")
     sp: bool = Field(True, description="Sequence parallelism.")
 
     @property
     def device_class(self) -> tuple[str, str]:
         return (self.gpu, self.island)
+
+    @property
+    def width(self) -> int:
+        """GPUs of one replica of the stage: tp·cp."""
+        return self.tp * self.cp
 
 
 class Pipeline(Section):
@@ -101,7 +109,7 @@ class Plan(Section):
 
     @property
     def gpus_used(self) -> int:
-        return sum(p.replicas * s.tp for p in self.pipelines for s in p.stages)
+        return sum(p.replicas * s.width for p in self.pipelines for s in p.stages)
 
     @property
     def replicas(self) -> int:

@@ -53,12 +53,34 @@ def check_stages(inst: Instance, plan: Plan) -> list[Finding]:
             elif inst.model.kv_heads % st.tp:
                 found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.kv_heads} kv_heads "
                                             "(grouped-query attention: each TP rank holds whole key/value heads)"))
+            found += _check_cp(inst, dc, st, path)
             if st.tp > dc.max_gpus_per_node and not whole_nodes(dc, st.tp):
                 sizes = sorted({n.gpus for n in dc.nodes})
                 found.append((f"{path}.tp", f"tp={st.tp} exceeds the {dc.max_gpus_per_node} GPUs of a "
                                             f"{dc.label} node and is not a multiple of a node size ({sizes}) "
                                             "with that many nodes in the class; a TP group sits inside one "
                                             "node or spans whole nodes of one GPU type"))
+    return found
+
+
+def _check_cp(inst: Instance, dc, st, path: str) -> list[Finding]:
+    """Context parallelism as Megatron-LM runs it: the sequence in 2·cp chunks (causal load balancing) of
+    whole TP shards (sequence parallelism), flash attention (its ring attention kernels), and — in hetopt —
+    the stage's tp·cp GPUs inside one node."""
+    if st.cp <= 1:
+        return []
+    found = []
+    s = inst.seq_len
+    if s % (2 * st.cp * st.tp):
+        found.append((f"{path}.cp", f"cp={st.cp} with tp={st.tp}: the sequence of {s} tokens does not split "
+                                    f"into 2·cp·tp = {2 * st.cp * st.tp} equal chunks"))
+    if inst.spec.training.attention != "flash":
+        found.append((f"{path}.cp", f"cp={st.cp} needs training.attention: flash (ring attention runs on "
+                                    f"flash kernels); it is {inst.spec.training.attention}"))
+    if st.width > dc.max_gpus_per_node:
+        found.append((f"{path}.cp", f"tp·cp = {st.width} exceeds the {dc.max_gpus_per_node} GPUs of a "
+                                    f"{dc.label} node; a stage with context parallelism keeps its tp·cp GPUs "
+                                    "in one node"))
     return found
 
 
@@ -108,7 +130,7 @@ def check_resources(inst: Instance, plan: Plan) -> list[Finding]:
     need: Counter[tuple[str, str]] = Counter()
     for pipe in plan.pipelines:
         for st in pipe.stages:
-            need[(st.gpu, st.island)] += pipe.replicas * st.tp
+            need[(st.gpu, st.island)] += pipe.replicas * st.width
     found = []
     for key, n in need.items():
         dc = inst.cluster.device_classes.get(key)
@@ -191,8 +213,9 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
             found += problems
             if node is None:
                 continue
-            if len(set(e.gpus)) != stage.tp:
-                found.append((f"{path}.gpus", f"{len(set(e.gpus))} distinct GPUs for a stage of tp={stage.tp}"))
+            if len(set(e.gpus)) != stage.width:
+                found.append((f"{path}.gpus", f"{len(set(e.gpus))} distinct GPUs for a stage of tp={stage.tp}"
+                                              + (f", cp={stage.cp}" if stage.cp > 1 else "")))
         for name, gpus in (e.members if e.more_nodes else ((e.node, e.gpus),)):
             gpus_taken.update((name, g) for g in gpus)
     for key in sorted(expected - set(seen)):

@@ -84,7 +84,7 @@ def min_max_split(inst: Instance, profiles: Profiles, plan: Plan) -> list[int] |
     for i in range(p):
         for pipe in plan.pipelines:
             st = pipe.stages[i]
-            a, c = bounds.stage_line(st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1)
+            a, c = bounds.stage_line(st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1, st.cp)
             tau[i] = np.maximum(tau[i], a * np.arange(n_layers + 1) + c)
     best = np.full(n_layers + 1, np.inf)
     best[0] = 0.0

@@ -9,6 +9,12 @@ recompute) and the backward pass reads them and writes their gradients, twice th
 Backward GEMMs cost twice the forward (input and weight gradients). Full recompute adds one forward;
 selective recompute adds the attention core.
 
+Context parallelism (cp ranks, Megatron-LM's --context-parallel-size) splits the sequence: every rank runs
+the projections, MLP, norms, head and embedding on its s/cp tokens, and the attention core of its queries
+against the whole sequence — 1/cp of the core's FLOPs with the causal load balancing Megatron-LM uses (each
+rank holds chunks i and 2cp − 1 − i), in cp blocks, one kernel each. Its communication (`cp_comm_per_pass`)
+gathers every rank's keys and values.
+
 The attention core (scores QKᵀ and context PV) depends on the kernel. Standard attention runs it as batched
 GEMMs over the whole s×s matrix (GEMM term, backward 2×). Flash attention (Dao 2022/2023) is one fused kernel
 with its own efficiency (ATTN term): it skips the masked half of a causal LM's s×s matrix, and its backward
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetopt.cost import comm
-from hetopt.cost.flops import head_forward_flops, layer_forward_flops
+from hetopt.cost.flops import head_forward_flops, kv_width, layer_forward_flops
 from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes
 from hetopt.cost.terms import ATTN, GEMM, KERN, MEM, PASS, zeros
 from hetopt.spec.gpus import GPUType
@@ -51,6 +57,12 @@ class LayerShape:
     tp: int
     sp: bool
     attention: str
+    cp: int = 1
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the sequence on one context-parallel rank (all of them without CP)."""
+        return self.seq_len // self.cp
 
 
 def _gemm(flops: float, kernels: float, gpu: GPUType) -> np.ndarray:
@@ -67,17 +79,20 @@ def _mem(nbytes: float, gpu: GPUType) -> np.ndarray:
 
 
 def attention_core_flops(x: LayerShape) -> float:
-    """Scores QKᵀ and context PV: 4bs²h forward."""
+    """Scores QKᵀ and context PV of the whole sequence: 4bs²h forward."""
     return 4.0 * x.micro_batch * x.seq_len**2 * x.model.hidden
 
 
 def attention_kernels(x: LayerShape) -> int:
-    return 1 if x.attention == "flash" else 2
+    """Kernels of the attention core per forward: one fused (flash) or two GEMMs, once per block of keys
+    and values a context-parallel rank sees (cp)."""
+    return (1 if x.attention == "flash" else 2) * x.cp
 
 
 def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
-    """The attention core of one layer's pass on one GPU of a TP group (its heads are split over TP)."""
-    flops = attention_core_flops(x) / x.tp
+    """The attention core of one layer's pass on one GPU of a TP group (its heads are split over TP, its
+    queries over CP)."""
+    flops = attention_core_flops(x) / (x.tp * x.cp)
     kernels = attention_kernels(x) * (2 if backward else 1)
     if x.attention == "standard":
         return _gemm(flops * (2 if backward else 1), kernels, gpu)
@@ -89,8 +104,9 @@ def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.nd
 
 def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """The projections' and MLP's GEMMs and the memory-bound work of one layer's forward."""
-    dense = layer_forward_flops(x.model, x.micro_batch, x.seq_len) - attention_core_flops(x)
-    stored = layer_activation_bytes(x.model, x.micro_batch, x.seq_len, x.tp, x.sp, x.attention, "none")
+    local = LayerShape(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention)  # this rank's tokens
+    dense = layer_forward_flops(x.model, x.micro_batch, x.tokens) - attention_core_flops(local)
+    stored = layer_activation_bytes(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none")
     return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)  # QKV, output projection, MLP up(+gate), MLP down
 
 
@@ -122,36 +138,48 @@ def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
 def tp_comm_per_pass(x: LayerShape, intra) -> np.ndarray:
     """Two all-reduces of the b·s·h activations per layer and pass (reduce-scatter + all-gather with
     sequence parallelism: the same bytes), over the intra-node interconnect `intra` (a Route)."""
-    nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
+    nbytes = ACT_BYTES * x.micro_batch * x.tokens * x.model.hidden
     return 2 * comm.collective("all_reduce", nbytes, x.tp, intra)
+
+
+def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray:
+    """Context parallelism's exchange per layer: every rank gathers the keys and values of the other cp − 1
+    (2·b·(s/cp)·kv_width/tp 16-bit values each; grouped-query attention sends only the kv heads), and the
+    backward pass gathers them again and reduce-scatters their gradients (twice the forward). Priced as
+    the collective it is (Megatron-LM's `all_gather` CP communication), not overlapped with the attention
+    blocks (its `p2p` ring hides some of it: this is the most it exposes). 0 without CP."""
+    if x.cp <= 1:
+        return zeros()
+    rank_bytes = ACT_BYTES * x.micro_batch * x.tokens * 2 * kv_width(x.model) / x.tp
+    return (2 if backward else 1) * comm.collective("all_gather", rank_bytes, x.cp, intra)
 
 
 def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """LM head GEMM (vocabulary-parallel) and the fp32 softmax cross-entropy."""
-    logits = LOGIT_BYTES * x.micro_batch * x.seq_len * x.model.vocab / x.tp
-    return (_gemm(head_forward_flops(x.model, x.micro_batch, x.seq_len) / x.tp, 1, gpu)
+    logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
+    return (_gemm(head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 1, gpu)
             + _mem(CROSS_ENTROPY_PASSES_FWD * logits, gpu))
 
 
 def head_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
-    logits = LOGIT_BYTES * x.micro_batch * x.seq_len * x.model.vocab / x.tp
-    return (_gemm(2 * head_forward_flops(x.model, x.micro_batch, x.seq_len) / x.tp, 2, gpu)
+    logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
+    return (_gemm(2 * head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 2, gpu)
             + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu))
 
 
 def head_tp_comm(x: LayerShape, intra) -> np.ndarray:
     """Vocabulary-parallel cross-entropy: three all-reduces of one fp32 per token (max, sum, target)."""
-    return 3 * comm.collective("all_reduce", 4.0 * x.micro_batch * x.seq_len, x.tp, intra)
+    return 3 * comm.collective("all_reduce", 4.0 * x.micro_batch * x.tokens, x.tp, intra)
 
 
 def embedding_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """Embedding lookup writes b·s·h activations; vocabulary-parallel embedding all-reduces them."""
-    nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
+    nbytes = ACT_BYTES * x.micro_batch * x.tokens * x.model.hidden
     return _mem(nbytes, gpu)
 
 
 def embedding_tp_comm(x: LayerShape, intra) -> np.ndarray:
-    nbytes = ACT_BYTES * x.micro_batch * x.seq_len * x.model.hidden
+    nbytes = ACT_BYTES * x.micro_batch * x.tokens * x.model.hidden
     return comm.collective("all_reduce", nbytes, x.tp, intra)
 
 

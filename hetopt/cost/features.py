@@ -95,17 +95,22 @@ class PlanFeatures:
 
 @lru_cache(maxsize=65536)
 def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
-                attention: str, recompute: str, layers: int, first: bool, last: bool, intra=None) -> np.ndarray:
+                attention: str, recompute: str, layers: int, first: bool, last: bool, intra=None,
+                cp: int = 1) -> np.ndarray:
     """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP collectives
     over `intra` (the stage's intra-node Route, or a comm.Span when its TP group spans nodes; default the
-    GPU's catalog interconnect)."""
-    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention)
+    GPU's catalog interconnect); with context parallelism `cp` > 1 the work of one of its ranks and the
+    CP exchange (over `intra`: CP stays inside a node) beside the TP collectives."""
+    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention, cp)
     intra = intra or intra_route(gpu)
     fwd = layers * cc.layer_forward(x, gpu)
     bwd = layers * (cc.layer_backward(x, gpu) + cc.layer_recompute(x, gpu, recompute))
     tp_pass = cc.tp_comm_per_pass(x, intra)
-    fwd_tp = layers * tp_pass
-    bwd_tp = layers * tp_pass * (2 if recompute == "full" else 1)
+    cp_fwd = cc.cp_comm_per_pass(x, intra)
+    # full recompute runs the forward's collectives again in the backward pass
+    fwd_tp = layers * (tp_pass + cp_fwd)
+    bwd_tp = layers * (tp_pass * (2 if recompute == "full" else 1) + cc.cp_comm_per_pass(x, intra, True)
+                       + (cp_fwd if recompute == "full" else 0.0))
     if first:
         fwd = fwd + cc.embedding_forward(x, gpu)
         bwd = bwd + 2 * cc.embedding_forward(x, gpu)
@@ -142,7 +147,7 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
             # TP collectives inside the stage's nodes, or over the network when its TP group spans nodes
             tp_path = spans.get((j, i)) or cluster.slowest_intra(nodes_of[(j, i)])
             arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last,
-                                    tp_path)
+                                    tp_path, st.cp)
             # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
             # model chunk; with interleaving the last stage also passes activations on to the first stage's
             # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
@@ -150,20 +155,25 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
             nxt, prv = (i + 1) % p, (i - 1) % p
             sends_fwd = vp if not last else vp - 1
             sends_bwd = vp if not first else vp - 1
+            # each of the tp·cp ranks sends its share (CP: its part of the sequence)
             if sends_fwd:
-                arr[i, P2P] += sends_fwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes, st.tp)
+                arr[i, P2P] += sends_fwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes,
+                                                        st.width)
             if sends_bwd:
-                arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes, st.tp)
+                arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes,
+                                                        st.width)
             params = stage_params(m, st.layers, first, last, p)
             columns = nic_columns(cluster, nodes_of[(j, i)], st.tp)
-            arr[i, DP] = _dp_collective("all_reduce", cluster, pipe.replicas, nodes_of[(j, i)],
-                                        params / st.tp * grad_bytes, columns, ring_load)
-            shard = replicas_total if plan.zero else 1
+            # the data-parallel group of a TP rank: its replicas' cp ranks each (Megatron-LM's DP×CP group)
+            dp_nodes, dp_ranks = [n for n in nodes_of[(j, i)] for _ in range(st.cp)], pipe.replicas * st.cp
+            arr[i, DP] = _dp_collective("all_reduce", cluster, dp_ranks, dp_nodes, params / st.tp * grad_bytes,
+                                        columns, ring_load)
+            shard = replicas_total * st.cp if plan.zero else 1
             arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[i, OPT, ITER] = 1
             if plan.zero >= 2:
-                zero_stage(arr[i], z_arr[i], plan.zero, cluster, pipe.replicas, nodes_of[(j, i)], params / st.tp,
-                           grad_bytes, columns, gpu, ring_load)
+                zero_stage(arr[i], z_arr[i], plan.zero, cluster, dp_ranks, dp_nodes, params / st.tp, grad_bytes,
+                           columns, gpu, ring_load)
             z_units.append(st.layers + first + last)
             t_gpus.append(gpu)
             t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
@@ -285,7 +295,7 @@ def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i:
                  replicas: int) -> float:
     """Peak bytes of stage i (of `stages`) of a template; `plan` gives the micro-batch size, schedule,
     virtual stages and ZeRO stage; `replicas` is every replica of the plan (ZeRO-1 shards over all)."""
-    m, s, b = inst.model, inst.seq_len, plan.micro_batch
+    m, s, b = inst.model, inst.seq_len // st.cp, plan.micro_batch  # s: this CP rank's tokens
     attention = inst.spec.training.attention
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
@@ -298,7 +308,7 @@ def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i:
     if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
         working = zero_working_bytes(largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp,
                                      plan.zero)
-    return model_state_bytes(params, st.tp, replicas, plan.zero) + working + activations
+    return model_state_bytes(params, st.tp, replicas * st.cp, plan.zero) + working + activations
 
 
 # -- TP across nodes, ZeRO-2/3 ---------------------------------------------------------------------------

@@ -211,7 +211,7 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
     iteration = t_dp + t_cross + t_opt
     tokens = inst.global_batch * inst.seq_len
     model_flops = model_flops_per_token(inst.model, inst.seq_len) * tokens
-    peak_used = sum(pipe.replicas * st.tp * inst.gpu_types[st.gpu].peak_flops
+    peak_used = sum(pipe.replicas * st.width * inst.gpu_types[st.gpu].peak_flops
                     for pipe in plan.pipelines for st in pipe.stages)
     peak_mem = [mem / GIB + profiles.for_gpu(g).reserve_gib
                 for mems, gpus in zip(f.memory_bytes, f.gpus, strict=True) for mem, g in zip(mems, gpus, strict=True)]

@@ -126,16 +126,17 @@ class Bounds:
     # -- one stage ------------------------------------------------------------------------------------
 
     def stage_line(self, gpu_name: str, tp: int, micro_batch: int, recompute: str, first: bool,
-                   last: bool) -> Line:
-        """(a, c) with τ(L) ≥ a·L + c for one stage's compute: y ≥ d + s·h per pass, TP in device time
-        over the fastest interconnect of any node with this GPU type (so it holds wherever the stage goes)."""
-        (af, cf), (ab, cb) = self.pass_lines(gpu_name, tp, micro_batch, recompute, first, last)
+                   last: bool, cp: int = 1) -> Line:
+        """(a, c) with τ(L) ≥ a·L + c for one stage's compute: y ≥ d + s·h per pass, TP (and CP, `cp`
+        ranks: one node's) in device time over the fastest interconnect of any node with this GPU type (so
+        it holds wherever the stage goes)."""
+        (af, cf), (ab, cb) = self.pass_lines(gpu_name, tp, micro_batch, recompute, first, last, cp)
         return af + ab, cf + cb
 
     def pass_lines(self, gpu_name: str, tp: int, micro_batch: int, recompute: str, first: bool,
-                   last: bool) -> tuple[Line, Line]:
+                   last: bool, cp: int = 1) -> tuple[Line, Line]:
         """`stage_line` per pass: (forward, backward), each y ≥ a·L + c."""
-        key = (gpu_name, tp, micro_batch, recompute, first, last)
+        key = (gpu_name, tp, micro_batch, recompute, first, last, cp)
         if key not in self._lines:
             inst = self.inst
             gpu = inst.gpu_types[gpu_name]
@@ -147,24 +148,25 @@ class Bounds:
             ends = []
             for n in (1, 2):
                 work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, tp, True,
-                                  inst.spec.training.attention, recompute, n, first, last, intra)
+                                  inst.spec.training.attention, recompute, n, first, last, intra, cp)
                 host, dev = host_device(work, w)
                 ends.append([dev[FWD] + dev[FWD_TP] + s * host[FWD], dev[BWD] + dev[BWD_TP] + s * host[BWD]])
             self._lines[key] = tuple((float(e2 - e1), float(2 * e1 - e2)) for e1, e2 in zip(*ends, strict=True))
         return self._lines[key]
 
-    def per_layer_s(self, gpu_name: str, tp: int, micro_batch: int, recompute: str) -> float:
+    def per_layer_s(self, gpu_name: str, tp: int, micro_batch: int, recompute: str, cp: int = 1) -> float:
         """a with τ(L) ≥ a·L for a middle stage: the line a·L + c with a positive intercept dropped, a
         negative one folded in (a·L + c ≥ (a + c)·L for L ≥ 1). First and last stages only add work."""
-        a, c = self.stage_line(gpu_name, tp, micro_batch, recompute, False, False)
+        a, c = self.stage_line(gpu_name, tp, micro_batch, recompute, False, False, cp)
         return a + min(c, 0.0)
 
     def send_s(self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int,
                flows: int = 1) -> float:
         """Least seconds of one activation (or gradient) send from a stage of device class `src` (GPU type,
-        island) at TP `tp` to a stage of class `dst`: the fastest pair of their nodes (features.p2p_features,
-        priced with the sender's weights), under the fastest planning cluster. Different GPU types never
-        share a node, so a send between classes always crosses NICs. Alone on its links — except that
+        island) of `tp` GPUs (its TP·CP ranks, each sending its share) to a stage of class `dst`: the
+        fastest pair of their nodes (features.p2p_features, priced with the sender's weights), under the
+        fastest planning cluster. Different GPU types never share a node, so a send between classes always
+        crosses NICs. Alone on its links — except that
         between islands the `flows` replicas of a template all cross the same island links at once (every
         route from one island to another takes the same island path, Cluster.island_path), so each gets at
         most 1/flows of them (their max-min share, as p2p_features prices it)."""
@@ -276,8 +278,8 @@ class Bounds:
         key = (template.segments, template.replicas, replicas_total, zero)
         if key not in self._optimizer:
             inst, rates, floor = self.inst, 0.0, math.inf
-            shard = replicas_total if zero >= 1 else 1
             for seg in template.segments:
+                shard = replicas_total * seg.cp if zero >= 1 else 1  # ZeRO-1 over the DP×CP group
                 gpu = inst.gpu_types[seg.gpu]
                 w = self.profiles.for_gpu(gpu, inst.spec.training.framework).w
                 per_layer = layer_params(inst.model) / seg.tp / shard
@@ -320,12 +322,12 @@ class Bounds:
         key = (seg, prv, nxt, micro_batch, recompute, flows, zero, collectives)
         if key not in self._segments:
             here = (seg.gpu, seg.island)
-            inner = self.send_s(here, here, seg.tp, micro_batch)
+            inner = self.send_s(here, here, seg.width, micro_batch)
             k_pass = self.zero_per_layer(seg, flows, zero)
             out = []
             for k, count in _positions(seg.stages):
                 first, last = prv is None and k == 0, nxt is None and k == seg.stages - 1
-                passes = self.pass_lines(seg.gpu, seg.tp, micro_batch, recompute, first, last)
+                passes = self.pass_lines(seg.gpu, seg.tp, micro_batch, recompute, first, last, seg.cp)
                 a, c = sum(ap for ap, _ in passes), sum(cp for _, cp in passes)
                 # the first collective (or the last) of each pass is never hidden
                 eps = sum(max(0.0, min(ap + min(cp, 0.0), kp)) for (ap, cp), kp in zip(passes, k_pass, strict=True)
@@ -334,9 +336,9 @@ class Bounds:
                     a, c = sum(k_pass), 0.0
                 c += eps
                 if not last:  # activation forward
-                    c += self.send_s(here, nxt, seg.tp, micro_batch, flows) if k == seg.stages - 1 else inner
+                    c += self.send_s(here, nxt, seg.width, micro_batch, flows) if k == seg.stages - 1 else inner
                 if not first:  # gradient back
-                    c += self.send_s(here, prv, seg.tp, micro_batch, flows) if k == 0 else inner
+                    c += self.send_s(here, prv, seg.width, micro_batch, flows) if k == 0 else inner
                 out.append((a, c, count))
             self._segments[key] = out
         return self._segments[key]
@@ -413,7 +415,7 @@ class Bounds:
         backward pass with TP over the class's interconnect (None where its nodes differ inside)."""
         seg, depth = segments[0], sum(sg.stages for sg in segments)
         # stage 0 is also the last only in a one-stage template; nothing else of the template matters
-        key = (micro_batch, recompute, seg.gpu, seg.island, seg.tp, depth == 1, replicas)
+        key = (micro_batch, recompute, seg.gpu, seg.island, seg.tp, seg.cp, depth == 1, replicas)
         if key not in self._drains:
             self._drains[key] = self._stage0_drain(micro_batch, recompute, segments, replicas)
         return self._drains[key]
@@ -421,10 +423,11 @@ class Bounds:
     def _stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
         inst, seg = self.inst, segments[0]
         nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (seg.gpu, seg.island)]
-        per_node = max(n.gpus // seg.tp for n in nodes)
+        per_node = max(n.gpus // seg.width for n in nodes)
         if replicas <= 1 or per_node < 1 or replicas <= per_node:
             return None  # one node can hold every replica's stage 0: no network ring to bound
-        ring = self.class_ring((seg.gpu, seg.island), seg.tp, replicas)
+        # with CP each replica's cp ranks reduce inside its node first: the ring between nodes is as without
+        ring = self.class_ring((seg.gpu, seg.island), seg.width, replicas)
         if ring is None:
             return None
         ring_nodes, gbps, latency_s, alpha_s = ring
@@ -444,7 +447,7 @@ class Bounds:
 
         def backward(layers: int) -> tuple[float, float]:
             work = stage_work(inst.model, gpu, micro_batch, inst.seq_len, seg.tp, True,
-                              inst.spec.training.attention, recompute, layers, True, depth == 1, slow)
+                              inst.spec.training.attention, recompute, layers, True, depth == 1, slow, seg.cp)
             host, dev = host_device(work, params.w)
             return float(host[BWD]), float(dev[BWD] + dev[BWD_TP])
 
@@ -618,29 +621,31 @@ class Bounds:
         rc = least_work(family.recompute_options)
         layers, b = self.inst.model.layers, family.micro_batch
         rates: dict[tuple[str, str], float] = {}
+        cp = family.cp  # a stage takes tp·cp GPUs
         for classes, tps in family.sides:
-            per_layer = [self.per_layer_s(dc.gpu, tp, b, rc) for dc, tp in zip(classes, tps, strict=True)]
+            per_layer = [self.per_layer_s(dc.gpu, tp, b, rc, cp) for dc, tp in zip(classes, tps, strict=True)]
             if min(per_layer) <= 0:
                 return 0.0
-            weight = sum(c / a for a, c in self._side_sends(classes, tps, b, per_layer, 1))
+            weight = sum(c / a for a, c in self._side_sends(classes, tps, b, per_layer, 1, cp))
             if not family.pair:
-                rate = sum(dc.gpus / (tp * a) for dc, tp, a in zip(classes, tps, per_layer, strict=True))
+                rate = sum(dc.gpus / (tp * cp * a) for dc, tp, a in zip(classes, tps, per_layer, strict=True))
                 return family.total_micro_batches * (layers + weight) / rate
             for dc, tp, a in zip(classes, tps, per_layer, strict=True):
-                rates[dc.key] = max(rates.get(dc.key, 0.0), dc.gpus / (tp * a * (layers + weight)))
+                rates[dc.key] = max(rates.get(dc.key, 0.0), dc.gpus / (tp * cp * a * (layers + weight)))
         return family.total_micro_batches / sum(rates.values()) \
             + self.exchange_s(*(classes for classes, _ in family.sides))
 
     def _side_sends(self, classes: tuple, tps: tuple[int, ...], micro_batch: int, per_layer: list[float],
-                    flows: int) -> list[tuple[float, float]]:
+                    flows: int, cp: int = 1) -> list[tuple[float, float]]:
         """(a, c) of the sends beside each change of class of one template over `classes` at `tps`: the
         stage on each side pays one (per-layer time of its class, the send at least), with `flows`
         replicas sharing islands."""
         sends = []
         cls = [(dc.gpu, dc.island) for dc in classes]
         for k in range(len(cls) - 1):
-            sends.append((per_layer[k], self.send_s(cls[k], cls[k + 1], tps[k], micro_batch, flows)))
-            sends.append((per_layer[k + 1], self.send_s(cls[k + 1], cls[k], tps[k + 1], micro_batch, flows)))
+            sends.append((per_layer[k], self.send_s(cls[k], cls[k + 1], tps[k] * cp, micro_batch, flows)))
+            sends.append((per_layer[k + 1], self.send_s(cls[k + 1], cls[k], tps[k + 1] * cp, micro_batch,
+                                                        flows)))
         return sends
 
     def bucket_bound(self, family, replicas: int, max_stages: int, fixed: tuple[int, ...] = ()) -> float:
@@ -681,14 +686,15 @@ class Bounds:
             m = family.total_micro_batches // replicas
             cap = min(max_stages, self.inst.model.layers, m)
             rc = least_work(family.recompute_options)
-            per_layer = [self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
+            per_layer = [self.per_layer_s(dc.gpu, tp, family.micro_batch, rc, family.cp)
                          for dc, tp in zip(family.classes, family.tps, strict=True)]
             if min(per_layer) <= 0:
                 self._buckets[key] = (family, None)
                 return None
-            most = [min(cap, dc.gpus // (tp * replicas)) for dc, tp in zip(family.classes, family.tps, strict=True)]
+            most = [min(cap, dc.gpus // (w * replicas)) for dc, w in zip(family.classes, family.widths, strict=True)]
             # every configuration has a stage on each side of each change of class, paying a send over NICs
-            sends = self._side_sends(family.classes, family.tps, family.micro_batch, per_layer, replicas)
+            sends = self._side_sends(family.classes, family.tps, family.micro_batch, per_layer, replicas,
+                                     family.cp)
             self._buckets[key] = (family, (m, cap, per_layer, most, sum(c / a for a, c in sends),
                                            sum(c for _, c in sends)))
         return self._buckets[key][1]
@@ -728,7 +734,7 @@ class Bounds:
         for seg in segments:
             gpu = inst.gpu_types[seg.gpu]
             limit = gpu.usable_memory_gib - self.profiles.for_gpu(gpu).reserve_gib
-            cm = self.class_memory(micro_batch, recompute, seg.gpu, seg.tp, replicas_total, zero)
+            cm = self.class_memory(micro_batch, recompute, seg.gpu, seg.tp, replicas_total, zero, seg.cp)
             for i in range(start, start + seg.stages):  # ClassMemory.stage, inlined: hot loop
                 slope = cm.state + cm.act * (p - i)
                 intercept = cm.solo if p == 1 else cm.first if i == 0 else cm.last if i == p - 1 else cm.mid
@@ -741,10 +747,10 @@ class Bounds:
         return caps
 
     def class_memory(self, micro_batch: int, recompute: str, gpu: str, tp: int, replicas: int,
-                     zero: int = 1) -> ClassMemory:
-        """The memory lines of a stage of `gpu` at TP `tp` (ZeRO stage `zero` over `replicas`), read off
-        the evaluator's stage_memory at 1 and 2 layers in a 4-stage and a 1-stage pipeline."""
-        key = (micro_batch, recompute, gpu, tp, replicas, zero)
+                     zero: int = 1, cp: int = 1) -> ClassMemory:
+        """The memory lines of a stage of `gpu` at TP `tp` and CP `cp` (ZeRO stage `zero` over `replicas`),
+        read off the evaluator's stage_memory at 1 and 2 layers in a 4-stage and a 1-stage pipeline."""
+        key = (micro_batch, recompute, gpu, tp, replicas, zero, cp)
         if key not in self._memory:
             inst = self.inst
             plan = SimpleNamespace(micro_batch=micro_batch, schedule="1f1b", virtual_stages=1, zero=zero)
@@ -752,7 +758,7 @@ class Bounds:
             def line(i: int, p: int) -> Affine:
                 mem = []
                 for n in (1, 2):
-                    st = SimpleNamespace(layers=n, tp=tp, sp=True, recompute=recompute)
+                    st = SimpleNamespace(layers=n, tp=tp, cp=cp, sp=True, recompute=recompute)
                     params = stage_params(inst.model, n, i == 0, i == p - 1, p)
                     mem.append(stage_memory(inst, plan, p, p, i, st, params, replicas) / GIB)
                 return Affine(mem[1] - mem[0], 2 * mem[0] - mem[1])

@@ -50,6 +50,13 @@ class Segment:
     island: str
     tp: int
     stages: int
+    cp: int = 1
+    """Context-parallel degree of its stages (one for the whole skeleton: `Family.cp`)."""
+
+    @property
+    def width(self) -> int:
+        """GPUs of one replica of one of its stages: tp·cp."""
+        return self.tp * self.cp
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,7 @@ class Skeleton:
         pipelines, modes = [], self.split(list(recompute)) if recompute is not None else None
         for j, (t, t_layers) in enumerate(zip(self.templates, self.split(layers), strict=True)):
             t_modes = modes[j] if modes is not None else [self.recompute] * t.depth
-            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=rc, sp=True)
+            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, cp=seg.cp, recompute=rc, sp=True)
                       for n, seg, rc in zip(t_layers, t.stage_list(), t_modes, strict=True)]
             pipelines.append(Pipeline(replicas=t.replicas, micro_batches=t.micro_batches, stages=stages))
         v = self.virtual_stages
@@ -123,7 +130,8 @@ class Skeleton:
     def describe(self) -> str:
         parts = []
         for t in self.templates:
-            segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}" for s in t.segments)
+            segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}{f'·cp{s.cp}' if s.cp > 1 else ''}"
+                              for s in t.segments)
             parts.append(f"R={t.replicas} m={t.micro_batches}: {segs}")
         vp = f" interleaved vp={self.virtual_stages}" if self.virtual_stages > 1 else ""
         zero = f" zero{self.zero}" if self.zero != 1 else ""
@@ -158,6 +166,9 @@ class SearchOptions:
     ZeRO-2/3 skeletons about double the near-optimal ones a proof must solve (README)."""
     recompute_per_stage: bool = False
     """Each stage picks its own mode of `recompute` (one skeleton holds every mix: `Skeleton.modes`)."""
+    cp: tuple[int, ...] = (1,)
+    """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
+    the attention kernel and ZeRO allow."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
@@ -168,7 +179,7 @@ class SearchOptions:
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
                    max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
-                   pair_classes=s.pair_classes or 1,
+                   pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes)
 
@@ -216,8 +227,25 @@ def tp_divides_heads(inst: Instance, tp: int) -> bool:
     return tp_splits_heads(inst.model.heads, inst.model.kv_heads, tp)
 
 
-def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions) -> list[int]:
-    return [t for t in opts.tp if tp_divides_heads(inst, t) and t <= dc.max_gpus_per_node]
+def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions, cp: int = 1) -> list[int]:
+    """TP degrees of a class's stages at context-parallel degree `cp`: dividing the heads, tp·cp GPUs
+    inside a node, and (cp > 1) the sequence in 2·cp·tp equal chunks (`verify._check_cp`)."""
+    return [t for t in opts.tp if tp_divides_heads(inst, t) and t * cp <= dc.max_gpus_per_node
+            and (cp == 1 or inst.seq_len % (2 * cp * t) == 0)]
+
+
+CP_TOKENS = 8192
+"""By default the search tries context parallelism where each CP rank keeps at least this many tokens:
+Megatron-LM and NeMo recommend CP from 8K-token sequences on, where attention's work outgrows its
+exchange of keys and values."""
+
+
+def default_cp(inst: Instance) -> tuple[int, ...]:
+    """search.cp's default: 1, and the powers of two up to 8 leaving each rank CP_TOKENS tokens or more
+    (flash attention only: Megatron-LM's ring attention runs on its kernels)."""
+    if inst.spec.training.attention != "flash":
+        return (1,)
+    return tuple(c for c in (1, 2, 4, 8) if c == 1 or inst.seq_len // c >= CP_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -361,6 +389,13 @@ class Family:
     """Per-stage recompute: the modes each stage picks from; recompute_options is their least-work one."""
     split: int = 0
     """A pair's first template's classes: classes[:split] (the second's classes[split:])."""
+    cp: int = 1
+    """Context-parallel degree of every stage (each stage then takes tp·cp GPUs)."""
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """GPUs of one stage of each class: tp·cp."""
+        return tuple(t * self.cp for t in self.tps)
 
     @property
     def sides(self) -> tuple[tuple[tuple[DeviceClass, ...], tuple[int, ...]], ...]:
@@ -387,7 +422,7 @@ class Family:
     def replica_counts(self, stats: SearchStats | None = None) -> list[int]:
         """One template: the replica counts R it can have — R divides the M micro-batches, each class gives
         every replica at least one stage, and m = M/R ≥ one stage per class."""
-        top = min(dc.gpus // t for dc, t in zip(self.classes, self.tps, strict=True))
+        top = min(dc.gpus // w for dc, w in zip(self.classes, self.widths, strict=True))
         total_mb = self.total_micro_batches
         counts = [r for r in range(1, top + 1) if total_mb % r == 0 and total_mb // r >= len(self.classes)]
         if stats is not None and top > len(counts):
@@ -402,13 +437,13 @@ class Family:
         """The stage counts the next class (after those `fixed`) can take at R: at least one, at most its
         GPUs allow, leaving one stage for each class after it within the cap P."""
         k = len(fixed)
-        dc, t = self.classes[k], self.tps[k]
+        dc, w = self.classes[k], self.widths[k]
         room = self.stage_cap(opts, layers, replicas) - sum(fixed) - (len(self.classes) - k - 1)
-        return range(1, min(room, dc.gpus // (t * replicas)) + 1)
+        return range(1, min(room, dc.gpus // (w * replicas)) + 1)
 
     def group(self, replicas: int, counts: tuple[int, ...], stats: SearchStats) -> SkeletonGroup:
         """The group of this family at R with `counts` stages per class (counted as enumerated)."""
-        segments = tuple(Segment(dc.gpu, dc.island, t, n)
+        segments = tuple(Segment(dc.gpu, dc.island, t, n, self.cp)
                          for dc, t, n in zip(self.classes, self.tps, counts, strict=True))
         depth, m = sum(counts), self.total_micro_batches // replicas
         # interleaving: a chunk of v layers per stage at least, and micro-batches in whole groups of p
@@ -433,8 +468,8 @@ class Family:
             generated += 1
             yield self.group(r, stages, stats)
         cap = self.stage_cap(opts, inst.model.layers, r)
-        stats.pruned[DEPTH] += math.prod(min(cap, dc.gpus // (t * r))
-                                         for dc, t in zip(self.classes, self.tps, strict=True)) - generated
+        stats.pruned[DEPTH] += math.prod(min(cap, dc.gpus // (w * r))
+                                         for dc, w in zip(self.classes, self.widths, strict=True)) - generated
 
     def _pairs(self, inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[PairGroup]:
         side_a, side_b = self.pair_sides(opts, inst.model.layers)
@@ -446,7 +481,7 @@ class Family:
     def pair_sides(self, opts: SearchOptions, layers: int) -> tuple[list[SideTemplate], list[SideTemplate]]:
         """Every template each side of a pair family can be (`side_templates`)."""
         cap = min(opts.max_stages, layers)
-        side_a, side_b = (side_templates(classes, tps, cap) for classes, tps in self.sides)
+        side_a, side_b = (side_templates(classes, tps, cap, self.cp) for classes, tps in self.sides)
         return side_a, side_b
 
     def pair_group(self, ta: SideTemplate, tb: SideTemplate, stats: SearchStats) -> PairGroup | None:
@@ -475,21 +510,22 @@ SideTemplate = tuple[tuple[int, ...], tuple[Segment, ...], dict]
 """One side of a pair: (stage counts per class, segments, {class: (GPUs of one replica, class GPUs)})."""
 
 
-def side_templates(classes: tuple[DeviceClass, ...], tps: tuple[int, ...], cap: int) -> list[SideTemplate]:
+def side_templates(classes: tuple[DeviceClass, ...], tps: tuple[int, ...], cap: int, cp: int = 1
+                   ) -> list[SideTemplate]:
     """Every template one side of a pair can be: (stage counts, segments, {class: (GPUs of one replica,
     the class's GPUs)}) — a count per class, at least one, at most its GPUs allow at one replica, at most
-    `cap` stages in all."""
+    `cap` stages in all; each stage tp·cp GPUs."""
     def counts(fixed: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
         k = len(fixed)
         if k == len(classes):
             yield fixed
             return
         room = cap - sum(fixed) - (len(classes) - k - 1)
-        for n in range(1, min(room, classes[k].gpus // tps[k]) + 1):
+        for n in range(1, min(room, classes[k].gpus // (tps[k] * cp)) + 1):
             yield from counts((*fixed, n))
 
-    return [(ns, tuple(Segment(dc.gpu, dc.island, t, n) for dc, t, n in zip(classes, tps, ns, strict=True)),
-             {dc.key: (t * n, dc.gpus) for dc, t, n in zip(classes, tps, ns, strict=True)})
+    return [(ns, tuple(Segment(dc.gpu, dc.island, t, n, cp) for dc, t, n in zip(classes, tps, ns, strict=True)),
+             {dc.key: (t * cp * n, dc.gpus) for dc, t, n in zip(classes, tps, ns, strict=True)})
             for ns in counts(())]
 
 
@@ -534,27 +570,46 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             stats.pruned["divisibility: micro-batch does not divide the global batch"] += 1
             continue
         total_mb = inst.global_batch // b
-        for order, tps in class_runs(inst, opts, classes, opts.max_classes):
-            stats.families += 1
-            yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, zero, modes)
-        if opts.max_templates >= 2 and pair_zero:
-            # two templates side by side, on two classes or one class twice: its replicas in two templates
-            # with uneven shares (also a different depth or TP)
-            sides = list(class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes)))
-            for i, side_a in enumerate(sides):
-                for side_b in sides[i:]:  # each unordered pair once (placement.placing_order: either order)
-                    stats.families += 1
-                    yield Family(b, side_a[0] + side_b[0], side_a[1] + side_b[1], True, total_mb, rc,
-                                 zero_options=pair_zero, stage_modes=modes, split=len(side_a[0]))
+        for cp in cp_options(inst, opts, stats):
+            # ZeRO-2/3 are searched without context parallelism (their collectives' bounds assume none)
+            single_zero = zero if cp == 1 else tuple(z for z in zero if z <= 1)
+            if not single_zero:
+                continue
+            for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp):
+                stats.families += 1
+                yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, single_zero, modes,
+                             cp=cp)
+            if opts.max_templates >= 2 and pair_zero:
+                # two templates side by side, on two classes or one class twice: its replicas in two
+                # templates with uneven shares (also a different depth or TP)
+                sides = list(class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes), cp))
+                for i, side_a in enumerate(sides):
+                    for side_b in sides[i:]:  # each unordered pair once (placement.placing_order: either order)
+                        stats.families += 1
+                        yield Family(b, side_a[0] + side_b[0], side_a[1] + side_b[1], True, total_mb, rc,
+                                     zero_options=pair_zero, stage_modes=modes, split=len(side_a[0]), cp=cp)
 
 
-def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], most: int
+CP_RULE = "context parallelism: CP degrees the sequence, attention kernel or nodes do not allow"
+
+
+def cp_options(inst: Instance, opts: SearchOptions, stats: SearchStats | None = None) -> tuple[int, ...]:
+    """The context-parallel degrees searched: search.cp's that flash attention runs and that split the
+    sequence into 2·cp equal chunks (Megatron-LM's causal load balancing); what is dropped is counted."""
+    kept = tuple(c for c in sorted(set(opts.cp))
+                 if c == 1 or (inst.spec.training.attention == "flash" and inst.seq_len % (2 * c) == 0))
+    if stats is not None and len(kept) < len(set(opts.cp)):
+        stats.pruned[CP_RULE] += len(set(opts.cp)) - len(kept)
+    return kept
+
+
+def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], most: int, cp: int = 1
                ) -> Iterator[tuple[tuple[DeviceClass, ...], tuple[int, ...]]]:
-    """Every ordered run of up to `most` distinct device classes with a TP degree each (`tp_options`): the
-    classes of one template, in stage order."""
+    """Every ordered run of up to `most` distinct device classes with a TP degree each (`tp_options` at
+    context-parallel degree `cp`): the classes of one template, in stage order."""
     for k in range(1, min(most, len(classes)) + 1):
         for order in itertools.permutations(classes, k):
-            for tps in itertools.product(*(tp_options(inst, dc, opts) for dc in order)):
+            for tps in itertools.product(*(tp_options(inst, dc, opts, cp) for dc in order)):
                 yield order, tps
 
 
@@ -604,8 +659,12 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     for node in inst.cluster.nodes.values():
         key = (node.gpu, node.island)
         node_gpus[key] = max(node_gpus.get(key, 0), node.gpus)
-    if any(st.tp not in opts.tp or st.tp > node_gpus.get((st.gpu, st.island), 0) for st in stages):
+    if any(st.tp not in opts.tp or st.width > node_gpus.get((st.gpu, st.island), 0) for st in stages):
         why.append(f"TP {sorted({st.tp for st in stages})} not within {list(opts.tp)} inside a node")
+    cps = {st.cp for st in stages}
+    if len(cps) > 1 or not cps <= set(cp_options(inst, opts)):
+        why.append(f"context parallelism {sorted(cps)} (the space: one degree for every stage, of "
+                   f"{list(cp_options(inst, opts))})")
     if len(plan.pipelines) > opts.max_templates:
         why.append(f"{len(plan.pipelines)} templates (the space: at most {opts.max_templates})")
     for j, pipe in enumerate(plan.pipelines):

@@ -173,9 +173,9 @@ class Simulation:
         if key not in self.transfers:
             j, _, d = src
             a, b = self.node_of(src), self.node_of(dst)
-            tp = self.plan.pipelines[j].stages[d].tp
+            width = self.plan.pipelines[j].stages[d].width
             w = self.weights[j][d]
-            feats = p2p_features(self.cluster, [a], [b], self.act_bytes, tp)
+            feats = p2p_features(self.cluster, [a], [b], self.act_bytes, width)
             route = self.cluster.route(a, b)
             if route.intra_node:
                 self.transfers[key] = Transfer(float(feats @ w))

@@ -202,7 +202,7 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
 
 def check_search(spec: InstanceFile) -> Iterator[Finding]:
     s = spec.search
-    for key in ("tp", "micro_batch", "recompute", "virtual_stages"):
+    for key in ("tp", "micro_batch", "recompute", "virtual_stages", "cp"):
         values = getattr(s, key)
         if values is not None and not values:
             yield (("search", key), "an empty list allows nothing; remove the key to allow every value", values)

@@ -192,6 +192,10 @@ class SearchSection(Section):
         None, description="Model chunks per pipeline stage to try (default [1]): values above 1 search the "
                           "interleaved 1F1B schedule (Megatron-LM's virtual pipeline stages) for one-template "
                           "plans, every stage holding a multiple of that many layers.")
+    cp: list[PositiveInt] | None = Field(
+        None, description="Context-parallel degrees to try, one for every stage of a plan (each stage then "
+                          "takes tp·cp GPUs of one node; flash attention). Default: 1, and 2, 4, 8 where "
+                          "each rank keeps at least 8,192 tokens of the sequence.")
     tp_across_nodes: bool = Field(
         False, description="Allow TP groups over several whole nodes (TP collectives over the network). Plans "
                            "given to evaluate/simulate may have them regardless; the search does not generate "
