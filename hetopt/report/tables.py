@@ -271,7 +271,8 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
                 f"{r['backend']} in {r['solve_time_s']:.2f} s")
     plan = r["plan"]
     table = narrow_table(f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']}; "
-                         "T template, × replicas, m micro-batches each, # stage, L layers, rc recompute)")
+                         "T template, × replicas, m micro-batches each, # stage, TP (·cp: context "
+                         "parallel), L layers, rc recompute)")
     for col in ("T", "×", "m", "#", "device class", "TP", "L", "rc", "GiB/lim"):
         table.add_column(col, justify="left" if col in ("device class", "rc") else "right", no_wrap=True)
     k = 0
@@ -280,7 +281,8 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
             peak, limit = pred["peak_memory_gib"][k], pred["memory_limit_gib"][k]
             table.add_row(str(j) if i == 0 else "", str(pipe["replicas"]) if i == 0 else "",
                           str(pipe["micro_batches"]) if i == 0 else "", str(i), f"{st['gpu']}@{st['island']}",
-                          str(st["tp"]), str(st["layers"]), st["recompute"], f"{peak:.1f} / {limit:g}")
+                          str(st["tp"]) + (f"·cp{st['cp']}" if st.get("cp", 1) > 1 else ""), str(st["layers"]),
+                          st["recompute"], f"{peak:.1f} / {limit:g}")
             k += 1
     parts.append(table)
     parts.append(search_view(r["search"]))
