@@ -317,7 +317,9 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
     classes = [("H100-SXM", "rack0"), ("A100-80GB", "rack1"), ("V100-32GB", "rack1")]
     for _ in range(60):
         b, rc, replicas = rng.choice([1, 2]), rng.choice(["none", "selective", "full"]), rng.randint(1, 40)
-        segments = tuple(Segment(g, island, rng.choice([2, 4, 8]), rng.randint(1, 5))
+        # context parallelism on some (tp·cp GPUs in an 8-GPU node): activations per rank at s/cp tokens
+        tp, cp = rng.choice([(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)])
+        segments = tuple(Segment(g, island, tp, rng.randint(1, 5), cp)
                          for g, island in rng.sample(classes, rng.randint(1, 3)))
         stages = [seg for seg in segments for _ in range(seg.stages)]
         p, plan, total = len(stages), SimpleNamespace(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1), 0
@@ -326,7 +328,7 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
             limit = gpu.usable_memory_gib - profiles.for_gpu(gpu).reserve_gib
             most = 0
             for n in range(1, inst.model.layers + 1):
-                st = SimpleNamespace(layers=n, tp=seg.tp, sp=True, recompute=rc)
+                st = SimpleNamespace(layers=n, tp=seg.tp, cp=seg.cp, sp=True, recompute=rc)
                 if stage_memory(inst, plan, p, p, i, st, stage_params(inst.model, n, i == 0, i == p - 1, p),
                                 replicas) / GIB > limit:
                     break

@@ -188,9 +188,11 @@ class Simulation:
         out = []
         plan = self.plan
         for j, pipe in enumerate(plan.pipelines):
-            if pipe.replicas <= 1 or plan.zero >= 2:  # ZeRO-2/3: no end-of-iteration all-reduce
+            if plan.zero >= 2:  # ZeRO-2/3: no end-of-iteration all-reduce
                 continue
             for d, st in enumerate(pipe.stages):
+                if pipe.replicas * st.cp <= 1:  # one rank holds the stage's gradients: nothing to reduce
+                    continue
                 members = [(j, r, d) for r in range(pipe.replicas)]
                 nodes = list(dict.fromkeys(self.node_of(m) for m in members))
                 w = self.weights[j][d]
