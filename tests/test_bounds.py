@@ -35,7 +35,8 @@ def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
 
 @pytest.mark.parametrize("name", ["s2-a100-v100", "s3-two-islands", "s4-three-types", "s6-h100-a100",
                                   "s9-interleaved", "s10-four-types", "s11-uneven-shares", "s12-zero",
-                                  "s13-recompute-per-stage", "s14-pair-sides", "s15-context-parallel"])
+                                  "s13-recompute-per-stage", "s14-pair-sides", "s15-context-parallel",
+                                  "s16-tp-per-stage"])
 def test_every_node_bound_holds_for_every_skeleton_under_it(name):
     """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each skeleton
     they key (which is ≤ its optimum); children never key below their parent."""

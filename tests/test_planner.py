@@ -341,7 +341,8 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
                                                   ("s3-two-islands", "worst"), ("s3-two-islands", "expected"),
                                                   ("s3-two-islands", "cvar"), ("s9-interleaved", "stable"),
                                                   ("s12-zero", "stable"), ("s11-uneven-shares", "stable"),
-                                                  ("s14-pair-sides", "stable"), ("s15-context-parallel", "stable")])
+                                                  ("s14-pair-sides", "stable"), ("s15-context-parallel", "stable"),
+                                                  ("s16-tp-per-stage", "stable")])
 def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     """The bounds that order and prune the search never exceed the best split of their skeleton (found
     here by trying every split), one-template and two-template skeletons alike, and under the robust
@@ -363,7 +364,7 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     opts = SearchOptions.from_instance(inst)
     opts = opts if name == "s9-interleaved" else dataclasses.replace(opts, zero=(1, 2, 3))
     groups = list(enumerate_groups(inst, opts, SearchStats()))
-    checked, chunks, zeros, cps = set(), set(), set(), set()
+    checked, chunks, zeros, cps, split = set(), set(), set(), set(), set()
     for group in rng.sample(groups, len(groups) if name == "s12-zero" else min(30, len(groups))):
         for sk in itertools.islice(group.skeletons(), 8):
             try:
@@ -383,14 +384,17 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
             chunks.add(sk.virtual_stages)
             zeros.add(sk.zero)
             cps.add(sk.templates[0].segments[0].cp)
-    # s9's two-template plans do not fit in memory; its interleaved skeletons are checked instead; s12's
-    # pairs (on its one class, at ZeRO-1) are too few for the sample
-    assert checked == ({1} if name in ("s9-interleaved", "s12-zero") else {1, 2})
+            # a class run as two segments at two TP degrees (search.tp_per_stage)
+            split.add(any(len({(g.gpu, g.island) for g in t.segments}) < len(t.segments) for t in sk.templates))
+    # s9's and s16's two-template plans do not fit in memory (s9's interleaved skeletons are checked
+    # instead); s12's pairs (on its one class, at ZeRO-1) are too few for the sample
+    assert checked == ({1} if name in ("s9-interleaved", "s12-zero", "s16-tp-per-stage") else {1, 2})
     assert chunks == ({1, 2} if name == "s9-interleaved" else {1})
     # ZeRO-2/3 skeletons' bounds too (s14's sample is two-template groups, over several classes)
     assert zeros == ({1} if name in ("s9-interleaved", "s14-pair-sides") else {1, 2, 3})
     # context parallelism's bounds (s15: search.cp [1, 2, 4])
     assert cps == ({1, 2, 4} if name == "s15-context-parallel" else {1})
+    assert split == ({False, True} if name == "s16-tp-per-stage" else {False})
 
 
 @pytest.mark.parametrize(("name", "objective"), [("s13-recompute-per-stage", "stable"), ("s6-h100-a100", "stable"),

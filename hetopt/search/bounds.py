@@ -627,11 +627,12 @@ class Bounds:
             if min(per_layer) <= 0:
                 return 0.0
             weight = sum(c / a for a, c in self._side_sends(classes, tps, b, per_layer, 1, cp))
-            if not family.pair:
-                rate = sum(dc.gpus / (tp * cp * a) for dc, tp, a in zip(classes, tps, per_layer, strict=True))
-                return family.total_micro_batches * (layers + weight) / rate
+            # a class in two segments of a template (search.tp_per_stage), or on both sides of a pair,
+            # counts once, at its better rate: Σ_seg R·n·t·1/(t·a) ≤ G·max 1/(t·a)
             for dc, tp, a in zip(classes, tps, per_layer, strict=True):
                 rates[dc.key] = max(rates.get(dc.key, 0.0), dc.gpus / (tp * cp * a * (layers + weight)))
+            if not family.pair:
+                return family.total_micro_batches / sum(rates.values())
         return family.total_micro_batches / sum(rates.values()) \
             + self.exchange_s(*(classes for classes, _ in family.sides))
 

@@ -166,6 +166,8 @@ class SearchOptions:
     ZeRO-2/3 skeletons about double the near-optimal ones a proof must solve (README)."""
     recompute_per_stage: bool = False
     """Each stage picks its own mode of `recompute` (one skeleton holds every mix: `Skeleton.modes`)."""
+    tp_per_stage: bool = False
+    """One template may run a device class as two consecutive segments at different TP degrees."""
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
     the attention kernel and ZeRO allow."""
@@ -181,7 +183,8 @@ class SearchOptions:
                    max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
-                   recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes)
+                   recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
+                   tp_per_stage=s.tp_per_stage)
 
 
 @dataclass
@@ -422,7 +425,8 @@ class Family:
     def replica_counts(self, stats: SearchStats | None = None) -> list[int]:
         """One template: the replica counts R it can have — R divides the M micro-batches, each class gives
         every replica at least one stage, and m = M/R ≥ one stage per class."""
-        top = min(dc.gpus // w for dc, w in zip(self.classes, self.widths, strict=True))
+        top = min(dc.gpus // sum(w for c, w in zip(self.classes, self.widths, strict=True) if c == dc)
+                  for dc in self.classes)  # a class in two segments (search.tp_per_stage) serves both
         total_mb = self.total_micro_batches
         counts = [r for r in range(1, top + 1) if total_mb % r == 0 and total_mb // r >= len(self.classes)]
         if stats is not None and top > len(counts):
@@ -439,7 +443,10 @@ class Family:
         k = len(fixed)
         dc, w = self.classes[k], self.widths[k]
         room = self.stage_cap(opts, layers, replicas) - sum(fixed) - (len(self.classes) - k - 1)
-        return range(1, min(room, dc.gpus // (w * replicas)) + 1)
+        # a class in two segments (search.tp_per_stage): the other takes what it holds, or one stage at least
+        others = sum(n * self.widths[i] for i, n in enumerate(fixed) if self.classes[i] == dc) \
+            + sum(self.widths[i] for i in range(k + 1, len(self.classes)) if self.classes[i] == dc)
+        return range(1, min(room, (dc.gpus // replicas - others) // w) + 1)
 
     def group(self, replicas: int, counts: tuple[int, ...], stats: SearchStats) -> SkeletonGroup:
         """The group of this family at R with `counts` stages per class (counted as enumerated)."""
@@ -575,7 +582,7 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             single_zero = zero if cp == 1 else tuple(z for z in zero if z <= 1)
             if not single_zero:
                 continue
-            for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp):
+            for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp, opts.tp_per_stage):
                 stats.families += 1
                 yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, single_zero, modes,
                              cp=cp)
@@ -603,14 +610,24 @@ def cp_options(inst: Instance, opts: SearchOptions, stats: SearchStats | None = 
     return kept
 
 
-def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], most: int, cp: int = 1
-               ) -> Iterator[tuple[tuple[DeviceClass, ...], tuple[int, ...]]]:
+def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], most: int, cp: int = 1,
+               two_tps: bool = False) -> Iterator[tuple[tuple[DeviceClass, ...], tuple[int, ...]]]:
     """Every ordered run of up to `most` distinct device classes with a TP degree each (`tp_options` at
-    context-parallel degree `cp`): the classes of one template, in stage order."""
+    context-parallel degree `cp`): the classes of one template, in stage order. With `two_tps`
+    (search.tp_per_stage) a class may also run as two consecutive segments at two different TP degrees,
+    in either order (the class then appears twice, adjacent)."""
     for k in range(1, min(most, len(classes)) + 1):
         for order in itertools.permutations(classes, k):
-            for tps in itertools.product(*(tp_options(inst, dc, opts, cp) for dc in order)):
-                yield order, tps
+            options = [tp_options(inst, dc, opts, cp) for dc in order]
+            if two_tps:
+                options = [[(t,) for t in ts] + [pair for pair in itertools.permutations(ts, 2)]
+                           for ts in options]
+                for choice in itertools.product(*options):
+                    yield (tuple(dc for dc, ts in zip(order, choice, strict=True) for _ in ts),
+                           tuple(t for ts in choice for t in ts))
+            else:
+                for tps in itertools.product(*options):
+                    yield order, tps
 
 
 def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
@@ -674,8 +691,13 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
         classes = [(g, i) for g, i, _ in runs]
         if len(pipe.stages) > opts.max_stages:
             why.append(f"template {j}: {len(pipe.stages)} stages (the space: at most {opts.max_stages})")
-        if len(set(classes)) != len(classes):
-            why.append(f"template {j}: a device class in more than one run or at two TP degrees")
+        twice = [c for c, n in Counter(classes).items() if n > 1]
+        split_ok = opts.tp_per_stage and len(plan.pipelines) == 1 and all(
+            Counter(classes)[c] == 2 and classes.index(c) + 1 < len(classes) and classes[classes.index(c) + 1] == c
+            for c in twice)  # two consecutive runs of one class, at two TP degrees (runs differ in TP)
+        if twice and not split_ok:
+            why.append(f"template {j}: a device class in more than one run or at two TP degrees"
+                       + ("" if opts.tp_per_stage else " (search.tp_per_stage allows two consecutive runs)"))
         if len(set(classes)) > opts.max_classes:
             why.append(f"template {j}: {len(set(classes))} device classes (the space: at most {opts.max_classes})")
         if len(plan.pipelines) > 1 and len(set(classes)) > opts.pair_classes:

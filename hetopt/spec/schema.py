@@ -204,6 +204,10 @@ class SearchSection(Section):
         None, description="ZeRO stages to try (default [1]): 2 (gradients sharded too) and 3 (FSDP: the "
                           "16-bit weights too) trade per-micro-batch collectives for memory, for one-template "
                           "plans; 0 is never faster nor smaller than 1 and is searched only alone.")
+    tp_per_stage: bool = Field(
+        False, description="Let one pipeline template run a device class as two consecutive segments at two "
+                           "TP degrees (e.g. the last stage, with the output head, at twice the TP of the "
+                           "others). Default false: one TP degree per class.")
     recompute_per_stage: bool = Field(
         False, description="Let each pipeline stage pick its own recompute mode among `recompute` (the "
                            "first stages of 1F1B hold the most activations): one integer program per skeleton "
