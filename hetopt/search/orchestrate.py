@@ -105,7 +105,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
     run = _Run(inst, options, time_limit_s)
-    run.plant(Tree(inst, options, run.stats, Bounds(inst, profiles, [sc.cluster for sc in scenarios])))
+    tree = Tree(inst, options, run.stats, Bounds(inst, profiles, [sc.cluster for sc in scenarios]))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
     pool = None
@@ -122,10 +122,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     try:
         if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
             seeded = seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s)
-            if options.pair_classes > 1 and options.max_templates >= 2:
+            if (options.pair_classes > 1 and options.max_templates >= 2) or options.tp_per_stage:
                 seeded = _narrow_first(inst, form.name, backend, NARROW_SHARE * time_limit_s, seed, options,
                                        profiles, progress, objective, workers, executor, address, seeded)
             run.seed(seeded)
+        run.plant(tree)  # after the seeds: within what time they leave
         if not lazy:
             pool = open_pool(executor, ctx, _solve_with, workers, address)
         solving_since = clock()
@@ -193,9 +194,18 @@ class _Run:
         """Relative: the largest tolerance a skeleton's proof carries (its formulation's rel_tolerance)."""
 
     def plant(self, tree: Tree) -> None:
+        """The tree's roots in the heap, within the time limit: a space of millions of families takes
+        minutes to list, and the families not listed in time are not searched, so nothing is proven about
+        them (the open bound 0: the answer is the incumbent with its gap unproven)."""
         self.tree = tree
         tree.tolerance = OPTIMALITY_TOLERANCE
-        self.heap = [(n.bound, next(self.tie), n) for n in tree.roots()]
+        tree.incumbent = self.incumbent
+        for n in tree.roots():
+            self.heap.append((n.bound, next(self.tie), n))
+            if len(self.heap) % 1024 == 0 and self.left_s() <= 0:
+                self.timed_out = self.out_of_time = True
+                self.open_bound = 0.0
+                break
         heapq.heapify(self.heap)
 
     def seed(self, seeded: dict | None) -> None:
@@ -325,23 +335,28 @@ def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objectiv
 
 
 NARROW_SHARE = 0.5
-"""With search.pair_classes > 1, the share of the time limit the default space (pairs of single-class
-templates) is searched first in, for an incumbent: the wider space's pairs keep weak bounds, and best-first
-over them alone can spend the whole limit before it solves a skeleton (scale-4096: 9% open, the warm start
-kept, worse than the default space's optimum; benchmarks/results.md)."""
+"""With search.pair_classes > 1 or search.tp_per_stage, the share of the time limit the default space
+(pairs of single-class templates, one TP per class) is searched first in, for an incumbent: the wider
+space's pairs keep weak bounds, and best-first over them alone can spend the whole limit before it solves
+a skeleton (scale-4096: 9% open, the warm start kept, worse than the default space's optimum;
+benchmarks/results.md); tp_per_stage multiplies the families (cloud-mix: 3.3 million with a split for
+every class, and no skeleton beat the warm start in 120 s)."""
 
 
 def _narrow_first(inst: Instance, formulation: str, backend: str, time_limit_s: float, seed: int,
                   options: SearchOptions, profiles: Profiles, progress, objective: str, workers, executor: str,
                   address, seeded: dict | None) -> dict | None:
-    """The better of the heuristic seed and the best plan of the space with pair_classes 1 (its subspace),
-    searched for `time_limit_s`, as the wider search's first incumbent (with its skeleton)."""
-    narrow = solve_exact(inst, formulation, backend, time_limit_s, seed,
-                         dataclasses.replace(options, pair_classes=1), profiles, progress=progress,
-                         objective=objective, workers=workers, executor=executor, address=address)
+    """The better of the heuristic seed and the best plan of the space with pair_classes 1 and one TP per
+    class (its subspace), searched for `time_limit_s`, as the wider search's first incumbent (with its
+    skeleton)."""
+    narrowed = {"pair_classes": 1, "tp_per_stage": False}
+    keys = [f"{key} {str(value).lower()}" for key, value in narrowed.items() if getattr(options, key) != value]
+    narrow = solve_exact(inst, formulation, backend, time_limit_s, seed, dataclasses.replace(options, **narrowed),
+                         profiles, progress=progress, objective=objective, workers=workers, executor=executor,
+                         address=address)
     if narrow.plan is None or (seeded is not None and seeded["objective_s"] <= narrow.objective_s):
         return seeded
-    return {"planner": "ilp, search.pair_classes 1", "objective_s": narrow.objective_s, "plan": narrow.plan,
+    return {"planner": "ilp, search." + ", ".join(keys), "objective_s": narrow.objective_s, "plan": narrow.plan,
             "skeleton": narrow.skeleton}
 
 

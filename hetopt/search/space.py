@@ -614,20 +614,21 @@ def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], 
                two_tps: bool = False) -> Iterator[tuple[tuple[DeviceClass, ...], tuple[int, ...]]]:
     """Every ordered run of up to `most` distinct device classes with a TP degree each (`tp_options` at
     context-parallel degree `cp`): the classes of one template, in stage order. With `two_tps`
-    (search.tp_per_stage) a class may also run as two consecutive segments at two different TP degrees,
-    in either order (the class then appears twice, adjacent)."""
+    (search.tp_per_stage) one of its classes may also run as two consecutive segments at two different TP
+    degrees, in either order (the class then appears twice, adjacent): one, as the first or last stages
+    are where memory binds (1F1B's activations in flight, the embedding, the head), and each class split
+    multiplies the families again."""
     for k in range(1, min(most, len(classes)) + 1):
         for order in itertools.permutations(classes, k):
             options = [tp_options(inst, dc, opts, cp) for dc in order]
-            if two_tps:
-                options = [[(t,) for t in ts] + [pair for pair in itertools.permutations(ts, 2)]
-                           for ts in options]
-                for choice in itertools.product(*options):
-                    yield (tuple(dc for dc, ts in zip(order, choice, strict=True) for _ in ts),
-                           tuple(t for ts in choice for t in ts))
-            else:
-                for tps in itertools.product(*options):
-                    yield order, tps
+            for tps in itertools.product(*options):
+                yield order, tps
+            if not two_tps:
+                continue
+            for i in range(len(order)):
+                for pair in itertools.permutations(options[i], 2):
+                    for rest in itertools.product(*(options[:i] + options[i + 1:])):
+                        yield order[:i + 1] + order[i:], rest[:i] + pair + rest[i:]
 
 
 def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
@@ -692,9 +693,9 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
         if len(pipe.stages) > opts.max_stages:
             why.append(f"template {j}: {len(pipe.stages)} stages (the space: at most {opts.max_stages})")
         twice = [c for c, n in Counter(classes).items() if n > 1]
-        split_ok = opts.tp_per_stage and len(plan.pipelines) == 1 and all(
-            Counter(classes)[c] == 2 and classes.index(c) + 1 < len(classes) and classes[classes.index(c) + 1] == c
-            for c in twice)  # two consecutive runs of one class, at two TP degrees (runs differ in TP)
+        # search.tp_per_stage: one class in two consecutive runs (they differ in TP), one template
+        split_ok = opts.tp_per_stage and len(plan.pipelines) == 1 and len(twice) == 1 \
+            and Counter(classes)[twice[0]] == 2 and classes[classes.index(twice[0]) + 1] == twice[0]
         if twice and not split_ok:
             why.append(f"template {j}: a device class in more than one run or at two TP degrees"
                        + ("" if opts.tp_per_stage else " (search.tp_per_stage allows two consecutive runs)"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -71,12 +72,12 @@ class Tree:
     def beaten(self, bound: float) -> bool:
         return bound >= self.incumbent * (1 - self.tolerance)
 
-    def roots(self) -> list[Node]:
+    def roots(self) -> Iterator[Node]:
         """Every family of the plan space, keyed by its throughput bound (`Bounds.family_bound`); a pair
         family's key rises to the least bound of its groups when it first reaches the top
         (`FamilyNode.expand`): building the roots stays cheap, inside the search's clock."""
-        return [FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
-                for f in enumerate_families(self.inst, self.options, self.stats)]
+        return (FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
+                for f in enumerate_families(self.inst, self.options, self.stats))
 
     def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
