@@ -140,3 +140,23 @@ def test_an_internal_error_is_exit_3_with_one_line_and_the_traceback_only_with_d
     assert result.returncode == 3, (result.returncode, result.stderr)
     assert "internal error: ZeroDivisionError" in result.stderr and "rerun with --debug" in result.stderr
     assert ("Traceback" in result.stderr) == debug, result.stderr
+
+
+def test_a_space_too_large_to_list_in_time_keeps_the_limit_and_proves_nothing_about_the_rest():
+    """cloud-mix without its narrowing, with pair_classes 2 and tp_per_stage: millions of families, more
+    than the limit lets the search list. The limit holds (the default space is searched first, for half
+    of it), and what was not listed leaves the bound open at 0: the plan comes with no proven gap."""
+    import math
+
+    from hetopt.search.formulation import SolveStatus
+    from hetopt.search.orchestrate import solve_exact
+    from hetopt.spec.instance import instance_from_spec, load_instance
+
+    path = REPO / "instances" / "cloud-mix-a10g-l4-t4-l40s.yaml"
+    spec = load_instance(path).spec.model_copy(update={"search": type(load_instance(path).spec.search)(
+        pair_classes=2, tp_per_stage=True)})
+    inst = instance_from_spec(spec, str(path), path.parent, None, path)
+    result = solve_exact(inst, time_limit_s=4)
+    assert result.status == SolveStatus.TIMEOUT and result.plan is not None
+    assert result.solve_time_s <= 4 + 3  # the limit, and the last solve's overrun
+    assert result.bound_s == 0.0 and math.isfinite(result.objective_s)

@@ -649,8 +649,10 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     plans are 1F1B (or interleaved 1F1B with search.virtual_stages, one template), a ZeRO stage of
     search.zero (2 and 3 with one template), sequence parallel, one micro-batch size and recompute mode
     from the options, TP from the options and inside a node, at most max_stages stages and max_classes
-    device classes per template, each class one contiguous run at one TP, and at most max_templates
-    templates — two side by side only of at most search.pair_classes classes each (1 by default)."""
+    device classes per template, each class one contiguous run at one TP (with search.tp_per_stage one
+    class of a template may be two consecutive runs at two TP degrees), one context-parallel degree of
+    search.cp for every stage, and at most max_templates templates — two side by side only of at most
+    search.pair_classes classes each (1 by default)."""
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
         and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0
