@@ -147,11 +147,12 @@ def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray
     (2·b·(s/cp)·kv_width/tp 16-bit values each; grouped-query attention sends only the kv heads), and the
     backward pass gathers them again and reduce-scatters their gradients (twice the forward). Priced as
     the collective it is (Megatron-LM's `all_gather` CP communication), not overlapped with the attention
-    blocks (its `p2p` ring hides some of it: this is the most it exposes). 0 without CP."""
+    blocks (its `p2p` ring hides some of it: this is the most it exposes). 0 without CP. An all-gather is
+    priced by the buffer it fills (cp shares: each rank receives cp − 1 of them)."""
     if x.cp <= 1:
         return zeros()
     rank_bytes = ACT_BYTES * x.micro_batch * x.tokens * 2 * kv_width(x.model) / x.tp
-    return (2 if backward else 1) * comm.collective("all_gather", rank_bytes, x.cp, intra)
+    return (2 if backward else 1) * comm.collective("all_gather", x.cp * rank_bytes, x.cp, intra)
 
 
 def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:

@@ -112,6 +112,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     opened = not lazy  # one try: a pool that cannot start (one CPU, a script from stdin) is not retried
     batch: list = []
     pending = None  # a batch the workers are solving: (its leaves, the call that waits for its outcomes)
+    seeded = None  # the heuristic seed, kept for an interrupt during the narrow-first search
 
     def absorb(batch, outcomes) -> None:
         for node, outcome in zip(batch, outcomes, strict=True):
@@ -157,6 +158,12 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
             pool = None
         if isinstance(stop, (KeyboardInterrupt, Terminated)):  # the best plan so far, with the gap proven
             in_flight = [*(pending[0] if pending else []), *batch]
+            inner = getattr(stop, "best_so_far", None)  # the narrow-first search's, interrupted inside it
+            if run.best is None and inner is not None and inner.plan is not None:
+                run.seed({"planner": "ilp (interrupted)", "objective_s": inner.objective_s, "plan": inner.plan,
+                          "skeleton": inner.skeleton})
+            elif run.best is None and seeded is not None:
+                run.seed(seeded)
             stop.best_so_far = run.interrupt(in_flight).answer(form.name, backend, seed)
         raise
     finally:
@@ -192,6 +199,7 @@ class _Run:
         self.errors: list[str] = []  # skeletons every backend failed on, with the solvers' words
         self.proof_tolerance = OPTIMALITY_TOLERANCE
         """Relative: the largest tolerance a skeleton's proof carries (its formulation's rel_tolerance)."""
+        self.planted = False  # every root of the tree is in the heap (else nothing is proven about the rest)
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families takes
@@ -206,6 +214,8 @@ class _Run:
                 self.timed_out = self.out_of_time = True
                 self.open_bound = 0.0
                 break
+        else:
+            self.planted = True
         heapq.heapify(self.heap)
 
     def seed(self, seeded: dict | None) -> None:
@@ -291,8 +301,11 @@ class _Run:
         """Ctrl-C or SIGTERM mid-search: the skeletons not finished (in the heap or being solved) keep
         their bounds open, as at a time-out, so the answer's gap is one the search proved."""
         self.timed_out = self.out_of_time = True
+        heapq.heapify(self.heap)  # an interrupt may come while the roots are being listed
         self.open_bound = min([self.open_bound, self.selecting, *(self.heap[0][:1] if self.heap else []),
                                *(node.bound for node in in_flight)])
+        if not self.planted:  # roots not listed yet: nothing is proven about them
+            self.open_bound = 0.0
         return self
 
     def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:

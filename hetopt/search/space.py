@@ -685,6 +685,8 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     if len(cps) > 1 or not cps <= set(cp_options(inst, opts)):
         why.append(f"context parallelism {sorted(cps)} (the space: one degree for every stage, of "
                    f"{list(cp_options(inst, opts))})")
+    elif max(cps) > 1 and plan.zero >= 2:
+        why.append(f"context parallelism {max(cps)} with ZeRO-{plan.zero} (the space: ZeRO-0/1 with CP)")
     if len(plan.pipelines) > opts.max_templates:
         why.append(f"{len(plan.pipelines)} templates (the space: at most {opts.max_templates})")
     for j, pipe in enumerate(plan.pipelines):
