@@ -1,9 +1,10 @@
 """Layout shorthand (DESIGN 2.2): a homogeneous Megatron-style layout and its expansion into a plan.
 
 ``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"`` (zero 0–3: the ZeRO stage,
-3 being FSDP FULL_SHARD). tp·pp·dp must equal the cluster's GPUs. Ranks are laid out as Megatron-LM does
-(tensor-parallel fastest, then data-parallel, then pipeline) over the cluster's GPUs in the order the node
-groups are declared, so on a mixed cluster a layout's stages land on whatever GPU types those ranks have.
+3 being FSDP FULL_SHARD; `cp=k` adds context parallelism, default 1). tp·cp·pp·dp must equal the cluster's
+GPUs. Ranks are laid out as Megatron-LM does (tensor-parallel fastest, then context-parallel, then
+data-parallel, then pipeline) over the cluster's GPUs in the order the node groups are declared, so on a
+mixed cluster a layout's stages land on whatever GPU types those ranks have.
 Replicas whose stages land on the same device classes form one pipeline template.
 """
 
@@ -15,7 +16,7 @@ from hetopt.errors import InputError, Problem
 from hetopt.plan import NodeGPUs, Pipeline, PlacementEntry, Plan, Stage
 from hetopt.spec.instance import Instance
 
-KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule")
+KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule", "cp")
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,12 @@ class Layout:
     sp: bool = True
     zero: int = 1
     schedule: str = "1f1b"
+    cp: int = 1
 
     def __str__(self) -> str:
         return (f"tp={self.tp},pp={self.pp},dp={self.dp},mb={self.mb},vp={self.vp},recompute={self.recompute},"
-                f"sp={'true' if self.sp else 'false'},zero={self.zero},schedule={self.schedule}")
+                f"sp={'true' if self.sp else 'false'},zero={self.zero},schedule={self.schedule}"
+                + (f",cp={self.cp}" if self.cp > 1 else ""))
 
 
 def parse_layout(text: str, source: str = "layout") -> Layout:
@@ -53,7 +56,7 @@ def parse_layout(text: str, source: str = "layout") -> Layout:
         if key not in values:
             problems.append(Problem(key, "required: tp, pp and dp have no default (tp·pp·dp = the GPUs used)"))
     ints = {}
-    for key in ("tp", "pp", "dp", "mb", "vp", "zero"):
+    for key in ("tp", "pp", "dp", "mb", "vp", "zero", "cp"):
         if key in values:
             try:
                 ints[key] = int(values[key])
@@ -78,7 +81,7 @@ def parse_layout(text: str, source: str = "layout") -> Layout:
     if problems:
         raise InputError(f"{source} {text!r}", problems)
     return Layout(tp=ints["tp"], pp=ints["pp"], dp=ints["dp"], mb=ints.get("mb", 1), vp=vp, recompute=recompute,
-                  sp=sp_text in ("true", "1"), zero=ints.get("zero", 1), schedule=schedule)
+                  sp=sp_text in ("true", "1"), zero=ints.get("zero", 1), schedule=schedule, cp=ints.get("cp", 1))
 
 
 def split_layers(layers: int, stages: int) -> list[int]:
@@ -91,11 +94,13 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
     """The plan a homogeneous layout describes on this cluster, with its placement."""
     where = f"{source} {layout}"
     gpus = [(node.name, local, node) for node in inst.cluster.nodes.values() for local in range(node.gpus)]
-    used = layout.tp * layout.pp * layout.dp
+    width = layout.tp * layout.cp  # GPUs of one stage of one replica: its TP groups, one per CP rank
+    used = width * layout.pp * layout.dp
     m = inst.model
     problems = []
     if used != len(gpus):
-        problems.append(Problem("tp*pp*dp", f"must equal the cluster's {len(gpus)} GPUs", used, True))
+        problems.append(Problem("tp*cp*pp*dp" if layout.cp > 1 else "tp*pp*dp",
+                                f"must equal the cluster's {len(gpus)} GPUs", used, True))
     if m.heads % layout.tp:
         problems.append(Problem("tp", f"must divide the model's {m.heads} attention heads", layout.tp, True))
     elif m.kv_heads % layout.tp:
@@ -118,14 +123,17 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
     for d in range(layout.dp):
         classes = []
         for p in range(layout.pp):
-            base = p * layout.tp * layout.dp + d * layout.tp
-            members = gpus[base: base + layout.tp]
+            base = p * width * layout.dp + d * width
+            members = gpus[base: base + width]
             by_node: dict[str, list[int]] = {}
             for name, local, _ in members:
                 by_node.setdefault(name, []).append(local)
             spanned = [inst.cluster.nodes[name] for name in by_node]
+            span = f"ranks {base}..{base + width - 1} span {', '.join(sorted(by_node))}"
+            if len(by_node) > 1 and layout.cp > 1:
+                raise InputError(where, [Problem("cp", "a stage's tp·cp GPUs sit inside one node with context "
+                                                       f"parallelism; {span}", layout.cp, True)])
             if len(by_node) > 1 and not _whole_nodes(spanned, by_node):
-                span = f"ranks {base}..{base + layout.tp - 1} span {', '.join(sorted(by_node))}"
                 raise InputError(where, [Problem("tp", "a tensor-parallel group sits inside one node or spans whole "
                                                        f"nodes of one GPU type and size; {span}", layout.tp, True)])
             node = members[0][2]
@@ -136,8 +144,8 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
     micro_batches = inst.global_batch // (layout.mb * layout.dp)
     pipelines, placement = [], []
     for t_index, (classes, replicas) in enumerate(templates.items()):
-        stages = [Stage(layers=layers[p], gpu=gpu, island=island, tp=layout.tp, recompute=layout.recompute,
-                        sp=layout.sp) for p, (gpu, island) in enumerate(classes)]
+        stages = [Stage(layers=layers[p], gpu=gpu, island=island, tp=layout.tp, cp=layout.cp,
+                        recompute=layout.recompute, sp=layout.sp) for p, (gpu, island) in enumerate(classes)]
         pipelines.append(Pipeline(replicas=len(replicas), micro_batches=micro_batches, stages=stages))
         for r_index, d in enumerate(replicas):
             for p in range(layout.pp):

@@ -145,3 +145,21 @@ def test_the_simulator_replays_a_context_parallel_plan_at_the_evaluators_time(re
     plan = place(_plan(1, 2, replicas, layers=layers), inst.cluster)
     simulated = Simulation(inst, plan).run(BandwidthScenario("stable", 1.0, ())).iteration_times_s[0]
     assert simulated == pytest.approx(evaluate(inst, plan).iteration_time_s, rel=0.03)
+
+
+def test_a_layout_with_cp_is_the_plan_it_describes_and_a_bad_one_exits_2(tmp_path):
+    """`cp=2` in the layout shorthand: ranks in Megatron-LM's order (TP, then CP, then DP, then PP), so on
+    s15 (4 L4, then 4 A10G) `tp=1,cp=2,pp=1,dp=4` is two CP-2 replicas per GPU type — the plan s15's
+    exhaustive optimum is, at its time."""
+    from hetopt.evaluate import evaluate
+    from hetopt.layout import expand_layout, parse_layout
+
+    inst = load_instance(S15)
+    plan = expand_layout(inst, parse_layout("tp=1,cp=2,pp=1,dp=4"))
+    assert [(p.replicas, [(s.gpu, s.tp, s.cp) for s in p.stages]) for p in plan.pipelines] == \
+        [(2, [("L4", 1, 2)]), (2, [("A10G", 1, 2)])]
+    assert all(len(e.gpus) == 2 for e in plan.placement)
+    assert evaluate(inst, plan).iteration_time_s == pytest.approx(0.2985, abs=1e-4)
+    result = run_hetopt("evaluate", str(S15), "--layout", "tp=1,cp=8,pp=1,dp=1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "a stage's tp·cp GPUs sit inside one node" in result.stderr, result.stderr

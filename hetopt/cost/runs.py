@@ -43,8 +43,8 @@ GPU → 3200 per 8-GPU node); "IB NDR" on DGX H100 → 8 × 400 Gbit/s; Intel Om
 HPE Slingshot-11 → 4 × 200 Gbit/s. Unstated on H100 8-GPU nodes (llm-foundry) → 8 × 400 Gbit/s, the HGX
 H100 reference design (one 400G NIC per GPU); said per row. A single-node run never uses the NIC.
 
-Layout from the row: tp, pp, dp (cp > 1 is not expressed: the layout shorthand has no cp key, and the
-public rows with CP all train in fp8 or lack their sequence length); mb = micro_batch; global batch =
+Layout from the row: tp, pp, dp (cp > 1 is not expressed yet, though the layout shorthand has a cp key:
+the public rows with CP all train in fp8 or lack their sequence length); mb = micro_batch; global batch =
 global_batch_seqs, or micro_batch × dp when the row leaves it empty and states no gradient accumulation
 (torchtitan's "local batch" per data-parallel rank; said per row); micro-batches per replica =
 global batch / (mb · dp) — the printed grad_accum column is not used (one BigScience row notes it
