@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hetopt.plan import Plan
+from hetopt.spec.checks import cp_splits_sequence
 from hetopt.spec.instance import Instance
 
 Finding = tuple[str, str]
@@ -70,10 +71,9 @@ def _check_cp(inst: Instance, dc, st, path: str) -> list[Finding]:
     if st.cp <= 1:
         return []
     found = []
-    s = inst.seq_len
-    if s % (2 * st.cp * st.tp):
-        found.append((f"{path}.cp", f"cp={st.cp} with tp={st.tp}: the sequence of {s} tokens does not split "
-                                    f"into 2·cp·tp = {2 * st.cp * st.tp} equal chunks"))
+    if not cp_splits_sequence(inst.seq_len, st.tp, st.cp):
+        found.append((f"{path}.cp", f"cp={st.cp} with tp={st.tp}: the sequence of {inst.seq_len} tokens does not "
+                                    f"split into 2·cp·tp = {2 * st.cp * st.tp} equal chunks"))
     if inst.spec.training.attention != "flash":
         found.append((f"{path}.cp", f"cp={st.cp} needs training.attention: flash (ring attention runs on "
                                     f"flash kernels); it is {inst.spec.training.attention}"))

@@ -13,7 +13,7 @@ from conftest import REPO, run_hetopt
 
 from hetopt.cost import comm
 from hetopt.cost.flops import kv_width, layer_forward_flops
-from hetopt.cost.memory import layer_activation_bytes
+from hetopt.cost.memory import head_activation_bytes, layer_activation_bytes, model_state_bytes, stage_params
 from hetopt.cost.terms import ATTN, GEMM, KERN, LINK, STEP
 from hetopt.evaluate import BWD_TP, DP, FWD, FWD_TP, plan_features, stage_work
 from hetopt.placement import place
@@ -58,16 +58,22 @@ def test_a_context_parallel_rank_does_its_share_of_the_layer_worked_by_hand():
     assert not one[FWD_TP].any() and not one[BWD_TP].any()
 
 
-def test_context_parallelism_halves_activations_and_widens_the_gradient_reduction():
-    """cp = 2 at one replica: each rank stores half the activations (s/2 tokens) and the stage's two
-    ranks all-reduce their gradients (Megatron-LM's DP×CP group), which one replica without CP does not."""
+def test_context_parallelism_halves_activations_and_shards_over_the_dp_cp_group_worked_by_hand():
+    """cp = 2 at one replica: each rank stores half the activations and logits (s/2 tokens), ZeRO-1 shards
+    the optimizer states over the stage's two ranks, and they all-reduce their gradients (Megatron-LM's
+    DP×CP group), which one replica without CP does not."""
     inst = load_instance(S15)
     one, two = (plan_features(inst, place(_plan(1, cp, 1), inst.cluster)) for cp in (1, 2))
     assert not one.templates[0][0, DP].any() and two.templates[0][0, DP].any()
-    saved = 6 * (layer_activation_bytes(inst.model, 1, inst.seq_len, 1, True, "flash", "none")
-                 - layer_activation_bytes(inst.model, 1, inst.seq_len // 2, 1, True, "flash", "none"))
-    # one stage of 6 layers holds 1 micro-batch (4 micro-batches, 1 stage); the head's logits halve too
-    assert one.memory_bytes[0][0] - two.memory_bytes[0][0] > saved
+    m, s = inst.model, inst.seq_len
+    # one stage of 6 layers holding 1 micro-batch in flight (4 micro-batches, 1 stage), the head on it:
+    # its activations and logits at s/2 tokens, and ZeRO-1's optimizer states over the 2 ranks of its group
+    params = stage_params(m, 6, True, True, 1)
+    saved = 6 * (layer_activation_bytes(m, 1, s, 1, True, "flash", "none")
+                 - layer_activation_bytes(m, 1, s // 2, 1, True, "flash", "none")) \
+        + head_activation_bytes(m, 1, s, 1) - head_activation_bytes(m, 1, s // 2, 1) \
+        + model_state_bytes(params, 1, 1, 1) - model_state_bytes(params, 1, 2, 1)
+    assert one.memory_bytes[0][0] - two.memory_bytes[0][0] == pytest.approx(saved, rel=1e-12)
 
 
 @pytest.mark.parametrize("change,words", [

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hetopt.plan import Pipeline, Plan, Stage
-from hetopt.spec.checks import tp_splits_heads
+from hetopt.spec.checks import cp_splits_sequence, tp_splits_heads
 from hetopt.spec.cluster import DeviceClass
 from hetopt.spec.instance import Instance
 
@@ -234,7 +234,7 @@ def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions, cp: int = 1
     """TP degrees of a class's stages at context-parallel degree `cp`: dividing the heads, tp·cp GPUs
     inside a node, and (cp > 1) the sequence in 2·cp·tp equal chunks (`verify._check_cp`)."""
     return [t for t in opts.tp if tp_divides_heads(inst, t) and t * cp <= dc.max_gpus_per_node
-            and (cp == 1 or inst.seq_len % (2 * cp * t) == 0)]
+            and cp_splits_sequence(inst.seq_len, t, cp)]
 
 
 CP_TOKENS = 8192
@@ -604,7 +604,7 @@ def cp_options(inst: Instance, opts: SearchOptions, stats: SearchStats | None = 
     """The context-parallel degrees searched: search.cp's that flash attention runs and that split the
     sequence into 2·cp equal chunks (Megatron-LM's causal load balancing); what is dropped is counted."""
     kept = tuple(c for c in sorted(set(opts.cp))
-                 if c == 1 or (inst.spec.training.attention == "flash" and inst.seq_len % (2 * c) == 0))
+                 if c == 1 or (inst.spec.training.attention == "flash" and cp_splits_sequence(inst.seq_len, 1, c)))
     if stats is not None and len(kept) < len(set(opts.cp)):
         stats.pruned[CP_RULE] += len(set(opts.cp)) - len(kept)
     return kept

@@ -231,6 +231,13 @@ def tp_splits_heads(heads: int, kv_heads: int, tp: int) -> bool:
     return heads % tp == 0 and kv_heads % tp == 0
 
 
+def cp_splits_sequence(seq_len: int, tp: int, cp: int) -> bool:
+    """A context-parallel degree cp splits the sequence as Megatron-LM's causal load balancing does: into
+    2·cp equal chunks (rank i holds chunks i and 2cp − 1 − i), each chunk's tokens split over the tp ranks
+    (sequence parallelism). Always true without CP."""
+    return cp == 1 or seq_len % (2 * cp * tp) == 0
+
+
 def check_search_tp(tps: list[int] | None, heads: int | None, kv_heads: int | None, node_gpus: int
                     ) -> Iterator[Finding]:
     """Some TP degree of search.tp must be usable: dividing the heads and the key/value heads (Megatron-LM
