@@ -98,7 +98,7 @@ def solve(
     instance: InstanceArg = None,
     planner: Annotated[str, typer.Option("--planner", help="ilp (exact), exhaustive (small instances), or a "
                                                            "heuristic without proof: megatron, fastest-subset, "
-                                                           "proportional, amp-like, random.")] = "ilp",
+                                                           "proportional, amp-like, metis-like, random.")] = "ilp",
     formulation: Annotated[str | None, typer.Option("--formulation", help="See `hetopt formulations`.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="cpsat, cbc or highs.")] = "highs",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the whole command: the search, "
@@ -562,7 +562,7 @@ def bench(
         metavar="[INSTANCE]...", help="Instance files or bundled names; default: every bundled instance.")] = None,
     planners: Annotated[str, typer.Option("--planners", help="Comma-separated planners; default: all (ilp, "
                                                              "megatron, fastest-subset, proportional, amp-like, "
-                                                             "random, exhaustive).")] = "all",
+                                                             "metis-like, random, exhaustive).")] = "all",
     scenarios: Annotated[str, typer.Option("--scenarios", help="Comma-separated scenario names, or all.")] = "all",
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds per planner run.")] = 60.0,
     iterations: Annotated[int, typer.Option("--iterations", min=1, help="Simulated iterations per scenario.")] = 3,

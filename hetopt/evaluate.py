@@ -24,12 +24,16 @@ from hetopt.cost.features import (  # noqa: F401 (re-exported)
     nic_columns,
     p2p_features,
     plan_features,
+    rank_nodes,
+    reshard_sends,
+    send_features,
     stage_memory,
     stage_nodes,
     stage_work,
 )
 from hetopt.cost.pricing import (  # noqa: F401 (re-exported)
     Evaluation,
+    by_stage,
     cross_seconds,
     dp_finish,
     evaluate,

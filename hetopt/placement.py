@@ -21,7 +21,7 @@ start inside nodes; pipeline sends cross them) — better where gradients outwei
 from __future__ import annotations
 
 from hetopt.errors import InfeasibleError
-from hetopt.plan import NodeGPUs, PlacementEntry, Plan
+from hetopt.plan import NodeGPUs, PlacementEntry, Plan, Stage
 from hetopt.spec.cluster import Cluster
 
 ORDERS = ("replica", "stage")
@@ -40,34 +40,45 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
             else [(r, s) for s in range(len(pipe.stages)) for r in range(pipe.replicas)]
         for replica, s_index in pairs:
             stage = pipe.stages[s_index]
-            dc = cluster.device_classes.get(stage.device_class)
-            if dc is None:
-                raise InfeasibleError(f"pipelines[{p_index}].stages[{s_index}]: no device class "
-                                      f"{stage.gpu}@{stage.island} in the cluster")
             # the neighbour to stay with: the replica's previous stage, or (stage order) the previous replica's
             # same stage; the one to be near when moving: the replica's previous stage
             stay = at.get((p_index, replica, s_index - 1) if order == "replica" else (p_index, replica - 1, s_index))
             near = at.get((p_index, replica, s_index - 1))
-            if stage.width > dc.max_gpus_per_node:  # a TP group over whole nodes (the verifier: no CP then)
-                entry = span_nodes(cluster, dc, stage.tp, free, near, (p_index, replica, s_index))
-                entries.append(entry)
-                at[(p_index, replica, s_index)] = entry.node
-                continue
-            if stay is not None and cluster.nodes[stay].gpu == stage.gpu and \
-                    cluster.nodes[stay].island == stage.island and free.count(stay) >= stage.width:
-                node = stay
-            else:
-                node = free.pick(dc, stage.width, near)
-            if node is None:
-                raise InfeasibleError(
-                    f"pipelines[{p_index}] replica {replica} stage {s_index}: no node of "
-                    f"{stage.gpu}@{stage.island} has {stage.width} free GPUs left for its TP"
-                    f"{'×CP' if stage.cp > 1 else ''} group")
-            gpus = free.take(node, stage.width)
-            entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, node=node, gpus=gpus))
-            at[(p_index, replica, s_index)] = node
-    entries.sort(key=lambda e: (e.pipeline, e.replica, e.stage))
+            for rank, (gpu, island) in enumerate(rank_classes(stage)):
+                where = (p_index, replica, s_index, rank)
+                dc = cluster.device_classes.get((gpu, island))
+                if dc is None:
+                    raise InfeasibleError(f"pipelines[{p_index}].stages[{s_index}]: no device class "
+                                          f"{gpu}@{island} in the cluster")
+                if stage.width > dc.max_gpus_per_node:  # a TP group over whole nodes (the verifier: no CP then)
+                    entry = span_nodes(cluster, dc, stage.tp, free, near, where)
+                    entries.append(entry)
+                    at.setdefault(where[:3], entry.node)
+                    continue
+                if stay is not None and cluster.nodes[stay].gpu == gpu and \
+                        cluster.nodes[stay].island == island and free.count(stay) >= stage.width:
+                    node = stay
+                else:
+                    node = free.pick(dc, stage.width, near)
+                if node is None:
+                    raise InfeasibleError(
+                        f"pipelines[{p_index}] replica {replica} stage {s_index}"
+                        f"{f' rank {rank}' if stage.shards else ''}: no node of {gpu}@{island} has "
+                        f"{stage.width} free GPUs left for its TP{'×CP' if stage.cp > 1 else ''} group")
+                gpus = free.take(node, stage.width)
+                entries.append(PlacementEntry(pipeline=p_index, replica=replica, stage=s_index, rank=rank, node=node,
+                                              gpus=gpus))
+                at.setdefault(where[:3], node)  # the stage's first rank stands for it
+                stay = node  # the stage's next ranks stay beside this one when they can
+    entries.sort(key=lambda e: (e.pipeline, e.replica, e.stage, e.rank))
     return plan.model_copy(update={"placement": entries})
+
+
+def rank_classes(stage: Stage) -> list[tuple[str, str]]:
+    """The device class of each of a stage's data-parallel ranks in one replica, in rank order."""
+    if not stage.shards:
+        return [stage.device_class]
+    return [sh.device_class for sh in stage.shards for _ in range(sh.ranks)]
 
 
 def placing_order(plan: Plan) -> list[int]:
@@ -77,7 +88,8 @@ def placing_order(plan: Plan) -> list[int]:
     never depend on its layers (a skeleton's placement holds for every split)."""
     def shape(j: int) -> tuple:
         pipe = plan.pipelines[j]
-        return tuple((st.gpu, st.island, st.tp, st.cp) for st in pipe.stages), pipe.replicas, pipe.micro_batches
+        return (tuple((st.gpu, st.island, st.tp, st.cp, tuple(rank_classes(st))) for st in pipe.stages), pipe.replicas,
+                pipe.micro_batches)
 
     return sorted(range(len(plan.pipelines)), key=shape)
 
@@ -145,7 +157,7 @@ def widest_nics(cluster: Cluster, previous: str, stand_in: dict[float, str]) -> 
 
 
 def span_nodes(cluster: Cluster, dc, tp: int, free: FreeGPUs, near: str | None,
-               key: tuple[int, int, int]) -> PlacementEntry:
+               key: tuple[int, int, int, int]) -> PlacementEntry:
     """A TP group wider than a node: whole free nodes of one size g with g | tp, the first of them the
     widest route from `near` (as `FreeGPUs.pick` ranks), the others in declaration order (one island: the
     same fabric)."""
@@ -156,7 +168,8 @@ def span_nodes(cluster: Cluster, dc, tp: int, free: FreeGPUs, near: str | None,
         head = _widest_first(cluster, whole, near)
         chosen = [head, *[name for name in whole if name != head][: tp // g - 1]]
         groups = [free.take(name, g) for name in chosen]
-        return PlacementEntry(pipeline=key[0], replica=key[1], stage=key[2], node=chosen[0], gpus=groups[0],
+        return PlacementEntry(pipeline=key[0], replica=key[1], stage=key[2], rank=key[3], node=chosen[0],
+                              gpus=groups[0],
                               more_nodes=[NodeGPUs(node=n, gpus=gp) for n, gp in zip(chosen[1:], groups[1:],
                                                                                       strict=True)])
     raise InfeasibleError(f"pipelines[{key[0]}] replica {key[1]} stage {key[2]}: its TP group of {tp} GPUs needs "

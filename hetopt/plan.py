@@ -21,6 +21,22 @@ Schedule = Literal["gpipe", "1f1b", "interleaved"]
 NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 
 
+class Shard(Section):
+    """Data-parallel ranks of one device class inside one replica of a stage (Metis-style: a stage whose
+    ranks mix GPU types, each taking its own share of every micro-batch; also a stage wider than its
+    neighbours in data parallelism)."""
+
+    gpu: str = Field(description="GPU type of the ranks' device class.")
+    island: Name = Field(description="Island of the ranks' device class.")
+    ranks: PositiveInt = Field(description="Data-parallel ranks of this class in one replica of the stage, "
+                                           "each tp·cp GPUs.")
+    sequences: PositiveInt = Field(description="Sequences of every micro-batch each of these ranks runs.")
+
+    @property
+    def device_class(self) -> tuple[str, str]:
+        return (self.gpu, self.island)
+
+
 class Stage(Section):
     layers: NonNegativeInt = Field(description="Transformer layers this stage holds; 0 only on the first stage (it "
                                                "then holds the embedding alone) or the last (the output head).")
@@ -33,6 +49,11 @@ class Stage(Section):
                                            "flash attention.")
     recompute: Recompute = Field("none", description="Activation recompute: none, selective or full.")
     sp: bool = Field(True, description="Sequence parallelism.")
+    shards: list[Shard] = Field(
+        default_factory=list, description="The stage's data-parallel ranks inside one replica, by device "
+                                          "class, the first of the stage's own class: each micro-batch is "
+                                          "split among them (Σ ranks·sequences = micro_batch). Empty: one "
+                                          "rank of the stage's class runs the whole micro-batch.")
 
     @property
     def device_class(self) -> tuple[str, str]:
@@ -42,6 +63,21 @@ class Stage(Section):
     def width(self) -> int:
         """GPUs of one replica of the stage: tp·cp."""
         return self.tp * self.cp
+
+    def ranks_of(self, micro_batch: int) -> list[Shard]:
+        """The stage's data-parallel ranks in one replica, by class: its shards, or one rank of its own
+        class running all `micro_batch` sequences."""
+        return self.shards or [Shard(gpu=self.gpu, island=self.island, ranks=1, sequences=micro_batch)]
+
+    @property
+    def dp_ranks(self) -> int:
+        """Data-parallel ranks of the stage in one replica (1 without shards)."""
+        return sum(sh.ranks for sh in self.shards) or 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica of the stage: tp·cp per data-parallel rank."""
+        return self.width * self.dp_ranks
 
 
 class Pipeline(Section):
@@ -63,6 +99,8 @@ class PlacementEntry(Section):
     pipeline: NonNegativeInt
     replica: NonNegativeInt
     stage: NonNegativeInt
+    rank: NonNegativeInt = Field(0, description="The stage's data-parallel rank inside the replica (0 but for "
+                                                "stages with shards: their ranks in the shards' order).")
     node: str = Field(description="A node name, <group>-<index>.")
     gpus: list[NonNegativeInt] = Field(min_length=1, description="Local GPU indices inside the node.")
     more_nodes: list[NodeGPUs] = Field(
@@ -109,7 +147,7 @@ class Plan(Section):
 
     @property
     def gpus_used(self) -> int:
-        return sum(p.replicas * s.width for p in self.pipelines for s in p.stages)
+        return sum(p.replicas * s.gpus for p in self.pipelines for s in p.stages)
 
     @property
     def replicas(self) -> int:

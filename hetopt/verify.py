@@ -55,6 +55,7 @@ def check_stages(inst: Instance, plan: Plan) -> list[Finding]:
                 found.append((f"{path}.tp", f"tp={st.tp} does not divide the model's {inst.model.kv_heads} kv_heads "
                                             "(grouped-query attention: each TP rank holds whole key/value heads)"))
             found += _check_cp(inst, dc, st, path)
+            found += _check_shards(inst, plan, len(plan.pipelines), st, path)
             if st.tp > dc.max_gpus_per_node and not whole_nodes(dc, st.tp):
                 sizes = sorted({n.gpus for n in dc.nodes})
                 found.append((f"{path}.tp", f"tp={st.tp} exceeds the {dc.max_gpus_per_node} GPUs of a "
@@ -81,6 +82,42 @@ def _check_cp(inst: Instance, dc, st, path: str) -> list[Finding]:
         found.append((f"{path}.cp", f"tp·cp = {st.width} exceeds the {dc.max_gpus_per_node} GPUs of a "
                                     f"{dc.label} node; a stage with context parallelism keeps its tp·cp GPUs "
                                     "in one node"))
+    return found
+
+
+def _check_shards(inst: Instance, plan: Plan, templates: int, st, path: str) -> list[Finding]:
+    """A stage whose data-parallel ranks are listed by class (Metis-style): the first of the stage's own
+    class, each class once and in the cluster, each rank's tp·cp GPUs inside one node of its class, the
+    micro-batch split among the ranks exactly, and one template (other templates would hold its layers in
+    another split, and ZeRO shards over one data-parallel group)."""
+    if not st.shards:
+        return []
+    found = []
+    classes = inst.cluster.device_classes
+    if st.shards[0].device_class != st.device_class:
+        found.append((f"{path}.shards[0]", f"is {st.shards[0].gpu}@{st.shards[0].island}; the first shard is of "
+                                           f"the stage's own class {st.gpu}@{st.island}"))
+    seen = set()
+    for k, sh in enumerate(st.shards):
+        where = f"{path}.shards[{k}]"
+        if sh.device_class in seen:
+            found.append((where, f"lists {sh.gpu}@{sh.island} again; give each class one shard (its ranks "
+                                 "all take the same sequences)"))
+        seen.add(sh.device_class)
+        dc = classes.get(sh.device_class)
+        if dc is None:
+            known = ", ".join(f"{g}@{isl}" for g, isl in classes)
+            found.append((where, f"no device class {sh.gpu}@{sh.island} in the cluster; classes: {known}"))
+        elif st.width > dc.max_gpus_per_node:
+            found.append((where, f"tp·cp = {st.width} exceeds the {dc.max_gpus_per_node} GPUs of a {dc.label} "
+                                 "node; each rank of a stage with shards keeps its GPUs in one node"))
+    split = sum(sh.ranks * sh.sequences for sh in st.shards)
+    if split != plan.micro_batch:
+        found.append((f"{path}.shards", f"Σ ranks·sequences = {split}; each micro-batch has {plan.micro_batch} "
+                                        "sequences to split among the stage's ranks"))
+    if templates > 1:
+        found.append((f"{path}.shards", f"a stage with shards needs a plan of one template; this one has "
+                                        f"{templates}"))
     return found
 
 
@@ -130,7 +167,8 @@ def check_resources(inst: Instance, plan: Plan) -> list[Finding]:
     need: Counter[tuple[str, str]] = Counter()
     for pipe in plan.pipelines:
         for st in pipe.stages:
-            need[(st.gpu, st.island)] += pipe.replicas * st.width
+            for sh in st.ranks_of(plan.micro_batch):
+                need[sh.device_class] += pipe.replicas * st.width * sh.ranks
     found = []
     for key, n in need.items():
         dc = inst.cluster.device_classes.get(key)
@@ -146,7 +184,20 @@ def check_zero(plan: Plan) -> list[Finding]:
     return []
 
 
-def _check_group(nodes: dict, stage, e, path: str) -> list[Finding]:
+def _where(key: tuple[int, int, int, int]) -> str:
+    return f"pipeline {key[0]} replica {key[1]} stage {key[2]}" + (f" rank {key[3]}" if key[3] else "")
+
+
+def _rank_class(stage, rank: int) -> tuple[str, str]:
+    """The device class of a stage's data-parallel rank `rank` (its shards in order)."""
+    for sh in stage.shards:
+        if rank < sh.ranks:
+            return sh.device_class
+        rank -= sh.ranks
+    return stage.device_class
+
+
+def _check_group(nodes: dict, stage, klass: tuple[str, str], e, path: str) -> list[Finding]:
     """A placement entry whose TP group spans several whole nodes (`more_nodes`)."""
     found = []
     members = e.members
@@ -158,7 +209,7 @@ def _check_group(nodes: dict, stage, e, path: str) -> list[Finding]:
     head = nodes.get(members[0][0])
     for m, (name, gpus) in enumerate(members):
         where = path if m == 0 else f"{path}.more_nodes[{m - 1}]"
-        node, problems = _node_findings(nodes, stage, name, gpus, where)
+        node, problems = _node_findings(nodes, klass, name, gpus, where)
         found += problems
         if node is None:
             continue
@@ -171,15 +222,16 @@ def _check_group(nodes: dict, stage, e, path: str) -> list[Finding]:
     return found
 
 
-def _node_findings(nodes: dict, stage, name: str, gpus: list[int], where: str) -> tuple:
-    """(the node or None, findings): the node exists, is of the stage's device class, has these GPUs."""
+def _node_findings(nodes: dict, klass: tuple[str, str], name: str, gpus: list[int], where: str) -> tuple:
+    """(the node or None, findings): the node exists, is of the rank's device class `klass` (GPU type,
+    island), has these GPUs."""
     node = nodes.get(name)
     if node is None:
         return None, [(f"{where}.node", f"no node named {name!r}")]
     found = []
-    if node.gpu != stage.gpu or node.island != stage.island:
+    if (node.gpu, node.island) != klass:
         found.append((f"{where}.node", f"{name} is {node.gpu}@{node.island}; the stage is "
-                                       f"{stage.gpu}@{stage.island}"))
+                                       f"{klass[0]}@{klass[1]}"))
     if max(gpus) >= node.gpus:
         found += [(f"{where}.gpus", f"GPU {g} does not exist on {name} ({node.gpus} GPUs)")
                   for g in gpus if g >= node.gpus]
@@ -193,23 +245,24 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
         return []
     found = []
     nodes = inst.cluster.nodes
-    expected = {(i, r, j) for i, p in enumerate(plan.pipelines) for r in range(p.replicas)
-                for j in range(len(p.stages))}
-    seen: Counter[tuple[int, int, int]] = Counter()
+    expected = {(i, r, j, k) for i, p in enumerate(plan.pipelines) for r in range(p.replicas)
+                for j, st in enumerate(p.stages) for k in range(st.dp_ranks)}
+    seen: Counter[tuple[int, int, int, int]] = Counter()
     gpus_taken: Counter[tuple[str, int]] = Counter()
     for k, e in enumerate(plan.placement):
         path = f"placement[{k}]"
-        key = (e.pipeline, e.replica, e.stage)
+        key = (e.pipeline, e.replica, e.stage, e.rank)
         seen[key] += 1
         if key not in expected:
-            found.append((path, f"places pipeline {e.pipeline} replica {e.replica} stage {e.stage}, "
-                                "which the plan does not have"))
+            found.append((path, f"places pipeline {e.pipeline} replica {e.replica} stage {e.stage}"
+                                f"{f' rank {e.rank}' if e.rank else ''}, which the plan does not have"))
             continue
         stage = plan.pipelines[e.pipeline].stages[e.stage]
+        klass = _rank_class(stage, e.rank)
         if e.more_nodes:
-            found += _check_group(nodes, stage, e, path)
+            found += _check_group(nodes, stage, klass, e, path)
         else:  # the common case: a TP group inside one node
-            node, problems = _node_findings(nodes, stage, e.node, e.gpus, path)
+            node, problems = _node_findings(nodes, klass, e.node, e.gpus, path)
             found += problems
             if node is None:
                 continue
@@ -219,10 +272,10 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
         for name, gpus in (e.members if e.more_nodes else ((e.node, e.gpus),)):
             gpus_taken.update((name, g) for g in gpus)
     for key in sorted(expected - set(seen)):
-        found.append(("placement", f"pipeline {key[0]} replica {key[1]} stage {key[2]} is not placed"))
+        found.append(("placement", f"{_where(key)} is not placed"))
     for key, n in seen.items():
         if n > 1:
-            found.append(("placement", f"pipeline {key[0]} replica {key[1]} stage {key[2]} is placed {n} times"))
+            found.append(("placement", f"{_where(key)} is placed {n} times"))
     for (node_name, g), n in gpus_taken.items():
         if n > 1:
             found.append(("placement", f"GPU {g} of {node_name} is used by {n} stages"))

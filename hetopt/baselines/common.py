@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError
-from hetopt.evaluate import evaluate
+from hetopt.evaluate import Evaluation, evaluate
 from hetopt.layout import Layout, expand_layout
 from hetopt.placement import place
 from hetopt.plan import Plan
@@ -44,6 +44,8 @@ class Candidates:
         self.best: Plan | None = None
         self.best_s = math.inf
         self.evaluated = 0
+        self.last: Evaluation | None = None
+        """The evaluation of the plan last offered (None where it was refused or could not be placed)."""
 
     @property
     def out_of_time(self) -> bool:
@@ -51,12 +53,14 @@ class Candidates:
 
     def offer(self, plan: Plan, inst: Instance | None = None) -> float:
         """Time `plan` (verified and placed on the real cluster); keep it if it fits and is the fastest."""
+        self.last = None
         try:
             plan = place(plan, self.inst.cluster)
             ev = evaluate(self.inst, plan, self.profiles)  # runs the verifier first: a rejected plan raises
         except (InfeasibleError, InputError):
             return math.inf
         self.evaluated += 1
+        self.last = ev
         if ev.fits and ev.iteration_time_s < self.best_s:
             self.best, self.best_s = plan, ev.iteration_time_s
         return ev.iteration_time_s if ev.fits else math.inf

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 from hetopt.baselines.common import PlannerResult
+from hetopt.baselines.metis import metis_like
 from hetopt.baselines.proportional import proportional
 from hetopt.baselines.random_search import random_search
 from hetopt.baselines.uniform import amp_like, fastest_subset, megatron
@@ -60,6 +61,7 @@ PLANNERS: dict[str, Callable[..., PlannerResult]] = {
     "fastest-subset": fastest_subset,
     "proportional": proportional,
     "amp-like": amp_like,
+    "metis-like": metis_like,
     "random": random_search,
     "exhaustive": run_exhaustive,
 }

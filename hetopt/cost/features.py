@@ -73,12 +73,13 @@ N_PARTS = len(Part)
 
 @dataclass
 class PlanFeatures:
-    """Cost features of a placed plan: per template an array (stages, N_PARTS, N_TERMS)."""
+    """Cost features of a placed plan: per template an array (rows, N_PARTS, N_TERMS), a row per stage —
+    or per shard of a stage with shards (`stage_of`)."""
 
     templates: list[np.ndarray]
     micro_batches: list[int]
     gpus: list[list[GPUType]]
-    """GPU type of every stage, per template."""
+    """GPU type of every row, per template."""
     virtual_stages: int
     memory_bytes: list[list[float]]
     cross: np.ndarray = field(default_factory=lambda: np.zeros(N_TERMS))
@@ -89,6 +90,12 @@ class PlanFeatures:
     """ZeRO-2/3 collectives per micro-batch, per template (stages, 2, N_TERMS): forward, backward pass."""
     zero_units: list[list[int]] = field(default_factory=list)
     """Units (layers, embedding, head) each stage gathers or reduces one by one under ZeRO-2/3."""
+    stage_of: list[list[int]] = field(default_factory=list)
+    """The stage of every row, per template (rows are stages but for stages with shards)."""
+
+    def mixed(self, j: int) -> bool:
+        """Whether template j has a stage of several rows (shards)."""
+        return len(self.stage_of[j]) != len(set(self.stage_of[j]))
 
 
 # -- features -------------------------------------------------------------------------------------------
@@ -125,91 +132,157 @@ def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, t
 
 
 def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) -> PlanFeatures:
+    """Cost features of a placed plan: one row per stage, or, for a stage with shards, one row per shard
+    (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says whose)."""
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
     cluster = cluster or inst.cluster
-    nodes_of = stage_nodes(plan)
+    nodes_of, ranks_at = stage_nodes(plan), rank_nodes(plan)
+    sequence_bytes = cc.ACT_BYTES * s * m.hidden  # activations (or their gradients) of one sequence
     replicas_total = plan.replicas
-    act_bytes = cc.ACT_BYTES * b * s * m.hidden
-    templates, gpus, memory = [], [], []
-    ring_load = dp_ring_load(cluster, plan, nodes_of)
+    templates, gpus, memory, stage_of = [], [], [], []
+    ring_load = dp_ring_load(cluster, plan, ranks_at)
     grad_bytes = grad_comm_bytes(inst)
     spans = tp_spans(cluster, plan)
     zero_passes, zero_units = [], []
+    vp = plan.virtual_stages
     for j, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages)
-        arr = np.zeros((p, N_PARTS, N_TERMS))
-        t_gpus, t_mem = [], []
-        z_arr, z_units = np.zeros((p, 2, N_TERMS)), []
-        for i, st in enumerate(pipe.stages):
-            gpu = inst.gpu_types[st.gpu]
+        rows = [(i, k, sh) for i, st in enumerate(pipe.stages) for k, sh in enumerate(st.ranks_of(b))]
+        arr = np.zeros((len(rows), N_PARTS, N_TERMS))
+        z_arr = np.zeros((len(rows), 2, N_TERMS))
+        t_gpus, t_mem, z_units = [], [], []
+        # the sends each stage makes per micro-batch, forward and back: every rank sends the sequences it
+        # holds to the ranks of the neighbouring stage that hold them (one rank each side without shards)
+        sends = {(i, way): reshard_sends(plan, j, i, (i + way) % p, ranks_at, sequence_bytes)
+                 for i in range(p) for way in (1, -1)}
+        for row, (i, k, sh) in enumerate(rows):
+            st = pipe.stages[i]
+            gpu = inst.gpu_types[sh.gpu]
             first, last = i == 0, i == p - 1
+            mine = [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)]  # this shard's ranks
             # TP collectives inside the stage's nodes, or over the network when its TP group spans nodes
-            tp_path = spans.get((j, i)) or cluster.slowest_intra(nodes_of[(j, i)])
-            arr[i, :4] = stage_work(m, gpu, b, s, st.tp, st.sp, attention, st.recompute, st.layers, first, last,
-                                    tp_path, st.cp)
+            tp_path = spans.get((j, i)) or cluster.slowest_intra(list(dict.fromkeys(mine)))
+            arr[row, :4] = stage_work(m, gpu, sh.sequences, s, st.tp, st.sp, attention, st.recompute, st.layers,
+                                      first, last, tp_path, st.cp)
             # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
             # model chunk; with interleaving the last stage also passes activations on to the first stage's
             # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
-            vp = plan.virtual_stages
-            nxt, prv = (i + 1) % p, (i - 1) % p
-            sends_fwd = vp if not last else vp - 1
-            sends_bwd = vp if not first else vp - 1
-            # each of the tp·cp ranks sends its share (CP: its part of the sequence)
-            if sends_fwd:
-                arr[i, P2P] += sends_fwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, nxt)], act_bytes,
-                                                        st.width)
-            if sends_bwd:
-                arr[i, P2P] += sends_bwd * p2p_features(cluster, nodes_of[(j, i)], nodes_of[(j, prv)], act_bytes,
-                                                        st.width)
+            # Each of the tp·cp ranks sends its share (CP: its part of the sequence).
+            for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
+                if times:
+                    arr[row, P2P] += times * send_features(cluster, sends[(i, way)], st.width, set(mine))
             params = stage_params(m, st.layers, first, last, p)
-            columns = nic_columns(cluster, nodes_of[(j, i)], st.tp)
-            # the data-parallel group of a TP rank: its replicas' cp ranks each (Megatron-LM's DP×CP group)
-            dp_nodes, dp_ranks = [n for n in nodes_of[(j, i)] for _ in range(st.cp)], pipe.replicas * st.cp
-            arr[i, DP] = _dp_collective("all_reduce", cluster, dp_ranks, dp_nodes, params / st.tp * grad_bytes,
-                                        columns, ring_load)
-            shard = replicas_total * st.cp if plan.zero else 1
-            arr[i, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
-            arr[i, OPT, ITER] = 1
+            columns = nic_columns(cluster, mine, st.tp)
+            # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks each
+            # (Megatron-LM's DP×CP group)
+            every = [n for nodes in ranks_at[(j, i)] for n in nodes]
+            dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
+            arr[row, DP] = _dp_collective("all_reduce", cluster, dp_ranks, dp_nodes, params / st.tp * grad_bytes,
+                                          columns, ring_load)
+            group = (replicas_total - pipe.replicas + len(every)) * st.cp  # ZeRO-1: one shard per DP rank
+            shard = group if plan.zero else 1
+            arr[row, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
+            arr[row, OPT, ITER] = 1
             if plan.zero >= 2:
-                zero_stage(arr[i], z_arr[i], plan.zero, cluster, dp_ranks, dp_nodes, params / st.tp, grad_bytes,
-                           columns, gpu, ring_load)
+                zero_stage(arr[row], z_arr[row], plan.zero, cluster, dp_ranks, dp_nodes, params / st.tp,
+                           grad_bytes, columns, gpu, ring_load)
             z_units.append(st.layers + first + last)
             t_gpus.append(gpu)
-            t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params, replicas_total))
+            t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params,
+                                      replicas_total - pipe.replicas + len(every), sh.sequences))
         templates.append(arr)
         gpus.append(t_gpus)
         memory.append(t_mem)
         zero_passes.append(z_arr)
         zero_units.append(z_units)
+        stage_of.append([i for i, _, _ in rows])
     cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * grad_bytes)
     return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, plan.virtual_stages, memory,
-                        cross, flows, zero_passes if plan.zero >= 2 else [], zero_units)
+                        cross, flows, zero_passes if plan.zero >= 2 else [], zero_units, stage_of)
 
 
 def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
-    """(template, stage) → the node of each replica."""
+    """(template, stage) → the node of each replica (of its first data-parallel rank, with shards)."""
     out: dict[tuple[int, int], list[str]] = {}
     for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica)):
-        out.setdefault((e.pipeline, e.stage), []).append(e.node)
+        if e.rank == 0:
+            out.setdefault((e.pipeline, e.stage), []).append(e.node)
+    return out
+
+
+def rank_nodes(plan: Plan) -> dict[tuple[int, int], list[list[str]]]:
+    """(template, stage) → per replica, the node of each of the stage's data-parallel ranks in rank order."""
+    out: dict[tuple[int, int], list[list[str]]] = {}
+    for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica, e.rank)):
+        per_replica = out.setdefault((e.pipeline, e.stage), [])
+        if e.rank == 0:
+            per_replica.append([])
+        per_replica[-1].append(e.node)
+    return out
+
+
+def shard_ranks(st, k: int) -> range:
+    """The rank indices (inside one replica) of shard k of stage `st` (range(1) without shards)."""
+    if not st.shards:
+        return range(1)
+    start = sum(sh.ranks for sh in st.shards[:k])
+    return range(start, start + st.shards[k].ranks)
+
+
+def rank_sequences(st, micro_batch: int) -> list[tuple[int, int]]:
+    """The sequences [first, end) of a micro-batch that each data-parallel rank of a stage runs, in rank
+    order: the shards' ranks take consecutive runs of `sequences` each."""
+    out, at = [], 0
+    for sh in st.ranks_of(micro_batch):
+        for _ in range(sh.ranks):
+            out.append((at, at + sh.sequences))
+            at += sh.sequences
+    return out
+
+
+def reshard_sends(plan: Plan, j: int, i: int, to: int, ranks_at, sequence_bytes: float,
+                  replicas: range | None = None) -> list[tuple[str, str, float]]:
+    """Every send of one micro-batch's activations (or gradients) from stage i to stage `to` of template j,
+    in all replicas at once (or in `replicas`): (source node, destination node, bytes) for each pair of
+    ranks whose sequences overlap, `sequence_bytes` per sequence — one send per replica when neither stage
+    has shards."""
+    pipe = plan.pipelines[j]
+    src = rank_sequences(pipe.stages[i], plan.micro_batch)
+    dst = rank_sequences(pipe.stages[to], plan.micro_batch)
+    out = []
+    for r in replicas if replicas is not None else range(pipe.replicas):
+        for a, (lo, hi) in zip(ranks_at[(j, i)][r], src, strict=True):
+            for b, (lo2, hi2) in zip(ranks_at[(j, to)][r], dst, strict=True):
+                if min(hi, hi2) > max(lo, lo2):
+                    out.append((a, b, (min(hi, hi2) - max(lo, lo2)) * sequence_bytes))
     return out
 
 
 def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int) -> np.ndarray:
-    """One activation (or gradient) send across a stage boundary: the slowest replica's.
+    """One activation (or gradient) send across a stage boundary, `nbytes` from each replica's node in
+    `src_nodes` to its node in `dst_nodes`: the slowest replica's (`send_features`)."""
+    return send_features(cluster, [(a, b, nbytes) for a, b in zip(src_nodes, dst_nodes, strict=True)], tp)
+
+
+def send_features(cluster, sends: list[tuple[str, str, float]], tp: int, sources: set[str] | None = None
+                  ) -> np.ndarray:
+    """Features of the slowest of concurrent sends (source node, destination node, bytes) — of those from
+    `sources` when given, all of them sharing the links.
 
     Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
     link, across nodes all shares go through the node's bottleneck. The replicas of a template cross the
     same boundary at about the same time (1F1B runs them in lockstep), so flows in the same direction on
     one link split it evenly — the max-min fair share the simulator gives them.
     """
-    pairs = Counter(zip(src_nodes, dst_nodes, strict=True))
-    routes = [cluster.route(a, b) for a, b in pairs]
+    pairs = Counter(sends)
+    routes = {key: cluster.route(key[0], key[1]) for key in pairs}
     load: Counter = Counter()
-    for route, n in zip(routes, pairs.values(), strict=True):
-        for edge in route.edges:
+    for key, n in pairs.items():
+        for edge in routes[key].edges:
             load[edge] += n
-    return slowest_transfer([(r, nbytes / tp if r.intra_node else nbytes) for r in routes], load)
+    return slowest_transfer([(routes[key], key[2] / tp if routes[key].intra_node else key[2]) for key in pairs
+                             if sources is None or key[0] in sources], load)
 
 
 def shared_gbps(route, load: Counter) -> float:
@@ -231,16 +304,15 @@ def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
                          alpha_s=route.alpha_s)
 
 
-def dp_ring_load(cluster, plan: Plan, nodes_of) -> Counter:
+def dp_ring_load(cluster, plan: Plan, ranks_at) -> Counter:
     """How many gradient rings cross each link (directed graph edge). The stages' all-reduces run at about
     the same time — at the end of the iteration, within one backward chain of each other — so rings that
-    share a NIC or an island link share its bandwidth (the simulator's max-min shares, to first order)."""
+    share a NIC or an island link share its bandwidth (the simulator's max-min shares, to first order).
+    `ranks_at`: (template, stage) → per replica the nodes of its data-parallel ranks (`rank_nodes`)."""
     load: Counter = Counter()
     for j, pipe in enumerate(plan.pipelines):
-        if pipe.replicas <= 1:
-            continue
         for i in range(len(pipe.stages)):
-            distinct = list(dict.fromkeys(nodes_of[(j, i)]))
+            distinct = list(dict.fromkeys(n for nodes in ranks_at[(j, i)] for n in nodes))
             if len(distinct) > 1:
                 for a, b in pairwise([*distinct, distinct[0]]):
                     load.update(cluster.route(a, b).edges)
@@ -292,10 +364,12 @@ def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
 
 
 def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
-                 replicas: int) -> float:
+                 replicas: int, sequences: int | None = None) -> float:
     """Peak bytes of stage i (of `stages`) of a template; `plan` gives the micro-batch size, schedule,
-    virtual stages and ZeRO stage; `replicas` is every replica of the plan (ZeRO-1 shards over all)."""
-    m, s, b = inst.model, inst.seq_len // st.cp, plan.micro_batch  # s: this CP rank's tokens
+    virtual stages and ZeRO stage; `replicas` is every data-parallel rank of the stage in the plan (ZeRO-1
+    shards over all); `sequences` what one rank runs of each micro-batch (default all of it)."""
+    m, s = inst.model, inst.seq_len // st.cp  # s: this CP rank's tokens
+    b = plan.micro_batch if sequences is None else sequences
     attention = inst.spec.training.attention
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)

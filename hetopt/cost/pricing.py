@@ -132,6 +132,20 @@ def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray
     return out
 
 
+def by_stage(times: np.ndarray, stage_of: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Priced parts per stage from parts per row (`PlanFeatures.stage_of`): a stage with shards waits for
+    its slowest ranks in every pass, so it takes the parts of its row of the longest τ; its gradient
+    all-reduce and optimizer step end with the last of its rows. Returns (stages, N_PARTS) and the row
+    each stage took its passes from."""
+    rows = np.asarray(stage_of)
+    tau = times[:, FWD] + times[:, BWD] + times[:, FWD_TP] + times[:, BWD_TP] + times[:, P2P]
+    pick = np.array([max(np.flatnonzero(rows == i), key=lambda r: tau[r]) for i in range(rows.max() + 1)])
+    out = times[pick].copy()
+    for part in (DP, OPT):
+        out[:, part] = [times[rows == i, part].max() for i in range(len(pick))]
+    return out, pick
+
+
 def pipe_times(times: np.ndarray, micro_batches, virtual_stages: int, mask: np.ndarray | None = None):
     """Pipeline time and per-stage τ from priced stage parts `times` (..., stages, N_PARTS), seconds.
 
@@ -185,7 +199,11 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
         weights = np.stack([p.w for p in params])  # (stages, N_TERMS)
         serial = np.array([p.launch_serial for p in params])
         times, exposed = price_template(f, j, weights, serial)
-        priced.append((times, np.array([p.dp_overlap for p in params])))
+        overlap = np.array([p.dp_overlap for p in params])
+        if f.mixed(j):
+            times, pick = by_stage(times, f.stage_of[j])
+            exposed, overlap = exposed[pick], overlap[pick]
+        priced.append((times, overlap))
         zero_s.append(exposed)
     pipes = [pipe_times(times, m, f.virtual_stages) for (times, _), m in zip(priced, f.micro_batches, strict=True)]
     # The slowest template sets the pace; gradient all-reduces wait for every template's replicas.
@@ -211,8 +229,8 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
     iteration = t_dp + t_cross + t_opt
     tokens = inst.global_batch * inst.seq_len
     model_flops = model_flops_per_token(inst.model, inst.seq_len) * tokens
-    peak_used = sum(pipe.replicas * st.width * inst.gpu_types[st.gpu].peak_flops
-                    for pipe in plan.pipelines for st in pipe.stages)
+    peak_used = sum(pipe.replicas * st.width * sh.ranks * inst.gpu_types[sh.gpu].peak_flops
+                    for pipe in plan.pipelines for st in pipe.stages for sh in st.ranks_of(plan.micro_batch))
     peak_mem = [mem / GIB + profiles.for_gpu(g).reserve_gib
                 for mems, gpus in zip(f.memory_bytes, f.gpus, strict=True) for mem, g in zip(mems, gpus, strict=True)]
     limits = [g.usable_memory_gib for gpus in f.gpus for g in gpus]  # what a program can allocate

@@ -275,15 +275,21 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
                          "parallel), L layers, rc recompute)")
     for col in ("T", "×", "m", "#", "device class", "TP", "L", "rc", "GiB/lim"):
         table.add_column(col, justify="left" if col in ("device class", "rc") else "right", no_wrap=True)
-    k = 0
+    k = 0  # memory comes per row: a stage, or each shard of a stage with shards
     for j, pipe in enumerate(plan["pipelines"]):
         for i, st in enumerate(pipe["stages"]):
-            peak, limit = pred["peak_memory_gib"][k], pred["memory_limit_gib"][k]
-            table.add_row(str(j) if i == 0 else "", str(pipe["replicas"]) if i == 0 else "",
-                          str(pipe["micro_batches"]) if i == 0 else "", str(i), f"{st['gpu']}@{st['island']}",
-                          str(st["tp"]) + (f"·cp{st['cp']}" if st.get("cp", 1) > 1 else ""), str(st["layers"]),
-                          st["recompute"], f"{peak:.1f} / {limit:g}")
-            k += 1
+            # a stage with shards: one line per class, "ranks × class, sequences of each micro-batch"
+            classes = [f"{sh['ranks']}×{sh['gpu']}@{sh['island']} ·{sh['sequences']} seq"
+                       for sh in st.get("shards") or ()] or [f"{st['gpu']}@{st['island']}"]
+            for n, label in enumerate(classes):
+                peak, limit = pred["peak_memory_gib"][k], pred["memory_limit_gib"][k]
+                lead = n == 0
+                table.add_row(str(j) if i == 0 and lead else "", str(pipe["replicas"]) if i == 0 and lead else "",
+                              str(pipe["micro_batches"]) if i == 0 and lead else "", str(i) if lead else "",
+                              label, (str(st["tp"]) + (f"·cp{st['cp']}" if st.get("cp", 1) > 1 else "")) if lead
+                              else "", str(st["layers"]) if lead else "", st["recompute"] if lead else "",
+                              f"{peak:.1f} / {limit:g}")
+                k += 1
     parts.append(table)
     parts.append(search_view(r["search"]))
     for f in r["search"].get("fallbacks", []):  # a backend that failed and who took its skeletons over

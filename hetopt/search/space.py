@@ -652,7 +652,7 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     device classes per template, each class one contiguous run at one TP (with search.tp_per_stage one
     class of a template may be two consecutive runs at two TP degrees), one context-parallel degree of
     search.cp for every stage, and at most max_templates templates — two side by side only of at most
-    search.pair_classes classes each (1 by default)."""
+    search.pair_classes classes each (1 by default); a stage of a replica is one rank (no shards)."""
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
         and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0
@@ -689,6 +689,9 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
         why.append(f"context parallelism {max(cps)} with ZeRO-{plan.zero} (the space: ZeRO-0/1 with CP)")
     if len(plan.pipelines) > opts.max_templates:
         why.append(f"{len(plan.pipelines)} templates (the space: at most {opts.max_templates})")
+    if any(st.shards for st in stages):
+        why.append("stages with shards (several data-parallel ranks in a stage of one replica, Metis-style; the "
+                   "space: one rank per stage and replica)")
     for j, pipe in enumerate(plan.pipelines):
         runs = [(st.gpu, st.island, st.tp) for k, st in enumerate(pipe.stages)
                 if k == 0 or (st.gpu, st.island, st.tp) != (pipe.stages[k - 1].gpu, pipe.stages[k - 1].island,

@@ -40,12 +40,16 @@ from hetopt.evaluate import (
     FWD,
     FWD_TP,
     OPT,
+    by_stage,
     grad_comm_bytes,
     nic_columns,
     p2p_features,
     plan_features,
     price,
     price_template,
+    rank_nodes,
+    reshard_sends,
+    send_features,
     stage_nodes,
 )
 from hetopt.placement import place
@@ -137,16 +141,23 @@ class Simulation:
         self.times: list[np.ndarray] = []
         self.weights: list[list[np.ndarray]] = []
         self.overlap: list[list[float]] = []
+        self.rows: list[np.ndarray] = []  # the feature row each stage's passes come from (`by_stage`)
         for j, gpus in enumerate(feats.gpus):
             params = [self.profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
             w = np.stack([p.w for p in params])
             # ZeRO-2/3's per-micro-batch collectives are in the passes by evaluate's overlap rule, not flows
-            self.times.append(price_template(feats, j, w, np.array([p.launch_serial for p in params]))[0])
-            self.weights.append([p.w for p in params])
-            self.overlap.append([p.dp_overlap for p in params])
+            times = price_template(feats, j, w, np.array([p.launch_serial for p in params]))[0]
+            pick = np.arange(len(times))
+            if feats.mixed(j):  # a stage with shards runs at its slowest ranks' pace
+                times, pick = by_stage(times, feats.stage_of[j])
+            self.times.append(times)
+            self.rows.append(pick)
+            self.weights.append([params[k].w for k in pick])
+            self.overlap.append([params[k].dp_overlap for k in pick])
         w0 = self.weights[0][0]
         self.net_weight = float(w0[NET])
         self.nodes_of = stage_nodes(self.plan)
+        self.ranks_at = rank_nodes(self.plan)
         self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
@@ -169,18 +180,25 @@ class Simulation:
         return self.nodes_of[(j, d)][r]
 
     def transfer(self, src: Device, dst: Device) -> Transfer:
+        """The send of one micro-batch's activations (or gradients) from device `src` to `dst`; between
+        stages with shards, the slowest of the re-sharding sends of that replica (its other sends run
+        beside it and are not replayed as flows)."""
         key = (src, dst)
         if key not in self.transfers:
-            j, _, d = src
-            a, b = self.node_of(src), self.node_of(dst)
+            j, r, d = src
             width = self.plan.pipelines[j].stages[d].width
             w = self.weights[j][d]
-            feats = p2p_features(self.cluster, [a], [b], self.act_bytes, width)
+            a, b, nbytes = self.node_of(src), self.node_of(dst), self.act_bytes
+            if self.plan.pipelines[j].stages[d].shards or self.plan.pipelines[j].stages[dst[2]].shards:
+                sends = reshard_sends(self.plan, j, d, dst[2], self.ranks_at, self.act_bytes / self.plan.micro_batch,
+                                      range(r, r + 1))
+                a, b, nbytes = max(sends, key=lambda send: float(send_features(self.cluster, [send], width) @ w))
+            feats = p2p_features(self.cluster, [a], [b], nbytes, width)
             route = self.cluster.route(a, b)
             if route.intra_node:
                 self.transfers[key] = Transfer(float(feats @ w))
             else:
-                self.transfers[key] = Transfer(_fixed_s(feats, w), route.edges, self.act_bytes)
+                self.transfers[key] = Transfer(_fixed_s(feats, w), route.edges, nbytes)
         return self.transfers[key]
 
     def dp_collectives(self) -> list[dict]:
@@ -191,12 +209,12 @@ class Simulation:
             if plan.zero >= 2:  # ZeRO-2/3: no end-of-iteration all-reduce
                 continue
             for d, st in enumerate(pipe.stages):
-                if pipe.replicas * st.cp <= 1:  # one rank holds the stage's gradients: nothing to reduce
+                if pipe.replicas * st.dp_ranks * st.cp <= 1:  # one rank holds the stage's gradients
                     continue
                 members = [(j, r, d) for r in range(pipe.replicas)]
-                nodes = list(dict.fromkeys(self.node_of(m) for m in members))
+                nodes = list(dict.fromkeys(n for ranks in self.ranks_at[(j, d)] for n in ranks))
                 w = self.weights[j][d]
-                dp_feats = self.features.templates[j][d, DP]
+                dp_feats = self.features.templates[j][self.rows[j][d], DP]
                 fixed = _fixed_s(dp_feats, w)
                 flows = []
                 if len(nodes) > 1:

@@ -1,0 +1,180 @@
+"""Stages with shards (issue 12): several data-parallel ranks in one stage of a replica, of one or of several
+device classes, each running its share of every micro-batch (Metis-style mixed stages, per-stage DP width) —
+their plan JSON, verifier, placement, evaluation, replay, and the metis-like planner that makes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hetopt.baselines.metis import device_groups, metis_like, split_sequences
+from hetopt.cost.features import rank_nodes, reshard_sends, stage_work
+from hetopt.cost.pricing import by_stage
+from hetopt.evaluate import DP, FWD, OPT, P2P, evaluate, plan_features
+from hetopt.placement import place
+from hetopt.plan import Plan
+from hetopt.search.space import SearchOptions, outside_space
+from hetopt.sim.engine import Simulation
+from hetopt.sim.scenarios import scenarios_of
+from hetopt.spec.instance import load_instance
+from hetopt.verify import check_plan
+
+SMALL = Path(__file__).parent / "small"
+A = {"gpu": "A100-80GB", "island": "r0"}
+V = {"gpu": "V100-16GB", "island": "r0"}
+T = {"gpu": "T4", "island": "r0"}
+
+
+@pytest.fixture(scope="module")
+def s4():
+    return load_instance(SMALL / "s4-three-types.yaml")  # two A100, two V100-16GB, two T4, one node each
+
+
+def _plan(b: int, m: int, stages: list[dict], replicas: int = 1) -> Plan:
+    return Plan.model_validate({"micro_batch": b, "pipelines": [
+        {"replicas": replicas, "micro_batches": m, "stages": [{"tp": 1, **st} for st in stages]}]})
+
+
+def test_a_stage_of_two_ranks_of_one_class_is_two_replicas(s4):
+    """Two ranks of one class per stage, each running q of the 2q sequences of a micro-batch, is the plan
+    of two replicas at micro-batch q: the same work, sends, all-reduces and memory — the same time."""
+    reps = _plan(1, 4, [{"layers": 3, **A}, {"layers": 3, **V}], replicas=2)
+    shards = _plan(2, 4, [{"layers": 3, **A, "shards": [{**A, "ranks": 2, "sequences": 1}]},
+                          {"layers": 3, **V, "shards": [{**V, "ranks": 2, "sequences": 1}]}])
+    a, b = evaluate(s4, reps), evaluate(s4, shards)
+    assert b.iteration_time_s == pytest.approx(a.iteration_time_s, rel=1e-12)
+    assert b.peak_memory_gib == pytest.approx(a.peak_memory_gib, rel=1e-12)
+    assert shards.gpus_used == reps.gpus_used == 4
+
+
+def test_a_mixed_stage_runs_at_its_slowest_ranks_pace(s4):
+    """A mixed stage has a feature row per class — the work of one rank at its sequences — and the
+    stage takes the passes of the row with the longest τ, its all-reduce and optimizer the longest."""
+    plan = place(_plan(4, 2, [{"layers": 4, **A, "shards": [{**A, "ranks": 2, "sequences": 1},
+                                                            {**V, "ranks": 1, "sequences": 2}]},
+                              {"layers": 2, **T, "shards": [{**T, "ranks": 2, "sequences": 2}]}]), s4.cluster)
+    f = plan_features(s4, plan)
+    assert f.stage_of == [[0, 0, 1]] and f.mixed(0)
+    assert [g.name for g in f.gpus[0]] == ["A100-80GB", "V100-16GB", "T4"]
+    m, s = s4.model, s4.seq_len
+    intra = s4.cluster.slowest_intra(["v-0"])
+    want = stage_work(m, s4.gpu_types["V100-16GB"], 2, s, 1, True, "flash", "none", 4, True, False, intra)
+    assert np.allclose(f.templates[0][1, :4], want)  # the V100 rank: 4 layers and the embedding, 2 sequences
+    times = np.zeros((3, 7))
+    times[:, FWD] = [1.0, 3.0, 2.0]
+    times[:, P2P] = [1.5, 0.0, 0.0]
+    times[:, DP] = [0.2, 0.1, 0.3]
+    times[:, OPT] = [0.0, 0.4, 0.0]
+    stage, pick = by_stage(times, [0, 0, 1])
+    assert list(pick) == [1, 2]  # τ 3.0 beats 2.5 in stage 0
+    assert list(stage[:, FWD]) == [3.0, 2.0] and list(stage[:, P2P]) == [0.0, 0.0]
+    assert list(stage[:, DP]) == [0.2, 0.3] and list(stage[:, OPT]) == [0.4, 0.0]
+
+
+def test_sends_between_stages_of_different_widths_move_each_sequence_once(s4):
+    """Stage 0: two A100 ranks of one sequence each (sequences 0 and 1); stage 1: one V100 rank of both.
+    Each A100 rank sends its one sequence's activations to the V100 rank; back, the V100 rank sends one
+    sequence's gradients to each."""
+    plan = place(_plan(2, 4, [{"layers": 3, **A, "shards": [{**A, "ranks": 2, "sequences": 1}]},
+                              {"layers": 3, **V}]), s4.cluster)
+    ranks = rank_nodes(plan)
+    assert ranks[(0, 0)] == [["a-0", "a-0"]] and ranks[(0, 1)] == [["v-0"]]
+    seq = 7.0
+    assert reshard_sends(plan, 0, 0, 1, ranks, seq) == [("a-0", "v-0", seq), ("a-0", "v-0", seq)]
+    assert reshard_sends(plan, 0, 1, 0, ranks, seq) == [("v-0", "a-0", seq), ("v-0", "a-0", seq)]
+
+
+def test_the_simulator_replays_a_stage_with_shards(s4):
+    """At stable bandwidth the replay of a one-class stage of two ranks is the evaluator's time (its sends
+    and rings stay on the nodes' NICs alone); a mixed stage replays within 3% of it (its re-sharding sends
+    are replayed as their slowest)."""
+    sc = scenarios_of(s4, 100)[0]
+    shards = _plan(2, 4, [{"layers": 3, **A, "shards": [{**A, "ranks": 2, "sequences": 1}]},
+                          {"layers": 3, **V, "shards": [{**V, "ranks": 2, "sequences": 1}]}])
+    assert Simulation(s4, shards).run(sc).iteration_times_s[0] == \
+        pytest.approx(evaluate(s4, shards).iteration_time_s, rel=1e-4)
+    mixed = _plan(4, 2, [{"layers": 4, **A, "shards": [{**A, "ranks": 2, "sequences": 1},
+                                                       {**V, "ranks": 1, "sequences": 2}]},
+                         {"layers": 2, **T, "shards": [{**T, "ranks": 2, "sequences": 2}]}])
+    assert Simulation(s4, mixed).run(sc).iteration_times_s[0] == \
+        pytest.approx(evaluate(s4, mixed).iteration_time_s, rel=0.03)
+
+
+@pytest.mark.parametrize("shards, key, words", [
+    ([{**A, "ranks": 1, "sequences": 1}], "shards", "Σ ranks·sequences = 1"),
+    ([{**V, "ranks": 1, "sequences": 2}], "shards[0]", "the first shard is of the stage's own class"),
+    ([{**A, "ranks": 1, "sequences": 1}, {**A, "ranks": 1, "sequences": 1}], "shards[1]", "again"),
+    ([{**A, "ranks": 1, "sequences": 1}, {"gpu": "H100-SXM", "island": "r0", "ranks": 1, "sequences": 1}],
+     "shards[1]", "no device class H100-SXM@r0"),
+])
+def test_the_verifier_refuses_bad_shards(s4, shards, key, words):
+    plan = _plan(2, 4, [{"layers": 6, **A, "shards": shards}])
+    found = check_plan(s4, plan)
+    assert any(path == f"pipelines[0].stages[0].{key}" and words in msg for path, msg in found), found
+
+
+def test_shards_need_one_template_and_the_class_s_gpus(s4):
+    two = Plan.model_validate({"micro_batch": 2, "pipelines": [
+        {"replicas": 1, "micro_batches": 1, "stages": [{"layers": 6, "tp": 1, **A,
+                                                        "shards": [{**A, "ranks": 2, "sequences": 1}]}]},
+        {"replicas": 1, "micro_batches": 3, "stages": [{"layers": 6, "tp": 1, **V}]}]})
+    assert any("one template" in msg for _, msg in check_plan(s4, two))
+    wide = _plan(8, 1, [{"layers": 6, **A, "shards": [{**A, "ranks": 4, "sequences": 2}]}])
+    assert any("uses 4 GPUs of A100-80GB@r0; the cluster has 2" in msg for _, msg in check_plan(s4, wide))
+
+
+def test_a_placement_names_each_rank_once_on_a_node_of_its_class(s4):
+    plan = place(_plan(4, 2, [{"layers": 6, **A, "shards": [{**A, "ranks": 1, "sequences": 3},
+                                                            {**V, "ranks": 1, "sequences": 1}]}]), s4.cluster)
+    assert [(e.rank, e.node) for e in plan.placement] == [(0, "a-0"), (1, "v-0")]
+    assert check_plan(s4, plan) == []
+    data = json.loads(plan.model_dump_json())
+    data["placement"][1]["node"] = "a-0"
+    data["placement"][1]["gpus"] = [1]
+    found = check_plan(s4, Plan.model_validate(data))
+    assert ("placement[1].node", "a-0 is A100-80GB@r0; the stage is V100-16GB@r0") in found
+    del data["placement"][1]
+    missing = ("placement", "pipeline 0 replica 0 stage 0 rank 1 is not placed")
+    assert missing in check_plan(s4, Plan.model_validate(data))
+
+
+def test_a_bad_shard_in_a_plan_file_exits_2_naming_the_key(tmp_path, hetopt):
+    plan = _plan(2, 4, [{"layers": 6, **A, "shards": [{**A, "ranks": 1, "sequences": 1}]}])
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    r = hetopt("evaluate", str(SMALL / "s4-three-types.yaml"), "--plan", str(path))
+    assert r.returncode == 2, r.stderr
+    assert "pipelines[0].stages[0].shards" in r.stderr and "Σ ranks·sequences = 1" in r.stderr
+
+
+def test_split_sequences_and_device_groups_by_hand():
+    """Two A100 ranks of speed 2 and a V100 of speed 1 split 5 sequences: one each, then the A100s' next
+    (each would finish at 2/2 = 1 against the V100's 2/1) — 2, 2, 1. Six ranks of speeds 4, 4, 2, 2, 1, 1
+    in two groups of about 7 each: the two 4s stop at 8 ≥ 7, the rest 6."""
+    speed = {"A": 2.0, "V": 1.0}
+    assert split_sequences({"A": 2, "V": 1}, speed, 5) == {"A": 2, "V": 1}
+    assert split_sequences({"A": 2, "V": 1}, speed, 2) is None  # fewer sequences than ranks
+    assert split_sequences({"A": 2}, speed, 3) is None  # one left, and A has two ranks to feed
+    line = ["x", "x", "y", "y", "z", "z"]
+    assert device_groups(line, {"x": 4.0, "y": 2.0, "z": 1.0}, 2) == [["x", "x"], ["y", "y", "z", "z"]]
+    assert device_groups(line, {"x": 4.0, "y": 2.0, "z": 1.0}, 6) == [[c] for c in line]
+
+
+def test_metis_like_plans_mixed_stages_outside_the_space():
+    """On wan-flapping (8 A100 and 8 V100 in two data centres) the metis-like plan runs each stage on
+    A100 and V100 ranks at once, the A100 with more sequences; it verifies, and the search space names
+    what puts it outside: its stages with shards."""
+    inst = load_instance(Path(__file__).parents[1] / "instances" / "wan-flapping-a100-v100.yaml")
+    r = metis_like(inst, 10.0)
+    assert r.plan is not None and check_plan(inst, r.plan) == []
+    mixed = [st for st in r.plan.pipelines[0].stages if len(st.shards) > 1]
+    assert mixed
+    for st in mixed:
+        seqs = {sh.gpu: sh.sequences for sh in st.shards}
+        assert seqs["A100-80GB"] > seqs["V100-32GB"]
+    assert evaluate(inst, r.plan).iteration_time_s == pytest.approx(r.objective_s, rel=1e-12)
+    why = outside_space(inst, r.plan, SearchOptions.from_instance(inst))
+    assert any("stages with shards" in w for w in why), why
