@@ -88,9 +88,10 @@ def test_sends_between_stages_of_different_widths_move_each_sequence_once(s4):
 
 
 def test_the_simulator_replays_a_stage_with_shards(s4):
-    """At stable bandwidth the replay of a one-class stage of two ranks is the evaluator's time (its sends
-    and rings stay on the nodes' NICs alone); a mixed stage replays within 3% of it (its re-sharding sends
-    are replayed as their slowest)."""
+    """At stable bandwidth the replay of a one-class stage of two ranks is the evaluator's time; a mixed
+    stage's (its re-sharding sends are flows, all at once) is within 5% below it — as for plans without
+    shards of this shape (V100 → T4 at m = 4: 0.0619 against 0.0634 s): the closed form of 1F1B is
+    conservative where forward and backward passes differ."""
     sc = scenarios_of(s4, 100)[0]
     shards = _plan(2, 4, [{"layers": 3, **A, "shards": [{**A, "ranks": 2, "sequences": 1}]},
                           {"layers": 3, **V, "shards": [{**V, "ranks": 2, "sequences": 1}]}])
@@ -99,8 +100,8 @@ def test_the_simulator_replays_a_stage_with_shards(s4):
     mixed = _plan(4, 2, [{"layers": 4, **A, "shards": [{**A, "ranks": 2, "sequences": 1},
                                                        {**V, "ranks": 1, "sequences": 2}]},
                          {"layers": 2, **T, "shards": [{**T, "ranks": 2, "sequences": 2}]}])
-    assert Simulation(s4, mixed).run(sc).iteration_times_s[0] == \
-        pytest.approx(evaluate(s4, mixed).iteration_time_s, rel=0.03)
+    replayed, priced = Simulation(s4, mixed).run(sc).iteration_times_s[0], evaluate(s4, mixed).iteration_time_s
+    assert 0.95 * priced < replayed <= priced
 
 
 @pytest.mark.parametrize("shards, key, words", [

@@ -273,16 +273,31 @@ def send_features(cluster, sends: list[tuple[str, str, float]], tp: int, sources
     Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
     link, across nodes all shares go through the node's bottleneck. The replicas of a template cross the
     same boundary at about the same time (1F1B runs them in lockstep), so flows in the same direction on
-    one link split it evenly — the max-min fair share the simulator gives them.
+    one link share it: a send of b bytes over a link that carries B bytes of such sends in all ends when
+    the link has carried all B — it runs at b/B of the link (max-min shares, which the simulator gives
+    them, leave a link busy until its last byte; with equal sends that is 1/n of it each).
     """
     pairs = Counter(sends)
     routes = {key: cluster.route(key[0], key[1]) for key in pairs}
-    load: Counter = Counter()
+    carried: Counter = Counter()  # bytes over each link
     for key, n in pairs.items():
-        for edge in routes[key].edges:
-            load[edge] += n
-    return slowest_transfer([(routes[key], key[2] / tp if routes[key].intra_node else key[2]) for key in pairs
-                             if sources is None or key[0] in sources], load)
+        if not routes[key].intra_node:
+            for edge in routes[key].edges:
+                carried[edge] += n * key[2]
+
+    def send(key) -> tuple:
+        route = routes[key]
+        if route.intra_node:
+            return route, key[2] / tp, route.effective_gbps
+        return route, key[2], min(c * key[2] / carried[e] for e, c in zip(route.edges, route.edge_effective,
+                                                                            strict=True))
+
+    def seconds(item) -> float:
+        route, nbytes, gbps = item
+        return nbytes / (gbps * comm.GBIT) + route.latency_us * 1e-6 + route.alpha_s
+
+    route, nbytes, gbps = max((send(key) for key in pairs if sources is None or key[0] in sources), key=seconds)
+    return comm.transfer(nbytes, gbps, route.intra_node, latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
 
 
 def shared_gbps(route, load: Counter) -> float:

@@ -49,7 +49,6 @@ from hetopt.evaluate import (
     price_template,
     rank_nodes,
     reshard_sends,
-    send_features,
     stage_nodes,
 )
 from hetopt.placement import place
@@ -93,6 +92,9 @@ class Transfer:
     fixed_s: float
     path: tuple[Link, ...] = ()
     nbytes: float = 0.0
+    more: tuple[Transfer, ...] = ()
+    """Sends that run beside this one and end the transfer with it (re-sharding between stages with
+    shards: every pair of ranks whose sequences overlap)."""
 
 
 @dataclass
@@ -181,25 +183,27 @@ class Simulation:
 
     def transfer(self, src: Device, dst: Device) -> Transfer:
         """The send of one micro-batch's activations (or gradients) from device `src` to `dst`; between
-        stages with shards, the slowest of the re-sharding sends of that replica (its other sends run
-        beside it and are not replayed as flows)."""
+        stages with shards, every re-sharding send of that replica at once (`Transfer.more`)."""
         key = (src, dst)
         if key not in self.transfers:
             j, r, d = src
             width = self.plan.pipelines[j].stages[d].width
-            w = self.weights[j][d]
-            a, b, nbytes = self.node_of(src), self.node_of(dst), self.act_bytes
+            sends = [(self.node_of(src), self.node_of(dst), self.act_bytes)]
             if self.plan.pipelines[j].stages[d].shards or self.plan.pipelines[j].stages[dst[2]].shards:
                 sends = reshard_sends(self.plan, j, d, dst[2], self.ranks_at, self.act_bytes / self.plan.micro_batch,
                                       range(r, r + 1))
-                a, b, nbytes = max(sends, key=lambda send: float(send_features(self.cluster, [send], width) @ w))
-            feats = p2p_features(self.cluster, [a], [b], nbytes, width)
-            route = self.cluster.route(a, b)
-            if route.intra_node:
-                self.transfers[key] = Transfer(float(feats @ w))
-            else:
-                self.transfers[key] = Transfer(_fixed_s(feats, w), route.edges, nbytes)
+            first, *more = [self._one_send(a, b, nbytes, width, self.weights[j][d]) for a, b, nbytes in sends]
+            self.transfers[key] = Transfer(first.fixed_s, first.path, first.nbytes, tuple(more))
         return self.transfers[key]
+
+    def _one_send(self, a: str, b: str, nbytes: float, width: int, w: np.ndarray) -> Transfer:
+        """`nbytes` from node a to node b by a stage of `width` GPUs per rank: inside a node its cost-model
+        time, else a flow and its fixed part."""
+        feats = p2p_features(self.cluster, [a], [b], nbytes, width)
+        route = self.cluster.route(a, b)
+        if route.intra_node:
+            return Transfer(float(feats @ w))
+        return Transfer(_fixed_s(feats, w), route.edges, nbytes)
 
     def dp_collectives(self) -> list[dict]:
         """One gradient all-reduce per (template, stage): participants, fixed time, ring flows."""
@@ -440,19 +444,29 @@ class _Run:
         self._net_changed()
 
     def send(self, tr: Transfer, on_done: Callable[[], None], label: str = "") -> None:
-        """Run a transfer: its flow (if any) through the network, then its fixed part."""
+        """Run a transfer: its flow (if any) through the network, then its fixed part — and the sends
+        beside it (`Transfer.more`); it is done when the last of them is."""
         start = self.now
+        left = [1 + len(tr.more)]
 
         def finish_fixed() -> None:
+            left[0] -= 1
+            if left[0]:
+                return
             if self.record and label:
                 self.records.append(Record("send", label, start, self.now, link=_link_name(tr.path)))
             on_done()
 
-        if not tr.path:
-            self.at(self.now + tr.fixed_s, finish_fixed)
-            return
-        self.net.start(self.now, tr.path, tr.nbytes, lambda t: self.at(t + tr.fixed_s, finish_fixed), label)
-        self._net_changed()
+        flows = False
+        for part in (tr, *tr.more):
+            if not part.path:
+                self.at(self.now + part.fixed_s, finish_fixed)
+                continue
+            self.net.start(self.now, part.path, part.nbytes,
+                           lambda t, fixed=part.fixed_s: self.at(t + fixed, finish_fixed), label)
+            flows = True
+        if flows:
+            self._net_changed()
 
     # capacity trace
     def _apply_change(self, link: tuple[str, str], gbps: float) -> None:
@@ -571,6 +585,7 @@ class _Run:
             if is_last_b:  # gradients start streaming dp_overlap into the last backward
                 ready = start + (1 - sim.overlap[j][d]) * dur
                 ready_at.setdefault((j, d), []).append(ready)
+                check_collectives()  # the last member to start its last backward schedules the collective
             self.at(self.now + dur, lambda: finish(dev, kind, chunk, mb, start, v, is_last_b))
 
         def finish(dev, kind, chunk, mb, start, v, is_last_b) -> None:
