@@ -13,7 +13,7 @@ import pytest
 from hetopt.baselines.metis import device_groups, metis_like, split_sequences
 from hetopt.cost.features import rank_nodes, reshard_sends, stage_work
 from hetopt.cost.pricing import by_stage
-from hetopt.evaluate import DP, FWD, OPT, P2P, evaluate, plan_features
+from hetopt.evaluate import BWD, BWD_TP, DP, FWD, OPT, P2P, evaluate, plan_features
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.space import SearchOptions, outside_space
@@ -51,8 +51,9 @@ def test_a_stage_of_two_ranks_of_one_class_is_two_replicas(s4):
 
 
 def test_a_mixed_stage_runs_at_its_slowest_ranks_pace(s4):
-    """A mixed stage has a feature row per class — the work of one rank at its sequences — and the
-    stage takes the passes of the row with the longest τ, its all-reduce and optimizer the longest."""
+    """A mixed stage has a feature row per class — the work of one rank at its sequences — and each pass
+    of the stage takes the row where it is longest; its all-reduce starts once every rank is its overlap
+    fraction into the last backward."""
     plan = place(_plan(4, 2, [{"layers": 4, **A, "shards": [{**A, "ranks": 2, "sequences": 1},
                                                             {**V, "ranks": 1, "sequences": 2}]},
                               {"layers": 2, **T, "shards": [{**T, "ranks": 2, "sequences": 2}]}]), s4.cluster)
@@ -63,15 +64,21 @@ def test_a_mixed_stage_runs_at_its_slowest_ranks_pace(s4):
     intra = s4.cluster.slowest_intra(["v-0"])
     want = stage_work(m, s4.gpu_types["V100-16GB"], 2, s, 1, True, "flash", "none", 4, True, False, intra)
     assert np.allclose(f.templates[0][1, :4], want)  # the V100 rank: 4 layers and the embedding, 2 sequences
+    # rows 0 and 1 form stage 0: row 1 has the longer forward (3 against 1), row 0 the longer backward
+    # (4 + 1 against 2); sends, all-reduce and optimizer the longer of each
     times = np.zeros((3, 7))
     times[:, FWD] = [1.0, 3.0, 2.0]
-    times[:, P2P] = [1.5, 0.0, 0.0]
+    times[:, BWD] = [4.0, 2.0, 1.0]
+    times[:, BWD_TP] = [1.0, 0.0, 0.0]
+    times[:, P2P] = [1.5, 0.5, 0.0]
     times[:, DP] = [0.2, 0.1, 0.3]
     times[:, OPT] = [0.0, 0.4, 0.0]
-    stage, pick = by_stage(times, [0, 0, 1])
-    assert list(pick) == [1, 2]  # τ 3.0 beats 2.5 in stage 0
-    assert list(stage[:, FWD]) == [3.0, 2.0] and list(stage[:, P2P]) == [0.0, 0.0]
-    assert list(stage[:, DP]) == [0.2, 0.3] and list(stage[:, OPT]) == [0.4, 0.0]
+    stage, overlap = by_stage(times, [0, 0, 1], np.array([0.5, 0.0, 0.25]))
+    assert stage[:, FWD].tolist() == [3.0, 2.0] and stage[:, BWD].tolist() == [4.0, 1.0]
+    assert stage[:, BWD_TP].tolist() == [1.0, 0.0] and stage[:, P2P].tolist() == [1.5, 0.0]
+    assert stage[:, DP].tolist() == [0.2, 0.3] and stage[:, OPT].tolist() == [0.4, 0.0]
+    # stage 0: row 0 is ready (1 − 0.5)·5 = 2.5 into the backward, row 1 (1 − 0)·2 = 2: ready at 2.5 of 5
+    assert overlap.tolist() == [1 - 2.5 / 5, 0.25]
 
 
 def test_sends_between_stages_of_different_widths_move_each_sequence_once(s4):

@@ -132,18 +132,27 @@ def price_parts(features: np.ndarray, weights: np.ndarray, serial) -> np.ndarray
     return out
 
 
-def by_stage(times: np.ndarray, stage_of: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Priced parts per stage from parts per row (`PlanFeatures.stage_of`): a stage with shards waits for
-    its slowest ranks in every pass, so it takes the parts of its row of the longest τ; its gradient
-    all-reduce and optimizer step end with the last of its rows. Returns (stages, N_PARTS) and the row
-    each stage took its passes from."""
+def by_stage(times: np.ndarray, stage_of: list[int], overlap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Priced parts per stage from parts per row (`PlanFeatures.stage_of`), and each stage's DP overlap.
+
+    A stage with shards moves through the pipeline as one: a micro-batch's forward pass (with its TP
+    collectives) ends with its slowest rank's, its backward pass likewise, its sends with the slowest
+    row's, its all-reduce and optimizer step with the last row's — each from the row where it is longest.
+    The all-reduce starts once every rank is its `dp_overlap` fraction o_r into the last backward: the
+    ranks start it together and rank r is ready (1 − o_r)·b_r in, so the stage's overlap is
+    1 − max_r (1 − o_r)·b_r / max_r b_r (with one row, o). Returns (stages, N_PARTS) and (stages,)."""
     rows = np.asarray(stage_of)
-    tau = times[:, FWD] + times[:, BWD] + times[:, FWD_TP] + times[:, BWD_TP] + times[:, P2P]
-    pick = np.array([max(np.flatnonzero(rows == i), key=lambda r: tau[r]) for i in range(rows.max() + 1)])
-    out = times[pick].copy()
-    for part in (DP, OPT):
-        out[:, part] = [times[rows == i, part].max() for i in range(len(pick))]
-    return out, pick
+    stages = rows.max() + 1
+    out, stage_overlap = np.zeros((stages, times.shape[1])), np.zeros(stages)
+    for i in range(stages):
+        mine, o = times[rows == i], overlap[rows == i]
+        out[i] = mine.max(axis=0)  # P2P, DP, OPT: the longest row's
+        forward, backward = mine[:, FWD] + mine[:, FWD_TP], mine[:, BWD] + mine[:, BWD_TP]
+        out[i, [FWD, FWD_TP]] = mine[np.argmax(forward), [FWD, FWD_TP]]
+        out[i, [BWD, BWD_TP]] = mine[np.argmax(backward), [BWD, BWD_TP]]
+        longest = backward.max()
+        stage_overlap[i] = 1 - ((1 - o) * backward).max() / longest if longest > 0 else o.max()
+    return out, stage_overlap
 
 
 def pipe_times(times: np.ndarray, micro_batches, virtual_stages: int, mask: np.ndarray | None = None):
@@ -201,8 +210,8 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
         times, exposed = price_template(f, j, weights, serial)
         overlap = np.array([p.dp_overlap for p in params])
         if f.mixed(j):
-            times, pick = by_stage(times, f.stage_of[j])
-            exposed, overlap = exposed[pick], overlap[pick]
+            exposed = np.array([exposed[np.asarray(f.stage_of[j]) == i].max() for i in range(max(f.stage_of[j]) + 1)])
+            times, overlap = by_stage(times, f.stage_of[j], overlap)
         priced.append((times, overlap))
         zero_s.append(exposed)
     pipes = [pipe_times(times, m, f.virtual_stages) for (times, _), m in zip(priced, f.micro_batches, strict=True)]

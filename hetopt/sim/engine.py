@@ -149,13 +149,19 @@ class Simulation:
             w = np.stack([p.w for p in params])
             # ZeRO-2/3's per-micro-batch collectives are in the passes by evaluate's overlap rule, not flows
             times = price_template(feats, j, w, np.array([p.launch_serial for p in params]))[0]
+            overlap = np.array([p.dp_overlap for p in params])
+            # a stage's all-reduce: the features of its row whose all-reduce is longest; sends and
+            # collectives are priced alike for every GPU type (calibration fits no network term per type)
             pick = np.arange(len(times))
-            if feats.mixed(j):  # a stage with shards runs at its slowest ranks' pace
-                times, pick = by_stage(times, feats.stage_of[j])
+            if feats.mixed(j):  # a stage with shards moves at its slowest ranks' pace (`by_stage`)
+                rows = np.asarray(feats.stage_of[j])
+                pick = np.array([np.flatnonzero(rows == i)[np.argmax(times[rows == i, DP])]
+                                 for i in range(rows.max() + 1)])
+                times, overlap = by_stage(times, feats.stage_of[j], overlap)
             self.times.append(times)
             self.rows.append(pick)
             self.weights.append([params[k].w for k in pick])
-            self.overlap.append([params[k].dp_overlap for k in pick])
+            self.overlap.append([float(o) for o in overlap])
         w0 = self.weights[0][0]
         self.net_weight = float(w0[NET])
         self.nodes_of = stage_nodes(self.plan)
