@@ -161,7 +161,24 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def plan_json(plan: Plan) -> dict:
-    return plan.model_dump(mode="json")
+    """The plan as JSON, without the keys of stages with shards where they hold their defaults (`shards`
+    empty, placement `rank` 0), so that plans without shards read as before 2026-12-02."""
+    data = plan.model_dump(mode="json")
+    for pipe in data["pipelines"]:
+        for st in pipe["stages"]:
+            if not st["shards"]:
+                del st["shards"]
+    for entry in data["placement"]:
+        if entry["rank"] == 0:
+            del entry["rank"]
+    return data
+
+
+def row_labels(plan: Plan) -> list[tuple[int, int, str]]:
+    """(template, stage, label) of each row of a plan's per-stage figures (peak memory): one per stage, or
+    per shard of a stage with shards, labelled by its GPU type ("" for a stage without shards)."""
+    return [(j, i, sh.gpu if st.shards else "") for j, pipe in enumerate(plan.pipelines)
+            for i, st in enumerate(pipe.stages) for sh in st.ranks_of(plan.micro_batch)]
 
 
 def save_plan(plan: Plan, path: Path) -> None:

@@ -13,7 +13,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor
-from hetopt.plan import Plan, PlannedFor
+from hetopt.plan import Plan, PlannedFor, plan_json
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.orchestrate import SearchResult, solve_exact
 from hetopt.search.robust import OBJECTIVES
@@ -21,7 +21,7 @@ from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
-HEURISTICS = ("megatron", "fastest-subset", "proportional", "amp-like", "random")
+HEURISTICS = ("megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random")
 """The baseline planners `solve` runs by name (hetopt.baselines): a plan, no proof."""
 PLANNERS = ("ilp", "exhaustive", *HEURISTICS)
 
@@ -143,7 +143,7 @@ def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterat
     predicted = evaluate(inst, plan, profiles)
     if not predicted.fits:
         raise AssertionError("the planner returned a plan that does not fit in memory")
-    out["plan"] = plan.model_dump(mode="json")
+    out["plan"] = plan_json(plan)
     out["predicted"] = predicted.to_json()
     out["verified"], _ = simulate(inst, plan, "all", iterations, profiles, deadline=deadline,
                                   progress=replay_progress)

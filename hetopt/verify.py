@@ -184,8 +184,10 @@ def check_zero(plan: Plan) -> list[Finding]:
     return []
 
 
-def _where(key: tuple[int, int, int, int]) -> str:
-    return f"pipeline {key[0]} replica {key[1]} stage {key[2]}" + (f" rank {key[3]}" if key[3] else "")
+def _where(key: tuple[int, int, int, int], sharded: set[tuple[int, int]]) -> str:
+    """A placement key in words; the rank named where the stage has shards (or the key has a rank)."""
+    rank = key[3] or (key[0], key[2]) in sharded
+    return f"pipeline {key[0]} replica {key[1]} stage {key[2]}" + (f" rank {key[3]}" if rank else "")
 
 
 def _rank_class(stage, rank: int) -> tuple[str, str]:
@@ -271,11 +273,12 @@ def check_placement(inst: Instance, plan: Plan) -> list[Finding]:
                                               + (f", cp={stage.cp}" if stage.cp > 1 else "")))
         for name, gpus in (e.members if e.more_nodes else ((e.node, e.gpus),)):
             gpus_taken.update((name, g) for g in gpus)
+    sharded = {(i, j) for i, p in enumerate(plan.pipelines) for j, st in enumerate(p.stages) if st.shards}
     for key in sorted(expected - set(seen)):
-        found.append(("placement", f"{_where(key)} is not placed"))
+        found.append(("placement", f"{_where(key, sharded)} is not placed"))
     for key, n in seen.items():
         if n > 1:
-            found.append(("placement", f"{_where(key)} is placed {n} times"))
+            found.append(("placement", f"{_where(key, sharded)} is placed {n} times"))
     for (node_name, g), n in gpus_taken.items():
         if n > 1:
             found.append(("placement", f"GPU {g} of {node_name} is used by {n} stages"))

@@ -651,7 +651,7 @@ def test_a_pipeline_over_four_device_classes_is_searched_and_pays():
     assert four.warm_start is None or not four.warm_start["kept"]
 
 
-@pytest.mark.parametrize("planner", ["megatron", "fastest-subset", "proportional", "amp-like", "random"])
+@pytest.mark.parametrize("planner", ["megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random"])
 def test_solve_runs_each_heuristic_by_name_with_no_bound_claimed(planner):
     """DESIGN 2.4's `solve --planner megatron|…`: the heuristic's own plan, status `feasible`, its objective
     the evaluator's, no bound and no gap (nothing is proven), verified and replayed like the exact plan's."""

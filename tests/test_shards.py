@@ -186,3 +186,24 @@ def test_metis_like_plans_mixed_stages_outside_the_space():
     assert evaluate(inst, r.plan).iteration_time_s == pytest.approx(r.objective_s, rel=1e-12)
     why = outside_space(inst, r.plan, SearchOptions.from_instance(inst))
     assert any("stages with shards" in w for w in why), why
+
+
+def test_plan_files_keep_the_shard_keys_only_where_a_stage_has_shards(s4, tmp_path):
+    """A plan without shards is written as before (no `shards`, no placement `rank`); one with shards
+    reads back the same; the evaluator labels its memory rows by stage and GPU type, and the simulator's
+    summary gives each stage its largest row."""
+    from hetopt.plan import load_plan, plan_json, save_plan
+    from hetopt.sim.run import stage_peaks
+
+    plain = place(_plan(1, 8, [{"layers": 6, **A}]), s4.cluster)
+    data = plan_json(plain)
+    assert "shards" not in data["pipelines"][0]["stages"][0] and "rank" not in data["placement"][0]
+    mixed = place(_plan(4, 2, [{"layers": 4, **A, "shards": [{**A, "ranks": 2, "sequences": 1},
+                                                             {**V, "ranks": 1, "sequences": 2}]},
+                               {"layers": 2, **T}]), s4.cluster)
+    save_plan(mixed, tmp_path / "mixed.json")
+    assert load_plan(tmp_path / "mixed.json") == mixed
+    ev = evaluate(s4, mixed)
+    assert ev.to_json()["memory_rows"] == ["0 A100-80GB", "0 V100-16GB", "1"]
+    assert "memory_rows" not in evaluate(s4, plain).to_json()
+    assert stage_peaks(mixed, ev.peak_memory_gib) == [max(ev.peak_memory_gib[:2]), ev.peak_memory_gib[2]]

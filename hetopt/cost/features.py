@@ -289,8 +289,9 @@ def send_features(cluster, sends: list[tuple[str, str, float]], tp: int, sources
         route = routes[key]
         if route.intra_node:
             return route, key[2] / tp, route.effective_gbps
-        return route, key[2], min(c * key[2] / carried[e] for e, c in zip(route.edges, route.edge_effective,
-                                                                            strict=True))
+        # c / (B / b): exactly c / n for n equal sends
+        return route, key[2], min(c / (carried[e] / key[2]) for e, c in zip(route.edges, route.edge_effective,
+                                                                              strict=True))
 
     def seconds(item) -> float:
         route, nbytes, gbps = item

@@ -33,7 +33,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import MB, N_TERMS, PASS
 from hetopt.errors import InputError, Problem
 from hetopt.placement import place
-from hetopt.plan import Plan
+from hetopt.plan import Plan, row_labels
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -49,14 +49,20 @@ class Evaluation:
     peak_memory_gib: list[float]
     memory_limit_gib: list[float]
     breakdown: dict[str, float] = field(default_factory=dict)
+    memory_rows: list[str] = field(default_factory=list)
+    """With stages with shards: what each entry of the memory lists is ("stage 0 V100-32GB"); empty when
+    every entry is a stage (the flat stage index, template after template)."""
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
             "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "fits": self.fits,
             "peak_memory_gib": self.peak_memory_gib, "memory_limit_gib": self.memory_limit_gib,
             "breakdown": self.breakdown,
         }
+        if self.memory_rows:
+            out["memory_rows"] = self.memory_rows
+        return out
 
 
 def streamed_pass(compute_s, comm_s, units):
@@ -247,7 +253,19 @@ def price(inst: Instance, plan: Plan, f: PlanFeatures, profiles: Profiles) -> Ev
         iteration_time_s=iteration, tokens_per_s=tokens / iteration,
         tflops_per_gpu=model_flops / iteration / plan.gpus_used / 1e12, mfu=model_flops / iteration / peak_used,
         fits=all(p <= lim for p, lim in zip(peak_mem, limits, strict=True)),
-        peak_memory_gib=peak_mem, memory_limit_gib=limits, breakdown=breakdown)
+        peak_memory_gib=peak_mem, memory_limit_gib=limits, breakdown=breakdown,
+        memory_rows=memory_rows(plan) if any(f.mixed(j) for j in range(len(f.gpus))) else [])
+
+
+def memory_rows(plan: Plan) -> list[str]:
+    """A label for each row of a plan's memory lists: its flat stage index (template after template) and,
+    for a shard, its GPU type."""
+    flat, out, last = -1, [], None
+    for j, i, gpu in row_labels(plan):
+        if (j, i) != last:
+            flat, last = flat + 1, (j, i)
+        out.append(f"{flat} {gpu}".rstrip())
+    return out
 
 
 def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan",

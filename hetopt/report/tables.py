@@ -142,8 +142,9 @@ def evaluation_view(results: list[dict[str, Any]]) -> Group:
         mem = narrow_table("Peak memory per stage (GiB)")
         for col in ("stage", "peak", "limit", ""):
             mem.add_column(col, justify="right")
-        for i, (peak, limit) in enumerate(zip(r["peak_memory_gib"], r["memory_limit_gib"], strict=True)):
-            mem.add_row(str(i), f"{peak:.1f}", f"{limit:g}", "" if peak <= limit else "[red]over[/red]")
+        labels = r.get("memory_rows") or [str(i) for i in range(len(r["peak_memory_gib"]))]
+        for label, peak, limit in zip(labels, r["peak_memory_gib"], r["memory_limit_gib"], strict=True):
+            mem.add_row(label, f"{peak:.1f}", f"{limit:g}", "" if peak <= limit else "[red]over[/red]")
         parts += [bd, mem]
     return Group(*parts)
 

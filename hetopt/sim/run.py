@@ -26,7 +26,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
-from hetopt.plan import Plan
+from hetopt.plan import Plan, row_labels
 from hetopt.sim.engine import SimResult, Simulation
 from hetopt.sim.scenarios import (
     BandwidthScenario,
@@ -51,6 +51,15 @@ def select_scenarios(inst: Instance, name: str, horizon_s: float) -> list[Bandwi
                                                               f"instance has: {', '.join(names)} (or all)", name,
                                                 True)])
     return chosen
+
+
+def stage_peaks(plan: Plan, peak_memory_gib: list[float]) -> list[float]:
+    """Peak memory per stage (template after template) from the evaluator's per-row figures: a stage with
+    shards has a row per GPU type, and its largest is the stage's."""
+    peaks: dict[tuple[int, int], float] = {}
+    for (j, i, _), peak in zip(row_labels(plan), peak_memory_gib, strict=True):
+        peaks[(j, i)] = max(peaks.get((j, i), 0.0), peak)
+    return list(peaks.values())
 
 
 def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, result: SimResult,
@@ -78,7 +87,7 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
         "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),
         "link_utilization": links,
         "gpu_busy": busy,
-        "peak_memory_gib": peak_memory_gib,
+        "peak_memory_gib": stage_peaks(sim.plan, peak_memory_gib),
         "sampled": result.sampled,
         "cut": result.cut,
     }
