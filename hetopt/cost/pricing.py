@@ -50,8 +50,8 @@ class Evaluation:
     memory_limit_gib: list[float]
     breakdown: dict[str, float] = field(default_factory=dict)
     memory_rows: list[str] = field(default_factory=list)
-    """With stages with shards: what each entry of the memory lists is ("stage 0 V100-32GB"); empty when
-    every entry is a stage (the flat stage index, template after template)."""
+    """With stages with shards: what each entry of the memory lists is ("0 V100-32GB": flat stage 0, its
+    V100 ranks); empty when every entry is a stage (the flat stage index, template after template)."""
 
     def to_json(self) -> dict:
         out = {

@@ -143,7 +143,7 @@ class Simulation:
         self.times: list[np.ndarray] = []
         self.weights: list[list[np.ndarray]] = []
         self.overlap: list[list[float]] = []
-        self.rows: list[np.ndarray] = []  # the feature row each stage's passes come from (`by_stage`)
+        self.rows: list[np.ndarray] = []  # per stage, the feature row of its longest all-reduce
         for j, gpus in enumerate(feats.gpus):
             params = [self.profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
             w = np.stack([p.w for p in params])
