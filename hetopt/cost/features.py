@@ -137,11 +137,15 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
     cluster = cluster or inst.cluster
-    nodes_of, ranks_at = stage_nodes(plan), rank_nodes(plan)
+    nodes_of = stage_nodes(plan)
+    ranks_at = rank_nodes(plan) if any(st.shards for pipe in plan.pipelines for st in pipe.stages) else {}
+    # every data-parallel rank's node of each stage, all replicas (one per replica without shards)
+    everyone = {(j, i): [n for nodes in ranks_at[(j, i)] for n in nodes] if st.shards else nodes_of[(j, i)]
+                for j, pipe in enumerate(plan.pipelines) for i, st in enumerate(pipe.stages)}
     sequence_bytes = cc.ACT_BYTES * s * m.hidden  # activations (or their gradients) of one sequence
     replicas_total = plan.replicas
     templates, gpus, memory, stage_of = [], [], [], []
-    ring_load = dp_ring_load(cluster, plan, ranks_at)
+    ring_load = dp_ring_load(cluster, plan, everyone)
     grad_bytes = grad_comm_bytes(inst)
     spans = tp_spans(cluster, plan)
     zero_passes, zero_units = [], []
@@ -152,15 +156,15 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
         arr = np.zeros((len(rows), N_PARTS, N_TERMS))
         z_arr = np.zeros((len(rows), 2, N_TERMS))
         t_gpus, t_mem, z_units = [], [], []
-        # the sends each stage makes per micro-batch, forward and back: every rank sends the sequences it
-        # holds to the ranks of the neighbouring stage that hold them (one rank each side without shards)
-        sends = {(i, way): reshard_sends(plan, j, i, (i + way) % p, ranks_at, sequence_bytes)
-                 for i in range(p) for way in (1, -1)}
+        sends: dict[tuple[int, int], list] = {}  # per (stage, direction), for the rows of one stage
         for row, (i, k, sh) in enumerate(rows):
             st = pipe.stages[i]
             gpu = inst.gpu_types[sh.gpu]
             first, last = i == 0, i == p - 1
-            mine = [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)]  # this shard's ranks
+            # this shard's ranks' nodes (all replicas), and the nodes its sends leave from
+            mine = [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)] if st.shards \
+                else nodes_of[(j, i)]
+            sources = set(mine) if st.shards else None
             # TP collectives inside the stage's nodes, or over the network when its TP group spans nodes
             tp_path = spans.get((j, i)) or cluster.slowest_intra(list(dict.fromkeys(mine)))
             arr[row, :4] = stage_work(m, gpu, sh.sequences, s, st.tp, st.sp, attention, st.recompute, st.layers,
@@ -168,15 +172,19 @@ def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) ->
             # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
             # model chunk; with interleaving the last stage also passes activations on to the first stage's
             # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
-            # Each of the tp·cp ranks sends its share (CP: its part of the sequence).
+            # Each of the tp·cp ranks sends its share (CP: its part of the sequence); every rank sends the
+            # sequences it holds to the ranks of the neighbouring stage that hold them.
             for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
                 if times:
-                    arr[row, P2P] += times * send_features(cluster, sends[(i, way)], st.width, set(mine))
+                    if (i, way) not in sends:
+                        sends[(i, way)] = boundary_sends(plan, j, i, (i + way) % p, nodes_of, ranks_at,
+                                                         sequence_bytes)
+                    arr[row, P2P] += times * send_features(cluster, sends[(i, way)], st.width, sources)
             params = stage_params(m, st.layers, first, last, p)
             columns = nic_columns(cluster, mine, st.tp)
             # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks each
             # (Megatron-LM's DP×CP group)
-            every = [n for nodes in ranks_at[(j, i)] for n in nodes]
+            every = everyone[(j, i)]
             dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
             arr[row, DP] = _dp_collective("all_reduce", cluster, dp_ranks, dp_nodes, params / st.tp * grad_bytes,
                                           columns, ring_load)
@@ -239,6 +247,17 @@ def rank_sequences(st, micro_batch: int) -> list[tuple[int, int]]:
             out.append((at, at + sh.sequences))
             at += sh.sequences
     return out
+
+
+def boundary_sends(plan: Plan, j: int, i: int, to: int, nodes_of, ranks_at, sequence_bytes: float
+                   ) -> list[tuple[str, str, float]]:
+    """Every send of one micro-batch from stage i to stage `to` of template j, all replicas: one per
+    replica (the whole micro-batch) between stages without shards, else `reshard_sends`."""
+    stages = plan.pipelines[j].stages
+    if not (stages[i].shards or stages[to].shards):
+        nbytes = plan.micro_batch * sequence_bytes
+        return [(a, b, nbytes) for a, b in zip(nodes_of[(j, i)], nodes_of[(j, to)], strict=True)]
+    return reshard_sends(plan, j, i, to, ranks_at, sequence_bytes)
 
 
 def reshard_sends(plan: Plan, j: int, i: int, to: int, ranks_at, sequence_bytes: float,
@@ -320,15 +339,15 @@ def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
                          alpha_s=route.alpha_s)
 
 
-def dp_ring_load(cluster, plan: Plan, ranks_at) -> Counter:
+def dp_ring_load(cluster, plan: Plan, everyone) -> Counter:
     """How many gradient rings cross each link (directed graph edge). The stages' all-reduces run at about
     the same time — at the end of the iteration, within one backward chain of each other — so rings that
     share a NIC or an island link share its bandwidth (the simulator's max-min shares, to first order).
-    `ranks_at`: (template, stage) → per replica the nodes of its data-parallel ranks (`rank_nodes`)."""
+    `everyone`: (template, stage) → the node of each of its data-parallel ranks, all replicas."""
     load: Counter = Counter()
     for j, pipe in enumerate(plan.pipelines):
         for i in range(len(pipe.stages)):
-            distinct = list(dict.fromkeys(n for nodes in ranks_at[(j, i)] for n in nodes))
+            distinct = list(dict.fromkeys(everyone[(j, i)]))
             if len(distinct) > 1:
                 for a, b in pairwise([*distinct, distinct[0]]):
                     load.update(cluster.route(a, b).edges)
