@@ -93,7 +93,9 @@ def test_bench_marks_a_kept_warm_start_outside_the_space(tmp_path):
 NOT_YET_IN_SPACE = {("scale-4096-four-types", "megatron"), ("v100x12-t4x4-gpt2-medium", "amp-like")}
 
 
-BASELINES = ("megatron", "fastest-subset", "proportional", "amp-like", "random")
+BASELINES = ("megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random")
+SHARDS = "stages with shards"
+"""What puts metis-like's plans outside the space (the search does not generate stages with shards yet)."""
 
 
 def _baselines_outside_space(path: Path) -> list[tuple[str, str, list[str]]]:
@@ -107,7 +109,12 @@ def _baselines_outside_space(path: Path) -> list[tuple[str, str, list[str]]]:
         # random samples the space's own skeletons until its sample count or its time runs out, and any
         # sample is a plan to check: 1.5 s are enough (it took 13.5 s of the 20 on scale-4096; the test
         # took 34 s with 5 s, 26 s with 1.5 s, on 16 instances)
-        plan = PLANNERS[name](inst, 1.5 if name == "random" else 20.0, profiles).plan
+        # metis-like enumerates device groups until its time runs out (17 s on scale-4096); 2 s found a
+        # plan on each of the scale and long-context instances on an idle 2-core machine (2026-12-02), 3 s
+        # leave room; a plan it does not reach under load is not a plan to check
+        plan = PLANNERS[name](inst, {"random": 1.5, "metis-like": 3.0}.get(name, 20.0), profiles).plan
+        if plan is None and name == "metis-like":
+            continue
         assert plan is not None, (inst.name, name)
         why = outside_space(inst, plan, opts)
         if why:
@@ -118,19 +125,24 @@ def _baselines_outside_space(path: Path) -> list[tuple[str, str, list[str]]]:
 def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space():
     """Each baseline planner's plan on each bundled instance is a plan of the instance's search space
     (4 classes per template by default: the heuristics' pipelines over all four types are searched), so
-    the proof covers it — except the two-template plans listed in NOT_YET_IN_SPACE. The instances run on
-    two processes (the planners take about a minute on one core)."""
+    the proof covers it — except the two-template plans listed in NOT_YET_IN_SPACE, and metis-like's
+    stages with shards (nothing else about its plans is outside). The instances run on two processes (the
+    planners take about a minute on one core)."""
     from concurrent.futures import ProcessPoolExecutor
 
     # largest first, so the other process is not left idle behind the 4,096-GPU instance
     paths = sorted((REPO / "instances").glob("*.yaml"), key=lambda p: -load_instance(p).cluster.total_gpus)
     with ProcessPoolExecutor(2) as pool:
         found = [row for rows in pool.map(_baselines_outside_space, paths) for row in rows]
+    shards = [row for row in found if row[1] == "metis-like"]
+    found = [row for row in found if row[1] != "metis-like"]
     for inst_name, name, why, wide in found:
         assert (inst_name, name) in NOT_YET_IN_SPACE, (inst_name, name, why)
         assert any("device classes beside another template" in w for w in why), why
         assert wide == []  # a point of the space with search.pair_classes 2
     assert {(inst_name, name) for inst_name, name, _, _ in found} == NOT_YET_IN_SPACE
+    # metis-like's plans lie outside only by their stages with shards, on some instances at least
+    assert shards and all(len(why) == 1 and why[0].startswith(SHARDS) for _, _, why, _ in shards), shards
 
 
 def test_interleaved_skeletons_run_micro_batches_in_whole_groups_of_the_stages():
