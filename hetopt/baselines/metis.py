@@ -18,10 +18,12 @@ best one timed.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from hetopt.baselines.common import Candidates, PlannerResult
+from hetopt.baselines.uniform import with_layers
 from hetopt.cost.profiles import Profiles
-from hetopt.plan import Pipeline, Plan, Shard, Stage
+from hetopt.plan import Pipeline, Plan, Shard, Stage, row_labels
 from hetopt.search.bounds import Bounds
 from hetopt.search.space import SearchOptions, tp_options
 from hetopt.spec.instance import Instance
@@ -70,7 +72,8 @@ def replica_counts(ranks: dict, micro_batch_total: int) -> list[int]:
 
 def device_groups(line: list, speed: dict, p: int) -> list[list]:
     """The ranks of `line` (fastest first) cut into p consecutive non-empty groups of about equal speed:
-    group k ends where the running speed first reaches (k + 1)/p of the total."""
+    group k ends at the cut nearest (k + 1)/p of the total speed (a rank joins while half of its speed
+    still fits under that target), leaving a rank for each group after it."""
     total = sum(speed[c] for c in line)
     groups, at, run = [], 0, 0.0
     for k in range(p):
@@ -112,22 +115,20 @@ def metis_plan(inst: Instance, line: list, per_layer: dict, tp: int, rc: str, b:
     speed = {c: 1.0 / a for c, a in per_layer.items()}
     stages, stage_s = [], []
     for group in device_groups(line, speed, p):
-        counts: dict = {}
-        for c in group:
-            counts[c] = counts.get(c, 0) + 1
+        counts = Counter(group)  # ranks per class, fastest class first
         q = split_sequences(counts, speed, b)
         if q is None:
             return None
-        # seconds per layer of the stage: its slowest ranks at their share of the micro-batch
+        # seconds per layer of the stage: its slowest ranks at their share of the micro-batch (a rank's time
+        # taken as proportional to its sequences, as Metis scales its per-sample profiles)
         stage_s.append(max(per_layer[c] * q[c] / b for c in counts))
         shards = [Shard(gpu=c[0], island=c[1], ranks=n, sequences=q[c]) for c, n in counts.items()]
         lead = shards[0]
         stages.append(Stage(layers=0, gpu=lead.gpu, island=lead.island, tp=tp, recompute=rc,
                             shards=shards if len(group) > 1 else []))
-    layers = proportional_layers(inst.model.layers, [1 / t for t in stage_s])
-    stages = [st.model_copy(update={"layers": n}) for st, n in zip(stages, layers, strict=True)]
     micro_batches = inst.global_batch // (b * replicas)
-    return Plan(micro_batch=b, pipelines=[Pipeline(replicas=replicas, micro_batches=micro_batches, stages=stages)])
+    plan = Plan(micro_batch=b, pipelines=[Pipeline(replicas=replicas, micro_batches=micro_batches, stages=stages)])
+    return with_layers(plan, proportional_layers(inst.model.layers, [1 / t for t in stage_s]))
 
 
 def proportional_layers(layers: int, speed: list[float]) -> list[int]:
@@ -151,16 +152,13 @@ def offer_fitting(cands: Candidates, plan: Plan) -> None:
         if cands.out_of_time or cands.offer(plan) < math.inf or cands.last is None:
             return  # it fits, or the verifier refused it or it cannot be placed: not a candidate
         ev = cands.last
-        pipe = plan.pipelines[0]
-        rows = [i for i, st in enumerate(pipe.stages) for _ in st.ranks_of(plan.micro_batch)]
-        use = {}
-        for i, peak, limit in zip(rows, ev.peak_memory_gib, ev.memory_limit_gib, strict=True):
+        use: dict[int, float] = {}  # each stage's most used memory fraction over its rows
+        for (_, i, _), peak, limit in zip(row_labels(plan), ev.peak_memory_gib, ev.memory_limit_gib, strict=True):
             use[i] = max(use.get(i, 0.0), peak / limit)
         over, room = max(use, key=use.get), min(use, key=use.get)
-        if use[over] <= 1 or over == room or pipe.stages[over].layers <= 1:
+        layers = [st.layers for st in plan.pipelines[0].stages]
+        if use[over] <= 1 or over == room or layers[over] <= 1:
             return
-        layers = [st.layers for st in pipe.stages]
         layers[over] -= 1
         layers[room] += 1
-        stages = [st.model_copy(update={"layers": n}) for st, n in zip(pipe.stages, layers, strict=True)]
-        plan = plan.model_copy(update={"pipelines": [pipe.model_copy(update={"stages": stages})]})
+        plan = with_layers(plan, layers)
