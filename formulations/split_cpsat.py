@@ -5,7 +5,8 @@ a small domain (1 … U_i, the most its memory holds), so every quantity that de
 tabulated over that domain and linked with an element constraint — exactly, with no epigraph: both
 passes y^{fb}_i(L) = y^f_i(L) + y^b_i(L) (a pass takes max(h, d) + s·min(h, d), and under ZeRO-2/3
 waits for its collectives: SplitProblem.pass_s), the backward pass y^b_i(L), the overlapped part
-o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step O_i(L).
+o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step O_i(L) — for a stage with shards each
+the stage's as pricing.by_stage takes it from its rows (SplitProblem.pass_s, hidden_s, dp_s, opt_s).
 
   (C1) Σ L_i = N                  (C2) y^{fb}_i = table_fb(L_i), y^b_i = table_b(L_i)   (element)
   (C3) τ̂ = max_i τ_i, τ_i = y^{fb}_i + c_i                (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
@@ -194,8 +195,8 @@ def upper_bound_s(sc) -> float:
                    for r in range(len(pr.variants()))) + pr.p2p[i]
                for i in range(pr.depth)]
         sync = max(sync, (pr.micro_batches - 1) * max(tau) + sum(tau))
-        dp = max([dp] + [pr.dp[i].at(n) for i in range(pr.depth) for n in ends[i]])
-        opt = max([opt] + [pr.opt[i].at(n) for i in range(pr.depth) for n in ends[i]])
+        dp = max([dp] + [pr.dp_s(i, n) for i in range(pr.depth) for n in ends[i]])
+        opt = max([opt] + [pr.opt_s(i, n) for i in range(pr.depth) for n in ends[i]])
     return sync + dp + max(sc.cross_s, 0.0) + opt
 
 
@@ -296,7 +297,7 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
     if not pr.tabulated:  # ZeRO-2/3 passes hold collectives, which differ per scenario: `_pipeline`
         out.update(_pass_tables(pr, out, tag, u))
     for i in range(p):
-        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt[i].at(n)) for n, _ in options[i]]))
+        out["opt"].append(table(f"opt{tag}_{i}", i, [u(pr.opt_s(i, n)) for n, _ in options[i]]))
     return out
 
 
@@ -310,7 +311,7 @@ def _pass_tables(pr, t: dict, tag: str, u) -> dict:
         fb_secs = [_pass(pr, i, n, "f", r) + x for (n, r), x in zip(options, b_secs, strict=True)]
         out["yfb"].append(t["table"](f"yfb{tag}_{i}", i, [u(x) for x in fb_secs]))
         out["yb"].append(t["table"](f"yb{tag}_{i}", i, [u(x) for x in b_secs]))
-        out["ob"].append(t["table"](f"ob{tag}_{i}", i, [u(pr.dp_overlap[i] * x) for x in b_secs]))
+        out["ob"].append(t["table"](f"ob{tag}_{i}", i, [u(pr.hidden_s(i, n, r)) for n, r in options]))
     return out
 
 
@@ -320,7 +321,7 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     p = pr.depth
     if pr.tabulated:  # this scenario's ZeRO-2/3 collectives in the passes
         t = {**t, **_pass_tables(pr, t, tag, u)}
-    dp = [t["table"](f"dp{tag}_{i}", i, [u(pr.dp[i].at(n)) for n, _ in t["options"][i]])
+    dp = [t["table"](f"dp{tag}_{i}", i, [u(pr.dp_s(i, n)) for n, _ in t["options"][i]])
           for i in range(p)]
     tau_vars = []
     for i in range(p):

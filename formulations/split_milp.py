@@ -51,6 +51,12 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         in place of (C7)): Σ w_{i,n,r} = 1, L_i = Σ n·w_{i,n,r}, y = Σ pass^r_i(n)·w_{i,n,r} —
         equalities, exact as (C2z). The mode is read off the binary that is 1. No chords: the lower
         envelope of several modes' tables need not be convex, and it would not say which mode holds.
+  (C2s) Stages with shards (SplitProblem.rows): a stage takes each part from the row where it is longest
+        and its all-reduce starts once every rank is its overlap fraction into its pass
+        (pricing.by_stage), none of it affine in L: the binaries of (C2z) also give the all-reduce
+        D_i = Σ D_i(n)·w_{i,n}, its overlapped part o_i·y^b_i = Σ hidden_i(n)·w_{i,n} in (C5), the
+        optimizer step in (C6), and the options are the counts every row holds in memory (for (C7)) —
+        equalities, exact as (C2z); never chords (an all-reduce follows).
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
   (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
@@ -127,8 +133,8 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], 
             yf, yb = pass_variables(pr, tag)
             add_forward_pass(model, pr, L, yf, tag)
             add_backward_pass(model, pr, L, yb, top, tag)
-        add_optimizer(model, pr, L, t_opt, tag)
-        if not pr.mixed:  # (C2r): each mode's memory is in the options
+        add_optimizer(model, pr, L, t_opt, tag, one_hot)
+        if not pr.mixed and pr.rows is None:  # (C2r), (C2s): the memory is in the options
             add_memory(model, pr, L, tag)
         flat += L
         choices += [(options, w) for options, w, _ in one_hot] if one_hot is not None else [None] * pr.depth
@@ -144,7 +150,7 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], 
                 add_tabulated_passes(model, one_hot, s, L, yf, yb, tag)
             tau_max = pulp.LpVariable(f"tau_max{tag}", 0)
             add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag)
-            add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag)
+            add_gradient_allreduce(model, pr, L, yb, t_sync, t_end, tag, one_hot, s)
         totals.append(t_end + sc.cross_s + t_opt)
     add_objective(model, problem, totals)
     return model, flat, choices
@@ -231,8 +237,13 @@ def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag
         counts = [n for n, _ in options]
         tables = [{kind: [sc.templates[j].pass_s(i, n, kind, r) for n, r in options] for kind in "fb"}
                   for sc in problem.scenarios]
+        if pr.rows is not None:  # (C2s): the all-reduce, its overlap and the optimizer step too
+            for sc, t in zip(problem.scenarios, tables, strict=True):
+                t["dp"] = [sc.templates[j].dp_s(i, n) for n, _ in options]
+                t["hidden"] = [sc.templates[j].hidden_s(i, n) for n, _ in options]
+            tables[0]["opt"] = [pr.opt_s(i, n) for n, _ in options]
         # no option at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it infeasible
-        chords = bool(counts) and not pr.mixed and len(problem.base.templates) == 1 and all(
+        chords = bool(counts) and not pr.mixed and pr.rows is None and len(problem.base.templates) == 1 and all(
             sc.templates[j].dp[i].slope == 0 and sc.templates[j].dp[i].intercept == 0
             and convex(table) for sc, t in zip(problem.scenarios, tables, strict=True) for table in t.values())
         if chords:
@@ -274,18 +285,28 @@ def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3),
         yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), f"C4_pipeline{tag}"
 
 
-def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, tag: str) -> None:  # (C5)
+def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, tag: str, one_hot=None,
+                           scenario: int = 0) -> None:  # (C5), (C2s)
     chain = 0
     for i in range(pr.depth):
         send = 0.5 * pr.p2p[i] if i > 0 else 0.0
-        allreduce = pr.dp[i].slope * L[i] + pr.dp[i].intercept
-        model += t_dp >= t_sync - chain - send - pr.dp_overlap[i] * yb[i] + allreduce, \
-            f"C5_dp{i}{tag}"
+        if pr.rows is not None:  # stages with shards: the all-reduce and its overlap read off the binaries
+            _, w, tables = one_hot[i]
+            allreduce = pulp.lpSum(t * x for t, x in zip(tables[scenario]["dp"], w, strict=True))
+            hidden = pulp.lpSum(t * x for t, x in zip(tables[scenario]["hidden"], w, strict=True))
+        else:
+            allreduce = pr.dp[i].slope * L[i] + pr.dp[i].intercept
+            hidden = pr.dp_overlap[i] * yb[i]
+        model += t_dp >= t_sync - chain - send - hidden + allreduce, f"C5_dp{i}{tag}"
         chain = chain + yb[i] + send
 
 
-def add_optimizer(model, pr, L, t_opt, tag: str) -> None:  # (C6)
+def add_optimizer(model, pr, L, t_opt, tag: str, one_hot=None) -> None:  # (C6), (C2s)
     for i in range(pr.depth):
+        if pr.rows is not None:
+            _, w, tables = one_hot[i]
+            model += t_opt >= pulp.lpSum(t * x for t, x in zip(tables[0]["opt"], w, strict=True)), f"C6_opt{i}{tag}"
+            continue
         model += t_opt >= pr.opt[i].slope * L[i] + pr.opt[i].intercept, f"C6_opt{i}{tag}"
 
 

@@ -71,7 +71,7 @@ def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: 
     profiles = profiles or Profiles()
     stats = SearchStats()
     skeletons, size = [], 0
-    for sk in enumerate_skeletons(inst, options, stats):
+    for sk in enumerate_skeletons(inst, options, stats, profiles):
         skeletons.append(sk)
         size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths) \
             * max(1, len(sk.modes)) ** sk.depth

@@ -461,7 +461,9 @@ class Bounds:
     def compute_lower_bound(self, sk: Skeleton) -> float:
         """A bound no split of this skeleton that fits in memory beats: the iteration waits for every
         template's pipeline (and gradient reduction), then two templates' exchange (`exchange_s`), then
-        for the optimizer step (`optimizer_bound`)."""
+        for the optimizer step (`optimizer_bound`); with shards `shard_bound`."""
+        if sk.shards:
+            return self.shard_bound(sk)
         replicas_total = sum(t.replicas for t in sk.templates)
         # per-stage recompute: compute at the least-work mode, memory at the most any mode holds, and the
         # all-reduce's overlap with stage 0's backward pass at the most-work mode — each the side no mix of
@@ -472,6 +474,19 @@ class Bounds:
             + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates) \
             + (self.exchange_s(sk.templates[0].segments, sk.templates[1].segments) if len(sk.templates) == 2
                else 0.0)
+
+    def shard_bound(self, sk: Skeleton) -> float:
+        """A skeleton with shards (hetopt.search.shards): a stage's τ(L) is at least each of its ranks'
+        compute line at its sequences (`stage_line`), so at least the steepest one's; T ≥ (m − 1)·λ + S
+        with λ the integer water level of those lines and S their least Σ τ (`template_bound`'s)."""
+        t = sk.templates[0]
+        p, lines = t.depth, []
+        for i, (seg, shards) in enumerate(zip(t.stage_list(), sk.shards, strict=True)):
+            ranks = shards or ((seg.gpu, seg.island, 1, sk.micro_batch),)
+            lines.append(max(self.stage_line(g, seg.tp, q, sk.recompute, i == 0, i == p - 1)
+                             for g, _, _, q in ranks))
+        layers = self.inst.model.layers
+        return (t.micro_batches - 1) * integer_level(lines, layers) + sum_bound([(a, c, 1) for a, c in lines], layers)
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
                       virtual_stages: int = 1, zero: int = 1, memory: str | tuple[str, ...] | None = None
@@ -1065,6 +1080,15 @@ def placed_bound(problem) -> float:
     for sc in problem.scenarios:
         t_sync, drain, drained, t_opt = 0.0, 0.0, 0.0, 0.0
         for pr in sc.templates:
+            if pr.rows is not None:  # stages with shards: their tables
+                caps = [min(c, pr.layers) for c in pr.max_layers()]
+                pipe = tabled_pipeline(stage_tables(pr, caps), pr.layers, pr.micro_batches)
+                if not math.isfinite(pipe):
+                    return math.inf
+                t_sync = max(t_sync, pipe)
+                drain = max(drain, min(_drain(pr, n) for n in range(1, max(1, caps[0]) + 1)))
+                t_opt = max(t_opt, max(pr.opt_s(i, 1) for i in range(pr.depth)))
+                continue
             lines, collectives = [], []
             for i in range(pr.depth):
                 s = pr.serial[i]
@@ -1113,4 +1137,4 @@ def _drain(pr, n: int) -> float:
     """How long stage 0's gradient all-reduce outlasts the pipeline at n layers, D_0(n) − o_0·y^b_0(n), the
     backward pass as the evaluator prices it (SplitProblem.pass_s); with per-stage recompute the least over
     its modes (the longest pass)."""
-    return min(pr.dp[0].at(n) - pr.dp_overlap[0] * alt.pass_s(0, n, "b") for alt in pr.variants())
+    return min(pr.dp_s(0, n) - alt.hidden_s(0, n) for alt in pr.variants())

@@ -37,6 +37,7 @@ from hetopt.evaluate import (
     N_PARTS,
     OPT,
     P2P,
+    by_stage,
     cross_seconds,
     dp_finish,
     host_device,
@@ -92,9 +93,24 @@ class SplitProblem:
     are the least-work mode's, which bound every mix's compute from below, and `max_layers` the most any
     mode holds; only `options` and `resolve` give a mix its exact time and memory."""
 
+    rows: SplitProblem | None = None
+    """Stages with shards (Skeleton.shards): the template's feature rows, one per shard (its ranks' passes
+    at their sequences, its memory against its own GPU), as a plain problem, and `stage_of` each row's
+    stage. A stage then takes each part from its rows as `pricing.by_stage` does, which is not affine in L:
+    its passes, all-reduce, overlap and optimizer step are tabulated (`pass_s`, `dp_s`, `hidden_s`,
+    `opt_s`), its sends are `p2p` (the longest row's) and its memory every row's (`max_layers`); the
+    per-stage lines are its first row's, which only a layer-split hint reads (`orchestrate.speed_split`)."""
+    stage_of: tuple[int, ...] = ()
+
     @property
     def depth(self) -> int:
         return len(self.p2p)
+
+    @cached_property
+    def stage_rows(self) -> tuple[tuple[int, ...], ...]:
+        """The rows (`rows`) of each stage; () without shards."""
+        return tuple(tuple(r for r, i in enumerate(self.stage_of) if i == k) for k in range(self.depth)) \
+            if self.rows is not None else ()
 
     @property
     def mixed(self) -> bool:
@@ -132,8 +148,31 @@ class SplitProblem:
 
     @property
     def tabulated(self) -> bool:
-        """Whether a pass time is not affine in L (ZeRO-2/3), so formulations take it from `pass_s`."""
-        return bool(self.zero_fwd)
+        """Whether a pass time is not affine in L (ZeRO-2/3, stages with shards), so formulations take it
+        from `pass_s` (and with shards every part from its table)."""
+        return bool(self.zero_fwd) or self.rows is not None
+
+    def dp_s(self, i: int, layers: int) -> float:
+        """Seconds of stage i's gradient all-reduce at `layers` layers, D_i(L) (with shards the longest
+        row's)."""
+        if self.rows is not None:
+            return max(self.rows.dp[r].at(layers) for r in self.stage_rows[i])
+        return self.dp[i].at(layers)
+
+    def hidden_s(self, i: int, layers: int, mode: int = 0) -> float:
+        """Seconds of stage i's last backward pass the all-reduce overlaps, o_i·y^b_i(L): with shards the
+        ranks start it together once each is o_r into its pass, so y^b − max_r (1 − o_r)·b_r
+        (`pricing.by_stage`)."""
+        if self.rows is not None:
+            backward = [(self.rows.pass_s(r, layers, "b"), self.rows.dp_overlap[r]) for r in self.stage_rows[i]]
+            return max(b for b, _ in backward) - max((1 - o) * b for b, o in backward)
+        return self.dp_overlap[i] * self.pass_s(i, layers, "b", mode)
+
+    def opt_s(self, i: int, layers: int) -> float:
+        """Seconds of stage i's optimizer step at `layers` layers (with shards the longest row's)."""
+        if self.rows is not None:
+            return max(self.rows.opt[r].at(layers) for r in self.stage_rows[i])
+        return self.opt[i].at(layers)
 
     def pass_s(self, i: int, layers: int, kind: str, mode: int = 0) -> float:
         """Seconds of stage i's forward ("f") or backward ("b") pass at `layers` layers (in its mode of
@@ -141,6 +180,8 @@ class SplitProblem:
         under ZeRO-2/3 max(P, K) + min(P, K)/n."""
         if self.mixed:
             return self.alternatives[mode].pass_s(i, layers, kind)
+        if self.rows is not None:
+            return max(self.rows.pass_s(r, layers, kind) for r in self.stage_rows[i])
         h, d, z = (self.host_fwd, self.dev_fwd, self.zero_fwd) if kind == "f" else \
             (self.host_bwd, self.dev_bwd, self.zero_bwd)
         compute = float(overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i]))
@@ -152,6 +193,9 @@ class SplitProblem:
         """The most layers each stage can hold in memory (in any of its modes, per-stage recompute)."""
         if self.mixed:
             return [max(col) for col in zip(*self.mode_caps, strict=True)]
+        if self.rows is not None:  # every row holds the stage's layers
+            caps = self.rows.max_layers()
+            return [min(caps[r] for r in rows) for rows in self.stage_rows]
         out = []
         for mem, limit in zip(self.mem_gib, self.mem_limit_gib, strict=True):
             if mem.slope <= 0:
@@ -167,13 +211,21 @@ class SplitProblem:
         return replace(self, host_fwd=times(self.host_fwd), dev_fwd=times(self.dev_fwd), host_bwd=times(self.host_bwd),
                        dev_bwd=times(self.dev_bwd), p2p=tuple(c * k for c in self.p2p), dp=times(self.dp),
                        opt=times(self.opt), zero_fwd=times(self.zero_fwd), zero_bwd=times(self.zero_bwd),
-                       alternatives=tuple(pr.scaled(k) for pr in self.alternatives))
+                       alternatives=tuple(pr.scaled(k) for pr in self.alternatives),
+                       rows=self.rows.scaled(k) if self.rows is not None else None)
 
     def times(self, layers: list[int], modes: Sequence[str] | None = None) -> np.ndarray:
         """Priced parts (stages, N_PARTS) of this template for a split (and each stage's recompute mode,
         per-stage recompute), as the evaluator prices them."""
+        return self.priced(layers, modes)[0]
+
+    def priced(self, layers: list[int], modes: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`times` and each stage's all-reduce overlap fraction (with shards, `pricing.by_stage`'s)."""
         if self.mixed:
-            return self.resolve(modes if modes is not None else [self.modes[0]] * self.depth).times(layers)
+            return self.resolve(modes if modes is not None else [self.modes[0]] * self.depth).priced(layers)
+        if self.rows is not None:
+            rows = self.rows.times([layers[i] for i in self.stage_of])
+            return by_stage(rows, list(self.stage_of), np.array(self.rows.dp_overlap))
         serial = np.array(self.serial)
         n = np.array(layers, dtype=float)
 
@@ -183,14 +235,14 @@ class SplitProblem:
         times = np.zeros((len(layers), N_PARTS))
         times[:, FWD] = overlap_host_device(at(self.host_fwd), at(self.dev_fwd), serial)
         times[:, BWD] = overlap_host_device(at(self.host_bwd), at(self.dev_bwd), serial)
-        if self.tabulated:  # the exposed ZeRO collectives, as pricing.zero_exposed adds them
+        if self.zero_fwd:  # the exposed ZeRO collectives, as pricing.zero_exposed adds them
             units = n + np.array(self.zero_units)
             for part, zero in ((FWD, self.zero_fwd), (BWD, self.zero_bwd)):
                 times[:, part] = streamed_pass(times[:, part], at(zero), units)
         times[:, P2P] = self.p2p
         times[:, DP] = at(self.dp)
         times[:, OPT] = at(self.opt)
-        return times
+        return times, np.array(self.dp_overlap)
 
 
 @dataclass(frozen=True)
@@ -216,12 +268,11 @@ class ScenarioProblem:
         """The evaluator's iteration time for a flat split (template after template; with per-stage
         recompute, `modes` flat the same way), through the evaluator's own pipeline functions."""
         per_template = self.split(modes) if modes is not None else [None] * len(self.templates)
-        timed = [t.times(n, md) for t, n, md in zip(self.templates, self.split(layers), per_template, strict=True)]
+        timed = [t.priced(n, md) for t, n, md in zip(self.templates, self.split(layers), per_template, strict=True)]
         t_sync = max(float(pipe_times(times, t.micro_batches, t.virtual_stages)[0])
-                     for t, times in zip(self.templates, timed, strict=True))
-        t_dp = max(float(dp_finish(times, t_sync, np.array(t.dp_overlap)))
-                   for t, times in zip(self.templates, timed, strict=True))
-        return t_dp + self.cross_s + max(float(times[:, OPT].max()) for times in timed)
+                     for t, (times, _) in zip(self.templates, timed, strict=True))
+        t_dp = max(float(dp_finish(times, t_sync, overlap)) for times, overlap in timed)
+        return t_dp + self.cross_s + max(float(times[:, OPT].max()) for times, _ in timed)
 
     def max_layers(self) -> list[int]:
         return [x for t in self.templates for x in t.max_layers()]
@@ -280,7 +331,21 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
     f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)
     templates = tuple(_template_problem(inst, f1, f2, j, t.micro_batches, profiles, sk.virtual_stages)
                       for j, t in enumerate(sk.templates))
+    if sk.shards:  # one row per shard: the stages take each part from their rows
+        templates = tuple(_sharded(t, f1.stage_of[j]) for j, t in enumerate(templates))
     return ScenarioProblem(templates, cross_seconds(f1, profiles))
+
+
+def _sharded(rows: SplitProblem, stage_of) -> SplitProblem:
+    """The stage problem over a template's shard rows (`SplitProblem.rows`): its first row's lines per
+    stage, the longest row's sends."""
+    stage_of = tuple(int(i) for i in stage_of)
+    first = [stage_of.index(i) for i in range(max(stage_of) + 1)]
+    lines = ("serial", "host_fwd", "dev_fwd", "host_bwd", "dev_bwd", "dp", "dp_overlap", "opt", "mem_gib",
+             "mem_limit_gib")
+    fields = {name: tuple(getattr(rows, name)[r] for r in first) for name in lines}
+    p2p = tuple(max(rows.p2p[r] for r, k in enumerate(stage_of) if k == i) for i in range(len(first)))
+    return replace(rows, p2p=p2p, rows=rows, stage_of=stage_of, **fields)
 
 
 def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles,

@@ -104,7 +104,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     scenarios = planning_scenarios(inst, objective)
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
-    run = _Run(inst, options, time_limit_s)
+    run = _Run(inst, options, time_limit_s, profiles)
     tree = Tree(inst, options, run.stats, Bounds(inst, profiles, [sc.cluster for sc in scenarios]))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
@@ -183,8 +183,10 @@ class _Run:
     `plant` the tree's roots, `seed` a heuristic incumbent, `select` the next leaves to solve (expanding
     the nodes above them), `absorb` each solved leaf, and `answer` with the result."""
 
-    def __init__(self, inst: Instance, options: SearchOptions, time_limit_s: float) -> None:
+    def __init__(self, inst: Instance, options: SearchOptions, time_limit_s: float,
+                 profiles: Profiles | None = None) -> None:
         self.inst, self.options, self.time_limit_s, self.start = inst, options, time_limit_s, clock()
+        self.profiles = profiles  # the speeds that lay out the space's stages with shards
         self.stats = SearchStats()
         self.heap: list[tuple[float, int, Node]] = []
         self.tie = itertools.count()
@@ -322,7 +324,7 @@ class _Run:
         if self.seeded is not None:
             self.seeded["kept"] = self.best is self.seed_plan
             if self.seeded["kept"]:  # the answer is the seed's plan: say whether the space holds it
-                self.seeded["outside_space"] = outside_space(self.inst, self.best, self.options)
+                self.seeded["outside_space"] = outside_space(self.inst, self.best, self.options, self.profiles)
         # unproven for want of time: TIMEOUT; for a skeleton no backend could prove: FEASIBLE
         status = SolveStatus.OPTIMAL if proven else \
             SolveStatus.TIMEOUT if self.out_of_time else SolveStatus.FEASIBLE

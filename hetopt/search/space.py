@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from hetopt.plan import Pipeline, Plan, Stage
+from hetopt.plan import Pipeline, Plan, Shard, Stage
 from hetopt.spec.checks import cp_splits_sequence, tp_splits_heads
 from hetopt.spec.cluster import DeviceClass
 from hetopt.spec.instance import Instance
@@ -89,6 +89,9 @@ class Skeleton:
     modes: tuple[str, ...] = ()
     """Per-stage recompute: each stage runs one of these modes, chosen with the split (`recompute` is then
     their least-work mode, which bounds the compute); () — every stage runs `recompute`."""
+    shards: tuple[tuple[tuple[str, str, int, int], ...], ...] = ()
+    """Stages with shards (hetopt.search.shards; one template): each stage's (GPU type, island, ranks,
+    sequences per rank), () for a stage of one rank; () — no stage has shards."""
 
     @property
     def memory_modes(self) -> tuple[str, ...]:
@@ -118,10 +121,12 @@ class Skeleton:
         """The plan of a flat layer vector, with each stage's recompute mode (`recompute`, flat like
         `layers`; default: every stage runs `self.recompute`)."""
         pipelines, modes = [], self.split(list(recompute)) if recompute is not None else None
+        shards = self.split(list(self.shards or ((),) * self.depth))
         for j, (t, t_layers) in enumerate(zip(self.templates, self.split(layers), strict=True)):
             t_modes = modes[j] if modes is not None else [self.recompute] * t.depth
-            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, cp=seg.cp, recompute=rc, sp=True)
-                      for n, seg, rc in zip(t_layers, t.stage_list(), t_modes, strict=True)]
+            stages = [Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, cp=seg.cp, recompute=rc, sp=True,
+                            shards=[Shard(gpu=g, island=i, ranks=r, sequences=q) for g, i, r, q in sh])
+                      for n, seg, rc, sh in zip(t_layers, t.stage_list(), t_modes, shards[j], strict=True)]
             pipelines.append(Pipeline(replicas=t.replicas, micro_batches=t.micro_batches, stages=stages))
         v = self.virtual_stages
         return Plan(micro_batch=self.micro_batch, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
@@ -129,6 +134,12 @@ class Skeleton:
 
     def describe(self) -> str:
         parts = []
+        if self.shards:  # one template: each stage its ranks by class
+            t = self.templates[0]
+            stages = " → ".join("+".join(f"{r}×{g}@{i}·{q}seq" for g, i, r, q in sh) if sh else f"{seg.gpu}@{seg.island}"
+                                for seg, sh in zip(t.stage_list(), self.shards, strict=True))
+            return f"b={self.micro_batch} {self.recompute} shards tp{t.segments[0].tp}: R={t.replicas} " \
+                   f"m={t.micro_batches}: {stages}"
         for t in self.templates:
             segs = " → ".join(f"{s.stages}×{s.gpu}@{s.island}/tp{s.tp}{f'·cp{s.cp}' if s.cp > 1 else ''}"
                               for s in t.segments)
@@ -171,6 +182,8 @@ class SearchOptions:
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
     the attention kernel and ZeRO allow."""
+    shards: bool = False
+    """Also search stages with shards: Metis's device groups (hetopt.search.shards)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
@@ -184,7 +197,7 @@ class SearchOptions:
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
-                   tp_per_stage=s.tp_per_stage)
+                   tp_per_stage=s.tp_per_stage, shards=s.shards)
 
 
 @dataclass
@@ -555,15 +568,23 @@ def zero_stages(opts: SearchOptions, stats: SearchStats | None = None) -> tuple[
     return stages
 
 
-def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
-    """The plan space as families: divisibility of the batch is applied here, the rest in `Family.groups`."""
-    classes = list(inst.cluster.device_classes.values())
+def enumerate_recompute(inst: Instance, opts: SearchOptions, stats: SearchStats | None = None) -> tuple[str, ...]:
+    """The recompute modes searched: search.recompute's, less selective beside none under flash attention
+    (counted in `stats` when given)."""
     rc = tuple(opts.recompute)
     if inst.spec.training.attention == "flash" and "none" in rc and "selective" in rc:
         # symmetry: flash attention already recomputes its core, so selective recompute is no recompute —
         # the same time and memory (cost.compute.layer_recompute, cost.memory.layer_activation_bytes)
         rc = tuple(r for r in rc if r != "selective")
-        stats.pruned[SYMMETRY] += 1
+        if stats is not None:
+            stats.pruned[SYMMETRY] += 1
+    return rc
+
+
+def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
+    """The plan space as families: divisibility of the batch is applied here, the rest in `Family.groups`."""
+    classes = list(inst.cluster.device_classes.values())
+    rc = enumerate_recompute(inst, opts, stats)
     # interleaving splits every stage's layers into v chunks: v must divide the model's layers
     virtual = tuple(v for v in sorted(set(opts.virtual_stages)) if inst.model.layers % v == 0) or (1,)
     zero = zero_stages(opts, stats)
@@ -639,12 +660,19 @@ def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
         yield from family.groups(inst, opts, stats)
 
 
-def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
+def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats, profiles=None
+                        ) -> Iterator[Skeleton]:
+    """Every skeleton of the plan space; with search.shards also those with shards, whose layouts follow
+    the speeds of `profiles` (default the shipped ones)."""
     for group in enumerate_groups(inst, opts, stats):
         yield from group.skeletons()
+    if opts.shards:
+        from hetopt.search.shards import Layouts
+
+        yield from Layouts(inst, opts, profiles).skeletons(stats)
 
 
-def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
+def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles=None) -> list[str]:
     """Why `plan` is not a plan of the search space (every rule it breaks; [] when it is one): the space's
     plans are 1F1B (or interleaved 1F1B with search.virtual_stages, one template), a ZeRO stage of
     search.zero (2 and 3 with one template), sequence parallel, one micro-batch size and recompute mode
@@ -652,7 +680,9 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     device classes per template, each class one contiguous run at one TP (with search.tp_per_stage one
     class of a template may be two consecutive runs at two TP degrees), one context-parallel degree of
     search.cp for every stage, and at most max_templates templates — two side by side only of at most
-    search.pair_classes classes each (1 by default); a stage of a replica is one rank (no shards)."""
+    search.pair_classes classes each (1 by default); a stage of a replica is one rank, or with search.shards
+    the stages are the device groups of `hetopt.search.shards` (whose speeds come from `profiles`, default
+    the shipped ones)."""
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
         and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0
@@ -690,8 +720,13 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions) -> list[str]:
     if len(plan.pipelines) > opts.max_templates:
         why.append(f"{len(plan.pipelines)} templates (the space: at most {opts.max_templates})")
     if any(st.shards for st in stages):
-        why.append("stages with shards (several data-parallel ranks in a stage of one replica, Metis-style; the "
-                   "space: one rank per stage and replica)")
+        from hetopt.search.shards import shard_point
+
+        # a plan with shards is a point of the shard skeletons (hetopt.search.shards) or of nothing
+        if (why_not := shard_point(inst, plan, opts, profiles)) is not None:
+            return [f"stages with shards (several data-parallel ranks in a stage of one replica, Metis-style): "
+                    f"{why_not}"]
+        return []
     for j, pipe in enumerate(plan.pipelines):
         runs = [(st.gpu, st.island, st.tp) for k, st in enumerate(pipe.stages)
                 if k == 0 or (st.gpu, st.island, st.tp) != (pipe.stages[k - 1].gpu, pipe.stages[k - 1].island,

@@ -75,9 +75,15 @@ class Tree:
     def roots(self) -> Iterator[Node]:
         """Every family of the plan space, keyed by its throughput bound (`Bounds.family_bound`); a pair
         family's key rises to the least bound of its groups when it first reaches the top
-        (`FamilyNode.expand`): building the roots stays cheap, inside the search's clock."""
-        return (FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
-                for f in enumerate_families(self.inst, self.options, self.stats))
+        (`FamilyNode.expand`): building the roots stays cheap, inside the search's clock. With
+        search.shards also every skeleton with shards (hetopt.search.shards), a leaf."""
+        yield from (FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
+                    for f in enumerate_families(self.inst, self.options, self.stats))
+        if self.options.shards:  # stages with shards: leaves at the roots, each keyed by its own bound
+            from hetopt.search.shards import Layouts
+
+            for sk in Layouts(self.inst, self.options, self.bounds.profiles).skeletons(self.stats):
+                yield SkeletonNode(self.bounds.shard_bound(sk), sk, refined=True)
 
     def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
