@@ -125,9 +125,8 @@ class Layouts:
         inst = self.inst
         out = {}
         for dc in inst.cluster.device_classes.values():
-            if tp in tp_options(inst, dc, self.opts):
-                if ranks := sum(n.gpus // tp for n in dc.nodes):
-                    out[dc.key] = ranks
+            if tp in tp_options(inst, dc, self.opts) and (ranks := sum(n.gpus // tp for n in dc.nodes)):
+                out[dc.key] = ranks
         return out
 
     def per_layer(self, tp: int, b: int, recompute: str) -> dict:

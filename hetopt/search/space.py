@@ -136,7 +136,8 @@ class Skeleton:
         parts = []
         if self.shards:  # one template: each stage its ranks by class
             t = self.templates[0]
-            stages = " → ".join("+".join(f"{r}×{g}@{i}·{q}seq" for g, i, r, q in sh) if sh else f"{seg.gpu}@{seg.island}"
+            stages = " → ".join("+".join(f"{r}×{g}@{i}·{q}seq" for g, i, r, q in sh) if sh
+                                else f"{seg.gpu}@{seg.island}"
                                 for seg, sh in zip(t.stage_list(), self.shards, strict=True))
             return f"b={self.micro_batch} {self.recompute} shards tp{t.segments[0].tp}: R={t.replicas} " \
                    f"m={t.micro_batches}: {stages}"
