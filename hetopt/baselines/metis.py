@@ -9,23 +9,23 @@ that may mix GPU types (`Stage.shards`):
   their speed (whole sequences, at least one each);
 - layer load balancing: layers in proportion to each stage's speed, then moved one at a time off stages
   that do not fit in memory.
-Speeds come from the cost model (`Bounds.stage_line`: seconds per layer of a rank at the micro-batch size).
-Every TP degree, micro-batch size, recompute mode and stage count of the search space (a stage's ranks
-split a micro-batch, so a stage of n ranks needs n sequences or more), R dividing every class's ranks; the
-best one timed.
+The layouts are hetopt.search.shards's (`Layouts`), which the exact search also searches with
+search.shards; speeds come from the cost model (`Bounds.stage_line`: seconds per layer of a rank at the
+micro-batch size). Every TP degree, micro-batch size, recompute mode and stage count of the search space
+(a stage's ranks split a micro-batch, so a stage of n ranks needs n sequences or more; p ≤ m), R dividing
+every class's ranks; the best one timed.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.baselines.uniform import with_layers
 from hetopt.cost.profiles import Profiles
-from hetopt.plan import Pipeline, Plan, Shard, Stage, row_labels
-from hetopt.search.bounds import Bounds
-from hetopt.search.space import SearchOptions, tp_options
+from hetopt.plan import Plan, row_labels
+from hetopt.search.shards import Layouts, replica_counts, shard_skeleton
+from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 
 FIX_STEPS = 8
@@ -38,97 +38,38 @@ def metis_like(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | 
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
-    bounds = Bounds(inst, profiles)
-    classes = list(inst.cluster.device_classes.values())
+    layouts = Layouts(inst, options, profiles)
     sizes = [b for b in options.micro_batch if inst.global_batch % b == 0]
     for tp in options.tp:
-        usable = [dc for dc in classes if tp in tp_options(inst, dc, options)]
-        ranks = {dc.key: sum(n.gpus // tp for n in dc.nodes) for dc in usable}
-        usable = [dc for dc in usable if ranks[dc.key]]
-        if not usable:
+        ranks = layouts.usable(tp)
+        if not ranks:
             continue
         for rc in options.recompute:
             for b in sizes:
-                # fastest class first: seconds per layer of one rank running the whole micro-batch
-                per_layer = {dc.key: bounds.stage_line(dc.gpu, tp, b, rc, False, False)[0] for dc in usable}
-                order = sorted(usable, key=lambda dc: per_layer[dc.key])
                 for r in replica_counts(ranks, inst.global_batch // b):
-                    line = [dc.key for dc in order for _ in range(ranks[dc.key] // r)]
-                    for p in range(1, min(options.max_stages, inst.model.layers, len(line)) + 1):
+                    line = layouts.line(tp, b, rc, r)
+                    m = inst.global_batch // (b * r)
+                    for p in range(1, min(options.max_stages, inst.model.layers, len(line), m) + 1):
                         if cands.out_of_time:
                             return cands.result("metis-like")
-                        plan = metis_plan(inst, line, per_layer, tp, rc, b, r, p)
+                        plan = metis_plan(inst, layouts, tp, rc, b, r, p)
                         if plan is not None:
                             offer_fitting(cands, plan)
     return cands.result("metis-like")
 
 
-def replica_counts(ranks: dict, micro_batch_total: int) -> list[int]:
-    """Replica counts R dividing every class's ranks and the micro-batches of an iteration."""
-    top = min(ranks.values())
-    return [r for r in range(1, top + 1)
-            if all(n % r == 0 for n in ranks.values()) and micro_batch_total % r == 0]
-
-
-def device_groups(line: list, speed: dict, p: int) -> list[list]:
-    """The ranks of `line` (fastest first) cut into p consecutive non-empty groups of about equal speed:
-    group k ends at the cut nearest (k + 1)/p of the total speed (a rank joins while half of its speed
-    still fits under that target), leaving a rank for each group after it."""
-    total = sum(speed[c] for c in line)
-    groups, at, run = [], 0, 0.0
-    for k in range(p):
-        end = at + 1
-        run += speed[line[at]]
-        target = total * (k + 1) / p
-        while end < len(line) - (p - k - 1) and run + speed[line[end]] / 2 <= target:
-            run += speed[line[end]]
-            end += 1
-        if k == p - 1:
-            end = len(line)
-        groups.append(line[at:end])
-        at = end
-    return groups
-
-
-def split_sequences(counts: dict, speed: dict, b: int) -> dict | None:
-    """Sequences per rank of each class of a stage (class → ranks), Σ ranks·q = b, q ≥ 1, in proportion
-    to speed: start at one each and give the next ranks' worth to the class whose ranks would then finish
-    first; None when b cannot be split so (fewer sequences than ranks, or a remainder no class takes)."""
-    q = dict.fromkeys(counts, 1)
-    left = b - sum(counts.values())
-    if left < 0:
+def metis_plan(inst: Instance, layouts: Layouts, tp: int, rc: str, b: int, replicas: int, p: int) -> Plan | None:
+    """The plan of one replica's ranks in p stages (module docstring), or None where a stage's ranks
+    cannot split the micro-batch."""
+    stages = layouts.stages(tp, b, rc, replicas, p)
+    if stages is None:
         return None
-    while left:
-        takers = [c for c in counts if counts[c] <= left]
-        if not takers:
-            return None
-        c = min(takers, key=lambda c: (q[c] + 1) / speed[c])
-        q[c] += 1
-        left -= counts[c]
-    return q
-
-
-def metis_plan(inst: Instance, line: list, per_layer: dict, tp: int, rc: str, b: int, replicas: int, p: int
-               ) -> Plan | None:
-    """The plan of one replica's ranks `line` in p stages (module docstring), or None where a stage's
-    ranks cannot split the micro-batch."""
-    speed = {c: 1.0 / a for c, a in per_layer.items()}
-    stages, stage_s = [], []
-    for group in device_groups(line, speed, p):
-        counts = Counter(group)  # ranks per class, fastest class first
-        q = split_sequences(counts, speed, b)
-        if q is None:
-            return None
-        # seconds per layer of the stage: its slowest ranks at their share of the micro-batch (a rank's time
-        # taken as proportional to its sequences, as Metis scales its per-sample profiles)
-        stage_s.append(max(per_layer[c] * q[c] / b for c in counts))
-        shards = [Shard(gpu=c[0], island=c[1], ranks=n, sequences=q[c]) for c, n in counts.items()]
-        lead = shards[0]
-        stages.append(Stage(layers=0, gpu=lead.gpu, island=lead.island, tp=tp, recompute=rc,
-                            shards=shards if len(group) > 1 else []))
-    micro_batches = inst.global_batch // (b * replicas)
-    plan = Plan(micro_batch=b, pipelines=[Pipeline(replicas=replicas, micro_batches=micro_batches, stages=stages)])
-    return with_layers(plan, proportional_layers(inst.model.layers, [1 / t for t in stage_s]))
+    per_layer = layouts.per_layer(tp, b, rc)
+    # seconds per layer of a stage: its slowest ranks at their share of the micro-batch (a rank's time taken
+    # as proportional to its sequences, as Metis scales its per-sample profiles)
+    stage_s = [max(per_layer[(g, i)] * q / b for g, i, _, q in shards) for shards in stages]
+    sk = shard_skeleton(stages, tp, rc, b, replicas, inst.global_batch // (b * replicas))
+    return sk.plan(proportional_layers(inst.model.layers, [1 / t for t in stage_s]))
 
 
 def proportional_layers(layers: int, speed: list[float]) -> list[int]:

@@ -183,7 +183,7 @@ class SearchOptions:
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
     the attention kernel and ZeRO allow."""
-    shards: bool = False
+    shards: bool = True
     """Also search stages with shards: Metis's device groups (hetopt.search.shards)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of

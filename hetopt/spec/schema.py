@@ -209,10 +209,11 @@ class SearchSection(Section):
                            "TP degrees (e.g. the last stage, with the output head, at twice the TP of the "
                            "others). Default false: one TP degree per class.")
     shards: bool = Field(
-        False, description="Also search stages with shards: one template whose stages are Metis's "
-                           "heterogeneous device groups (a replica's ranks, fastest GPU type first, cut into "
-                           "stages of equal speed; each micro-batch split among a stage's ranks in proportion "
-                           "to speed), the layers chosen by the integer program. Default false.")
+        True, description="Also search stages with shards: one template whose stages are Metis's "
+                          "heterogeneous device groups (a replica's ranks, fastest GPU type first, cut into "
+                          "stages of equal speed; each micro-batch split among a stage's ranks in proportion "
+                          "to speed), the layers chosen by the integer program. Default true; false searches "
+                          "one rank per stage and replica only.")
     recompute_per_stage: bool = Field(
         False, description="Let each pipeline stage pick its own recompute mode among `recompute` (the "
                            "first stages of 1F1B hold the most activations): one integer program per skeleton "
