@@ -276,6 +276,9 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
     options = [pr.options(i, max_layers[i]) if pr.mixed else [(n, 0) for n in range(1, max_layers[i] + 1)]
                for i in range(p)]
     index = []
+    for i, cap in enumerate(pr.max_layers()):
+        if cap < 1:  # (C7): the stage cannot hold one layer (its domain starts at 1): no split fits
+            model.Add(L[i] < 1)
     for i in range(p):
         k = model.NewIntVar(0, max(0, len(options[i]) - 1), f"k{tag}_{i}")
         if pr.mixed:  # (C7) per mode: only the options that fit

@@ -52,8 +52,8 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         equalities, exact as (C2z). The mode is read off the binary that is 1. No chords: the lower
         envelope of several modes' tables need not be convex, and it would not say which mode holds.
   (C2s) Stages with shards (SplitProblem.rows): a stage takes each part from the row where it is longest
-        and its all-reduce starts once every rank is its overlap fraction into its pass
-        (pricing.by_stage), none of it affine in L: the binaries of (C2z) also give the all-reduce
+        and its all-reduce starts once every rank r has run (1 − o_r) of its pass (pricing.by_stage),
+        none of it affine in L: the binaries of (C2z) also give the all-reduce
         D_i = Σ D_i(n)·w_{i,n}, its overlapped part o_i·y^b_i = Σ hidden_i(n)·w_{i,n} in (C5), the
         optimizer step in (C6), and the options are the counts every row holds in memory (for (C7)) —
         equalities, exact as (C2z); never chords (an all-reduce follows).
@@ -228,8 +228,9 @@ def pass_variables(pr, tag: str) -> tuple[list, list]:
 
 def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag: str) -> list[tuple]:
     """(C2z), (C2r) per stage of template j: its options (layer count, mode index) and whether they take
-    binaries w_{i,n,r} (which the stage holds) — per-stage recompute, tables not all convex, or an
-    all-reduce after; returns [(options, [w] or None, each scenario's {"f": pass table, "b": …})]."""
+    binaries w_{i,n,r} (which the stage holds) — per-stage recompute, stages with shards, tables not all
+    convex, or an all-reduce after; returns [(options, [w] or None, each scenario's {"f": pass table, "b":
+    …, with shards also "dp" and "hidden"; the first scenario's also "opt"})]."""
     pr = problem.base.templates[j]
     out = []
     for i in range(pr.depth):

@@ -98,7 +98,7 @@ def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, fo
 def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     inst = load_instance(DEMO)
     both = solve_exact(inst, backend="highs", warm_start=False)
-    one_type = solve_exact(inst, backend="highs", options=SearchOptions(max_classes=1, max_templates=1),
+    one_type = solve_exact(inst, backend="highs", options=SearchOptions(max_classes=1, max_templates=1, shards=False),
                            warm_start=False)  # heuristic seeds would bring plans of both types
     assert both.status == one_type.status == SolveStatus.OPTIMAL
     pipes = both.plan.pipelines
@@ -117,7 +117,7 @@ def test_non_uniform_shares_pay_on_the_demo():
     template (a 2-stage A100 → V100 pipeline): the fast GPUs get more of the batch."""
     inst = load_instance(DEMO)
     two = solve_exact(inst, backend="highs", warm_start=False)
-    one = solve_exact(inst, backend="highs", options=SearchOptions(max_templates=1), warm_start=False)
+    one = solve_exact(inst, backend="highs", options=SearchOptions(max_templates=1, shards=False), warm_start=False)
     assert two.status == one.status == SolveStatus.OPTIMAL
     assert len(two.plan.pipelines) == 2 and len(one.plan.pipelines) == 1
     a100, v100 = sorted(two.plan.pipelines, key=lambda p: p.stages[0].gpu)

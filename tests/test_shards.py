@@ -231,6 +231,7 @@ def test_every_skeleton_with_shards_solves_to_its_enumerated_optimum(formulation
     from hetopt.errors import InfeasibleError
     from hetopt.search.formulation import SolveOptions, SolveStatus, pick
     from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.bounds import Bounds
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.shards import Layouts
 
@@ -255,6 +256,7 @@ def test_every_skeleton_with_shards_solves_to_its_enumerated_optimum(formulation
         assert sol.objective_s == pytest.approx(truth, rel=1e-7), sk.describe()
         assert evaluate(inst, sk.plan(sol.layers)).iteration_time_s == pytest.approx(sol.objective_s, rel=1e-12)
         assert problem.lower_bound_s <= truth * (1 + 1e-12)  # the placed bound holds
+        assert Bounds(inst, Profiles()).shard_bound(sk) <= truth * (1 + 1e-12)  # and the one before placement
     assert solved >= 10
 
 
@@ -297,3 +299,51 @@ def test_plan_files_keep_the_shard_keys_only_where_a_stage_has_shards(s4, tmp_pa
     assert ev.to_json()["memory_rows"] == ["0 A100-80GB", "0 V100-16GB", "1"]
     assert "memory_rows" not in evaluate(s4, plain).to_json()
     assert stage_peaks(mixed, ev.peak_memory_gib) == [max(ev.peak_memory_gib[:2]), ev.peak_memory_gib[2]]
+
+
+def test_a_stage_that_cannot_hold_a_layer_is_infeasible_on_every_backend(tmp_path):
+    """Regression (review): a stage with shards whose T4 rows cannot hold one layer of a 8,192-wide model
+    (its memory cap 0, the domain's floor 1) was solved to OPTIMAL with a split that does not fit; now
+    both formulations say INFEASIBLE, as the placed bound (inf) does."""
+    from hetopt.cost.profiles import Profiles
+    from hetopt.search.formulation import SolveOptions, SolveStatus, pick
+    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.shards import Layouts
+
+    path = tmp_path / "mem.yaml"
+    path.write_text(
+        "name: mem-probe\nmodel: {layers: 6, hidden: 8192, heads: 64, vocab: 32000, max_seq_len: 4096}\n"
+        "training: {seq_len: 4096, global_batch: 8}\ncluster:\n  nodes:\n"
+        "    - {name: a, count: 1, gpu: A100-80GB, gpus_per_node: 2, island: r0, nic_gbps: 200}\n"
+        "    - {name: t, count: 1, gpu: T4, gpus_per_node: 2, island: r0, nic_gbps: 50}\n"
+        "search: {tp: [1], micro_batch: [2], recompute: [none], max_stages: 3}\n")
+    inst = load_instance(path)
+    skeletons = list(Layouts(inst, SearchOptions.from_instance(inst)).skeletons())
+    (sk,) = [sk for sk in skeletons if sk.depth == 3]
+    problem = plan_problem(inst, sk, Profiles(), planning_scenarios(inst, "stable"), "stable")
+    assert min(problem.base.templates[0].max_layers()) == 0 and problem.lower_bound_s == math.inf
+    for formulation, backend in (("split-milp", "highs"), ("split-milp", "cbc"), ("split-cpsat", "cpsat")):
+        sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=10))
+        assert sol.status == SolveStatus.INFEASIBLE, (backend, sol.layers)
+
+
+@pytest.mark.parametrize("change", [{"zero": (0,)}, {"zero": (2,)}, {"max_classes": 1}, {"shards": False}],
+                         ids=["zero0", "zero2", "one-class", "off"])
+def test_the_answer_is_a_point_of_the_space_it_searched(change):
+    """Regression (review): the stages with shards ignored search.zero and max_classes — with `zero: [0]`
+    the search returned a ZeRO-1 plan with shards that its own space did not hold. Now they follow the
+    options (ZeRO-0 where 0 is searched alone, none where only ZeRO-2/3 are, none beyond max_classes), and
+    the proven answer is a point of the space searched."""
+    import dataclasses
+
+    from hetopt.search.orchestrate import solve_exact
+
+    inst = load_instance(S17)
+    opts = dataclasses.replace(SearchOptions.from_instance(inst), **change)
+    result = solve_exact(inst, backend="highs", options=opts, time_limit_s=60, warm_start=False)
+    assert result.status == "optimal"
+    assert outside_space(inst, result.plan, opts) == []
+    with_shards = any(st.shards for pipe in result.plan.pipelines for st in pipe.stages)
+    assert with_shards == (change == {"zero": (0,)})
+    assert result.plan.zero == change.get("zero", (1,))[0]

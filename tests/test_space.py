@@ -20,15 +20,20 @@ NARROW = "search: {tp: [1], micro_batch: [1], recompute: [full], max_stages: 1, 
 
 
 def test_every_skeleton_plan_lies_inside_its_space():
+    """Skeletons of groups, and every skeleton with shards (search.shards, on by default)."""
+    from hetopt.search.shards import Layouts
+
     inst = load_instance(SMALL / "s4-three-types.yaml")
     opts = SearchOptions.from_instance(inst)
     groups = list(enumerate_groups(inst, opts, SearchStats()))
     rng = random.Random(5)
-    for group in rng.sample(groups, 40):
-        for sk in itertools.islice(group.skeletons(), 3):
-            layers = [1] * sk.depth
-            layers[0] += inst.model.layers - sum(layers)
-            assert outside_space(inst, sk.plan(layers), opts) == []
+    skeletons = [sk for group in rng.sample(groups, 40) for sk in itertools.islice(group.skeletons(), 3)]
+    shards = list(Layouts(inst, opts).skeletons())
+    assert len(shards) == 6
+    for sk in skeletons + shards:
+        layers = [1] * sk.depth
+        layers[0] += inst.model.layers - sum(layers)
+        assert outside_space(inst, sk.plan(layers), opts) == []
 
 
 def test_pairs_over_several_classes_lie_inside_their_space_and_only_there():

@@ -11,20 +11,21 @@ that may mix GPU types (`Stage.shards`):
   that do not fit in memory.
 The layouts are hetopt.search.shards's (`Layouts`), which the exact search also searches with
 search.shards; speeds come from the cost model (`Bounds.stage_line`: seconds per layer of a rank at the
-micro-batch size). Every TP degree, micro-batch size, recompute mode and stage count of the search space
-(a stage's ranks split a micro-batch, so a stage of n ranks needs n sequences or more; p ≤ m), R dividing
-every class's ranks; the best one timed.
+micro-batch size). Every layout of them (`Layouts.layouts`: every TP degree, micro-batch size, recompute
+mode, replica count R dividing every class's ranks and stage count p ≤ m of the search space whose stages'
+ranks split a micro-batch), the best one timed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.baselines.uniform import with_layers
 from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan, row_labels
-from hetopt.search.shards import Layouts, replica_counts, shard_skeleton
+from hetopt.search.shards import Layouts, shard_skeleton, shard_zero
 from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 
@@ -36,39 +37,34 @@ def metis_like(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | 
                ) -> PlannerResult:
     """The fastest Metis-shaped plan (module docstring) within `time_limit_s`; a heuristic (no proof)."""
     profiles = profiles or Profiles()
-    options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
-    layouts = Layouts(inst, options, profiles)
-    sizes = [b for b in options.micro_batch if inst.global_batch % b == 0]
-    for tp in options.tp:
-        ranks = layouts.usable(tp)
-        if not ranks:
-            continue
-        for rc in options.recompute:
-            for b in sizes:
-                for r in replica_counts(ranks, inst.global_batch // b):
-                    line = layouts.line(tp, b, rc, r)
-                    m = inst.global_batch // (b * r)
-                    for p in range(1, min(options.max_stages, inst.model.layers, len(line), m) + 1):
-                        if cands.out_of_time:
-                            return cands.result("metis-like")
-                        plan = metis_plan(inst, layouts, tp, rc, b, r, p)
-                        if plan is not None:
-                            offer_fitting(cands, plan)
+    layouts = Layouts(inst, metis_options(SearchOptions.from_instance(inst)), profiles)
+    zero = shard_zero(layouts.opts)
+    for b, tp, rc, r, _, stages in layouts.layouts():
+        if cands.out_of_time:
+            break
+        offer_fitting(cands, metis_plan(inst, layouts, stages, tp, rc, b, r, zero))
     return cands.result("metis-like")
 
 
-def metis_plan(inst: Instance, layouts: Layouts, tp: int, rc: str, b: int, replicas: int, p: int) -> Plan | None:
-    """The plan of one replica's ranks in p stages (module docstring), or None where a stage's ranks
-    cannot split the micro-batch."""
-    stages = layouts.stages(tp, b, rc, replicas, p)
-    if stages is None:
-        return None
+def metis_options(opts: SearchOptions) -> SearchOptions:
+    """The search options whose layouts metis-like plans: the instance's with stages with shards on, and
+    ZeRO-1, CP 1 and 1F1B where they leave no room for them (its plans are then outside the space, and
+    `outside_space` says why)."""
+    opts = dataclasses.replace(opts, shards=True)
+    if shard_zero(opts) is None:
+        opts = dataclasses.replace(opts, zero=(1,), cp=(1,), virtual_stages=(1,))
+    return opts
+
+
+def metis_plan(inst: Instance, layouts: Layouts, stages, tp: int, rc: str, b: int, replicas: int,
+               zero: int) -> Plan:
+    """The plan of a layout's stages (`Layouts.layouts`) with the layers in proportion to each stage's
+    speed: its slowest ranks at their share of the micro-batch (a rank's time taken as proportional to its
+    sequences, as Metis scales its per-sample profiles)."""
     per_layer = layouts.per_layer(tp, b, rc)
-    # seconds per layer of a stage: its slowest ranks at their share of the micro-batch (a rank's time taken
-    # as proportional to its sequences, as Metis scales its per-sample profiles)
     stage_s = [max(per_layer[(g, i)] * q / b for g, i, _, q in shards) for shards in stages]
-    sk = shard_skeleton(stages, tp, rc, b, replicas, inst.global_batch // (b * replicas))
+    sk = shard_skeleton(stages, tp, rc, b, replicas, inst.global_batch // (b * replicas), zero)
     return sk.plan(proportional_layers(inst.model.layers, [1 / t for t in stage_s]))
 
 

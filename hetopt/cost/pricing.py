@@ -144,8 +144,8 @@ def by_stage(times: np.ndarray, stage_of: list[int], overlap: np.ndarray) -> tup
     A stage with shards moves through the pipeline as one: a micro-batch's forward pass (with its TP
     collectives) ends with its slowest rank's, its backward pass likewise, its sends with the slowest
     row's, its all-reduce and optimizer step with the last row's — each from the row where it is longest.
-    The all-reduce starts once every rank is its `dp_overlap` fraction o_r into the last backward: the
-    ranks start it together and rank r is ready (1 − o_r)·b_r in, so the stage's overlap is
+    The all-reduce overlaps the last `dp_overlap` fraction o_r of each rank's last backward: the ranks
+    start it together and rank r is ready (1 − o_r)·b_r in, so the stage's overlap is
     1 − max_r (1 − o_r)·b_r / max_r b_r (with one row, o). Returns (stages, N_PARTS) and (stages,)."""
     rows = np.asarray(stage_of)
     stages = rows.max() + 1

@@ -18,6 +18,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `range_bound`            | a two-template range         | M / Σ_j R_j/λ_j ∨ pair_bound, least at a vertex     |
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
+| `shard_bound`            | one skeleton with shards     | T ≥ (m − 1)·λ + S, each stage its steepest rank's line |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die with it,
@@ -971,7 +972,8 @@ def fill_and_drain(level: float, g, micro_batches: int) -> float:
 
 
 def stage_tables(pr, caps: list[int]) -> list[list[float]]:
-    """Per-stage recompute: τ_i(L) for L = v, 2v, … ≤ caps_i (v chunks per stage; 1 in 1F1B), at most the
+    """Per-stage recompute and stages with shards: τ_i(L) for L = v, 2v, … ≤ caps_i (v chunks per stage; 1
+    in 1F1B; with shards the stage's passes and sends from its rows, `SplitProblem.pass_s`), at most the
     least over the modes in which stage i holds L layers of its passes and send, as the evaluator prices
     them; caps_i is the most any mode holds, so every entry is finite. A pass need not rise with L (under
     ZeRO-2/3 its exposed collectives min(P, K)/(L + e) fall), so each entry is the least over L' ≥ L: a
@@ -1073,7 +1075,9 @@ def placed_bound(problem) -> float:
     `Bounds.pipeline_bound`, each L_i at most what stage i holds in memory. Stage 0's
     gradient all-reduce ends at T_sync − o_0·y^b_0(L_0) + D_0(L_0) ≥ T_sync + min over its layer counts;
     the optimizer step is at least every stage's at one layer; the templates' exchange is a constant. The
-    scenario times combine by the objective, which rises with each of them (robust.aggregate)."""
+    scenario times combine by the objective, which rises with each of them (robust.aggregate). A template
+    with shards (`SplitProblem.rows`) takes its pipeline from its stages' tables (`tabled_pipeline`), its
+    drain and optimizer step from its accessors."""
     from hetopt.search.robust import aggregate
 
     times = []

@@ -20,6 +20,7 @@ step are the same in every mode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -98,8 +99,8 @@ class SplitProblem:
     at their sequences, its memory against its own GPU), as a plain problem, and `stage_of` each row's
     stage. A stage then takes each part from its rows as `pricing.by_stage` does, which is not affine in L:
     its passes, all-reduce, overlap and optimizer step are tabulated (`pass_s`, `dp_s`, `hidden_s`,
-    `opt_s`), its sends are `p2p` (the longest row's) and its memory every row's (`max_layers`); the
-    per-stage lines are its first row's, which only a layer-split hint reads (`orchestrate.speed_split`)."""
+    `opt_s`), its sends are `p2p` (the longest row's) and its memory every row's (`max_layers`); its
+    per-stage lines are NaN (`_sharded`)."""
     stage_of: tuple[int, ...] = ()
 
     @property
@@ -134,8 +135,10 @@ class SplitProblem:
 
     def options(self, i: int, top: int) -> list[tuple[int, int]]:
         """Stage i's choices as (layers n, mode index k): n ≤ top a multiple of the virtual stages, and
-        (per-stage recompute) stage i holding n layers in mode k within its memory."""
+        (per-stage recompute, stages with shards) stage i holding n layers (in mode k) within its memory."""
         counts = [n for n in range(1, top + 1) if n % self.virtual_stages == 0]
+        if self.rows is not None:  # stages with shards: every row holds n layers (their memory rule)
+            return [(n, 0) for n in counts if n <= self.max_layers()[i]]
         if not self.mixed:
             return [(n, 0) for n in counts]
         return [(n, k) for n in counts for k, caps in enumerate(self.mode_caps) if n <= caps[i]]
@@ -161,7 +164,7 @@ class SplitProblem:
 
     def hidden_s(self, i: int, layers: int, mode: int = 0) -> float:
         """Seconds of stage i's last backward pass the all-reduce overlaps, o_i·y^b_i(L): with shards the
-        ranks start it together once each is o_r into its pass, so y^b − max_r (1 − o_r)·b_r
+        ranks start it together once each has run (1 − o_r) of its pass b_r, so y^b − max_r (1 − o_r)·b_r
         (`pricing.by_stage`)."""
         if self.rows is not None:
             backward = [(self.rows.pass_s(r, layers, "b"), self.rows.dp_overlap[r]) for r in self.stage_rows[i]]
@@ -337,15 +340,16 @@ def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Clu
 
 
 def _sharded(rows: SplitProblem, stage_of) -> SplitProblem:
-    """The stage problem over a template's shard rows (`SplitProblem.rows`): its first row's lines per
-    stage, the longest row's sends."""
+    """The stage problem over a template's shard rows (`SplitProblem.rows`): the longest row's sends per
+    stage, and no lines of its own (NaN: a reader that takes a stage's parts from them, not from the
+    accessors, gets NaN rather than one row's numbers)."""
     stage_of = tuple(int(i) for i in stage_of)
-    first = [stage_of.index(i) for i in range(max(stage_of) + 1)]
-    lines = ("serial", "host_fwd", "dev_fwd", "host_bwd", "dev_bwd", "dp", "dp_overlap", "opt", "mem_gib",
-             "mem_limit_gib")
-    fields = {name: tuple(getattr(rows, name)[r] for r in first) for name in lines}
-    p2p = tuple(max(rows.p2p[r] for r, k in enumerate(stage_of) if k == i) for i in range(len(first)))
-    return replace(rows, p2p=p2p, rows=rows, stage_of=stage_of, **fields)
+    depth = max(stage_of) + 1
+    nan = Affine(math.nan, math.nan)
+    lines = {name: (nan,) * depth for name in ("host_fwd", "dev_fwd", "host_bwd", "dev_bwd", "dp", "opt", "mem_gib")}
+    p2p = tuple(max(rows.p2p[r] for r, k in enumerate(stage_of) if k == i) for i in range(depth))
+    return replace(rows, p2p=p2p, rows=rows, stage_of=stage_of, serial=(math.nan,) * depth,
+                   dp_overlap=(math.nan,) * depth, mem_limit_gib=(math.nan,) * depth, **lines)
 
 
 def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles,

@@ -14,8 +14,10 @@ Speeds are the cost model's: a rank's seconds per layer running the whole micro-
 program then chooses every stage's layers, as for any skeleton. A layout whose stages are all single
 ranks is a skeleton of the default space already and is not repeated here.
 
-Searched with search.shards (ZeRO-1, 1F1B, one recompute mode, no context parallelism: a stage with
-shards runs a micro-batch of its own per rank, `hetopt.cost.features`).
+Searched with search.shards (default on), in 1F1B without context parallelism at ZeRO-1 (ZeRO-0 where
+search.zero holds 0 and not 1), one TP degree and recompute mode for the plan, over at most
+search.max_classes device classes; `shard_zero` says when the options leave them no room. A layout of
+single ranks is a one-template skeleton of the default space under the same options.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from hetopt.cost.profiles import Profiles
+from hetopt.plan import Plan
 from hetopt.search.space import (
     SearchOptions,
     SearchStats,
@@ -32,6 +35,7 @@ from hetopt.search.space import (
     Template,
     enumerate_recompute,
     tp_options,
+    zero_stages,
 )
 from hetopt.spec.instance import Instance
 
@@ -102,12 +106,32 @@ def stage_shards(line: list, per_layer: dict, b: int, p: int) -> tuple[tuple[Sha
 
 
 def shard_skeleton(stages: tuple[tuple[ShardKey, ...], ...], tp: int, recompute: str, b: int, replicas: int,
-                   micro_batches: int) -> Skeleton:
+                   micro_batches: int, zero: int = 1) -> Skeleton:
     """The skeleton of a device-group layout: one segment per stage (its first shard's class), each stage
-    of more than one rank with its shards."""
+    of more than one rank with its shards (no shards at all where every stage is one rank)."""
     segments = tuple(Segment(shards[0][0], shards[0][1], tp, 1) for shards in stages)
-    kept = tuple(shards if sum(n for _, _, n, _ in shards) > 1 else () for shards in stages)
-    return Skeleton(b, recompute, (Template(segments, replicas, micro_batches),), shards=kept)
+    kept = tuple(shards if ranks_in(shards) > 1 else () for shards in stages)
+    return Skeleton(b, recompute, (Template(segments, replicas, micro_batches),), zero=zero,
+                    shards=kept if any(kept) else ())
+
+
+def ranks_in(shards: tuple[ShardKey, ...]) -> int:
+    """Data-parallel ranks of a stage in one replica."""
+    return sum(n for _, _, n, _ in shards)
+
+
+def shard_zero(opts: SearchOptions) -> int | None:
+    """The ZeRO stage of the space's stages with shards — the lowest searched of 0 and 1 (ZeRO-2/3 are not
+    tabulated for them) — or None where the options leave them no room: search.shards off, no ZeRO-0/1,
+    context parallelism or interleaving required (their stages run 1F1B without CP)."""
+    zero = [z for z in zero_stages(opts) if z <= 1]
+    if not opts.shards or not zero or 1 not in opts.cp or 1 not in opts.virtual_stages:
+        return None
+    return zero[0]
+
+
+Layout = tuple[int, int, str, int, int, tuple[tuple[ShardKey, ...], ...]]
+"""(micro-batch b, TP, recompute mode, replicas R, stages p, each stage's shards)."""
 
 
 class Layouts:
@@ -121,13 +145,14 @@ class Layouts:
         self._per_layer: dict = {}
 
     def usable(self, tp: int) -> dict:
-        """Class key → ranks of tp GPUs inside one node, for the classes whose TP options hold tp."""
+        """Class key → ranks of tp GPUs inside one node, for the classes whose TP options hold tp; {} where
+        they are more than search.max_classes (a template spans every class of its line)."""
         inst = self.inst
         out = {}
         for dc in inst.cluster.device_classes.values():
             if tp in tp_options(inst, dc, self.opts) and (ranks := sum(n.gpus // tp for n in dc.nodes)):
                 out[dc.key] = ranks
-        return out
+        return out if len(out) <= self.opts.max_classes else {}
 
     def per_layer(self, tp: int, b: int, recompute: str) -> dict:
         """Class key → seconds per layer of one rank running the whole micro-batch (a middle stage)."""
@@ -143,15 +168,23 @@ class Layouts:
         order = sorted(ranks, key=lambda c: (per_layer[c], c))
         return [c for c in order for _ in range(ranks[c] // replicas)]
 
-    def stages(self, tp: int, b: int, recompute: str, replicas: int, p: int):
+    def depths(self, line: list, micro_batches: int) -> range:
+        """The stage counts p of a replica's ranks `line`: one rank per stage at least, at most max_stages,
+        the layers and the m micro-batches of a replica."""
+        return range(1, min(self.opts.max_stages, self.inst.model.layers, len(line), micro_batches) + 1)
+
+    def stages(self, tp: int, b: int, recompute: str, replicas: int, p: int
+               ) -> tuple[tuple[ShardKey, ...], ...] | None:
         """`stage_shards` of the layout (tp, b, recompute, R, p)."""
         return stage_shards(self.line(tp, b, recompute, replicas), self.per_layer(tp, b, recompute), b, p)
 
-    def skeletons(self, stats: SearchStats | None = None) -> Iterator[Skeleton]:
-        """Every shard skeleton of the space (module docstring), counted as enumerated; the layouts
-        without a stage of several ranks, or whose ranks cannot split a micro-batch, counted as pruned."""
+    def layouts(self, stats: SearchStats | None = None) -> Iterator[Layout]:
+        """Every layout whose ranks split the micro-batch (those that cannot counted as pruned), with or
+        without a stage of several ranks; none where `shard_zero` leaves no room."""
         inst, opts = self.inst, self.opts
         stats = stats if stats is not None else SearchStats()
+        if shard_zero(opts) is None:
+            return
         modes = enumerate_recompute(inst, opts)  # its symmetry is counted with the families
         for b in opts.micro_batch:
             if inst.global_batch % b:
@@ -164,43 +197,56 @@ class Layouts:
                 for rc in modes:
                     for r in replica_counts(ranks, total_mb):
                         line = self.line(tp, b, rc, r)
-                        for p in range(1, min(opts.max_stages, inst.model.layers, len(line), total_mb // r) + 1):
+                        for p in self.depths(line, total_mb // r):
                             stages = stage_shards(line, self.per_layer(tp, b, rc), b, p)
                             if stages is None:
                                 stats.pruned[NO_SPLIT] += 1
-                            elif all(sum(n for _, _, n, _ in s) == 1 for s in stages):
-                                stats.pruned[NO_SHARDS] += 1
                             else:
-                                stats.enumerated += 1
-                                yield shard_skeleton(stages, tp, rc, b, r, total_mb // r)
+                                yield b, tp, rc, r, p, stages
+
+    def skeletons(self, stats: SearchStats | None = None) -> Iterator[Skeleton]:
+        """Every shard skeleton of the space (module docstring), counted as enumerated; the layouts
+        without a stage of several ranks (skeletons of the default space), or whose ranks cannot split a
+        micro-batch, counted as pruned."""
+        stats = stats if stats is not None else SearchStats()
+        zero = shard_zero(self.opts)
+        for b, tp, rc, r, _, stages in self.layouts(stats):
+            if all(ranks_in(shards) == 1 for shards in stages):
+                stats.pruned[NO_SHARDS] += 1
+                continue
+            stats.enumerated += 1
+            yield shard_skeleton(stages, tp, rc, b, r, self.inst.global_batch // (b * r), zero)
 
 
-def shard_point(inst: Instance, plan, opts: SearchOptions, profiles: Profiles | None = None) -> str | None:
+def shard_point(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Profiles | None = None) -> str | None:
     """Why a plan whose stages have shards is not a shard skeleton's plan (None when it is one): one
-    template, 1F1B, ZeRO-1, sequence parallel, no context parallelism, one TP degree and recompute mode
-    of the options, and its stages exactly the device groups of its layout (module docstring)."""
-    from hetopt.search.space import zero_stages
-
+    template, 1F1B, the ZeRO stage `shard_zero`, sequence parallel, no context parallelism, one TP degree
+    and recompute mode of the options, and its stages exactly the device groups of its layout (module
+    docstring)."""
     pipes = plan.pipelines
     stages = [st for pipe in pipes for st in pipe.stages]
     tps, modes = {st.tp for st in stages}, {st.recompute for st in stages}
-    if not opts.shards:
-        return "search.shards is off"
-    if len(pipes) != 1 or plan.schedule != "1f1b" or plan.virtual_stages != 1 or plan.zero not in zero_stages(opts) \
-            or plan.zero > 1 or any(st.cp != 1 or not st.sp for st in stages) or len(tps) != 1 or len(modes) != 1:
-        return ("the space's stages with shards: one template, 1F1B, ZeRO-0/1, sequence parallel, no context "
-                "parallelism, one TP degree and one recompute mode")
+    zero = shard_zero(opts)
+    if zero is None:
+        return ("search.shards is off" if not opts.shards else
+                "search.zero, cp or virtual_stages leave no room for them (ZeRO-0/1, CP 1 and 1F1B needed)")
+    if len(pipes) != 1 or plan.schedule != "1f1b" or plan.virtual_stages != 1 or plan.zero != zero \
+            or any(st.cp != 1 or not st.sp for st in stages) or len(tps) != 1 or len(modes) != 1:
+        return (f"the space's stages with shards: one template, 1F1B, ZeRO-{zero}, sequence parallel, no "
+                "context parallelism, one TP degree and one recompute mode")
     (tp,), (rc,) = tps, modes
     pipe = pipes[0]
     layouts = Layouts(inst, opts, profiles)
-    if tp not in opts.tp or rc not in opts.recompute or plan.micro_batch not in opts.micro_batch \
-            or not layouts.usable(tp):
-        return f"TP {tp}, recompute {rc} or micro-batch {plan.micro_batch} outside the options"
     ranks = layouts.usable(tp)
+    if tp not in opts.tp or rc not in opts.recompute or plan.micro_batch not in opts.micro_batch or not ranks:
+        return (f"TP {tp}, recompute {rc} or micro-batch {plan.micro_batch} outside the options, or more "
+                "device classes than search.max_classes")
     if any(n % pipe.replicas for n in ranks.values()):
         return f"{pipe.replicas} replicas do not take 1/R of every class's ranks at TP {tp}"
-    if len(pipe.stages) > min(opts.max_stages, inst.model.layers, pipe.micro_batches):
-        return f"{len(pipe.stages)} stages (the space: at most max_stages, the layers and the micro-batches m)"
+    line = layouts.line(tp, plan.micro_batch, rc, pipe.replicas)
+    if len(pipe.stages) not in layouts.depths(line, pipe.micro_batches):
+        return (f"{len(pipe.stages)} stages (the space: at most max_stages, the layers, the micro-batches m and "
+                "a replica's ranks)")
     want = layouts.stages(tp, plan.micro_batch, rc, pipe.replicas, len(pipe.stages))
     have = tuple(tuple((sh.gpu, sh.island, sh.ranks, sh.sequences) for sh in st.ranks_of(plan.micro_batch))
                  for st in pipe.stages)

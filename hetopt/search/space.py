@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from hetopt.cost.profiles import Profiles
 from hetopt.plan import Pipeline, Plan, Shard, Stage
 from hetopt.spec.checks import cp_splits_sequence, tp_splits_heads
 from hetopt.spec.cluster import DeviceClass
@@ -89,7 +90,7 @@ class Skeleton:
     modes: tuple[str, ...] = ()
     """Per-stage recompute: each stage runs one of these modes, chosen with the split (`recompute` is then
     their least-work mode, which bounds the compute); () — every stage runs `recompute`."""
-    shards: tuple[tuple[tuple[str, str, int, int], ...], ...] = ()
+    shards: tuple[tuple[tuple[str, str, int, int], ...], ...] = ()  # shards.ShardKey per shard
     """Stages with shards (hetopt.search.shards; one template): each stage's (GPU type, island, ranks,
     sequences per rank), () for a stage of one rank; () — no stage has shards."""
 
@@ -661,8 +662,8 @@ def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
         yield from family.groups(inst, opts, stats)
 
 
-def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats, profiles=None
-                        ) -> Iterator[Skeleton]:
+def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
+                        profiles: Profiles | None = None) -> Iterator[Skeleton]:
     """Every skeleton of the plan space; with search.shards also those with shards, whose layouts follow
     the speeds of `profiles` (default the shipped ones)."""
     for group in enumerate_groups(inst, opts, stats):
@@ -673,7 +674,8 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
         yield from Layouts(inst, opts, profiles).skeletons(stats)
 
 
-def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles=None) -> list[str]:
+def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Profiles | None = None
+                  ) -> list[str]:
     """Why `plan` is not a plan of the search space (every rule it breaks; [] when it is one): the space's
     plans are 1F1B (or interleaved 1F1B with search.virtual_stages, one template), a ZeRO stage of
     search.zero (2 and 3 with one template), sequence parallel, one micro-batch size and recompute mode

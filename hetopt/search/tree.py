@@ -15,6 +15,7 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
        └─ PairRangeNode     replica counts (ra', rb') ≤ (ra, rb), peeled a row or a cell at a time
           └─ PairSubgroupNode  fixed (ra, rb) and recompute: the micro-batch shares
              └─ SkeletonNode
+    SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`
 
 What cannot hold the model in memory even at its most ZeRO sharding is dropped on expansion and counted
 (`MEMORY_RULE`, `MEMORY_GROUPS_RULE`).
