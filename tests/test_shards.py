@@ -229,9 +229,9 @@ def test_every_skeleton_with_shards_solves_to_its_enumerated_optimum(formulation
     evaluator's time of its split and the least over every split."""
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
+    from hetopt.search.bounds import Bounds
     from hetopt.search.formulation import SolveOptions, SolveStatus, pick
     from hetopt.search.orchestrate import plan_problem
-    from hetopt.search.bounds import Bounds
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.shards import Layouts
 
