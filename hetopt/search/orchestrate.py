@@ -449,9 +449,12 @@ def _errors_reason(errors: list[str], shown: int = 3) -> str:
 
 
 def speed_split(pr) -> list[int]:
-    """A warm start: layers in proportion to each stage's speed (its passes' seconds per layer between one
-    and two layers, as the evaluator prices them), within what its memory holds."""
-    per_layer = [sum(pr.pass_s(i, 2, kind) - pr.pass_s(i, 1, kind) for kind in "fb") for i in range(pr.depth)]
+    """A warm start: layers in proportion to each stage's speed (its device seconds per layer; with shards
+    its priced passes' between one and two layers), within what its memory holds."""
+    if pr.rows is not None:
+        per_layer = [sum(pr.pass_s(i, 2, kind) - pr.pass_s(i, 1, kind) for kind in "fb") for i in range(pr.depth)]
+    else:
+        per_layer = [f.slope + b.slope for f, b in zip(pr.dev_fwd, pr.dev_bwd, strict=True)]
     speed = [1.0 / max(a, 1e-12) for a in per_layer]
     cap = [max(1, m) for m in pr.max_layers()]
     layers = [max(1, min(c, round(pr.layers * v / sum(speed)))) for v, c in zip(speed, cap, strict=True)]
