@@ -278,6 +278,8 @@ def test_s17_optimum_uses_shards_and_pays_over_the_space_without_them():
     assert on.objective_s == pytest.approx(0.151466318, rel=1e-8)
     assert off.objective_s == pytest.approx(0.173496417, rel=1e-8)
     assert not any(st.shards for pipe in off.plan.pipelines for st in pipe.stages)
+    # regression: the search ended on expanding only beaten nodes and left them uncounted (no bound rule)
+    assert on.stats.pruned["bound: whole families never generated (device classes × TP degrees)"] > 0
 
 
 def test_plan_files_keep_the_shard_keys_only_where_a_stage_has_shards(s4, tmp_path):

@@ -243,10 +243,7 @@ class _Run:
         if not self.heap:
             return []
         if not self._open(self.heap[0][0]):
-            for _, _, node in self.heap:
-                node.count_pruned(self.stats)
-            self.heap.clear()
-            return []
+            return self._prune_rest()
         if self.left_s() <= 0:
             self.timed_out = self.out_of_time = True
             self.open_bound = min(self.open_bound, self.heap[0][0])
@@ -273,7 +270,16 @@ class _Run:
                 for child in node.expand(self.tree):
                     heapq.heappush(self.heap, (child.bound, next(self.tie), child))
         self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
+        if not batch and self.heap and not self._open(self.heap[0][0]):
+            return self._prune_rest()  # expanding made only nodes the incumbent beats: the search ends here
         return batch
+
+    def _prune_rest(self) -> list[SkeletonNode]:
+        """Every open node is proven no better: counted as pruned, the heap emptied; no leaves ([])."""
+        for _, _, node in self.heap:
+            node.count_pruned(self.stats)
+        self.heap.clear()
+        return []
 
     def absorb(self, node: SkeletonNode, kind: str, sol, t: float) -> None:
         """Take in one leaf's outcome: a prune rule, or a solution and its exact (evaluator) time."""
