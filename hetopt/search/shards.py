@@ -11,13 +11,12 @@ data-parallel ranks that may mix GPU types (`Stage.shards`), laid out by Metis's
   their speed, whole sequences, one at least (`split_sequences`).
 Speeds are the cost model's: a rank's seconds per layer running the whole micro-batch
 (`Bounds.stage_line`), so the space follows the calibrated profiles it is searched with. The integer
-program then chooses every stage's layers, as for any skeleton. A layout whose stages are all single
-ranks is a skeleton of the default space already and is not repeated here.
+program then chooses every stage's layers, as for any skeleton.
 
 Searched with search.shards (default on), in 1F1B without context parallelism at ZeRO-1 (ZeRO-0 where
 search.zero holds 0 and not 1), one TP degree and recompute mode for the plan, over at most
 search.max_classes device classes; `shard_zero` says when the options leave them no room. A layout of
-single ranks is a one-template skeleton of the default space under the same options.
+single ranks is a one-template skeleton of the default space under the same options, and not repeated.
 """
 
 from __future__ import annotations
