@@ -45,11 +45,11 @@ def ground_truth():
         return {path.stem: truth for path, truth in zip(SMALL, pool.map(_exhaustive_of, SMALL), strict=True)}
 
 
-def test_there_are_ten_small_instances_with_one_to_four_types_and_two_islands():
+def test_there_are_ten_small_instances_with_one_to_four_types_and_up_to_three_islands():
     assert len(SMALL) >= 10
     types = [len({g.gpu for g in load_instance(p).spec.cluster.nodes}) for p in SMALL]
     islands = [len(load_instance(p).cluster.islands) for p in SMALL]
-    assert min(types) == 1 and max(types) == 4 and max(islands) == 2
+    assert min(types) == 1 and max(types) == 4 and sorted(set(islands))[-2:] == [2, 3]
     assert all(load_instance(p).cluster.total_gpus <= 32 for p in SMALL)
 
 

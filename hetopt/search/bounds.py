@@ -19,6 +19,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 | `shard_bound`            | one skeleton with shards     | T ≥ (m − 1)·λ + S, each stage its steepest rank's line |
+| `triple_bound`           | a three-template group       | T ≥ M / Σ_j top_j/λ_j                               |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die with it,
@@ -488,6 +489,20 @@ class Bounds:
                              for g, _, _, q in ranks))
         layers = self.inst.model.layers
         return (t.micro_batches - 1) * integer_level(lines, layers) + sum_bound([(a, c, 1) for a, c in lines], layers)
+
+    def triple_bound(self, group) -> float:
+        """Three templates (hetopt.search.triples) at any replica counts R_j ≤ top_j and shares: T ≥ m_j·λ_j
+        for each (λ_j its integer water level in memory, `capped_bound`, at the most replicas: the loosest
+        caps), so M = Σ_j R_j·m_j ≤ T·Σ_j R_j/λ_j ≤ T·Σ_j top_j/λ_j; inf where a template cannot hold the
+        model in any of the group's modes."""
+        total = sum(group.tops)
+        best = math.inf
+        for rc in group.recompute_options:
+            lams = [self.capped_bound(group.micro_batch, rc, (rc,), side, total, group.zero)[0] for side in group.sides]
+            if all(math.isfinite(lam) for lam in lams):
+                best = min(best, group.total_micro_batches / sum(t / lam for t, lam in zip(group.tops, lams,
+                                                                                         strict=True)))
+        return best
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
                       virtual_stages: int = 1, zero: int = 1, memory: str | tuple[str, ...] | None = None

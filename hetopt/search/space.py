@@ -668,6 +668,11 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
     the speeds of `profiles` (default the shipped ones)."""
     for group in enumerate_groups(inst, opts, stats):
         yield from group.skeletons()
+    if opts.max_templates >= 3:
+        from hetopt.search.triples import triple_groups
+
+        for triple in triple_groups(inst, opts, stats):
+            yield from triple.skeletons()
     if opts.shards:
         from hetopt.search.shards import Layouts
 

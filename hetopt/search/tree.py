@@ -16,6 +16,8 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
           └─ PairSubgroupNode  fixed (ra, rb) and recompute: the micro-batch shares
              └─ SkeletonNode
     SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`
+    TripleGroupNode   three templates (hetopt.search.triples), keyed by `Bounds.triple_bound`
+    └─ SkeletonNode
 
 What cannot hold the model in memory even at its most ZeRO sharding is dropped on expansion and counted
 (`MEMORY_RULE`, `MEMORY_GROUPS_RULE`).
@@ -80,6 +82,11 @@ class Tree:
         search.shards also every skeleton with shards (hetopt.search.shards), a leaf."""
         yield from (FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
                     for f in enumerate_families(self.inst, self.options, self.stats))
+        if self.options.max_templates >= 3:  # three templates: whole groups at the roots (search.triples)
+            from hetopt.search.triples import triple_groups
+
+            for group in triple_groups(self.inst, self.options, self.stats):
+                yield TripleGroupNode(self.bounds.triple_bound(group), group)
         if self.options.shards:  # stages with shards: leaves at the roots, each keyed by its own bound
             from hetopt.search.shards import Layouts
 
@@ -413,6 +420,25 @@ class ShareBounds:
 def _first(n: int, test) -> int:
     """The first i in 0 … n − 1 where a test that once true stays true holds (n where it never does)."""
     return bisect.bisect_left(range(n), True, key=test)
+
+
+@dataclass(frozen=True)
+class TripleGroupNode(Node):
+    """Three single-class templates (hetopt.search.triples): its skeletons, each a leaf keyed by this
+    bound until its own is computed."""
+
+    group: object
+
+    pruned_as = "bound: three-template groups never expanded"
+
+    @property
+    def pruned_count(self) -> int:
+        return self.group.size
+
+    def expand(self, tree: Tree) -> list[Node]:
+        leaves = [tree.skeleton_node(sk) for sk in self.group.skeletons()]
+        tree.stats.enumerated += len(leaves)
+        return _children(self, leaves)
 
 
 @dataclass(frozen=True)

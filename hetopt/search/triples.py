@@ -1,0 +1,132 @@
+"""Three pipeline templates side by side (search.max_templates: 3), each on one device class.
+
+A triple skeleton runs templates a, b, c, each of one device class with its own TP degree and depth p_j, R_j
+replicas and m_j ≥ p_j micro-batches per replica, R_a·m_a + R_b·m_b + R_c·m_c = M: three GPU types each at
+its own pace, or one class split among uneven shares. Templates on one class share its GPUs
+(Σ_j R_j·g_j ≤ G). The integer program then chooses every template's layer split, as for a pair; the
+iteration waits for the slowest pipeline, every template's gradient all-reduce, then the templates'
+gradient exchange (a ring among the three, `features.cross_template_exchange`).
+
+Opt-in, for small clusters: the groups are listed whole at the search's roots and bounded by throughput
+alone (`Bounds.triple_bound`), without the pair machinery's tables, so the count grows with the cube of the
+single-class templates (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per plan).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hetopt.search.space import (
+    SearchOptions,
+    SearchStats,
+    Skeleton,
+    Template,
+    class_runs,
+    enumerate_recompute,
+    orders,
+    side_templates,
+    zero_stages,
+)
+from hetopt.spec.instance import Instance
+
+TRIPLE_SHARED = "symmetry or GPUs: three templates, mirrored or too big for a class they share"
+
+
+@dataclass(frozen=True)
+class TripleGroup:
+    """Three single-class templates (segments, GPUs per replica on their class) with every replica count,
+    recompute mode and share (`skeletons`)."""
+
+    micro_batch: int
+    sides: tuple[tuple, tuple, tuple]
+    """Each template's segments (one segment: one class, its TP degree and stage count)."""
+    tops: tuple[int, int, int]
+    """The most replicas of each template alone on its class."""
+    recompute_options: tuple[str, ...]
+    total_micro_batches: int
+    gpus: tuple[tuple[tuple[str, str], int], ...]
+    """(class, its GPUs) for each class the templates use."""
+    zero: int = 1
+
+    def depth(self, j: int) -> int:
+        return sum(seg.stages for seg in self.sides[j])
+
+    def width(self, j: int) -> int:
+        """GPUs of one replica of template j."""
+        return sum(seg.stages * seg.width for seg in self.sides[j])
+
+    def fits(self, replicas: tuple[int, int, int]) -> bool:
+        """Whether the replicas fit on the GPUs of each class (templates on one class share them)."""
+        use: dict = {}
+        for j, r in enumerate(replicas):
+            key = (self.sides[j][0].gpu, self.sides[j][0].island)
+            use[key] = use.get(key, 0) + r * self.width(j)
+        return all(use.get(key, 0) <= gpus for key, gpus in self.gpus)
+
+    def replica_counts(self) -> Iterator[tuple[int, int, int]]:
+        """Every (R_a, R_b, R_c) that fits, each template leaving the others one micro-batch per stage."""
+        for replicas in itertools.product(*(range(1, t + 1) for t in self.tops)):
+            if self.fits(replicas):
+                yield replicas
+
+    def shares(self, replicas: tuple[int, int, int]) -> Iterator[tuple[int, int, int]]:
+        """Every (m_a, m_b, m_c), m_j ≥ p_j, with Σ R_j·m_j = M; where two templates are alike (same
+        segments) only the pair with (R, m) in order, so a triple and its mirror are one."""
+        ra, rb, rc = replicas
+        total, (pa, pb, pc) = self.total_micro_batches, (self.depth(0), self.depth(1), self.depth(2))
+        for ma in range(pa, (total - rb * pb - rc * pc) // ra + 1):
+            for mb in range(pb, (total - ra * ma - rc * pc) // rb + 1):
+                rest = total - ra * ma - rb * mb
+                if rest % rc or rest // rc < pc:
+                    continue
+                ms = (ma, mb, rest // rc)
+                if any(self.sides[j] == self.sides[j + 1] and (replicas[j], ms[j]) > (replicas[j + 1], ms[j + 1])
+                       for j in range(2)):
+                    continue
+                yield ms
+
+    def skeletons(self) -> Iterator[Skeleton]:
+        for replicas in self.replica_counts():
+            for ms in self.shares(replicas):
+                for rc in self.recompute_options:
+                    templates = tuple(Template(side, r, m) for side, r, m in zip(self.sides, replicas, ms,
+                                                                                  strict=True))
+                    for order in orders(max(replicas)):
+                        yield Skeleton(self.micro_batch, rc, templates, order, zero=self.zero)
+
+    @property
+    def size(self) -> int:
+        return sum(1 for _ in self.skeletons())
+
+
+def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleGroup]:
+    """Every triple group of the space (none unless search.max_templates is 3), counted as enumerated; the
+    triples whose templates cannot take a micro-batch per stage, or do not fit the GPUs of a class they
+    share, counted as pruned."""
+    zero = [z for z in zero_stages(opts) if z <= 1]
+    if opts.max_templates < 3 or not zero or 1 not in opts.cp or 1 not in opts.virtual_stages:
+        return
+    classes = list(inst.cluster.device_classes.values())
+    modes = enumerate_recompute(inst, opts)
+    cap = min(opts.max_stages, inst.model.layers)
+    sides = [t for order, tps in class_runs(inst, opts, classes, 1) for t in side_templates(order, tps, cap)]
+    for b in opts.micro_batch:
+        if inst.global_batch % b:
+            continue
+        total = inst.global_batch // b
+        for ta, tb, tc in itertools.combinations_with_replacement(sides, 3):
+            picked = (ta, tb, tc)
+            if sum(sum(t[0]) for t in picked) > total:
+                stats.pruned[TRIPLE_SHARED] += 1
+                continue
+            gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
+            group = TripleGroup(b, tuple(t[1] for t in picked), tuple(
+                min(g // used for used, g in t[2].values()) for t in picked), modes, total, tuple(gpus.items()),
+                zero[0])
+            if not group.fits((1, 1, 1)):
+                stats.pruned[TRIPLE_SHARED] += 1
+                continue
+            stats.enumerated_groups += 1
+            yield group
