@@ -28,7 +28,8 @@ def s18():
 def test_every_triple_is_a_point_of_its_space_and_its_bound_holds(s18):
     """Each skeleton of s18's triple group (one H100, one A100, one V100: 253 ways to share the 24
     micro-batches) is a plan of the space with max_templates 3 and of no narrower one; the group's
-    throughput bound is at most the best of them (each template holds every layer: one split)."""
+    throughput bound, and the bound at its one replica count, are at most the best of them (each template
+    holds every layer: one split)."""
     opts = SearchOptions.from_instance(s18)
     (group,) = list(triple_groups(s18, opts, SearchStats()))
     narrow = dataclasses.replace(opts, max_templates=2)
@@ -40,8 +41,9 @@ def test_every_triple_is_a_point_of_its_space_and_its_bound_holds(s18):
         ev = evaluate(s18, plan)
         if ev.fits:
             best = min(best, ev.iteration_time_s)
-    assert group.size == 253
-    assert Bounds(s18, Profiles()).triple_bound(group) <= best
+    assert group.size == 253 and list(group.replica_counts()) == [(1, 1, 1)]
+    bounds = Bounds(s18, Profiles())
+    assert bounds.triple_bound(group) <= bounds.triple_replicas_bound(group, (1, 1, 1)) <= best
 
 
 def test_three_templates_pay_on_s18(s18):

@@ -20,6 +20,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 | `shard_bound`            | one skeleton with shards     | T ≥ (m − 1)·λ + S, each stage its steepest rank's line |
 | `triple_bound`           | a three-template group       | T ≥ M / Σ_j top_j/λ_j                               |
+| `triple_replicas_bound`  | three templates at R_j       | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die with it,
@@ -502,6 +503,17 @@ class Bounds:
             if all(math.isfinite(lam) for lam in lams):
                 best = min(best, group.total_micro_batches / sum(t / lam for t, lam in zip(group.tops, lams,
                                                                                          strict=True)))
+        return best
+
+    def triple_replicas_bound(self, group, replicas: tuple[int, int, int]) -> float:
+        """Three templates at replica counts R_j and any shares: `pair_bound`'s argument for three,
+        T ≥ (m_j − 1)·λ_j + S_j so M ≤ Σ_j R_j·((T − S_j)/λ_j + 1) (λ_j, S_j in memory at Σ R_j replicas),
+        the least over the group's recompute modes."""
+        best = math.inf
+        for rc in group.recompute_options:
+            lines = [self.capped_bound(group.micro_batch, rc, (rc,), side, sum(replicas), group.zero)
+                     for side in group.sides]
+            best = min(best, pair_at(lines, replicas, group.total_micro_batches))
         return best
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,

@@ -17,7 +17,8 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
              └─ SkeletonNode
     SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`
     TripleGroupNode   three templates (hetopt.search.triples), keyed by `Bounds.triple_bound`
-    └─ SkeletonNode
+    └─ TripleReplicasNode  fixed (R_a, R_b, R_c), keyed by `Bounds.triple_replicas_bound`
+       └─ SkeletonNode
 
 What cannot hold the model in memory even at its most ZeRO sharding is dropped on expansion and counted
 (`MEMORY_RULE`, `MEMORY_GROUPS_RULE`).
@@ -424,19 +425,31 @@ def _first(n: int, test) -> int:
 
 @dataclass(frozen=True)
 class TripleGroupNode(Node):
-    """Three single-class templates (hetopt.search.triples): its skeletons, each a leaf keyed by this
-    bound until its own is computed."""
+    """Three single-class templates (hetopt.search.triples) at every replica counts: one child per
+    (R_a, R_b, R_c) that fits, keyed by `Bounds.triple_replicas_bound`."""
 
     group: object
 
     pruned_as = "bound: three-template groups never expanded"
 
-    @property
-    def pruned_count(self) -> int:
-        return self.group.size
+    def expand(self, tree: Tree) -> list[Node]:
+        return _children(self, [TripleReplicasNode(tree.bounds.triple_replicas_bound(self.group, replicas),
+                                                   self.group, replicas)
+                                for replicas in self.group.replica_counts()])
+
+
+@dataclass(frozen=True)
+class TripleReplicasNode(Node):
+    """A triple group at fixed replica counts: its skeletons (shares × recompute modes × orders), each a
+    leaf keyed by this bound until its own is computed."""
+
+    group: object
+    replicas: tuple[int, int, int]
+
+    pruned_as = "bound: three-template replica counts never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
-        leaves = [tree.skeleton_node(sk) for sk in self.group.skeletons()]
+        leaves = [tree.skeleton_node(sk) for sk in self.group.skeletons_at(self.replicas)]
         tree.stats.enumerated += len(leaves)
         return _children(self, leaves)
 

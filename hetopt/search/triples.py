@@ -7,9 +7,10 @@ its own pace, or one class split among uneven shares. Templates on one class sha
 iteration waits for the slowest pipeline, every template's gradient all-reduce, then the templates'
 gradient exchange (a ring among the three, `features.cross_template_exchange`).
 
-Opt-in, for small clusters: the groups are listed whole at the search's roots and bounded by throughput
-alone (`Bounds.triple_bound`), without the pair machinery's tables, so the count grows with the cube of the
-single-class templates (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per plan).
+Opt-in, for small clusters: the groups are listed whole at the search's roots, bounded by throughput
+(`Bounds.triple_bound`), then per replica counts (`Bounds.triple_replicas_bound`), without the pair
+machinery's tables, so their count grows with the cube of the single-class templates (ZeRO-0/1, 1F1B, no
+context parallelism; one recompute mode per plan).
 """
 
 from __future__ import annotations
@@ -89,16 +90,21 @@ class TripleGroup:
 
     def skeletons(self) -> Iterator[Skeleton]:
         for replicas in self.replica_counts():
-            for ms in self.shares(replicas):
-                for rc in self.recompute_options:
-                    templates = tuple(Template(side, r, m) for side, r, m in zip(self.sides, replicas, ms,
-                                                                                  strict=True))
-                    for order in orders(max(replicas)):
-                        yield Skeleton(self.micro_batch, rc, templates, order, zero=self.zero)
+            yield from self.skeletons_at(replicas)
+
+    def skeletons_at(self, replicas: tuple[int, int, int]) -> Iterator[Skeleton]:
+        """The skeletons at replica counts (R_a, R_b, R_c): every share, recompute mode and order."""
+        for ms in self.shares(replicas):
+            for rc in self.recompute_options:
+                templates = tuple(Template(side, r, m) for side, r, m in zip(self.sides, replicas, ms, strict=True))
+                for order in orders(max(replicas)):
+                    yield Skeleton(self.micro_batch, rc, templates, order, zero=self.zero)
 
     @property
     def size(self) -> int:
-        return sum(1 for _ in self.skeletons())
+        """Skeletons of the group (by listing their shares: for tests and small groups)."""
+        return sum(len(list(self.shares(replicas))) * len(self.recompute_options) * len(orders(max(replicas)))
+                   for replicas in self.replica_counts())
 
 
 def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleGroup]:
