@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hetopt.search.space import (
+    DIVISIBILITY,
     SearchOptions,
     SearchStats,
     Skeleton,
@@ -32,7 +33,7 @@ from hetopt.search.space import (
 )
 from hetopt.spec.instance import Instance
 
-TRIPLE_SHARED = "symmetry or GPUs: three templates, mirrored or too big for a class they share"
+TRIPLE_SHARED = "GPUs: three templates too big for a class they share"
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class TripleGroup:
         return all(use.get(key, 0) <= gpus for key, gpus in self.gpus)
 
     def replica_counts(self) -> Iterator[tuple[int, int, int]]:
-        """Every (R_a, R_b, R_c) that fits, each template leaving the others one micro-batch per stage."""
+        """Every (R_a, R_b, R_c), each at most its top, that fits on the GPUs of the classes they share."""
         for replicas in itertools.product(*(range(1, t + 1) for t in self.tops)):
             if self.fits(replicas):
                 yield replicas
@@ -110,7 +111,8 @@ class TripleGroup:
 def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleGroup]:
     """Every triple group of the space (none unless search.max_templates is 3), counted as enumerated; the
     triples whose templates cannot take a micro-batch per stage, or do not fit the GPUs of a class they
-    share, counted as pruned."""
+    share, counted as pruned. Triples are unordered (a mirror is the same plan): each multiset of side
+    templates once, and `TripleGroup.shares` orders two alike."""
     zero = [z for z in zero_stages(opts) if z <= 1]
     if opts.max_templates < 3 or not zero or 1 not in opts.cp or 1 not in opts.virtual_stages:
         return
@@ -125,7 +127,7 @@ def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> It
         for ta, tb, tc in itertools.combinations_with_replacement(sides, 3):
             picked = (ta, tb, tc)
             if sum(sum(t[0]) for t in picked) > total:
-                stats.pruned[TRIPLE_SHARED] += 1
+                stats.pruned[DIVISIBILITY] += 1
                 continue
             gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
             group = TripleGroup(b, tuple(t[1] for t in picked), tuple(
