@@ -97,10 +97,10 @@ class SplitProblem:
     rows: SplitProblem | None = None
     """Stages with shards (Skeleton.shards): the template's feature rows, one per shard (its ranks' passes
     at their sequences, its memory against its own GPU), as a plain problem, and `stage_of` each row's
-    stage. A stage then takes each part from its rows as `pricing.by_stage` does, which is not affine in L:
-    its passes, all-reduce, overlap and optimizer step are tabulated (`pass_s`, `dp_s`, `hidden_s`,
-    `opt_s`), its sends are `p2p` (the longest row's) and its memory every row's (`max_layers`); its
-    per-stage lines are NaN (`_sharded`)."""
+    stage. A stage then takes each part from its rows by `pricing.by_stage` (`stage_parts`), which is not
+    affine in L: its passes, all-reduce, overlap and optimizer step are tabulated (`pass_s`, `dp_s`,
+    `hidden_s`, `opt_s`), its sends are `p2p` (by_stage's, constant in L) and its memory every row's
+    (`max_layers`); its per-stage lines are NaN (`_sharded`)."""
     stage_of: tuple[int, ...] = ()
 
     @property
@@ -155,26 +155,37 @@ class SplitProblem:
         from `pass_s` (and with shards every part from its table)."""
         return bool(self.zero_fwd) or self.rows is not None
 
+    def stage_parts(self, i: int, layers: int) -> tuple[np.ndarray, float]:
+        """Stages with shards: stage i's priced parts (N_PARTS) and all-reduce overlap at `layers` layers,
+        collapsed from its rows by the evaluator's own `pricing.by_stage` (computed once per (i, L))."""
+        key = (i, layers)
+        if key not in self._parts:
+            rows = list(self.stage_rows[i])
+            times = self.rows.times([layers] * len(self.stage_of))[rows]
+            parts, overlap = by_stage(times, [0] * len(rows), np.array(self.rows.dp_overlap)[rows])
+            self._parts[key] = (parts[0], float(overlap[0]))
+        return self._parts[key]
+
+    @cached_property
+    def _parts(self) -> dict:
+        return {}
+
     def dp_s(self, i: int, layers: int) -> float:
-        """Seconds of stage i's gradient all-reduce at `layers` layers, D_i(L) (with shards the longest
-        row's)."""
+        """Seconds of stage i's gradient all-reduce at `layers` layers, D_i(L) (with shards `stage_parts`)."""
         if self.rows is not None:
-            return max(self.rows.dp[r].at(layers) for r in self.stage_rows[i])
+            return float(self.stage_parts(i, layers)[0][DP])
         return self.dp[i].at(layers)
 
     def hidden_s(self, i: int, layers: int, mode: int = 0) -> float:
-        """Seconds of stage i's last backward pass the all-reduce overlaps, o_i·y^b_i(L): with shards the
-        ranks start it together once each has run (1 − o_r) of its pass b_r, so y^b − max_r (1 − o_r)·b_r
-        (`pricing.by_stage`)."""
-        if self.rows is not None:
-            backward = [(self.rows.pass_s(r, layers, "b"), self.rows.dp_overlap[r]) for r in self.stage_rows[i]]
-            return max(b for b, _ in backward) - max((1 - o) * b for b, o in backward)
-        return self.dp_overlap[i] * self.pass_s(i, layers, "b", mode)
+        """Seconds of stage i's last backward pass the all-reduce overlaps, o_i·y^b_i(L) (with shards the
+        stage's overlap from `stage_parts`)."""
+        return (self.stage_parts(i, layers)[1] if self.rows is not None else self.dp_overlap[i]) \
+            * self.pass_s(i, layers, "b", mode)
 
     def opt_s(self, i: int, layers: int) -> float:
-        """Seconds of stage i's optimizer step at `layers` layers (with shards the longest row's)."""
+        """Seconds of stage i's optimizer step at `layers` layers (with shards `stage_parts`)."""
         if self.rows is not None:
-            return max(self.rows.opt[r].at(layers) for r in self.stage_rows[i])
+            return float(self.stage_parts(i, layers)[0][OPT])
         return self.opt[i].at(layers)
 
     def pass_s(self, i: int, layers: int, kind: str, mode: int = 0) -> float:
@@ -184,7 +195,8 @@ class SplitProblem:
         if self.mixed:
             return self.alternatives[mode].pass_s(i, layers, kind)
         if self.rows is not None:
-            return max(self.rows.pass_s(r, layers, kind) for r in self.stage_rows[i])
+            parts = self.stage_parts(i, layers)[0]
+            return float(parts[FWD] + parts[FWD_TP] if kind == "f" else parts[BWD] + parts[BWD_TP])
         h, d, z = (self.host_fwd, self.dev_fwd, self.zero_fwd) if kind == "f" else \
             (self.host_bwd, self.dev_bwd, self.zero_bwd)
         compute = float(overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i]))
@@ -347,9 +359,9 @@ def _sharded(rows: SplitProblem, stage_of) -> SplitProblem:
     depth = max(stage_of) + 1
     nan = Affine(math.nan, math.nan)
     lines = {name: (nan,) * depth for name in ("host_fwd", "dev_fwd", "host_bwd", "dev_bwd", "dp", "opt", "mem_gib")}
-    p2p = tuple(max(rows.p2p[r] for r, k in enumerate(stage_of) if k == i) for i in range(depth))
-    return replace(rows, p2p=p2p, rows=rows, stage_of=stage_of, serial=(math.nan,) * depth,
-                   dp_overlap=(math.nan,) * depth, mem_limit_gib=(math.nan,) * depth, **lines)
+    stages = replace(rows, rows=rows, stage_of=stage_of, serial=(math.nan,) * depth, p2p=(math.nan,) * depth,
+                     dp_overlap=(math.nan,) * depth, mem_limit_gib=(math.nan,) * depth, **lines)
+    return replace(stages, p2p=tuple(float(stages.stage_parts(i, 1)[0][P2P]) for i in range(depth)))
 
 
 def _template_problem(inst: Instance, f1, f2, j: int, micro_batches: int, profiles: Profiles,
