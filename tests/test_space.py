@@ -29,6 +29,8 @@ def test_every_skeleton_plan_lies_inside_its_space():
     rng = random.Random(5)
     skeletons = [sk for group in rng.sample(groups, 40) for sk in itertools.islice(group.skeletons(), 3)]
     shards = list(Layouts(inst, opts).skeletons())
+    # s4's layouts with a stage of several ranks, each in modes none and full: at b = 2, TP 1, R = 1
+    # A100 | A100 | 2×V100 | 2×T4; at b = 2, TP 1, R = 2 and at TP 2, R = 1: A100 | V100 + T4
     assert len(shards) == 6
     for sk in skeletons + shards:
         layers = [1] * sk.depth
