@@ -61,3 +61,22 @@ def test_three_templates_pay_on_s18(s18):
     assert three.objective_s == pytest.approx(0.134181110, rel=1e-8)
     assert two.objective_s == pytest.approx(0.163000, rel=1e-4)
     assert len(two.plan.pipelines) <= 2
+
+
+def test_three_templates_outside_the_triples_are_named(s18):
+    """Regression (read-through): with pair_classes 2 and recompute_per_stage, a plan of three templates
+    with a side over two classes, or with two recompute modes, was a point of the space by the pair rules
+    though no triple skeleton holds it; now the rule is named."""
+    opts = dataclasses.replace(SearchOptions.from_instance(s18), pair_classes=2, recompute_per_stage=True,
+                               recompute=("none", "full"))
+    (group,) = list(triple_groups(s18, opts, SearchStats()))
+    sk = next(group.skeletons())
+    plan = sk.plan([s18.model.layers] * 3)
+    assert outside_space(s18, plan, opts) == []
+    mixed = sk.plan([s18.model.layers] * 3, ["none", "full", "none"])
+    assert any("one recompute mode for the plan" in w for w in outside_space(s18, mixed, opts))
+    a100 = plan.pipelines[1].stages[0]
+    two = plan.model_copy(update={"pipelines": [plan.pipelines[0].model_copy(update={"stages": [
+        plan.pipelines[0].stages[0].model_copy(update={"layers": 2}), a100.model_copy(update={"layers": 2})]}),
+        *plan.pipelines[1:]]})
+    assert any("three templates of one class" in w for w in outside_space(s18, two, opts))

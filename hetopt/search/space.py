@@ -688,7 +688,8 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Pro
     device classes per template, each class one contiguous run at one TP (with search.tp_per_stage one
     class of a template may be two consecutive runs at two TP degrees), one context-parallel degree of
     search.cp for every stage, and at most max_templates templates — two side by side only of at most
-    search.pair_classes classes each (1 by default); a stage of a replica is one rank, or with search.shards
+    search.pair_classes classes each (1 by default; three, with max_templates 3, of one class at one TP,
+    CP 1 and one recompute mode each); a stage of a replica is one rank, or with search.shards
     the stages are the device groups of `hetopt.search.shards` (whose speeds come from `profiles`, default
     the shipped ones)."""
     why = []
@@ -756,4 +757,10 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Pro
                 f"templates of at most {opts.pair_classes} classes (search.pair_classes)"
             why.append(f"template {j}: {len(set(classes))} device classes beside another template (the space: "
                        f"{most} side by side)")
+        if len(plan.pipelines) == 3 and len(runs) > 1:
+            why.append(f"template {j}: {len(runs)} runs of device class and TP beside two other templates (the "
+                       "space: three templates of one class at one TP degree each)")
+    if len(plan.pipelines) == 3 and (max(cps) > 1 or len(modes) > 1):
+        why.append("three templates with context parallelism or a recompute mode per stage (the space: CP 1 and "
+                   "one recompute mode for the plan, hetopt.search.triples)")
     return why
