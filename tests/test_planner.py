@@ -788,3 +788,47 @@ def test_a_wider_pair_space_starts_from_the_default_spaces_optimum():
     narrow = solve_exact(inst, time_limit_s=60)
     assert wide.status == SolveStatus.OPTIMAL and wide.objective_s == pytest.approx(narrow.objective_s, rel=1e-12)
     assert wide.warm_start["kept"] and wide.warm_start["outside_space"] == [] and wide.skeleton is not None
+
+
+@pytest.mark.parametrize("name,wider", [("s14-pair-sides", {}), ("s16-tp-per-stage", {}),
+                                        ("s3-two-islands", {"pair_classes": 2, "tp_per_stage": True})])
+def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
+    """With search.pair_classes > 1 or tp_per_stage the search takes the narrowed subspace first
+    (pair_classes 1, one TP per class), then only the rest (`SearchOptions.beyond_narrow`): together
+    they are every skeleton of the space, each once."""
+    import dataclasses
+    from collections import Counter
+
+    from hetopt.search.space import SearchStats, enumerate_skeletons
+
+    inst = load_instance(SMALL_DIR / f"{name}.yaml")
+    opts = dataclasses.replace(SearchOptions.from_instance(inst), **wider)
+    assert opts.pair_classes > 1 or opts.tp_per_stage
+
+    def skeletons(o: SearchOptions) -> Counter:
+        return Counter(enumerate_skeletons(inst, o, SearchStats()))
+
+    whole = skeletons(opts)
+    narrow = skeletons(dataclasses.replace(opts, pair_classes=1, tp_per_stage=False))
+    rest = skeletons(dataclasses.replace(opts, beyond_narrow=True))
+    assert narrow and rest and not set(narrow) & set(rest)
+    assert narrow + rest == whole
+
+
+def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_timed_out():
+    """The rest of the space is proven only with the narrowed subspace: where that search timed out its
+    bound stays the answer's (a gap, status timeout), and where it proved its optimum the rest decides."""
+    from hetopt.search.orchestrate import SearchResult, _Run
+    from hetopt.search.space import SearchStats
+
+    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
+    plan = solve_exact(inst, time_limit_s=60).plan
+    for status, bound, proven in ((SolveStatus.TIMEOUT, 0.3, False), (SolveStatus.OPTIMAL, 0.4, True)):
+        stats = SearchStats(families=3, solved=2)
+        run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
+        run.subspace(SearchResult(status, plan, 0.4, bound, 1.0, "split-milp", "highs", 60.0, 0, stats))
+        run.seed({"planner": "ilp, search.pair_classes 1", "objective_s": 0.4, "plan": plan})
+        run.planted = True  # the rest: nothing left open
+        answer = run.answer("split-milp", "highs", 0)
+        assert answer.bound_s == bound and answer.stats.solved == 2 and answer.stats.families == 3
+        assert answer.status == (SolveStatus.OPTIMAL if proven else SolveStatus.TIMEOUT)

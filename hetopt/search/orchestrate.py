@@ -105,7 +105,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     options = options or SearchOptions.from_instance(inst)
     profiles = profiles or Profiles()
     run = _Run(inst, options, time_limit_s, profiles)
-    tree = Tree(inst, options, run.stats, Bounds(inst, profiles, [sc.cluster for sc in scenarios]))
+    # search.pair_classes > 1 or tp_per_stage: the narrowed subspace is searched first (_narrow_first),
+    # then this tree holds only the rest of the space
+    narrow_first = warm_start and ((options.pair_classes > 1 and options.max_templates >= 2) or options.tp_per_stage)
+    tree = Tree(inst, dataclasses.replace(options, beyond_narrow=narrow_first), run.stats,
+                Bounds(inst, profiles, [sc.cluster for sc in scenarios]))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
     pool = None
@@ -123,9 +127,11 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     try:
         if warm_start:  # heuristic plans as the first incumbent: the bound prunes from the start
             seeded = seed_incumbent(inst, profiles, scenarios, objective, 0.05 * time_limit_s)
-            if (options.pair_classes > 1 and options.max_templates >= 2) or options.tp_per_stage:
-                seeded = _narrow_first(inst, form.name, backend, NARROW_SHARE * time_limit_s, seed, options,
-                                       profiles, progress, objective, workers, executor, address, seeded)
+            if narrow_first:
+                seeded, narrow = _narrow_first(inst, form.name, backend, NARROW_SHARE * time_limit_s, seed,
+                                               options, profiles, progress, objective, workers, executor, address,
+                                               seeded)
+                run.subspace(narrow)
             run.seed(seeded)
         run.plant(tree)  # after the seeds: within what time they leave
         if not lazy:
@@ -219,6 +225,14 @@ class _Run:
         else:
             self.planted = True
         heapq.heapify(self.heap)
+
+    def subspace(self, narrow: SearchResult) -> None:
+        """What the search of a subspace the tree leaves out proved: its bound stays open beside the tree's
+        (unproven where it timed out), and its counts are the answer's too."""
+        self.stats.add(narrow.stats)
+        self.open_bound = min(self.open_bound, narrow.bound_s)
+        if narrow.status == SolveStatus.TIMEOUT:
+            self.timed_out = self.out_of_time = True
 
     def seed(self, seeded: dict | None) -> None:
         if seeded is not None:
@@ -357,28 +371,30 @@ def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objectiv
 
 NARROW_SHARE = 0.5
 """With search.pair_classes > 1 or search.tp_per_stage, the share of the time limit the default space
-(pairs of single-class templates, one TP per class) is searched first in, for an incumbent: the wider
-space's pairs keep weak bounds, and best-first over them alone can spend the whole limit before it solves
-a skeleton (scale-4096: 9% open, the warm start kept, worse than the default space's optimum;
-benchmarks/results.md); tp_per_stage multiplies the families (cloud-mix: 3.3 million with a split for
-every class, and no skeleton beat the warm start in 120 s)."""
+(pairs of single-class templates, one TP per class) is searched in first; then the tree holds only the
+rest of the space (SearchOptions.beyond_narrow), from the subspace's optimum as incumbent, and the
+subspace's bound stays open beside the rest's (`_Run.subspace`). The wider space's pairs keep weak bounds,
+and best-first over the whole space can spend the limit before it solves a skeleton (scale-4096: 9% open,
+the warm start kept, worse than the default space's optimum; benchmarks/results.md); tp_per_stage
+multiplies the families (cloud-mix: 3.3 million with a split for every class, and no skeleton beat the
+warm start in 120 s). Searching the subspace first, then only the rest, searches each skeleton once."""
 
 
 def _narrow_first(inst: Instance, formulation: str, backend: str, time_limit_s: float, seed: int,
                   options: SearchOptions, profiles: Profiles, progress, objective: str, workers, executor: str,
-                  address, seeded: dict | None) -> dict | None:
-    """The better of the heuristic seed and the best plan of the space with pair_classes 1 and one TP per
-    class (its subspace), searched for `time_limit_s`, as the wider search's first incumbent (with its
-    skeleton)."""
+                  address, seeded: dict | None) -> tuple[dict | None, SearchResult]:
+    """The space with pair_classes 1 and one TP per class (its subspace), searched for `time_limit_s`:
+    (the better of the heuristic seed and its best plan, with its skeleton, as the rest's first incumbent;
+    its result, whose bound covers the subspace)."""
     narrowed = {"pair_classes": 1, "tp_per_stage": False}
     keys = [f"{key} {str(value).lower()}" for key, value in narrowed.items() if getattr(options, key) != value]
     narrow = solve_exact(inst, formulation, backend, time_limit_s, seed, dataclasses.replace(options, **narrowed),
                          profiles, progress=progress, objective=objective, workers=workers, executor=executor,
                          address=address)
     if narrow.plan is None or (seeded is not None and seeded["objective_s"] <= narrow.objective_s):
-        return seeded
+        return seeded, narrow
     return {"planner": "ilp, search." + ", ".join(keys), "objective_s": narrow.objective_s, "plan": narrow.plan,
-            "skeleton": narrow.skeleton}
+            "skeleton": narrow.skeleton}, narrow
 
 
 def seed_incumbent(inst: Instance, profiles: Profiles, scenarios, objective: str, budget_s: float) -> dict | None:

@@ -186,6 +186,11 @@ class SearchOptions:
     the attention kernel and ZeRO allow."""
     shards: bool = True
     """Also search stages with shards: Metis's device groups (hetopt.search.shards)."""
+    beyond_narrow: bool = False
+    """Only the skeletons outside the subspace with pair_classes 1 and tp_per_stage off (set by the search
+    itself once it has searched that subspace first: orchestrate._narrow_first): pairs with a side over
+    several classes and templates with a class at two TP degrees; no stages with shards or three
+    templates (which the subspace holds)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds.py price TP on the intra-node interconnect and would not bound a group over the network)."""
@@ -215,6 +220,15 @@ class SearchStats:
     fallbacks: Counter = field(default_factory=Counter)
     """Skeletons a backend failed on, by (that backend, the backend that took it over or "none", the
     solver's words) — hetopt.search.backends.solve_skeleton."""
+
+    def add(self, other: SearchStats) -> None:
+        """Counts `other` in too: a search of a disjoint part of the same space."""
+        self.families += other.families
+        self.enumerated += other.enumerated
+        self.enumerated_groups += other.enumerated_groups
+        self.solved += other.solved
+        self.pruned.update(other.pruned)
+        self.fallbacks.update(other.fallbacks)
 
     def to_json(self) -> dict:
         return {"families": self.families, "skeletons_enumerated": self.enumerated,
@@ -606,6 +620,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             if not single_zero:
                 continue
             for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp, opts.tp_per_stage):
+                if opts.beyond_narrow and len({dc.key for dc in order}) == len(order):
+                    continue  # one TP per class: the narrowed subspace's
                 stats.families += 1
                 yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, single_zero, modes,
                              cp=cp)
@@ -615,6 +631,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                 sides = list(class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes), cp))
                 for i, side_a in enumerate(sides):
                     for side_b in sides[i:]:  # each unordered pair once (placement.placing_order: either order)
+                        if opts.beyond_narrow and len(side_a[0]) == len(side_b[0]) == 1:
+                            continue  # single-class sides: the narrowed subspace's
                         stats.families += 1
                         yield Family(b, side_a[0] + side_b[0], side_a[1] + side_b[1], True, total_mb, rc,
                                      zero_options=pair_zero, stage_modes=modes, split=len(side_a[0]), cp=cp)
@@ -668,6 +686,8 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
     the speeds of `profiles` (default the shipped ones)."""
     for group in enumerate_groups(inst, opts, stats):
         yield from group.skeletons()
+    if opts.beyond_narrow:  # three templates and shards are the narrowed subspace's
+        return
     if opts.max_templates >= 3:
         from hetopt.search.triples import triple_groups
 

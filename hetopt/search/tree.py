@@ -83,6 +83,8 @@ class Tree:
         search.shards also every skeleton with shards (hetopt.search.shards), a leaf."""
         yield from (FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
                     for f in enumerate_families(self.inst, self.options, self.stats))
+        if self.options.beyond_narrow:  # three templates and shards are the narrowed subspace's
+            return
         if self.options.max_templates >= 3:  # three templates: whole groups at the roots (search.triples)
             from hetopt.search.triples import triple_groups
 
