@@ -791,15 +791,21 @@ def test_a_wider_pair_space_starts_from_the_default_spaces_optimum():
 
 
 @pytest.mark.parametrize("name,wider", [("s14-pair-sides", {}), ("s16-tp-per-stage", {}),
-                                        ("s3-two-islands", {"pair_classes": 2, "tp_per_stage": True})])
+                                        ("s3-two-islands", {"pair_classes": 2, "tp_per_stage": True}),
+                                        ("s17-shards", {"pair_classes": 2, "max_templates": 3}),
+                                        ("s18-three-templates", {"pair_classes": 2, "max_templates": 3})])
 def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
     """With search.pair_classes > 1 or tp_per_stage the search takes the narrowed subspace first
     (pair_classes 1, one TP per class), then only the rest (`SearchOptions.beyond_narrow`): together
-    they are every skeleton of the space, each once."""
+    they are every skeleton of the space, each once — and the rest's search tree holds only families
+    (stages with shards and three templates are the subspace's)."""
     import dataclasses
     from collections import Counter
 
+    from hetopt.cost.profiles import Profiles
+    from hetopt.search.bounds import Bounds
     from hetopt.search.space import SearchStats, enumerate_skeletons
+    from hetopt.search.tree import FamilyNode, Tree
 
     inst = load_instance(SMALL_DIR / f"{name}.yaml")
     opts = dataclasses.replace(SearchOptions.from_instance(inst), **wider)
@@ -810,25 +816,67 @@ def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
 
     whole = skeletons(opts)
     narrow = skeletons(dataclasses.replace(opts, pair_classes=1, tp_per_stage=False))
-    rest = skeletons(dataclasses.replace(opts, beyond_narrow=True))
+    rest_options = dataclasses.replace(opts, beyond_narrow=True)
+    rest = skeletons(rest_options)
     assert narrow and rest and not set(narrow) & set(rest)
     assert narrow + rest == whole
+    roots = list(Tree(inst, rest_options, SearchStats(), Bounds(inst, Profiles())).roots())
+    assert roots and all(isinstance(node, FamilyNode) for node in roots)
+    if opts.max_templates >= 3:  # the whole space has three templates and the subspace holds them
+        assert any(len(sk.templates) == 3 for sk in narrow)
 
 
-def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_timed_out():
-    """The rest of the space is proven only with the narrowed subspace: where that search timed out its
-    bound stays the answer's (a gap, status timeout), and where it proved its optimum the rest decides."""
+def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_is_not_proven():
+    """The rest of the space is proven only with the narrowed subspace: where that search timed out, or
+    failed on a skeleton, its bound stays the answer's (a gap; timeout, or error with the failure); where it
+    proved its optimum (within CP-SAT's relative tolerance) the rest decides."""
     from hetopt.search.orchestrate import SearchResult, _Run
     from hetopt.search.space import SearchStats
 
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
     plan = solve_exact(inst, time_limit_s=60).plan
-    for status, bound, proven in ((SolveStatus.TIMEOUT, 0.3, False), (SolveStatus.OPTIMAL, 0.4, True)):
+    cases = [(SolveStatus.TIMEOUT, 0.3, 0.0, [], SolveStatus.TIMEOUT),
+             (SolveStatus.OPTIMAL, 0.4, 0.0, [], SolveStatus.OPTIMAL),
+             (SolveStatus.OPTIMAL, 0.4 * (1 - 5e-6), 1e-5, [], SolveStatus.OPTIMAL),
+             (SolveStatus.FEASIBLE, 0.35, 0.0, ["a skeleton: solver failed"], SolveStatus.FEASIBLE)]
+    for status, bound, tolerance, errors, expected in cases:
         stats = SearchStats(families=3, solved=2)
         run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
-        run.subspace(SearchResult(status, plan, 0.4, bound, 1.0, "split-milp", "highs", 60.0, 0, stats))
+        run.subspace(SearchResult(status, plan, 0.4, bound, 1.0, "split-milp", "highs", 60.0, 0, stats,
+                                  errors=errors, proof_tolerance=tolerance))
         run.seed({"planner": "ilp, search.pair_classes 1", "objective_s": 0.4, "plan": plan})
         run.planted = True  # the rest: nothing left open
         answer = run.answer("split-milp", "highs", 0)
+        assert answer.status == expected, (status, bound)
         assert answer.bound_s == bound and answer.stats.solved == 2 and answer.stats.families == 3
-        assert answer.status == (SolveStatus.OPTIMAL if proven else SolveStatus.TIMEOUT)
+        assert answer.errors == errors and ("solver failed" in answer.reason) == bool(errors)
+    # a subspace that failed on every skeleton it tried, and a rest with no plan: an error, not infeasible
+    run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
+    run.subspace(SearchResult(SolveStatus.ERROR, None, math.inf, 0.35, 1.0, "split-milp", "highs", 60.0, 0,
+                              errors=["a skeleton: solver failed"]))
+    run.planted = True
+    answer = run.answer("split-milp", "highs", 0)
+    assert answer.status == SolveStatus.ERROR and answer.bound_s == 0.35
+
+
+def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
+    """End to end on s14 (search.pair_classes 2): the subspace's search, here timed out with a bound of
+    0.30 s, seeds the rest's; the rest finds the optimum (0.3435 s) but cannot prove it, and its tree holds
+    only the families beyond the subspace."""
+    import dataclasses
+
+    from hetopt.search import orchestrate
+    from hetopt.search.space import SearchStats, enumerate_families
+
+    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
+    opts = SearchOptions.from_instance(inst)
+    narrow = solve_exact(inst, options=dataclasses.replace(opts, pair_classes=1), time_limit_s=60)
+    timed_out = orchestrate.SearchResult(SolveStatus.TIMEOUT, narrow.plan, narrow.objective_s, 0.30, 1.0,
+                                         "split-milp", "highs", 60.0, 0)
+    seeded = {"planner": "ilp, search.pair_classes 1", "objective_s": narrow.objective_s, "plan": narrow.plan}
+    monkeypatch.setattr(orchestrate, "_narrow_first", lambda *args: (dict(seeded), timed_out))
+    result = solve_exact(inst, options=opts, time_limit_s=60)
+    assert result.status == SolveStatus.TIMEOUT and result.bound_s == 0.30
+    assert result.objective_s == pytest.approx(0.3435, abs=1e-4) and result.objective_s < narrow.objective_s
+    rest = sum(1 for _ in enumerate_families(inst, dataclasses.replace(opts, beyond_narrow=True), SearchStats()))
+    assert 0 < result.stats.families == rest < sum(1 for _ in enumerate_families(inst, opts, SearchStats()))

@@ -72,6 +72,10 @@ class SearchResult:
     """The best heuristic plan the search started from: its planner and time, and whether it stood."""
     executor: str = "process"
     """Where skeletons were solved side by side: `process` or `ray` (hetopt/executors.py)."""
+    errors: list[str] = field(default_factory=list)
+    """The skeletons every backend failed on, with the solvers' words (`reason` sums them up)."""
+    proof_tolerance: float = 0.0
+    """Relative: the largest tolerance a skeleton's proof carried (its formulation's)."""
 
     @property
     def gap(self) -> float:
@@ -165,6 +169,8 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
         if isinstance(stop, (KeyboardInterrupt, Terminated)):  # the best plan so far, with the gap proven
             in_flight = [*(pending[0] if pending else []), *batch]
             inner = getattr(stop, "best_so_far", None)  # the narrow-first search's, interrupted inside it
+            if inner is not None:
+                run.stats.add(inner.stats)
             if run.best is None and inner is not None and inner.plan is not None:
                 run.seed({"planner": "ilp (interrupted)", "objective_s": inner.objective_s, "plan": inner.plan,
                           "skeleton": inner.skeleton})
@@ -228,11 +234,15 @@ class _Run:
 
     def subspace(self, narrow: SearchResult) -> None:
         """What the search of a subspace the tree leaves out proved: its bound stays open beside the tree's
-        (unproven where it timed out), and its counts are the answer's too."""
+        (unproven where it timed out or a skeleton's proof failed), within the tolerance of its proofs; its
+        failed skeletons and its counts are the answer's too."""
         self.stats.add(narrow.stats)
         self.open_bound = min(self.open_bound, narrow.bound_s)
-        if narrow.status == SolveStatus.TIMEOUT:
-            self.timed_out = self.out_of_time = True
+        self.proof_tolerance = max(self.proof_tolerance, narrow.proof_tolerance)
+        self.errors += narrow.errors
+        if narrow.status not in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE):
+            self.timed_out = True
+            self.out_of_time = self.out_of_time or narrow.status == SolveStatus.TIMEOUT
 
     def seed(self, seeded: dict | None) -> None:
         if seeded is not None:
@@ -338,7 +348,8 @@ class _Run:
             reason = _errors_reason(self.errors) if self.errors else "" if self.timed_out else \
                 diagnose(self.inst, self.stats)
             return SearchResult(status, None, math.inf, self.open_bound if self.timed_out else math.inf, wall,
-                                formulation, backend, self.time_limit_s, seed, self.stats, reason=reason)
+                                formulation, backend, self.time_limit_s, seed, self.stats, reason=reason,
+                                errors=self.errors, proof_tolerance=self.proof_tolerance)
         bound = min(self.incumbent, self.open_bound)
         proven = bound >= self.incumbent * (1 - self.proof_tolerance)
         if self.seeded is not None:
@@ -350,7 +361,8 @@ class _Run:
             SolveStatus.TIMEOUT if self.out_of_time else SolveStatus.FEASIBLE
         return SearchResult(status, self.best, self.incumbent, bound, wall, formulation, backend,
                             self.time_limit_s, seed, self.stats, self.best_sk,
-                            reason=_errors_reason(self.errors), warm_start=self.seeded)
+                            reason=_errors_reason(self.errors), warm_start=self.seeded, errors=self.errors,
+                            proof_tolerance=self.proof_tolerance)
 
 
 WARM_START_PLANNERS = ("amp-like", "proportional")

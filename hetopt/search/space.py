@@ -600,10 +600,12 @@ def enumerate_recompute(inst: Instance, opts: SearchOptions, stats: SearchStats 
 def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
     """The plan space as families: divisibility of the batch is applied here, the rest in `Family.groups`."""
     classes = list(inst.cluster.device_classes.values())
-    rc = enumerate_recompute(inst, opts, stats)
+    # rules over the whole space are counted by the narrowed subspace's search (beyond_narrow: the rest)
+    whole = SearchStats() if opts.beyond_narrow else stats
+    rc = enumerate_recompute(inst, opts, whole)
     # interleaving splits every stage's layers into v chunks: v must divide the model's layers
     virtual = tuple(v for v in sorted(set(opts.virtual_stages)) if inst.model.layers % v == 0) or (1,)
-    zero = zero_stages(opts, stats)
+    zero = zero_stages(opts, whole)
     # per-stage recompute: one skeleton holds every mix of the modes (each uniform mode among them)
     modes = tuple(sorted(rc, key=DEFAULT_RECOMPUTE.index)) if opts.recompute_per_stage and len(rc) > 1 else ()
     if modes:
@@ -611,10 +613,10 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
     pair_zero = tuple(z for z in zero if z <= 1)  # ZeRO-2/3 shard over one group of identical pipelines
     for b in opts.micro_batch:
         if inst.global_batch % b:
-            stats.pruned["divisibility: micro-batch does not divide the global batch"] += 1
+            whole.pruned["divisibility: micro-batch does not divide the global batch"] += 1
             continue
         total_mb = inst.global_batch // b
-        for cp in cp_options(inst, opts, stats):
+        for cp in cp_options(inst, opts, whole):
             # ZeRO-2/3 are searched without context parallelism (their collectives' bounds assume none)
             single_zero = zero if cp == 1 else tuple(z for z in zero if z <= 1)
             if not single_zero:
