@@ -312,3 +312,28 @@ def test_per_stage_tp_pays_on_s16():
     assert [st.tp for st in with_split.plan.pipelines[0].stages] == [2, 1, 1]
     assert with_split.objective_s == pytest.approx(2.0035, abs=1e-4)
     assert without.objective_s == pytest.approx(2.0496, abs=1e-4)
+
+
+@pytest.mark.parametrize("name,kind", [("s17-shards", "shards"), ("s18-three-templates", "three templates")])
+def test_random_draws_from_every_root_of_the_search_tree(name, kind, monkeypatch):
+    """`random` samples the space the exact search searches: its roots are families, skeletons with shards
+    (search.shards, on by default) and groups of three templates (search.max_templates 3) — each drawn
+    plan a point of the space, and some of them of the kind the instance exercises."""
+    from hetopt.baselines import random_search as module
+    from hetopt.baselines.common import Candidates
+
+    offered = []
+
+    class Recording(Candidates):
+        def offer(self, plan, inst=None):
+            offered.append(plan)
+            return super().offer(plan, inst)
+
+    monkeypatch.setattr(module, "Candidates", Recording)
+    inst = load_instance(SMALL / f"{name}.yaml")
+    module.random_search(inst, 30.0, samples=120)
+    opts = SearchOptions.from_instance(inst)
+    assert len(offered) > 60 and all(outside_space(inst, plan, opts) == [] for plan in offered)
+    with_shards = [p for p in offered if any(st.shards for pipe in p.pipelines for st in pipe.stages)]
+    three = [p for p in offered if len(p.pipelines) == 3]
+    assert (with_shards if kind == "shards" else three) and len(with_shards) + len(three) < len(offered)

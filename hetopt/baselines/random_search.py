@@ -1,6 +1,7 @@
 """`random`: budgeted random search over hetopt's own plan space, seeded — a skeleton drawn at random (a
-family, then one of its groups, then one of its skeletons), a random layer split of each template (and,
-with per-stage recompute, a random mode for each stage), timed;
+root of the search tree — a family, a skeleton with shards, or with search.max_templates 3 a group of
+three templates — then one of its groups or replica counts, then one of its skeletons), a random layer
+split of each template (and, with per-stage recompute, a random mode for each stage), timed;
 the best plan that fits is kept. No bounds, so no proof: what a search without a model of the space finds
 in the same time."""
 
@@ -11,7 +12,9 @@ import random
 
 from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
-from hetopt.search.space import SearchOptions, SearchStats, enumerate_families
+from hetopt.search.shards import Layouts
+from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_families
+from hetopt.search.triples import TripleGroup, triple_groups
 from hetopt.spec.instance import Instance
 
 DEFAULT_SAMPLES = 400
@@ -22,27 +25,15 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     rng = random.Random(seed)
-    families = list(enumerate_families(inst, options, SearchStats()))
+    roots = search_roots(inst, options, profiles)
     cands = Candidates(inst, profiles, time_limit_s)
     layers = inst.model.layers
     tries = 0
-    while tries < samples and not cands.out_of_time and families:
+    while tries < samples and not cands.out_of_time and roots:
         tries += 1
-        family = rng.choice(families)
-        if family.pair:
-            groups = list(itertools.islice(family.groups(inst, options, SearchStats()), 2000))
-        else:
-            counts = family.replica_counts()
-            if not counts:
-                continue
-            groups = list(family.groups(inst, options, SearchStats(), rng.choice(counts)))
-        if not groups:
+        sk = draw_skeleton(rng.choice(roots), inst, options, rng)
+        if sk is None:
             continue
-        group = rng.choice(groups)
-        skeletons = list(itertools.islice(group.skeletons(), 500))
-        if not skeletons:
-            continue
-        sk = rng.choice(skeletons)
         split = []
         for depth in sk.depths:
             cuts = sorted(rng.sample(range(1, layers), depth - 1))
@@ -50,3 +41,35 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
         modes = [rng.choice(sk.modes) for _ in split] if sk.modes else None
         cands.offer(sk.plan(split, modes))
     return cands.result("random", f"{tries} random skeletons, seed {seed}")
+
+
+def search_roots(inst: Instance, options: SearchOptions, profiles: Profiles) -> list:
+    """The roots of the exact search's tree (search.tree.Tree.roots), unbounded: every family, every
+    skeleton with shards (search.shards) and the first 2,000 groups of three templates (search.triples)."""
+    roots: list = list(enumerate_families(inst, options, SearchStats()))
+    if options.shards:
+        roots += Layouts(inst, options, profiles).skeletons(SearchStats())
+    if options.max_templates >= 3:
+        roots += itertools.islice(triple_groups(inst, options, SearchStats()), 2000)
+    return roots
+
+
+def draw_skeleton(root, inst: Instance, options: SearchOptions, rng: random.Random) -> Skeleton | None:
+    """A skeleton under `root` drawn at random: a family's group (a pair family's among its first 2,000;
+    a one-template family's at a random replica count), a triple group's replica counts, then one of the
+    first 500 skeletons; a skeleton with shards is itself. None where the draw holds none."""
+    if isinstance(root, Skeleton):
+        return root
+    if isinstance(root, TripleGroup):
+        counts = list(itertools.islice(root.replica_counts(), 2000))
+        skeletons = list(itertools.islice(root.skeletons_at(rng.choice(counts)), 500)) if counts else []
+        return rng.choice(skeletons) if skeletons else None
+    if root.pair:
+        groups = list(itertools.islice(root.groups(inst, options, SearchStats()), 2000))
+    else:
+        counts = root.replica_counts()
+        groups = list(root.groups(inst, options, SearchStats(), rng.choice(counts))) if counts else []
+    if not groups:
+        return None
+    skeletons = list(itertools.islice(rng.choice(groups).skeletons(), 500))
+    return rng.choice(skeletons) if skeletons else None
