@@ -333,6 +333,8 @@ def test_random_draws_from_every_root_of_the_search_tree(name, kind, monkeypatch
     inst = load_instance(SMALL / f"{name}.yaml")
     module.random_search(inst, 30.0, samples=120)
     opts = SearchOptions.from_instance(inst)
+    # a draw offers no plan where its root holds no skeleton at the drawn replica count; most draws do
+    # (measured with seed 0: 103 of 120 on each instance)
     assert len(offered) > 60 and all(outside_space(inst, plan, opts) == [] for plan in offered)
     with_shards = [p for p in offered if any(st.shards for pipe in p.pipelines for st in pipe.stages)]
     three = [p for p in offered if len(p.pipelines) == 3]

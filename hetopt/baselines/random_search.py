@@ -12,9 +12,8 @@ import random
 
 from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
-from hetopt.search.shards import Layouts
-from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_families
-from hetopt.search.triples import TripleGroup, triple_groups
+from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_roots
+from hetopt.search.triples import TripleGroup
 from hetopt.spec.instance import Instance
 
 DEFAULT_SAMPLES = 400
@@ -43,14 +42,16 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
     return cands.result("random", f"{tries} random skeletons, seed {seed}")
 
 
-def search_roots(inst: Instance, options: SearchOptions, profiles: Profiles) -> list:
-    """The roots of the exact search's tree (search.tree.Tree.roots), unbounded: every family, every
-    skeleton with shards (search.shards) and the first 2,000 groups of three templates (search.triples)."""
-    roots: list = list(enumerate_families(inst, options, SearchStats()))
-    if options.shards:
-        roots += Layouts(inst, options, profiles).skeletons(SearchStats())
-    if options.max_templates >= 3:
-        roots += itertools.islice(triple_groups(inst, options, SearchStats()), 2000)
+def search_roots(inst: Instance, options: SearchOptions, profiles: Profiles, triples: int = 2000) -> list:
+    """The search tree's roots (`enumerate_roots`), with only the first `triples` groups of three
+    templates (they come last; listing them all can take longer than the budget on a large cluster)."""
+    roots: list = []
+    for root in enumerate_roots(inst, options, SearchStats(), profiles):
+        if isinstance(root, TripleGroup):
+            triples -= 1
+            if triples < 0:
+                break
+        roots.append(root)
     return roots
 
 

@@ -682,23 +682,37 @@ def enumerate_groups(inst: Instance, opts: SearchOptions, stats: SearchStats
         yield from family.groups(inst, opts, stats)
 
 
-def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
-                        profiles: Profiles | None = None) -> Iterator[Skeleton]:
-    """Every skeleton of the plan space; with search.shards also those with shards, whose layouts follow
-    the speeds of `profiles` (default the shipped ones)."""
-    for group in enumerate_groups(inst, opts, stats):
-        yield from group.skeletons()
-    if opts.beyond_narrow:  # three templates and shards are the narrowed subspace's
+def enumerate_roots(inst: Instance, opts: SearchOptions, stats: SearchStats, profiles: Profiles | None = None
+                    ) -> Iterator[Family | Skeleton]:
+    """The roots of the plan space, the search tree's (search.tree.Tree.roots): every family; with
+    search.shards every skeleton with shards, whose layouts follow the speeds of `profiles` (default the
+    shipped ones); with search.max_templates 3 every group of three templates
+    (hetopt.search.triples.TripleGroup). With `beyond_narrow` the families only (the narrowed subspace
+    holds the rest)."""
+    yield from enumerate_families(inst, opts, stats)
+    if opts.beyond_narrow:
         return
-    if opts.max_templates >= 3:
-        from hetopt.search.triples import triple_groups
-
-        for triple in triple_groups(inst, opts, stats):
-            yield from triple.skeletons()
     if opts.shards:
         from hetopt.search.shards import Layouts
 
         yield from Layouts(inst, opts, profiles).skeletons(stats)
+    if opts.max_templates >= 3:  # last: on a large cluster they are many
+        from hetopt.search.triples import triple_groups
+
+        yield from triple_groups(inst, opts, stats)
+
+
+def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
+                        profiles: Profiles | None = None) -> Iterator[Skeleton]:
+    """Every skeleton of the plan space: those under each root (`enumerate_roots`)."""
+    for root in enumerate_roots(inst, opts, stats, profiles):
+        if isinstance(root, Skeleton):
+            yield root
+        elif isinstance(root, Family):
+            for group in root.groups(inst, opts, stats):
+                yield from group.skeletons()
+        else:  # a group of three templates
+            yield from root.skeletons()
 
 
 def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Profiles | None = None

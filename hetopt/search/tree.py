@@ -45,7 +45,7 @@ from hetopt.search.space import (
     SearchStats,
     Skeleton,
     SkeletonGroup,
-    enumerate_families,
+    enumerate_roots,
     least_work,
     orders,
 )
@@ -77,24 +77,18 @@ class Tree:
         return bound >= self.incumbent * (1 - self.tolerance)
 
     def roots(self) -> Iterator[Node]:
-        """Every family of the plan space, keyed by its throughput bound (`Bounds.family_bound`); a pair
-        family's key rises to the least bound of its groups when it first reaches the top
-        (`FamilyNode.expand`): building the roots stays cheap, inside the search's clock. With
-        search.shards also every skeleton with shards (hetopt.search.shards), a leaf."""
-        yield from (FamilyNode(self.bounds.family_bound(f), f, refined=not f.pair)
-                    for f in enumerate_families(self.inst, self.options, self.stats))
-        if self.options.beyond_narrow:  # three templates and shards are the narrowed subspace's
-            return
-        if self.options.max_templates >= 3:  # three templates: whole groups at the roots (search.triples)
-            from hetopt.search.triples import triple_groups
-
-            for group in triple_groups(self.inst, self.options, self.stats):
-                yield TripleGroupNode(self.bounds.triple_bound(group), group)
-        if self.options.shards:  # stages with shards: leaves at the roots, each keyed by its own bound
-            from hetopt.search.shards import Layouts
-
-            for sk in Layouts(self.inst, self.options, self.bounds.profiles).skeletons(self.stats):
-                yield SkeletonNode(self.bounds.shard_bound(sk), sk, refined=True)
+        """Every root of the plan space (`enumerate_roots`) as a node: a family keyed by its throughput
+        bound (`Bounds.family_bound`; a pair family's key rises to the least bound of its groups when it
+        first reaches the top, `FamilyNode.expand`: building the roots stays cheap, inside the search's
+        clock), a group of three templates by `Bounds.triple_bound`, a skeleton with shards a leaf keyed by
+        its own bound (`Bounds.shard_bound`)."""
+        for root in enumerate_roots(self.inst, self.options, self.stats, self.bounds.profiles):
+            if isinstance(root, Family):
+                yield FamilyNode(self.bounds.family_bound(root), root, refined=not root.pair)
+            elif isinstance(root, Skeleton):
+                yield SkeletonNode(self.bounds.shard_bound(root), root, refined=True)
+            else:
+                yield TripleGroupNode(self.bounds.triple_bound(root), root)
 
     def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
