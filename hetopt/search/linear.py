@@ -157,14 +157,13 @@ class SplitProblem:
 
     def stage_parts(self, i: int, layers: int) -> tuple[np.ndarray, float]:
         """Stages with shards: stage i's priced parts (N_PARTS) and all-reduce overlap at `layers` layers,
-        collapsed from its rows by the evaluator's own `pricing.by_stage` (computed once per (i, L))."""
-        key = (i, layers)
-        if key not in self._parts:
-            rows = list(self.stage_rows[i])
-            times = self.rows.times([layers] * len(self.stage_of))[rows]
-            parts, overlap = by_stage(times, [0] * len(rows), np.array(self.rows.dp_overlap)[rows])
-            self._parts[key] = (parts[0], float(overlap[0]))
-        return self._parts[key]
+        collapsed from its rows by the evaluator's own `pricing.by_stage` (computed once per L)."""
+        if (i, layers) not in self._parts:  # every stage at once: the rows are priced together
+            parts, overlap = by_stage(self.rows.times([layers] * len(self.stage_of)), list(self.stage_of),
+                                      np.array(self.rows.dp_overlap))
+            for j in range(len(parts)):
+                self._parts[j, layers] = (parts[j], float(overlap[j]))
+        return self._parts[i, layers]
 
     @cached_property
     def _parts(self) -> dict:
