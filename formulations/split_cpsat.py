@@ -15,7 +15,8 @@ the stage's as pricing.by_stage takes it from its rows (SplitProblem.pass_s, hid
 Per-stage recompute (SplitProblem.modes): a stage's passes and memory depend on its mode r too, so
 its tables range over its options (n, r) that fit in memory: an option index k_i with L_i =
 element(k_i, n), every table element(k_i, ·), and the mode read off k_i.
-Objective: min T_dp + T_opt. Several templates: (C1)–(C7) per template, T_sync = max_j T_pipe_j,
+Objective: min T_dp + T_opt. Several templates: (C1)–(C7) per template ((C1t) ties their splits in
+lockstep), T_sync = max_j T_pipe_j,
 T_dp the max over every template's stages, plus their split-independent gradient exchange X
 (split-milp's docstring). Search branches on the layer counts first. Robust objectives copy
 (C3)–(C5) per scenario and combine the scenario times as split-milp's (R) with integer weights
@@ -227,6 +228,10 @@ def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], di
         flat += vars_j["L"]
         flat_max += vars_j["max_layers"]
         choices += [(pr, options, k) for options, k in zip(vars_j["options"], vars_j["index"], strict=True)]
+    if problem.lockstep:  # (C1t): every template runs the first one's split
+        for t in templates[1:]:
+            for mine, first in zip(t["L"], templates[0]["L"], strict=True):
+                model.Add(mine == first)
     opt = [v for t in templates for v in t["opt"]]
     top["T_opt"] = max(top[v.Name()] for v in opt)
     t_opt = model.NewIntVar(0, top["T_opt"], "T_opt")

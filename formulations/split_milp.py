@@ -20,6 +20,8 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
 
   (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum
   (C1v) L_i = v·K_i, K_i ∈ ℤ, K_i ≥ 1  (interleaved 1F1B with v model chunks per stage)
+  (C1t) L_{j,i} = L_{0,i} for every template j  (a uniform layout's templates in lockstep, one split:
+        PlanProblem.lockstep, hetopt.search.uniform)
   (C2f) y^f_i ≥ P^{f,h}_i(L_i),  y^f_i ≥ P^{f,d}_i(L_i)                        forward pass
         tight: y^f enters only (C3) and (C4), with a positive sign, so lowering it to the larger
         piece never hurts — the epigraph is exact under minimisation.
@@ -139,6 +141,10 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], 
         flat += L
         choices += [(options, w) for options, w, _ in one_hot] if one_hot is not None else [None] * pr.depth
         per_template.append((L, yf, yb, one_hot))
+    if problem.lockstep:  # (C1t)
+        for j, (L, *_) in enumerate(per_template[1:], start=1):
+            for i, (mine, first) in enumerate(zip(L, per_template[0][0], strict=True)):
+                model += mine == first, f"C1t_{j}_{i}"
     totals = []
     for s, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
         t_sync, t_end = pulp.LpVariable(f"T_sync_s{s}", 0), pulp.LpVariable(f"T_dp_s{s}", 0)

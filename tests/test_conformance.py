@@ -256,15 +256,16 @@ def test_the_milp_equals_the_evaluator_at_sampled_splits(shapes, shape):
 # Random small problems against brute force
 
 @st.composite
-def small_problems(draw) -> PlanProblem:
+def small_problems(draw, lockstep: bool = False) -> PlanProblem:
     """1–2 templates of 1–3 stages over 2–8 layers, 1–3 scenarios, any objective; pass times whose
     and device lines may cross inside the domain, memory that may bind; one template may be ZeRO-2/3
     (passes that wait for collectives, which differ per scenario; mostly with no all-reduce after them,
     as in the cost model, which lets split-milp take convex tables' chords) and may run 2 model chunks
     per stage (interleaved); every template may let each stage pick a recompute mode (per-stage
-    recompute: a "full" copy with more backward work, less memory per layer and perhaps more at one)."""
+    recompute: a "full" copy with more backward work, less memory per layer and perhaps more at one).
+    `lockstep`: two templates of one depth that run one split (PlanProblem.lockstep)."""
     layers = draw(st.integers(2, 8))
-    n_templates = draw(st.integers(1, 2))
+    n_templates = 2 if lockstep else draw(st.integers(1, 2))
     n_sc = draw(st.integers(1, 3))
     objective = "stable" if n_sc == 1 else draw(st.sampled_from(["expected", "worst", "cvar"]))
     t_ms = st.floats(0.0, 40.0, allow_nan=False)  # per layer or per stage, ms
@@ -274,8 +275,10 @@ def small_problems(draw) -> PlanProblem:
 
     per_scenario = [[] for _ in range(n_sc)]
     mixed = draw(st.integers(0, 3)) == 0
+    depths = []
     for _ in range(n_templates):
-        depth = draw(st.integers(1, min(3, layers)))
+        depth = depths[0] if lockstep and depths else draw(st.integers(1, min(3, layers)))
+        depths.append(depth)
         stages = range(depth)
         low = 1 if draw(st.booleans()) else -(-layers // depth)  # tight memory, or room for a split
         base = SplitProblem(
@@ -310,7 +313,7 @@ def small_problems(draw) -> PlanProblem:
     weights = [draw(st.integers(1, 10)) for _ in range(n_sc)]
     scenarios = tuple(ScenarioProblem(tuple(ts), draw(t_ms) * 1e-3 if n_templates > 1 else 0.0)
                       for ts in per_scenario)
-    return PlanProblem(scenarios, tuple(w / sum(weights) for w in weights), objective, CVAR_ALPHA)
+    return PlanProblem(scenarios, tuple(w / sum(weights) for w in weights), objective, CVAR_ALPHA, lockstep)
 
 
 def fitting_choices(t: SplitProblem) -> list[tuple[tuple[int, ...], tuple[str, ...] | None]]:
@@ -334,7 +337,8 @@ def timed(problem: PlanProblem, choice) -> float:
 
 def brute_force_small(problem: PlanProblem) -> float:
     choices = [fitting_choices(t) for t in problem.base.templates]
-    return min((timed(problem, choice) for choice in itertools.product(*choices)), default=math.inf)
+    return min((timed(problem, choice) for choice in itertools.product(*choices)
+                if not problem.lockstep or len({tuple(split) for split, _ in choice}) == 1), default=math.inf)
 
 
 @settings(max_examples=120, deadline=None, derandomize=True,
@@ -366,6 +370,26 @@ def test_random_small_problems_match_brute_force(problem, rng):
             if math.isinf(exact):
                 return
         assert milp_at(problem, layers) == pytest.approx(exact, rel=MILP_REL)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(small_problems(lockstep=True))
+def test_templates_in_lockstep_match_brute_force_over_the_splits_they_share(problem):
+    """A uniform layout's templates run one split (PlanProblem.lockstep, (C1t); hetopt.search.uniform):
+    every backend's answer is the evaluator's best over the splits both templates can hold, and says so."""
+    best = brute_force_small(problem)
+    free = brute_force_small(replace(problem, lockstep=False))
+    event("infeasible" if math.isinf(best) else "tied split slower" if best > free else "tied split as fast")
+    for formulation, backend in PAIRS:
+        sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
+        if math.isinf(best):
+            assert sol.status == SolveStatus.INFEASIBLE, (backend, sol.detail)
+            continue
+        assert sol.status == SolveStatus.OPTIMAL, (backend, sol.detail)
+        first, second = problem.base.split(sol.layers)
+        assert first == second, (backend, sol.layers)
+        check_answer(problem, sol, best, backend)
 
 
 def test_robust_brute_force_is_robust_aggregate():

@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, run_hetopt
 
 from hetopt.search.space import SearchOptions, SearchStats, enumerate_families, enumerate_groups, outside_space
+from hetopt.search.uniform import lockstep_layout
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
 
@@ -94,21 +95,17 @@ def test_bench_marks_a_kept_warm_start_outside_the_space(tmp_path):
     assert "warm-start plan outside the searched space" in text
 
 
-# Baseline plans the default space does not hold (issue 12): two templates whose sides span several
-# classes — megatron's uniform layout splits each stage level across GPU types, amp-like's shares the V100
-# class. Both are points of the space with search.pair_classes 2 (opt-in: README, benchmarks/results.md).
-NOT_YET_IN_SPACE = {("scale-4096-four-types", "megatron"), ("v100x12-t4x4-gpt2-medium", "amp-like")}
-
-
 BASELINES = ("megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random")
 
 
-def _baselines_outside_space(path: Path) -> list[tuple[str, str, list[str]]]:
-    """(instance, baseline, why) for each baseline plan on the instance at `path` outside its space."""
+def _baselines_outside_space(path: Path) -> tuple[list, list]:
+    """(instance, baseline, why) for each baseline plan on the instance at `path` outside its space; and
+    (instance, baseline, whether a uniform layout's point, why outside the space without uniform layouts)
+    for each megatron and amp-like plan of several templates."""
     from hetopt.baselines.registry import PLANNERS
     from hetopt.cost.profiles import Profiles
 
-    inst, profiles, outside = load_instance(path), Profiles(), []
+    inst, profiles, outside, layouts = load_instance(path), Profiles(), [], []
     opts = SearchOptions.from_instance(inst)
     for name in BASELINES:
         # random samples the space's own skeletons until its sample count or its time runs out, and any
@@ -123,27 +120,34 @@ def _baselines_outside_space(path: Path) -> list[tuple[str, str, list[str]]]:
         assert plan is not None, (inst.name, name)
         why = outside_space(inst, plan, opts)
         if why:
-            outside.append((inst.name, name, why, outside_space(inst, plan, dataclasses.replace(opts, pair_classes=2))))
-    return outside
+            outside.append((inst.name, name, why))
+        if name in ("megatron", "amp-like") and len(plan.pipelines) > 1:  # the uniform layouts' points
+            layouts.append((inst.name, name, lockstep_layout(inst, plan, opts) is not None,
+                            outside_space(inst, plan, dataclasses.replace(opts, uniform_layouts=False))))
+    return outside, layouts
 
 
 def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space():
     """Each baseline planner's plan on each bundled instance is a plan of the instance's search space
     (4 classes per template by default: the heuristics' pipelines over all four types are searched), so
-    the proof covers it — metis-like's stages with shards too (search.shards, on by default) — except the
-    two-template plans listed in NOT_YET_IN_SPACE. The instances run on two processes (the planners take
-    about a minute on one core)."""
+    the proof covers it — metis-like's stages with shards too (search.shards, on by default), and Megatron's
+    and AMP's uniform layouts whose replicas form templates over several classes each (search.uniform_layouts,
+    on by default: on scale-4096-four-types megatron's (A100-40GB → H200) ‖ (A100-80GB → H100), on
+    v100x12-t4x4-gpt2-medium amp-like's (V100 → V100) ‖ (V100 → T4), which the families hold only with
+    search.pair_classes 2). The instances run on two processes (the planners take about a minute on one
+    core)."""
     from concurrent.futures import ProcessPoolExecutor
 
     # largest first, so the other process is not left idle behind the 4,096-GPU instance
     paths = sorted((REPO / "instances").glob("*.yaml"), key=lambda p: -load_instance(p).cluster.total_gpus)
     with ProcessPoolExecutor(2) as pool:
-        found = [row for rows in pool.map(_baselines_outside_space, paths) for row in rows]
-    for inst_name, name, why, wide in found:
-        assert (inst_name, name) in NOT_YET_IN_SPACE, (inst_name, name, why)
-        assert any("device classes beside another template" in w for w in why), why
-        assert wide == []  # a point of the space with search.pair_classes 2
-    assert {(inst_name, name) for inst_name, name, _, _ in found} == NOT_YET_IN_SPACE
+        found = list(pool.map(_baselines_outside_space, paths))
+    assert [row for outside, _ in found for row in outside] == []
+    layouts = {(inst_name, name): (point, why) for _, rows in found for inst_name, name, point, why in rows}
+    for key in (("scale-4096-four-types", "megatron"), ("v100x12-t4x4-gpt2-medium", "amp-like")):
+        point, why = layouts[key]
+        assert point, key
+        assert any("device classes beside another template" in w for w in why), why  # only as a layout
 
 
 def test_interleaved_skeletons_run_micro_batches_in_whole_groups_of_the_stages():

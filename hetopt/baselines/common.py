@@ -1,5 +1,6 @@
-"""What every planner returns, and the pieces the heuristic planners share: uniform layouts, sub-clusters,
-and timing a candidate plan with the one cost model (after the independent verifier)."""
+"""What every planner returns, and the pieces the heuristic planners share: uniform layouts (listed by the
+plan space, hetopt.search.uniform), sub-clusters, and timing a candidate plan with the one cost model (after
+the independent verifier)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pathlib import Path
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError
 from hetopt.evaluate import Evaluation, evaluate
-from hetopt.layout import Layout, expand_layout
+from hetopt.layout import Layout
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.formulation import clock
-from hetopt.search.space import SearchOptions, tp_divides_heads
+from hetopt.search.space import SearchOptions
+from hetopt.search.uniform import layout_plan, max_tp, uniform_layouts
 from hetopt.spec.instance import Instance, instance_from_spec
 
 
@@ -71,24 +73,6 @@ class Candidates:
                              note or ("" if self.best is not None else "no candidate plan fits in memory"))
 
 
-def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_per_node: int) -> Iterator[Layout]:
-    """Every homogeneous layout over `gpus` GPUs (tp·pp·dp = gpus) in the instance's search space, with the
-    choices that never lose in the cost model fixed (SP on, ZeRO-1, 1F1B, no interleaving)."""
-    m = inst.model
-    for tp in options.tp:
-        if not tp_divides_heads(inst, tp) or tp > max_gpus_per_node:
-            continue
-        for pp in range(1, min(m.layers, options.max_stages) + 1):
-            if gpus % (tp * pp):
-                continue
-            dp = gpus // (tp * pp)
-            for mb in options.micro_batch:
-                if inst.global_batch % (mb * dp) or inst.global_batch // (mb * dp) < pp:
-                    continue
-                for rc in options.recompute:
-                    yield Layout(tp=tp, pp=pp, dp=dp, mb=mb, recompute=rc)
-
-
 def layout_plans(inst: Instance, options: SearchOptions, cands: Candidates) -> Iterator[tuple[Layout, Plan]]:
     """Every uniform layout over all of `inst`'s GPUs that can be laid out, with its plan, while time lasts."""
     for layout in uniform_layouts(inst, inst.cluster.total_gpus, options, max_tp(inst)):
@@ -97,19 +81,6 @@ def layout_plans(inst: Instance, options: SearchOptions, cands: Candidates) -> I
         plan = layout_plan(inst, layout)
         if plan is not None:
             yield layout, plan
-
-
-def max_tp(inst: Instance) -> int:
-    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of them)."""
-    return min(n.gpus for n in inst.cluster.nodes.values())
-
-
-def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
-    """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across nodes)."""
-    try:
-        return expand_layout(inst, layout)
-    except InputError:
-        return None
 
 
 def sub_instance(inst: Instance, gpu: str | None = None, as_gpu: str | None = None) -> Instance:

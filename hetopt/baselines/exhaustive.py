@@ -3,8 +3,9 @@ exact planner must match on small instances.
 
 It shares the plan space (hetopt.search.space) but nothing of the search: no bounds, no linearisation,
 no integer programs. Every skeleton is placed; every split of the layers into the stages of each of its
-templates (each ≥ 1) — and, with per-stage recompute, every assignment of modes to its stages — is built as a
-plan and priced by the evaluator's own features; plans that do not fit are skipped.
+templates (each ≥ 1; one for all of them in lockstep) — and, with per-stage recompute, every assignment of
+modes to its stages — is built as a plan and priced by the evaluator's own features; plans that do not fit
+are skipped.
 Refused beyond `budget` plans, with a message saying how many it would take.
 """
 
@@ -73,7 +74,7 @@ def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: 
     skeletons, size = [], 0
     for sk in enumerate_skeletons(inst, options, stats, profiles):
         skeletons.append(sk)
-        size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.depths) \
+        size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.split_depths) \
             * max(1, len(sk.modes)) ** sk.depth
         if size > budget:  # counting the rest would take as long as the refusal saves
             raise InputError("--planner exhaustive", [Problem(
@@ -128,8 +129,8 @@ def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
             unplaced += 1
             continue
         mixes = list(itertools.product(sk.modes, repeat=sk.depth)) if sk.modes else [None]
-        for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)):
-            layers = [n for t in split for n in t]
+        for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.split_depths)):
+            layers = sk.joined(split)
             if any(n % sk.virtual_stages for n in layers):
                 continue  # interleaved: every stage holds whole model chunks
             for modes in mixes:

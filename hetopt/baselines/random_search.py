@@ -1,9 +1,9 @@
 """`random`: budgeted random search over hetopt's own plan space, seeded — a skeleton drawn at random (a
-root of the search tree — a family, a skeleton with shards, or with search.max_templates 3 a group of
-three templates — then one of its groups or replica counts, then one of its skeletons), a random layer
-split of each template (and, with per-stage recompute, a random mode for each stage), timed;
-the best plan that fits is kept. No bounds, so no proof: what a search without a model of the space finds
-in the same time."""
+root of the search tree — a family, a skeleton with shards or of a uniform layout, or with
+search.max_templates 3 a group of three templates — then one of its groups or replica counts, then one of
+its skeletons), a random layer split of each template (one for all in lockstep; and, with per-stage
+recompute, a random mode for each stage), timed; the best plan that fits is kept. No bounds, so no proof:
+what a search without a model of the space finds in the same time."""
 
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
         sk = draw_skeleton(rng.choice(roots), inst, options, rng)
         if sk is None:
             continue
-        split = []
-        for depth in sk.depths:
+        splits = []
+        for depth in sk.split_depths:
             cuts = sorted(rng.sample(range(1, layers), depth - 1))
-            split += [b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)]
+            splits.append([b - a for a, b in zip([0, *cuts], [*cuts, layers], strict=True)])
+        split = sk.joined(splits)
         modes = [rng.choice(sk.modes) for _ in split] if sk.modes else None
         cands.offer(sk.plan(split, modes))
     return cands.result("random", f"{tries} random skeletons, seed {seed}")
@@ -58,7 +59,8 @@ def search_roots(inst: Instance, options: SearchOptions, profiles: Profiles, tri
 def draw_skeleton(root, inst: Instance, options: SearchOptions, rng: random.Random) -> Skeleton | None:
     """A skeleton under `root` drawn at random: a family's group (a pair family's among its first 2,000;
     a one-template family's at a random replica count), a triple group's replica counts, then one of the
-    first 500 skeletons; a skeleton with shards is itself. None where the draw holds none."""
+    first 500 skeletons; a skeleton root (with shards, or a uniform layout's) is itself. None where the
+    draw holds none."""
     if isinstance(root, Skeleton):
         return root
     if isinstance(root, TripleGroup):

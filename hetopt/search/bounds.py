@@ -19,6 +19,7 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `pair_bound`             | two templates at R_a, R_b    | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 | `shard_bound`            | one skeleton with shards     | T ≥ (m − 1)·λ + S, each stage its steepest rank's line |
+| `lockstep_bound`         | a uniform layout's skeleton  | T ≥ (m − 1)·λ + min_j S_j, τ_i the max of its lines |
 | `triple_bound`           | a three-template group       | T ≥ M / Σ_j top_j/λ_j                               |
 | `triple_replicas_bound`  | three templates at R_j       | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
@@ -33,7 +34,7 @@ import heapq
 import itertools
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -467,6 +468,8 @@ class Bounds:
         for the optimizer step (`optimizer_bound`); with shards `shard_bound`."""
         if sk.shards:
             return self.shard_bound(sk)
+        if sk.lockstep:
+            return self.lockstep_bound(sk)
         replicas_total = sum(t.replicas for t in sk.templates)
         # per-stage recompute: compute at the least-work mode, memory at the most any mode holds, and the
         # all-reduce's overlap with stage 0's backward pass at the most-work mode — each the side no mix of
@@ -490,6 +493,23 @@ class Bounds:
                              for g, _, _, q in ranks))
         layers = self.inst.model.layers
         return (t.micro_batches - 1) * integer_level(lines, layers) + sum_bound([(a, c, 1) for a, c in lines], layers)
+
+    def lockstep_bound(self, sk: Skeleton) -> float:
+        """A uniform layout's templates in lockstep (hetopt.search.uniform), one split for all: stage i takes
+        at least τ_i(L) = max_j (a_ij·L + c_ij) over the templates' lines at position i (`stage_line`). The
+        template j* of the slowest stage waits (m − 1) times for it and once for each of its stages, so
+        T ≥ (m − 1)·λ + min_j S_j + T_opt, λ = min over splits of max_i τ_i (`lockstep_level`) and S_j the
+        least Σ_i of template j's lines; and T is at least the templates' bound each at its own split."""
+        t0 = sk.templates[0]
+        p, layers = t0.depth, self.inst.model.layers
+        lines = [[self.stage_line(seg.gpu, seg.tp, sk.micro_batch, sk.recompute, i == 0, i == p - 1)
+                  for i, seg in enumerate(t.stage_list())] for t in sk.templates]
+        by_stage = [[t_lines[i] for t_lines in lines] for i in range(p)]
+        total = min(sum_bound([(a, c, 1) for a, c in t_lines], layers) for t_lines in lines)
+        replicas_total = sum(t.replicas for t in sk.templates)
+        t_opt = max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
+        together = (t0.micro_batches - 1) * lockstep_level(by_stage, layers) + total + t_opt
+        return max(together, self.compute_lower_bound(replace(sk, lockstep=False)))
 
     def triple_bound(self, group) -> float:
         """Three templates (hetopt.search.triples) at any replica counts R_j ≤ top_j and shares: T ≥ m_j·λ_j
@@ -937,6 +957,25 @@ def integer_level(lines: list[Line], layers: int, caps: list[int] | None = None)
         a, c = lines[i]
         if caps is None or counts[i] < caps[i]:
             heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
+    return level
+
+
+def lockstep_level(by_stage: list[list[Line]], layers: int) -> float:
+    """min over integer splits (L_i ≥ 1, Σ L_i = layers) of max_i max_j (a_ij·L_i + c_ij): `integer_level`'s
+    greedy over stages whose time is the largest of several lines (still increasing in L, so still exact)."""
+
+    def tau(i: int, n: int) -> float:
+        return max(a * n + c for a, c in by_stage[i])
+
+    counts = [1] * len(by_stage)
+    level = max(tau(i, 1) for i in range(len(by_stage)))
+    heap = [(tau(i, 2), i) for i in range(len(by_stage))]
+    heapq.heapify(heap)
+    for _ in range(layers - len(by_stage)):
+        t, i = heapq.heappop(heap)
+        counts[i] += 1
+        level = max(level, t)
+        heapq.heappush(heap, (tau(i, counts[i] + 1), i))
     return level
 
 

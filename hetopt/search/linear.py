@@ -303,6 +303,9 @@ class PlanProblem:
     probabilities: tuple[float, ...]
     objective: str = "stable"
     alpha: float = 0.8
+    lockstep: bool = False
+    """Every template runs one layer split (a uniform layout's, hetopt.search.uniform): (C1t) in the
+    formulations."""
 
     @property
     def base(self) -> ScenarioProblem:

@@ -447,14 +447,15 @@ def _solve_with(ctx: _Context, sk: Skeleton, limit: tuple[float, float], incumbe
         pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
     except InfeasibleError:
         return "placement: TP groups do not pack onto the nodes", None, math.inf
-    for template in pr.base.templates:
-        max_layers = template.max_layers()
-        if min(max_layers) < 1 or sum(max_layers) < ctx.inst.model.layers:
-            return MEMORY_RULE, None, math.inf
+    caps = [t.max_layers() for t in pr.base.templates]
+    if sk.lockstep:  # one split: each stage at most what every template's holds
+        caps = [[min(c) for c in zip(*caps, strict=True)]]
+    if any(min(c) < 1 or sum(c) < ctx.inst.model.layers for c in caps):
+        return MEMORY_RULE, None, math.inf
     if pr.lower_bound_s >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
-    hint = tuple(x for t in pr.base.templates for x in speed_split(t))
+    hint = tuple(sk.joined([speed_split(t) for t in pr.base.templates[:len(sk.split_depths)]]))
     deadline, sent_left_s = limit
     left_s = min(deadline, started + sent_left_s) - time.time()
     if left_s <= 0:
@@ -506,7 +507,7 @@ def speed_split(pr) -> list[int]:
 
 def plan_problem(inst: Instance, sk: Skeleton, profiles: Profiles, scenarios, objective: str) -> PlanProblem:
     return PlanProblem(tuple(split_problem(inst, sk, profiles, sc.cluster) for sc in scenarios),
-                       tuple(sc.probability for sc in scenarios), objective, CVAR_ALPHA)
+                       tuple(sc.probability for sc in scenarios), objective, CVAR_ALPHA, sk.lockstep)
 
 
 def diagnose(inst: Instance, stats: SearchStats) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hetopt.cost.profiles import Profiles
@@ -93,6 +93,8 @@ class Skeleton:
     shards: tuple[tuple[tuple[str, str, int, int], ...], ...] = ()  # shards.ShardKey per shard
     """Stages with shards (hetopt.search.shards; one template): each stage's (GPU type, island, ranks,
     sequences per rank), () for a stage of one rank; () — no stage has shards."""
+    lockstep: bool = False
+    """A uniform layout's templates (hetopt.search.uniform): every template runs one layer split."""
 
     @property
     def memory_modes(self) -> tuple[str, ...]:
@@ -109,6 +111,15 @@ class Skeleton:
     @property
     def depths(self) -> list[int]:
         return [t.depth for t in self.templates]
+
+    @property
+    def split_depths(self) -> list[int]:
+        """The stage counts of the skeleton's free layer splits: one per template, or in lockstep one."""
+        return self.depths[:1] if self.lockstep else self.depths
+
+    def joined(self, splits: Sequence[Sequence[int]]) -> list[int]:
+        """The flat layer vector of one split per `split_depths` (in lockstep every template's is the one)."""
+        return [n for s in (list(splits) * len(self.templates) if self.lockstep else splits) for n in s]
 
     def split(self, layers: list[int]) -> list[list[int]]:
         """A flat layer vector (template after template) cut into one list per template."""
@@ -149,7 +160,8 @@ class Skeleton:
         vp = f" interleaved vp={self.virtual_stages}" if self.virtual_stages > 1 else ""
         zero = f" zero{self.zero}" if self.zero != 1 else ""
         rc = f"per-stage {'|'.join(self.modes)}" if self.modes else self.recompute
-        return f"b={self.micro_batch} {rc}{vp}{zero} {self.order}-major: " + " ‖ ".join(parts)
+        lockstep = " lockstep" if self.lockstep else ""
+        return f"b={self.micro_batch} {rc}{vp}{zero}{lockstep} {self.order}-major: " + " ‖ ".join(parts)
 
     def placed(self, layers: list[int], cluster, recompute: list[str] | tuple[str, ...] | None = None) -> Plan:
         """The plan for a layer split (and per-stage recompute modes), placed in this skeleton's order
@@ -186,6 +198,8 @@ class SearchOptions:
     the attention kernel and ZeRO allow."""
     shards: bool = True
     """Also search stages with shards: Metis's device groups (hetopt.search.shards)."""
+    uniform_layouts: bool = True
+    """Also search every uniform layout over all the GPUs, its templates in lockstep (hetopt.search.uniform)."""
     beyond_narrow: bool = False
     """Only the skeletons outside the subspace with pair_classes 1 and tp_per_stage off (set by the search
     itself once it has searched that subspace first: orchestrate._narrow_first): pairs with a side over
@@ -204,7 +218,7 @@ class SearchOptions:
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
-                   tp_per_stage=s.tp_per_stage, shards=s.shards)
+                   tp_per_stage=s.tp_per_stage, shards=s.shards, uniform_layouts=s.uniform_layouts)
 
 
 @dataclass
@@ -687,11 +701,16 @@ def enumerate_roots(inst: Instance, opts: SearchOptions, stats: SearchStats, pro
     """The roots of the plan space, the search tree's (search.tree.Tree.roots): every family; with
     search.shards every skeleton with shards, whose layouts follow the speeds of `profiles` (default the
     shipped ones); with search.max_templates 3 every group of three templates
-    (hetopt.search.triples.TripleGroup). With `beyond_narrow` the families only (the narrowed subspace
-    holds the rest)."""
+    (hetopt.search.triples.TripleGroup); with search.uniform_layouts the skeleton of every uniform layout the
+    families do not hold (hetopt.search.uniform). With `beyond_narrow` the families only (the narrowed
+    subspace holds the rest)."""
     yield from enumerate_families(inst, opts, stats)
     if opts.beyond_narrow:
         return
+    if opts.uniform_layouts:
+        from hetopt.search.uniform import lockstep_skeletons
+
+        yield from lockstep_skeletons(inst, opts, stats)
     if opts.shards:
         from hetopt.search.shards import Layouts
 
@@ -727,7 +746,13 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Pro
     search.pair_classes classes each (1 by default; three, with max_templates 3, of one class at one TP,
     CP 1 and one recompute mode each); a stage of a replica is one rank, or with search.shards
     the stages are the device groups of `hetopt.search.shards` (whose speeds come from `profiles`, default
-    the shipped ones)."""
+    the shipped ones); with search.uniform_layouts every uniform layout's plan with one layer split for all
+    its templates (hetopt.search.uniform) is a point too."""
+    if opts.uniform_layouts and len(plan.pipelines) > 1:
+        from hetopt.search.uniform import lockstep_layout
+
+        if lockstep_layout(inst, plan, opts) is not None:
+            return []
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
         and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0

@@ -15,7 +15,8 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
        └─ PairRangeNode     replica counts (ra', rb') ≤ (ra, rb), peeled a row or a cell at a time
           └─ PairSubgroupNode  fixed (ra, rb) and recompute: the micro-batch shares
              └─ SkeletonNode
-    SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`
+    SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`,
+                      or a uniform layout's (hetopt.search.uniform) keyed by `Bounds.lockstep_bound`
     TripleGroupNode   three templates (hetopt.search.triples), keyed by `Bounds.triple_bound`
     └─ TripleReplicasNode  fixed (R_a, R_b, R_c), keyed by `Bounds.triple_replicas_bound`
        └─ SkeletonNode
@@ -80,13 +81,13 @@ class Tree:
         """Every root of the plan space (`enumerate_roots`) as a node: a family keyed by its throughput
         bound (`Bounds.family_bound`; a pair family's key rises to the least bound of its groups when it
         first reaches the top, `FamilyNode.expand`: building the roots stays cheap, inside the search's
-        clock), a group of three templates by `Bounds.triple_bound`, a skeleton with shards a leaf keyed by
-        its own bound (`Bounds.shard_bound`)."""
+        clock), a group of three templates by `Bounds.triple_bound`, a skeleton with shards or a uniform
+        layout's a leaf keyed by its own bound (`Bounds.compute_lower_bound`)."""
         for root in enumerate_roots(self.inst, self.options, self.stats, self.bounds.profiles):
             if isinstance(root, Family):
                 yield FamilyNode(self.bounds.family_bound(root), root, refined=not root.pair)
-            elif isinstance(root, Skeleton):
-                yield SkeletonNode(self.bounds.shard_bound(root), root, refined=True)
+            elif isinstance(root, Skeleton):  # with shards, or a uniform layout's in lockstep
+                yield SkeletonNode(self.bounds.compute_lower_bound(root), root, refined=True)
             else:
                 yield TripleGroupNode(self.bounds.triple_bound(root), root)
 

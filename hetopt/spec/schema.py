@@ -214,6 +214,11 @@ class SearchSection(Section):
                           "stages of equal speed; each micro-batch split among a stage's ranks in proportion "
                           "to speed), the layers chosen by the integer program. Default true; false searches "
                           "one rank per stage and replica only.")
+    uniform_layouts: bool = Field(
+        True, description="Also search every uniform layout over all the GPUs (Megatron-LM's tp, pp, dp in its "
+                          "rank order; on a mixed cluster its replicas form several templates, each over the "
+                          "classes its stages land on), all its templates running one layer split chosen by "
+                          "the integer program. Default true; false leaves out those the families do not hold.")
     recompute_per_stage: bool = Field(
         False, description="Let each pipeline stage pick its own recompute mode among `recompute` (the "
                            "first stages of 1F1B hold the most activations): one integer program per skeleton "

@@ -1,0 +1,137 @@
+"""Uniform layouts in the plan space: Megatron-LM's (tp, pp, dp) over every GPU, with one layer split.
+
+A uniform layout (hetopt.layout) lays ranks out as Megatron-LM does — tensor-parallel fastest, then
+data-parallel, then pipeline — over the cluster's GPUs in the order the node groups are declared. On a mixed
+cluster a stage level then crosses device classes, and the replicas whose stages land on the same classes form
+one template: Megatron's plan on `scale-4096-four-types` at pp = 2 is (A100-40GB → H200) ‖ (A100-80GB → H100),
+two templates each over two classes, which the families (hetopt.search.space) hold only with search.pair_classes
+2 — and a layout over three groups of GPUs can form three such templates. Every replica of a layout runs the
+same stage split, the same TP and the same micro-batch count: the skeleton of a layout is its templates in
+*lockstep* (`Skeleton.lockstep`), one layer split for all of them, chosen by the integer program like any
+other. Megatron-LM's even split and AMP's min-max split (hetopt.baselines.uniform) are two of its points.
+
+With search.uniform_layouts (default true) the space holds every such skeleton whose plans the rest of the
+default space does not already hold (a layout whose replicas all run one class sequence is a one-template
+family's point; one of single-class templates is a pair's), each as a root leaf of the search tree, keyed by
+`Bounds.lockstep_bound`. They are few: one per (tp, pp, micro-batch, recompute) that fits the cluster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+
+from hetopt.errors import InputError
+from hetopt.layout import Layout, expand_layout
+from hetopt.plan import Pipeline, Plan
+from hetopt.search.space import (
+    SearchOptions,
+    SearchStats,
+    Segment,
+    Skeleton,
+    Template,
+    cp_options,
+    orders,
+    outside_space,
+    tp_divides_heads,
+    zero_stages,
+)
+from hetopt.spec.instance import Instance
+
+
+def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_per_node: int) -> Iterator[Layout]:
+    """Every homogeneous layout over `gpus` GPUs (tp·pp·dp = gpus) in the instance's search space, with the
+    choices that never lose in the cost model fixed (SP on, ZeRO-1, 1F1B, no interleaving)."""
+    m = inst.model
+    for tp in options.tp:
+        if not tp_divides_heads(inst, tp) or tp > max_gpus_per_node:
+            continue
+        for pp in range(1, min(m.layers, options.max_stages) + 1):
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            for mb in options.micro_batch:
+                if inst.global_batch % (mb * dp) or inst.global_batch // (mb * dp) < pp:
+                    continue
+                for rc in options.recompute:
+                    yield Layout(tp=tp, pp=pp, dp=dp, mb=mb, recompute=rc)
+
+
+def max_tp(inst: Instance) -> int:
+    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of them)."""
+    return min(n.gpus for n in inst.cluster.nodes.values())
+
+
+def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
+    """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across nodes)."""
+    try:
+        return expand_layout(inst, layout)
+    except InputError:
+        return None
+
+
+def _searched(inst: Instance, opts: SearchOptions) -> bool:
+    """Whether the options hold uniform layouts: ZeRO-1 and CP 1 are among their choices."""
+    return opts.uniform_layouts and 1 in zero_stages(opts) and 1 in cp_options(inst, opts)
+
+
+def _narrow(opts: SearchOptions) -> SearchOptions:
+    """The families' default space, against which a layout is new: pair_classes 1, one TP per class (the
+    same for the whole space and for its narrowed part, orchestrate._narrow_first, so that the two parts of
+    a split search hold every lockstep skeleton once)."""
+    return replace(opts, uniform_layouts=False, pair_classes=1, tp_per_stage=False, beyond_narrow=False)
+
+
+def segments_of(pipe: Pipeline) -> tuple[Segment, ...]:
+    """A pipeline's stages as segments: runs of one device class at one TP degree."""
+    runs: list[list] = []
+    for st in pipe.stages:
+        if runs and runs[-1][0] == (st.gpu, st.island, st.tp):
+            runs[-1][1] += 1
+        else:
+            runs.append([(st.gpu, st.island, st.tp), 1])
+    return tuple(Segment(gpu, island, tp, n) for (gpu, island, tp), n in runs)
+
+
+def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
+    """The skeleton of every uniform layout over all the GPUs whose plans the families of the default space
+    do not hold, in each placement order worth trying; counted in `stats.enumerated`."""
+    if not _searched(inst, opts):
+        return
+    narrow = _narrow(opts)
+    for layout in uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst)):
+        plan = layout_plan(inst, layout)
+        if plan is None or not outside_space(inst, plan, narrow):
+            continue
+        templates = tuple(Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines)
+        for order in orders(sum(t.replicas for t in templates)):
+            stats.enumerated += 1
+            yield Skeleton(layout.mb, layout.recompute, templates, order=order, lockstep=True)
+
+
+def lockstep_layout(inst: Instance, plan: Plan, opts: SearchOptions) -> Layout | None:
+    """The uniform layout of the space whose plan `plan` is but for its layer split — the same split in
+    every template — or None: `plan` is then no point of a lockstep skeleton."""
+    if not _searched(inst, opts) or plan.schedule != "1f1b" or plan.virtual_stages != 1 or plan.zero != 1:
+        return None
+    pipes = plan.pipelines
+    stages = [st for p in pipes for st in p.stages]
+    if any(st.shards or st.cp != 1 or not st.sp for st in stages) or len({st.tp for st in stages}) != 1 \
+            or len({st.recompute for st in stages}) != 1:
+        return None
+    split = [st.layers for st in pipes[0].stages]
+    if any([st.layers for st in p.stages] != split or p.micro_batches != pipes[0].micro_batches for p in pipes):
+        return None
+    layout = Layout(tp=stages[0].tp, pp=len(split), dp=sum(p.replicas for p in pipes), mb=plan.micro_batch,
+                    recompute=stages[0].recompute)
+    if layout not in set(uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst))):
+        return None
+    expected = layout_plan(inst, layout)
+    if expected is None or _templates(expected) != _templates(plan):
+        return None
+    return layout
+
+
+def _templates(plan: Plan) -> Counter:
+    return Counter((segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines)

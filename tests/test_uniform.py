@@ -1,0 +1,78 @@
+"""Uniform layouts in the plan space (hetopt.search.uniform): Megatron-LM's (tp, pp, dp) over every GPU, its
+replicas' templates in lockstep — one layer split for all of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hetopt.baselines.exhaustive import compositions, exhaustive
+from hetopt.cost.profiles import Profiles
+from hetopt.evaluate import evaluate
+from hetopt.search.formulation import SolveOptions, SolveStatus, pick
+from hetopt.search.orchestrate import plan_problem, solve_exact
+from hetopt.search.robust import planning_scenarios
+from hetopt.search.space import SearchOptions, SearchStats, enumerate_skeletons, outside_space
+from hetopt.search.uniform import lockstep_layout, lockstep_skeletons
+from hetopt.spec.instance import load_instance
+from hetopt.verify import check_plan
+
+SMALL = Path(__file__).parent / "small"
+BACKENDS = [("split-milp", "cbc"), ("split-milp", "highs"), ("split-cpsat", "cpsat")]
+
+
+def test_with_two_stages_the_optimum_is_a_uniform_layout_in_lockstep_and_pays():
+    """s19 (max_stages 2): the exhaustive optimum is Megatron's pp=2, dp=2 layout, (A100 → H100) ‖
+    (A100 → H200), 2 layers on the A100s and 6 on the Hoppers in both, 0.5573 s; the best plan without
+    uniform layouts runs both Hoppers as one pipeline, 0.6892 s. Every backend proves the first."""
+    inst = load_instance(SMALL / "s19-uniform-layout.yaml")
+    opts = SearchOptions.from_instance(inst)
+    best = exhaustive(inst, opts)
+    without = exhaustive(inst, dataclasses.replace(opts, uniform_layouts=False))
+    assert best.objective_s == pytest.approx(0.5573, abs=1e-4)
+    assert without.objective_s == pytest.approx(0.6892, abs=1e-4)
+    pipes = best.plan.pipelines
+    assert sorted([st.gpu for st in p.stages] for p in pipes) == [["A100-80GB", "H100-SXM"], ["A100-80GB", "H200"]]
+    assert [[st.layers for st in p.stages] for p in pipes] == [[2, 6], [2, 6]]
+    assert lockstep_layout(inst, best.plan, opts) is not None and outside_space(inst, best.plan, opts) == []
+    assert outside_space(inst, best.plan, dataclasses.replace(opts, uniform_layouts=False)) != []
+    for formulation, backend in BACKENDS:
+        result = solve_exact(inst, formulation, backend, time_limit_s=60, warm_start=False)
+        assert result.status == SolveStatus.OPTIMAL, backend
+        assert result.objective_s == pytest.approx(best.objective_s, rel=1e-5), backend
+        assert check_plan(inst, result.plan) == []
+        assert evaluate(inst, result.plan).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
+        assert len({tuple(st.layers for st in p.stages) for p in result.plan.pipelines}) == 1
+
+
+@pytest.mark.parametrize("name", ["s10-four-types", "s14-pair-sides", "s19-uniform-layout"])
+def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_share(name):
+    """Skeleton by skeleton, every backend's optimum of a uniform layout's templates is the evaluator's best
+    over the one split they share (not over one split each); the layouts the families hold are not listed
+    again (one-template layouts, pairs of one class a side); skeletons are listed once."""
+    inst, profiles = load_instance(SMALL / f"{name}.yaml"), Profiles()
+    opts = SearchOptions.from_instance(inst)
+    skeletons = list(lockstep_skeletons(inst, opts, SearchStats()))
+    assert skeletons and all(sk.lockstep and len(sk.templates) > 1 for sk in skeletons)
+    listed = [sk for sk in enumerate_skeletons(inst, opts, SearchStats()) if sk.lockstep]
+    assert listed == skeletons
+    scenarios = planning_scenarios(inst, "stable")
+    for sk in skeletons:
+        depth = sk.split_depths[0]
+        times = []
+        for split in compositions(inst.model.layers, depth):
+            ev = evaluate(inst, sk.placed(sk.joined([split]), inst.cluster), profiles)
+            times.append(ev.iteration_time_s if ev.fits else float("inf"))
+        best = min(times)
+        problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+        assert problem.lower_bound_s <= best * (1 + 1e-9)
+        for formulation, backend in BACKENDS:
+            sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
+            if best == float("inf"):
+                assert sol.status == SolveStatus.INFEASIBLE, (sk.describe(), backend)
+                continue
+            assert sol.status == SolveStatus.OPTIMAL, (sk.describe(), backend, sol.detail)
+            assert sol.objective_s == pytest.approx(best, rel=1e-5), (sk.describe(), backend)
+            assert len({tuple(part) for part in sk.split(sol.layers)}) == 1
