@@ -10,8 +10,9 @@ same stage split, the same TP and the same micro-batch count: the skeleton of a 
 *lockstep* (`Skeleton.lockstep`), one layer split for all of them, chosen by the integer program like any
 other. Megatron-LM's even split and AMP's min-max split (hetopt.baselines.uniform) are two of its points.
 
-With search.uniform_layouts (default true) the space holds every such skeleton whose plans the rest of the
-default space does not already hold (a layout whose replicas all run one class sequence is a one-template
+With search.uniform_layouts (default true) and search.max_templates 2 or more (a layout's templates count as
+one choice, however many they are) the space holds every such skeleton whose plans the rest of the default
+space does not already hold (a layout whose replicas all run one class sequence is a one-template
 family's point; one of single-class templates is a pair's), each as a root leaf of the search tree, keyed by
 `Bounds.lockstep_bound`. They are few: one per (tp, pp, micro-batch, recompute) that fits the cluster.
 """
@@ -72,8 +73,10 @@ def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
 
 
 def _searched(inst: Instance, opts: SearchOptions) -> bool:
-    """Whether the options hold uniform layouts: ZeRO-1 and CP 1 are among their choices."""
-    return opts.uniform_layouts and 1 in zero_stages(opts) and 1 in cp_options(inst, opts)
+    """Whether the options hold uniform layouts: several templates allowed (a layout's templates in lockstep
+    count as one choice, however many they are), ZeRO-1 and CP 1 among the choices."""
+    return opts.uniform_layouts and opts.max_templates >= 2 and 1 in zero_stages(opts) \
+        and 1 in cp_options(inst, opts)
 
 
 def _narrow(opts: SearchOptions) -> SearchOptions:

@@ -218,7 +218,8 @@ class SearchSection(Section):
         True, description="Also search every uniform layout over all the GPUs (Megatron-LM's tp, pp, dp in its "
                           "rank order; on a mixed cluster its replicas form several templates, each over the "
                           "classes its stages land on), all its templates running one layer split chosen by "
-                          "the integer program. Default true; false leaves out those the families do not hold.")
+                          "the integer program; with max_templates 2 or more, however many templates a layout forms. "
+                          "Default true; false leaves out those the families do not hold.")
     recompute_per_stage: bool = Field(
         False, description="Let each pipeline stage pick its own recompute mode among `recompute` (the "
                            "first stages of 1F1B hold the most activations): one integer program per skeleton "
