@@ -13,8 +13,10 @@ every stage then holds a multiple of v layers. One template with several replica
 gradients (ZeRO-2) or also its 16-bit weights (ZeRO-3, FSDP) over them (search.zero): less memory for
 collectives in every micro-batch. With search.recompute_per_stage each stage picks its own recompute
 mode among those allowed (`Skeleton.modes`): the stages that hold the most in-flight activations (the
-first, in 1F1B) recompute while the others do not. The per-skeleton integer program then chooses the
-layers (and so mixed, the recompute mode) of every stage of every template.
+first, in 1F1B) recompute while the others do not. Megatron-LM's uniform layouts over every GPU are
+skeletons too (hetopt.search.uniform): their replicas' templates, however many, run one layer split
+(`Skeleton.lockstep`). The per-skeleton integer program then chooses the layers (and so mixed, the
+recompute mode) of every stage of every template.
 
 Choices fixed by dominance in hetopt's cost model (they never make a plan slower or bigger):
 sequence parallelism on (less activation memory and memory traffic, the same collective bytes), ZeRO-1 on
