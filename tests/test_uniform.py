@@ -76,3 +76,32 @@ def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_s
             assert sol.status == SolveStatus.OPTIMAL, (sk.describe(), backend, sol.detail)
             assert sol.objective_s == pytest.approx(best, rel=1e-5), (sk.describe(), backend)
             assert len({tuple(part) for part in sk.split(sol.layers)}) == 1
+
+
+def test_a_layout_of_one_template_with_a_class_twice_is_searched_and_a_point(tmp_path):
+    """Node groups declared A100, V100, A100: Megatron's pp = 3 layout is one template A100 → V100 → A100,
+    outside the families (a class in two runs), so a lockstep skeleton of one template holds it, and
+    outside_space says it is a point; the exact search and exhaustive enumeration agree on the instance."""
+    path = tmp_path / "aba.yaml"
+    path.write_text("""name: aba
+model: {layers: 6, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 8}
+cluster:
+  nodes:
+    - {name: a, count: 1, gpu: A100-80GB, gpus_per_node: 1, island: r0, nic_gbps: 200}
+    - {name: v, count: 1, gpu: V100-32GB, gpus_per_node: 1, island: r0, nic_gbps: 100}
+    - {name: b, count: 1, gpu: A100-80GB, gpus_per_node: 1, island: r0, nic_gbps: 200}
+search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
+""")
+    inst = load_instance(path)
+    opts = SearchOptions.from_instance(inst)
+    (sk,) = [sk for sk in lockstep_skeletons(inst, opts, SearchStats()) if len(sk.templates) == 1]
+    assert [seg.gpu for seg in sk.templates[0].segments] == ["A100-80GB", "V100-32GB", "A100-80GB"]
+    plan = sk.plan([2, 2, 2])
+    assert outside_space(inst, plan, opts) == []
+    assert any("more than one run" in why
+               for why in outside_space(inst, plan, dataclasses.replace(opts, uniform_layouts=False)))
+    truth = exhaustive(inst, opts)
+    result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
+    assert result.status == SolveStatus.OPTIMAL
+    assert result.objective_s == pytest.approx(truth.objective_s, rel=1e-9)

@@ -750,11 +750,17 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Pro
     the stages are the device groups of `hetopt.search.shards` (whose speeds come from `profiles`, default
     the shipped ones); with search.uniform_layouts every uniform layout's plan with one layer split for all
     its templates (hetopt.search.uniform) is a point too."""
-    if opts.uniform_layouts and len(plan.pipelines) > 1:
+    why = _outside_families(inst, plan, opts, profiles)
+    if why and opts.uniform_layouts:
         from hetopt.search.uniform import lockstep_layout
 
         if lockstep_layout(inst, plan, opts) is not None:
             return []
+    return why
+
+
+def _outside_families(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Profiles | None) -> list[str]:
+    """`outside_space` but for the uniform layouts: the rules of the families, shards and triples."""
     why = []
     interleaved = plan.schedule == "interleaved" and plan.virtual_stages in opts.virtual_stages \
         and len(plan.pipelines) == 1 and plan.pipelines[0].micro_batches % len(plan.pipelines[0].stages) == 0

@@ -105,7 +105,7 @@ def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) 
     narrow = _narrow(opts)
     for layout in uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst)):
         plan = layout_plan(inst, layout)
-        if plan is None or not outside_space(inst, plan, narrow):
+        if plan is None or not outside_space(inst, plan, narrow):  # narrow: no uniform layouts
             continue
         templates = tuple(Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines)
         for order in orders(sum(t.replicas for t in templates)):
