@@ -118,6 +118,25 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         raise InputError(where, problems)
 
     layers = split_layers(m.layers, layout.pp)
+    templates, placement = layout_ranks(inst.cluster, layout, where)
+    micro_batches = inst.global_batch // (layout.mb * layout.dp)
+    pipelines = [Pipeline(replicas=n, micro_batches=micro_batches,
+                          stages=[Stage(layers=layers[p], gpu=gpu, island=island, tp=layout.tp, cp=layout.cp,
+                                        recompute=layout.recompute, sp=layout.sp)
+                                  for p, (gpu, island) in enumerate(classes)])
+                 for classes, n in templates]
+    return Plan(micro_batch=layout.mb, schedule=layout.schedule, virtual_stages=layout.vp, zero=layout.zero,
+                pipelines=pipelines, placement=placement)
+
+
+def layout_ranks(cluster, layout: Layout, where: str = "layout") -> tuple[list[tuple[tuple, int]],
+                                                                          list[PlacementEntry]]:
+    """Megatron-LM's rank order over `cluster` (TP fastest, then CP, DP, PP; nodes as declared): the
+    templates its replicas form — (device class of each stage, replicas) in order of first appearance — and
+    the placement of every stage of every replica. Raises InputError where a stage's TP group cannot lie in
+    one node or on whole nodes of one type."""
+    gpus = [(node.name, local, node) for node in cluster.nodes.values() for local in range(node.gpus)]
+    width = layout.tp * layout.cp
     templates: dict[tuple, list[int]] = {}
     groups: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}
     for d in range(layout.dp):
@@ -128,7 +147,7 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
             by_node: dict[str, list[int]] = {}
             for name, local, _ in members:
                 by_node.setdefault(name, []).append(local)
-            spanned = [inst.cluster.nodes[name] for name in by_node]
+            spanned = [cluster.nodes[name] for name in by_node]
             span = f"ranks {base}..{base + width - 1} span {', '.join(sorted(by_node))}"
             if len(by_node) > 1 and layout.cp > 1:
                 raise InputError(where, [Problem("cp", "a stage's tp·cp GPUs sit inside one node with context "
@@ -140,20 +159,14 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
             groups[(d, p)] = list(by_node.items())
             classes.append((node.gpu, node.island))
         templates.setdefault(tuple(classes), []).append(d)
-
-    micro_batches = inst.global_batch // (layout.mb * layout.dp)
-    pipelines, placement = [], []
-    for t_index, (classes, replicas) in enumerate(templates.items()):
-        stages = [Stage(layers=layers[p], gpu=gpu, island=island, tp=layout.tp, cp=layout.cp,
-                        recompute=layout.recompute, sp=layout.sp) for p, (gpu, island) in enumerate(classes)]
-        pipelines.append(Pipeline(replicas=len(replicas), micro_batches=micro_batches, stages=stages))
+    placement = []
+    for t_index, replicas in enumerate(templates.values()):
         for r_index, d in enumerate(replicas):
             for p in range(layout.pp):
                 (node, local), *more = groups[(d, p)]
                 placement.append(PlacementEntry(pipeline=t_index, replica=r_index, stage=p, node=node, gpus=local,
                                                 more_nodes=[NodeGPUs(node=n, gpus=g) for n, g in more]))
-    return Plan(micro_batch=layout.mb, schedule=layout.schedule, virtual_stages=layout.vp, zero=layout.zero,
-                pipelines=pipelines, placement=placement)
+    return [(classes, len(replicas)) for classes, replicas in templates.items()], placement
 
 
 def _whole_nodes(nodes: list, used: dict[str, list[int]]) -> bool:

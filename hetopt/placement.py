@@ -15,7 +15,9 @@ Rules, in order:
 Two orders (the planner tries both, DESIGN 4's placement as a choice of the skeleton): `replica` packs one
 replica's stages together (pipeline sends stay inside nodes; the gradient rings cross them), `stage` packs
 the same stage of consecutive replicas together, as Megatron-LM's rank order does (gradient all-reduces
-start inside nodes; pipeline sends cross them) — better where gradients outweigh activations.
+start inside nodes; pipeline sends cross them) — better where gradients outweigh activations. A uniform
+layout's plan (hetopt.search.uniform) has a third: `megatron`, Megatron-LM's own rank order over the nodes as
+declared (`megatron_placed`), where its templates share nodes stage by stage.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
     """The plan with a placement (an existing placement is kept as given)."""
     if plan.placement:
         return plan
+    if order == "megatron":
+        return megatron_placed(plan, cluster)
     free = FreeGPUs(cluster)
     at: dict[tuple[int, int, int], str] = {}
     entries = []
@@ -186,3 +190,26 @@ def _widest_first(cluster: Cluster, names: list[str], previous: str | None) -> s
             widest = widest_nics(cluster, previous, stand_in)
             names = [name for name in names if cluster.nodes[name].nic_gbps in widest]
     return names[0]
+
+
+def megatron_placed(plan: Plan, cluster: Cluster) -> Plan:
+    """A uniform layout's plan placed in Megatron-LM's rank order (hetopt.layout.layout_ranks: TP fastest,
+    then CP, DP, PP over the nodes as declared); raises InfeasibleError where the plan is no layout of every
+    GPU of `cluster` or its templates are not those the rank order forms, in that order."""
+    from hetopt.errors import InputError
+    from hetopt.layout import Layout, layout_ranks
+
+    stages = [st for pipe in plan.pipelines for st in pipe.stages]
+    layout = Layout(tp=stages[0].tp, pp=len(plan.pipelines[0].stages), cp=stages[0].cp,
+                    dp=sum(pipe.replicas for pipe in plan.pipelines))
+    if len({(st.tp, st.cp) for st in stages}) > 1 or any(len(p.stages) != layout.pp for p in plan.pipelines) \
+            or layout.tp * layout.cp * layout.pp * layout.dp != cluster.total_gpus:
+        raise InfeasibleError("Megatron's rank order places a uniform layout over every GPU only")
+    try:
+        templates, placement = layout_ranks(cluster, layout)
+    except InputError as e:
+        raise InfeasibleError(f"Megatron's rank order: {e}") from None
+    mine = [(tuple((st.gpu, st.island) for st in pipe.stages), pipe.replicas) for pipe in plan.pipelines]
+    if mine != templates:
+        raise InfeasibleError("the plan's templates are not those Megatron's rank order forms")
+    return plan.model_copy(update={"placement": placement})

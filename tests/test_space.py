@@ -132,7 +132,7 @@ def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space()
     (4 classes per template by default: the heuristics' pipelines over all four types are searched), so
     the proof covers it — metis-like's stages with shards too (search.shards, on by default), and Megatron's
     and AMP's uniform layouts whose replicas form templates over several classes each (search.uniform_layouts,
-    on by default: on scale-4096-four-types megatron's (A100-40GB → H200) ‖ (A100-80GB → H100), on
+    on by default: on scale-4096-four-types megatron's (H200 → A100-80GB) ‖ (H100 → A100-40GB), on
     v100x12-t4x4-gpt2-medium amp-like's (V100 → V100) ‖ (V100 → T4), which the families hold only with
     search.pair_classes 2). The instances run on two processes (the planners take about a minute on one
     core)."""

@@ -11,6 +11,7 @@ import pytest
 from hetopt.baselines.exhaustive import compositions, exhaustive
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
+from hetopt.search.bounds import Bounds
 from hetopt.search.formulation import SolveOptions, SolveStatus, pick
 from hetopt.search.orchestrate import plan_problem, solve_exact
 from hetopt.search.robust import planning_scenarios
@@ -47,13 +48,15 @@ def test_with_two_stages_the_optimum_is_a_uniform_layout_in_lockstep_and_pays():
         assert len({tuple(st.layers for st in p.stages) for p in result.plan.pipelines}) == 1
 
 
-@pytest.mark.parametrize("name", ["s10-four-types", "s14-pair-sides", "s19-uniform-layout"])
+@pytest.mark.parametrize("name", ["s10-four-types", "s14-pair-sides", "s19-uniform-layout", "s20-megatron-order",
+                                  "s21-crossed-lockstep"])
 def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_share(name):
     """Skeleton by skeleton, every backend's optimum of a uniform layout's templates is the evaluator's best
-    over the one split they share (not over one split each); the layouts the families hold are not listed
-    again (one-template layouts, pairs of one class a side); skeletons are listed once."""
+    over the one split they share (not over one split each), and the search's bounds (the skeleton's, its
+    placed program's) lie below it; the layouts the families hold are not listed again (one-template
+    layouts, pairs of one class a side); skeletons are listed once."""
     inst, profiles = load_instance(SMALL / f"{name}.yaml"), Profiles()
-    opts = SearchOptions.from_instance(inst)
+    opts, bounds = SearchOptions.from_instance(inst), Bounds(inst, profiles)
     skeletons = list(lockstep_skeletons(inst, opts, SearchStats()))
     assert skeletons and all(sk.lockstep and len(sk.templates) > 1 for sk in skeletons)
     listed = [sk for sk in enumerate_skeletons(inst, opts, SearchStats()) if sk.lockstep]
@@ -68,6 +71,11 @@ def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_s
         best = min(times)
         problem = plan_problem(inst, sk, profiles, scenarios, "stable")
         assert problem.lower_bound_s <= best * (1 + 1e-9)
+        assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-9)
+        # s21 crosses its templates, (A100 → H100) ‖ (H100 → A100): one split binds (0.769 s against 0.525 s
+        # for each template at its own split; the best tied split is 0.868 s)
+        crossed = bounds.lockstep_bound(sk) > 1.2 * bounds.compute_lower_bound(dataclasses.replace(sk, lockstep=False))
+        assert crossed == (name == "s21-crossed-lockstep"), sk.describe()
         for formulation, backend in BACKENDS:
             sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
             if best == float("inf"):
@@ -95,7 +103,9 @@ search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
 """)
     inst = load_instance(path)
     opts = SearchOptions.from_instance(inst)
-    (sk,) = [sk for sk in lockstep_skeletons(inst, opts, SearchStats()) if len(sk.templates) == 1]
+    ones = [sk for sk in lockstep_skeletons(inst, opts, SearchStats()) if len(sk.templates) == 1]
+    assert [sk.order for sk in ones] == ["megatron", "replica"]  # one replica: one of hetopt's orders
+    sk = ones[0]
     assert [seg.gpu for seg in sk.templates[0].segments] == ["A100-80GB", "V100-32GB", "A100-80GB"]
     plan = sk.plan([2, 2, 2])
     assert outside_space(inst, plan, opts) == []
@@ -105,3 +115,29 @@ search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
     result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
     assert result.status == SolveStatus.OPTIMAL
     assert result.objective_s == pytest.approx(truth.objective_s, rel=1e-9)
+
+
+def test_a_layout_in_megatrons_own_rank_order_is_searched():
+    """s20: Megatron's pp = 3 layout in its own rank order (hetopt.placement.megatron_placed) puts both
+    templates' stages on shared nodes, and the gradient exchange between them stays inside the nodes:
+    0.5903 s, where hetopt's replica- and stage-major orders give each template a node, 0.6382 s. The
+    search finds it (the best plan without uniform layouts: 0.7381 s), and megatron's own plan at the
+    optimum's split, placed by expand_layout, times the same."""
+    from hetopt.baselines.uniform import with_layers
+    from hetopt.layout import Layout, expand_layout
+
+    inst = load_instance(SMALL / "s20-megatron-order.yaml")
+    opts = SearchOptions.from_instance(inst)
+    times = {sk.order: min(evaluate(inst, sk.placed(sk.joined([c]), inst.cluster)).iteration_time_s
+                           for c in compositions(inst.model.layers, 3))
+             for sk in lockstep_skeletons(inst, opts, SearchStats()) if sk.depth == 6}
+    assert times["megatron"] == pytest.approx(0.5903, abs=1e-4)
+    assert times["replica"] == times["stage"] == pytest.approx(0.6382, abs=1e-4)
+    result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
+    assert result.status == SolveStatus.OPTIMAL and result.objective_s == pytest.approx(times["megatron"], rel=1e-9)
+    layers = [st.layers for st in result.plan.pipelines[0].stages]
+    megatron = with_layers(expand_layout(inst, Layout(tp=1, pp=3, dp=2)), layers)
+    assert evaluate(inst, megatron).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
+    without = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False,
+                          options=dataclasses.replace(opts, uniform_layouts=False))
+    assert without.objective_s == pytest.approx(0.7381, abs=1e-4)

@@ -455,7 +455,8 @@ def _solve_with(ctx: _Context, sk: Skeleton, limit: tuple[float, float], incumbe
     if pr.lower_bound_s >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
-    hint = tuple(sk.joined([speed_split(t) for t in pr.base.templates[:len(sk.split_depths)]]))
+    hint = tuple(sk.joined([lockstep_split(pr.base.templates)]) if sk.lockstep
+                 else [x for t in pr.base.templates for x in speed_split(t)])
     deadline, sent_left_s = limit
     left_s = min(deadline, started + sent_left_s) - time.time()
     if left_s <= 0:
@@ -486,16 +487,30 @@ def _errors_reason(errors: list[str], shown: int = 3) -> str:
 def speed_split(pr) -> list[int]:
     """A warm start: layers in proportion to each stage's speed (its device seconds per layer; with shards
     its priced passes' between one and two layers), within what its memory holds."""
+    return proportional_split(_per_layer_s(pr), [max(1, m) for m in pr.max_layers()], pr.layers)
+
+
+def lockstep_split(templates) -> list[int]:
+    """`speed_split` of templates in lockstep (one split): each stage at its slowest template's seconds per
+    layer, within what every template's holds."""
+    per_layer = [max(x) for x in zip(*(_per_layer_s(t) for t in templates), strict=True)]
+    caps = [max(1, min(c)) for c in zip(*(t.max_layers() for t in templates), strict=True)]
+    return proportional_split(per_layer, caps, templates[0].layers)
+
+
+def _per_layer_s(pr) -> list[float]:
     if pr.rows is not None:
-        per_layer = [sum(pr.pass_s(i, 2, kind) - pr.pass_s(i, 1, kind) for kind in "fb") for i in range(pr.depth)]
-    else:
-        per_layer = [f.slope + b.slope for f, b in zip(pr.dev_fwd, pr.dev_bwd, strict=True)]
+        return [sum(pr.pass_s(i, 2, kind) - pr.pass_s(i, 1, kind) for kind in "fb") for i in range(pr.depth)]
+    return [f.slope + b.slope for f, b in zip(pr.dev_fwd, pr.dev_bwd, strict=True)]
+
+
+def proportional_split(per_layer: list[float], cap: list[int], total: int) -> list[int]:
+    """`total` layers in proportion to each stage's speed 1/per_layer, each within [1, cap]."""
     speed = [1.0 / max(a, 1e-12) for a in per_layer]
-    cap = [max(1, m) for m in pr.max_layers()]
-    layers = [max(1, min(c, round(pr.layers * v / sum(speed)))) for v, c in zip(speed, cap, strict=True)]
-    while sum(layers) != pr.layers:  # fix the rounding one layer at a time, fastest stage first
+    layers = [max(1, min(c, round(total * v / sum(speed)))) for v, c in zip(speed, cap, strict=True)]
+    while sum(layers) != total:  # fix the rounding one layer at a time, fastest stage first
         order = sorted(range(len(layers)), key=lambda i: -speed[i])
-        step = 1 if sum(layers) < pr.layers else -1
+        step = 1 if sum(layers) < total else -1
         for i in order if step > 0 else reversed(order):
             if (step > 0 and layers[i] < cap[i]) or (step < 0 and layers[i] > 1):
                 layers[i] += step

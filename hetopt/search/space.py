@@ -84,7 +84,7 @@ class Skeleton:
     recompute: str
     templates: tuple[Template, ...]
     order: str = "replica"
-    """Placement order (hetopt.placement): replica-major or stage-major."""
+    """Placement order (hetopt.placement): replica-major, stage-major or (a uniform layout's) megatron."""
     virtual_stages: int = 1
     """Model chunks per stage: > 1 is the interleaved 1F1B schedule, every stage's layers a multiple of it."""
     zero: int = 1
@@ -163,7 +163,8 @@ class Skeleton:
         zero = f" zero{self.zero}" if self.zero != 1 else ""
         rc = f"per-stage {'|'.join(self.modes)}" if self.modes else self.recompute
         lockstep = " lockstep" if self.lockstep else ""
-        return f"b={self.micro_batch} {rc}{vp}{zero}{lockstep} {self.order}-major: " + " ‖ ".join(parts)
+        order = "megatron-order" if self.order == "megatron" else f"{self.order}-major"
+        return f"b={self.micro_batch} {rc}{vp}{zero}{lockstep} {order}: " + " ‖ ".join(parts)
 
     def placed(self, layers: list[int], cluster, recompute: list[str] | tuple[str, ...] | None = None) -> Plan:
         """The plan for a layer split (and per-stage recompute modes), placed in this skeleton's order

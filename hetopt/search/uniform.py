@@ -3,7 +3,7 @@
 A uniform layout (hetopt.layout) lays ranks out as Megatron-LM does — tensor-parallel fastest, then
 data-parallel, then pipeline — over the cluster's GPUs in the order the node groups are declared. On a mixed
 cluster a stage level then crosses device classes, and the replicas whose stages land on the same classes form
-one template: Megatron's plan on `scale-4096-four-types` at pp = 2 is (A100-40GB → H200) ‖ (A100-80GB → H100),
+one template: Megatron's plan on `scale-4096-four-types` at pp = 2 is (H200 → A100-80GB) ‖ (H100 → A100-40GB),
 two templates each over two classes, which the families (hetopt.search.space) hold only with search.pair_classes
 2 — and a layout over three groups of GPUs can form three such templates. Every replica of a layout runs the
 same stage split, the same TP and the same micro-batch count: the skeleton of a layout is its templates in
@@ -14,7 +14,12 @@ With search.uniform_layouts (default true) and search.max_templates 2 or more (a
 one choice, however many they are) the space holds every such skeleton whose plans the rest of the default
 space does not already hold (a layout whose replicas all run one class sequence is a one-template
 family's point; one of single-class templates is a pair's), each as a root leaf of the search tree, keyed by
-`Bounds.lockstep_bound`. They are few: one per (tp, pp, micro-batch, recompute) that fits the cluster.
+`Bounds.lockstep_bound`. search.pair_classes does not limit them (their templates run one split, not a
+pair's two), search.max_classes does (classes per template). They are few: one per (tp, pp, micro-batch,
+recompute) that fits the cluster — selective recompute beside none under flash attention left out, as for
+the families (`enumerate_recompute`) — in three placement orders: Megatron's rank order itself, where the
+templates share nodes stage by stage (hetopt.placement.megatron_placed), and hetopt's replica- and
+stage-major ones.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from hetopt.search.space import (
     Skeleton,
     Template,
     cp_options,
+    enumerate_recompute,
     orders,
     outside_space,
     tp_divides_heads,
@@ -102,13 +108,14 @@ def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) 
     do not hold, in each placement order worth trying; counted in `stats.enumerated`."""
     if not _searched(inst, opts):
         return
-    narrow = _narrow(opts)
+    narrow, modes = _narrow(opts), enumerate_recompute(inst, opts)
     for layout in uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst)):
-        plan = layout_plan(inst, layout)
-        if plan is None or not outside_space(inst, plan, narrow):  # narrow: no uniform layouts
-            continue
+        plan = layout_plan(inst, layout) if layout.recompute in modes else None
+        if plan is None or not _within_classes(plan, opts) or not outside_space(inst, plan, narrow):
+            continue  # narrow: no uniform layouts
         templates = tuple(Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines)
-        for order in orders(sum(t.replicas for t in templates)):
+        # Megatron's own rank order (its templates share nodes stage by stage) and hetopt's two
+        for order in ("megatron", *orders(sum(t.replicas for t in templates))):
             stats.enumerated += 1
             yield Skeleton(layout.mb, layout.recompute, templates, order=order, lockstep=True)
 
@@ -131,9 +138,14 @@ def lockstep_layout(inst: Instance, plan: Plan, opts: SearchOptions) -> Layout |
     if layout not in set(uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst))):
         return None
     expected = layout_plan(inst, layout)
-    if expected is None or _templates(expected) != _templates(plan):
+    if expected is None or _templates(expected) != _templates(plan) or not _within_classes(plan, opts):
         return None
     return layout
+
+
+def _within_classes(plan: Plan, opts: SearchOptions) -> bool:
+    """Whether every template spans at most search.max_classes device classes."""
+    return all(len({(st.gpu, st.island) for st in p.stages}) <= opts.max_classes for p in plan.pipelines)
 
 
 def _templates(plan: Plan) -> Counter:
