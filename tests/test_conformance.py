@@ -341,6 +341,21 @@ def brute_force_small(problem: PlanProblem) -> float:
                 if not problem.lockstep or len({tuple(split) for split, _ in choice}) == 1), default=math.inf)
 
 
+def solve_on_every_backend(problem: PlanProblem, best: float) -> list:
+    """Every backend's answer: INFEASIBLE where brute force found no split, else OPTIMAL and within
+    `check_answer`'s rules; returns (backend, solution) for the feasible ones."""
+    out = []
+    for formulation, backend in PAIRS:
+        sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
+        if math.isinf(best):
+            assert sol.status == SolveStatus.INFEASIBLE, (backend, sol.detail)
+            continue
+        assert sol.status == SolveStatus.OPTIMAL, (backend, sol.detail)
+        check_answer(problem, sol, best, backend)
+        out.append((backend, sol))
+    return out
+
+
 @settings(max_examples=120, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(small_problems(), st.randoms(use_true_random=False))
@@ -351,13 +366,7 @@ def test_random_small_problems_match_brute_force(problem, rng):
     zero += " per-stage recompute" if problem.base.templates[0].mixed else ""
     event(f"{len(problem.base.templates)} template(s){zero}, {problem.objective}, "
           f"{'infeasible' if math.isinf(best) else 'feasible'}")
-    for formulation, backend in PAIRS:
-        sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
-        if math.isinf(best):
-            assert sol.status == SolveStatus.INFEASIBLE, (backend, sol.detail)
-            continue
-        assert sol.status == SolveStatus.OPTIMAL, (backend, sol.detail)
-        check_answer(problem, sol, best, backend)
+    solve_on_every_backend(problem, best)
     if not math.isinf(best):
         layers = random_split(problem, rng)
         if not problem.base.templates[0].mixed:
@@ -381,15 +390,9 @@ def test_templates_in_lockstep_match_brute_force_over_the_splits_they_share(prob
     best = brute_force_small(problem)
     free = brute_force_small(replace(problem, lockstep=False))
     event("infeasible" if math.isinf(best) else "tied split slower" if best > free else "tied split as fast")
-    for formulation, backend in PAIRS:
-        sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
-        if math.isinf(best):
-            assert sol.status == SolveStatus.INFEASIBLE, (backend, sol.detail)
-            continue
-        assert sol.status == SolveStatus.OPTIMAL, (backend, sol.detail)
+    for backend, sol in solve_on_every_backend(problem, best):
         first, second = problem.base.split(sol.layers)
         assert first == second, (backend, sol.layers)
-        check_answer(problem, sol, best, backend)
 
 
 def test_robust_brute_force_is_robust_aggregate():
