@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hetopt.errors import InputError, Problem
 from hetopt.plan import NodeGPUs, Pipeline, PlacementEntry, Plan, Stage
+from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 
 KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule", "cp")
@@ -129,8 +130,8 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
                 pipelines=pipelines, placement=placement)
 
 
-def layout_ranks(cluster, layout: Layout, where: str = "layout") -> tuple[list[tuple[tuple, int]],
-                                                                          list[PlacementEntry]]:
+def layout_ranks(cluster: Cluster, layout: Layout, where: str = "layout"
+                 ) -> tuple[list[tuple[tuple, int]], list[PlacementEntry]]:
     """Megatron-LM's rank order over `cluster` (TP fastest, then CP, DP, PP; nodes as declared): the
     templates its replicas form — (device class of each stage, replicas) in order of first appearance — and
     the placement of every stage of every replica. Raises InputError where a stage's TP group cannot lie in
