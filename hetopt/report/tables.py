@@ -302,7 +302,7 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
         fate = "no plan of the search space beats it: kept" if warm["kept"] else "beaten by the search"
         if warm.get("outside_space"):
             fate += " — the plan lies outside the searched space (" + "; ".join(warm["outside_space"]) + \
-                "): optimal means no plan of the space is better"
+                "): no plan of the space is better, so feasible, not optimal"
         parts.append(Text(f"warm start: {warm['planner']} at {warm['objective_s']:.3f} s — {fate}", style="dim"))
     if r["verified"]:
         parts.append(simulation_view(r["verified"]))

@@ -356,9 +356,12 @@ class _Run:
             self.seeded["kept"] = self.best is self.seed_plan
             if self.seeded["kept"]:  # the answer is the seed's plan: say whether the space holds it
                 self.seeded["outside_space"] = outside_space(self.inst, self.best, self.options, self.profiles)
-        # unproven for want of time: TIMEOUT; for a skeleton no backend could prove: FEASIBLE
-        status = SolveStatus.OPTIMAL if proven else \
-            SolveStatus.TIMEOUT if self.out_of_time else SolveStatus.FEASIBLE
+        # unproven for want of time: TIMEOUT; for a skeleton no backend could prove, or a plan that no plan of
+        # the space beats but that the space does not hold (a heuristic's, kept): FEASIBLE — "optimal" is a
+        # promise about a point of the searched space
+        outside = bool(self.seeded is not None and self.seeded.get("outside_space"))
+        status = SolveStatus.OPTIMAL if proven and not outside else \
+            SolveStatus.TIMEOUT if not proven and self.out_of_time else SolveStatus.FEASIBLE
         return SearchResult(status, self.best, self.incumbent, bound, wall, formulation, backend,
                             self.time_limit_s, seed, self.stats, self.best_sk,
                             reason=_errors_reason(self.errors), warm_start=self.seeded, errors=self.errors,
