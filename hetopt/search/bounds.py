@@ -941,41 +941,33 @@ def sum_bound(weighted: list[tuple[float, float, int]], layers: int) -> float:
 
 
 def integer_level(lines: list[Line], layers: int, caps: list[int] | None = None) -> float:
-    """min over integer splits (1 ≤ L_i ≤ caps_i, Σ L_i = layers) of max_i (a_i·L_i + c_i): give each next
-    layer to the stage it leaves lowest among those below their cap (greedy is exact for a min-max of
-    increasing functions); inf when no split fits the caps."""
-    if caps is not None and (min(caps) < 1 or sum(caps) < layers):
-        return math.inf
-    counts = [1] * len(lines)
-    level = max(a + c for a, c in lines)
-    heap = [(2 * a + c, i) for i, (a, c) in enumerate(lines) if caps is None or caps[i] > 1]
-    heapq.heapify(heap)
-    for _ in range(layers - len(lines)):
-        t, i = heapq.heappop(heap)
-        counts[i] += 1
-        level = max(level, t)
-        a, c = lines[i]
-        if caps is None or counts[i] < caps[i]:
-            heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
-    return level
+    """min over integer splits (1 ≤ L_i ≤ caps_i, Σ L_i = layers) of max_i (a_i·L_i + c_i) (`least_level`);
+    inf when no split fits the caps."""
+    return least_level(lambda i, n: lines[i][0] * n + lines[i][1], len(lines), layers, caps)
 
 
 def lockstep_level(by_stage: list[list[Line]], layers: int) -> float:
-    """min over integer splits (L_i ≥ 1, Σ L_i = layers) of max_i max_j (a_ij·L_i + c_ij): `integer_level`'s
-    greedy over stages whose time is the largest of several lines (still increasing in L, so still exact)."""
+    """min over integer splits (L_i ≥ 1, Σ L_i = layers) of max_i max_j (a_ij·L_i + c_ij): stages whose time
+    is the largest of several lines, one per template in lockstep (`least_level`)."""
+    return least_level(lambda i, n: max(a * n + c for a, c in by_stage[i]), len(by_stage), layers)
 
-    def tau(i: int, n: int) -> float:
-        return max(a * n + c for a, c in by_stage[i])
 
-    counts = [1] * len(by_stage)
-    level = max(tau(i, 1) for i in range(len(by_stage)))
-    heap = [(tau(i, 2), i) for i in range(len(by_stage))]
+def least_level(tau, stages: int, layers: int, caps: list[int] | None = None) -> float:
+    """min over integer splits (1 ≤ L_i ≤ caps_i, Σ L_i = layers) of max_i tau(i, L_i) for tau increasing in
+    L: give each next layer to the stage it leaves lowest among those below their cap (greedy is exact for a
+    min-max of increasing functions); inf when no split fits the caps."""
+    if caps is not None and (min(caps) < 1 or sum(caps) < layers):
+        return math.inf
+    counts = [1] * stages
+    level = max(tau(i, 1) for i in range(stages))
+    heap = [(tau(i, 2), i) for i in range(stages) if caps is None or caps[i] > 1]
     heapq.heapify(heap)
-    for _ in range(layers - len(by_stage)):
+    for _ in range(layers - stages):
         t, i = heapq.heappop(heap)
         counts[i] += 1
         level = max(level, t)
-        heapq.heappush(heap, (tau(i, counts[i] + 1), i))
+        if caps is None or counts[i] < caps[i]:
+            heapq.heappush(heap, (tau(i, counts[i] + 1), i))
     return level
 
 
