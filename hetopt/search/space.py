@@ -62,6 +62,18 @@ class Segment:
         return self.tp * self.cp
 
 
+def segments_of(pipe: Pipeline) -> tuple[Segment, ...]:
+    """A plan pipeline's stages as segments: runs of one device class at one TP degree (CP: the run's first
+    stage's; the space has one CP degree for every stage)."""
+    runs: list[list] = []
+    for st in pipe.stages:
+        if runs and runs[-1][0] == (st.gpu, st.island, st.tp):
+            runs[-1][1] += 1
+        else:
+            runs.append([(st.gpu, st.island, st.tp), 1, st.cp])
+    return tuple(Segment(gpu, island, tp, n, cp) for (gpu, island, tp), n, cp in runs)
+
+
 @dataclass(frozen=True)
 class Template:
     """A pipeline template: its stages as segments, its replica count and micro-batches per replica."""
@@ -807,10 +819,8 @@ def _outside_families(inst: Instance, plan: Plan, opts: SearchOptions, profiles:
                     f"{why_not}"]
         return []
     for j, pipe in enumerate(plan.pipelines):
-        runs = [(st.gpu, st.island, st.tp) for k, st in enumerate(pipe.stages)
-                if k == 0 or (st.gpu, st.island, st.tp) != (pipe.stages[k - 1].gpu, pipe.stages[k - 1].island,
-                                                            pipe.stages[k - 1].tp)]
-        classes = [(g, i) for g, i, _ in runs]
+        runs = segments_of(pipe)
+        classes = [(seg.gpu, seg.island) for seg in runs]
         if len(pipe.stages) > opts.max_stages:
             why.append(f"template {j}: {len(pipe.stages)} stages (the space: at most {opts.max_stages})")
         twice = [c for c, n in Counter(classes).items() if n > 1]

@@ -30,17 +30,17 @@ from dataclasses import replace
 
 from hetopt.errors import InputError
 from hetopt.layout import Layout, expand_layout
-from hetopt.plan import Pipeline, Plan
+from hetopt.plan import Plan
 from hetopt.search.space import (
     SearchOptions,
     SearchStats,
-    Segment,
     Skeleton,
     Template,
     cp_options,
     enumerate_recompute,
     orders,
     outside_space,
+    segments_of,
     tp_divides_heads,
     zero_stages,
 )
@@ -90,17 +90,6 @@ def _narrow(opts: SearchOptions) -> SearchOptions:
     same for the whole space and for its narrowed part, orchestrate._narrow_first, so that the two parts of
     a split search hold every lockstep skeleton once)."""
     return replace(opts, uniform_layouts=False, pair_classes=1, tp_per_stage=False, beyond_narrow=False)
-
-
-def segments_of(pipe: Pipeline) -> tuple[Segment, ...]:
-    """A pipeline's stages as segments: runs of one device class at one TP degree."""
-    runs: list[list] = []
-    for st in pipe.stages:
-        if runs and runs[-1][0] == (st.gpu, st.island, st.tp):
-            runs[-1][1] += 1
-        else:
-            runs.append([(st.gpu, st.island, st.tp), 1])
-    return tuple(Segment(gpu, island, tp, n) for (gpu, island, tp), n in runs)
 
 
 def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
