@@ -450,10 +450,7 @@ def _solve_with(ctx: _Context, sk: Skeleton, limit: tuple[float, float], incumbe
         pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
     except InfeasibleError:
         return "placement: TP groups do not pack onto the nodes", None, math.inf
-    caps = [t.max_layers() for t in pr.base.templates]
-    if sk.lockstep:  # one split: each stage at most what every template's holds
-        caps = [[min(c) for c in zip(*caps, strict=True)]]
-    if any(min(c) < 1 or sum(c) < ctx.inst.model.layers for c in caps):
+    if any(min(c) < 1 or sum(c) < ctx.inst.model.layers for c in split_caps(pr.base.templates, sk.lockstep)):
         return MEMORY_RULE, None, math.inf
     if pr.lower_bound_s >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
@@ -497,8 +494,15 @@ def lockstep_split(templates) -> list[int]:
     """`speed_split` of templates in lockstep (one split): each stage at its slowest template's seconds per
     layer, within what every template's holds."""
     per_layer = [max(x) for x in zip(*(_per_layer_s(t) for t in templates), strict=True)]
-    caps = [max(1, min(c)) for c in zip(*(t.max_layers() for t in templates), strict=True)]
-    return proportional_split(per_layer, caps, templates[0].layers)
+    (caps,) = split_caps(templates, lockstep=True)
+    return proportional_split(per_layer, [max(1, c) for c in caps], templates[0].layers)
+
+
+def split_caps(templates, lockstep: bool) -> list[list[int]]:
+    """The most layers each stage of each free split holds in memory: one list per template, or in lockstep
+    one, each stage at the least any template's holds."""
+    caps = [t.max_layers() for t in templates]
+    return [[min(c) for c in zip(*caps, strict=True)]] if lockstep else caps
 
 
 def _per_layer_s(pr) -> list[float]:
