@@ -4,6 +4,7 @@ instance where the optimum needs all three."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from hetopt.evaluate import evaluate
 from hetopt.search.bounds import Bounds
 from hetopt.search.orchestrate import solve_exact
 from hetopt.search.space import SearchOptions, SearchStats, outside_space
+from hetopt.search.tree import TripleShares
 from hetopt.search.triples import triple_groups
 from hetopt.search.uniform import lockstep_layout
 from hetopt.spec.instance import load_instance
@@ -85,3 +87,51 @@ def test_three_templates_outside_the_triples_are_named(s18):
         plan.pipelines[0].stages[0].model_copy(update={"layers": 2}), a100.model_copy(update={"layers": 2})]}),
         *plan.pipelines[1:]]})
     assert any("three templates of one class" in w for w in outside_space(s18, two, opts))
+
+
+def test_every_triple_skeletons_bound_holds_and_the_share_bounds_are_its(s18):
+    """Each skeleton of s18's group: `compute_lower_bound` (now with the ring exchange of three templates)
+    is at most its evaluated time (one split: each template holds every layer). At the group's replica
+    counts the shares' least bound (`TripleShares.least`) is at most each skeleton's bound, and the caps
+    at a threshold make exactly the skeletons whose bound lies below it."""
+    opts = SearchOptions.from_instance(s18)
+    (group,) = list(triple_groups(s18, opts, SearchStats()))
+    bounds = Bounds(s18, Profiles())
+    replicas = (1, 1, 1)
+    shares = TripleShares(bounds, group, replicas, "none")
+    by_share = {}
+    for sk in group.skeletons():
+        ev = evaluate(s18, sk.plan([s18.model.layers] * 3))
+        bound = bounds.compute_lower_bound(sk)
+        assert bound <= ev.iteration_time_s * (1 + 1e-9)
+        by_share[tuple(t.micro_batches for t in sk.templates)] = bound
+    assert bounds.ring_exchange_s(group.sides) > 0
+    least = min(by_share.values())
+    assert shares.least() <= least * (1 + 1e-12)
+    assert shares.least() >= least * (1 - 1e-9)  # m_j·R_j = m_j here: the relaxation is exact
+    for threshold in sorted(by_share.values())[::40]:
+        made = set(group.shares(replicas, shares.caps(threshold)))
+        assert made == {m for m, b in by_share.items() if b < threshold}
+
+
+def test_a_box_of_replica_counts_bounds_each_of_its_points():
+    """three-generations (8 GPUs of each type): for each group of one template per class at TP 1 and one
+    stage, `triple_bound` over a box of replica counts is at most its bound at each point of the box, and
+    each point's at most its skeletons' (`compute_lower_bound`) at the point's first share."""
+    inst = load_instance(Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml")
+    opts = SearchOptions.from_instance(inst)
+    bounds = Bounds(inst, Profiles())
+    groups = [g for g in triple_groups(inst, opts, SearchStats())
+              if g.micro_batch == 8 and all(seg.stages == 1 and seg.tp == 1 for side in g.sides for seg in side)
+              and len({side[0].gpu for side in g.sides}) == 3]
+    assert len(groups) == 1
+    (g,) = groups
+    assert g.tops == (8, 8, 8)
+    for lowest, top in (((1, 1, 1), (8, 8, 8)), ((2, 5, 3), (4, 8, 6)), ((8, 8, 1), (8, 8, 8))):
+        box = bounds.triple_bound(g, lowest, top)
+        for point in itertools.product(*(range(lo, hi + 1) for lo, hi in zip(lowest, top, strict=True))):
+            here = bounds.triple_replicas_bound(g, point)
+            assert box <= here * (1 + 1e-12)
+            first = next(g.skeletons_at(point), None)
+            if first is not None:
+                assert here <= bounds.compute_lower_bound(first) * (1 + 1e-12)

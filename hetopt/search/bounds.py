@@ -20,9 +20,10 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 | `shard_bound`            | one skeleton with shards     | T ≥ (m − 1)·λ + S, each stage its steepest rank's line |
 | `lockstep_bound`         | a uniform layout's skeleton  | T ≥ (m − 1)·λ + min_j S_j, τ_i the max of its lines |
-| `triple_bound`           | a three-template group       | T ≥ M / Σ_j top_j/λ_j                               |
+| `triple_bound`           | three templates, a box of R  | M / Σ_j R_j/λ_j ∨ the next, least at a corner       |
 | `triple_replicas_bound`  | three templates at R_j       | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
+| `ring_exchange_s`        | three templates              | each pair a hop of the ring: the slowest exchange_s |
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die with it,
 so no two runs ever share an entry.
@@ -59,7 +60,7 @@ from hetopt.evaluate import (
     stage_work,
 )
 from hetopt.search.linear import Affine
-from hetopt.search.space import Skeleton, least_work, most_work
+from hetopt.search.space import Skeleton, Template, least_work, most_work
 from hetopt.spec.instance import Instance
 
 Line = tuple[float, float]
@@ -123,6 +124,7 @@ class Bounds:
         self._buckets: dict[tuple, tuple] = {}
         self._pairs: dict[tuple, tuple] = {}
         self._exchange: dict[tuple, float] = {}
+        self._triples: dict[tuple, float] = {}
         self._capped: dict[tuple, tuple[float, float]] = {}
         self._zero: dict[tuple, float] = {}
         self._optimizer: dict[tuple, float] = {}
@@ -478,8 +480,7 @@ class Bounds:
                                       sk.zero, sk.memory_modes)
                    for t in sk.templates) \
             + max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates) \
-            + (self.exchange_s(sk.templates[0].segments, sk.templates[1].segments) if len(sk.templates) == 2
-               else 0.0)
+            + self.ring_exchange_s(tuple(t.segments for t in sk.templates))
 
     def shard_bound(self, sk: Skeleton) -> float:
         """A skeleton with shards (hetopt.search.shards): a stage's τ(L) is at least each of its ranks'
@@ -511,30 +512,44 @@ class Bounds:
         together = (t0.micro_batches - 1) * lockstep_level(by_stage, layers) + total + t_opt
         return max(together, self.compute_lower_bound(replace(sk, lockstep=False)))
 
-    def triple_bound(self, group) -> float:
-        """Three templates (hetopt.search.triples) at any replica counts R_j ≤ top_j and shares: T ≥ m_j·λ_j
-        for each (λ_j its integer water level in memory, `capped_bound`, at the most replicas: the loosest
-        caps), so M = Σ_j R_j·m_j ≤ T·Σ_j R_j/λ_j ≤ T·Σ_j top_j/λ_j; inf where a template cannot hold the
-        model in any of the group's modes."""
-        total = sum(group.tops)
+    def triple_bound(self, group, lowest: tuple[int, int, int] = (1, 1, 1),
+                     replicas: tuple[int, int, int] | None = None) -> float:
+        """Three templates (hetopt.search.triples) at every replica counts lowest_j ≤ R_j ≤ replicas_j
+        (default the group's tops) and shares: the larger of the throughput bound T ≥ M / Σ_j R_j/λ_j (as
+        T ≥ m_j·λ_j) and `triple_replicas_bound`'s, each at its least over the box (both are
+        linear-fractional in R with a positive denominator, so least at one of its corners), then the
+        templates' exchange and optimizer step (`triple_constant`); λ_j, S_j in memory at the most replicas
+        (the loosest caps). The least over the group's recompute modes; inf where a template cannot hold
+        the model in any."""
+        top = replicas or group.tops
+        corners = list(itertools.product(*zip(lowest, top, strict=True)))
         best = math.inf
         for rc in group.recompute_options:
-            lams = [self.capped_bound(group.micro_batch, rc, (rc,), side, total, group.zero)[0] for side in group.sides]
-            if all(math.isfinite(lam) for lam in lams):
-                best = min(best, group.total_micro_batches / sum(t / lam for t, lam in zip(group.tops, lams,
-                                                                                         strict=True)))
-        return best
+            lines = [self.capped_bound(group.micro_batch, rc, (rc,), side, sum(top), group.zero)
+                     for side in group.sides]
+            if not all(math.isfinite(lam) for lam, _ in lines):
+                continue
+            rate = sum(r / lam for r, (lam, _) in zip(top, lines, strict=True))
+            least = min(pair_at(lines, corner, group.total_micro_batches) for corner in corners)
+            best = min(best, max(group.total_micro_batches / rate, least))
+        return best + self.triple_constant(group, sum(top))
 
     def triple_replicas_bound(self, group, replicas: tuple[int, int, int]) -> float:
         """Three templates at replica counts R_j and any shares: `pair_bound`'s argument for three,
         T ≥ (m_j − 1)·λ_j + S_j so M ≤ Σ_j R_j·((T − S_j)/λ_j + 1) (λ_j, S_j in memory at Σ R_j replicas),
-        the least over the group's recompute modes."""
-        best = math.inf
-        for rc in group.recompute_options:
-            lines = [self.capped_bound(group.micro_batch, rc, (rc,), side, sum(replicas), group.zero)
-                     for side in group.sides]
-            best = min(best, pair_at(lines, replicas, group.total_micro_batches))
-        return best
+        the least over the group's recompute modes; then the exchange and optimizer step."""
+        return self.triple_bound(group, replicas, replicas)
+
+    def triple_constant(self, group, replicas_total: int) -> float:
+        """What follows every pipeline of a triple at `replicas_total` replicas in all, or fewer: the ring
+        exchange among its templates (`ring_exchange_s`) and the slowest template's optimizer step
+        (`optimizer_bound`, which only falls as ZeRO-1 shards over more replicas)."""
+        key = (group.sides, replicas_total, group.zero)
+        if key not in self._triples:
+            sides = group.sides
+            self._triples[key] = self.ring_exchange_s(sides) + max(
+                self.optimizer_bound(Template(side, 1, 1), replicas_total, group.zero) for side in sides)
+        return self._triples[key]
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
                       virtual_stages: int = 1, zero: int = 1, memory: str | tuple[str, ...] | None = None
@@ -611,21 +626,24 @@ class Bounds:
         table, why = pair_grid(columns[0], columns[1], total, shared)
         return sides, table + exchange, why
 
-    def exchange_s(self, side_a: tuple, side_b: tuple) -> float:
+    def exchange_s(self, side_a: tuple, side_b: tuple, others: tuple = ()) -> float:
         """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates' exchange
         (features.cross_template_exchange) sends the model's gradients G from each template to the other over
         at most c = min(nodes of a's classes, nodes of b's) node pairs, so some flow carries G/c bytes. It
         takes no less than alone on its route, and no less than over the fastest pair of nodes of the two
         sides' classes (a node with itself where a class is on both sides) under the fastest planning
         cluster, priced with the least of the two sides' GPU types' weights (the exchange is priced with
-        one template's first stage's; every weight of a transfer is ≥ 0, else no bound: 0)."""
+        one template's first stage's; every weight of a transfer is ≥ 0, else no bound: 0). `others`: the
+        segments of the plan's other templates, whose GPU types' weights are counted too (a ring of three
+        is priced with whichever template comes first)."""
         keys = tuple(tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b))
-        if keys not in self._exchange:
+        weighed = tuple(sorted({seg.gpu for side in (side_a, side_b, *others) for seg in side}))
+        if (keys, weighed) not in self._exchange:
             inst, classes = self.inst, self.inst.cluster.device_classes
             channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
             nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
             weights = [self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
-                       for gpu in {k[0] for side in keys for k in side}]
+                       for gpu in weighed]
             best = math.inf
             ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
             for cluster in self.clusters:
@@ -636,8 +654,19 @@ class Bounds:
                                             latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
                         best = min(best, min(float(features @ w) for w in weights))
             transfer_terms = [LINK, NET, STEP, LAT]
-            self._exchange[keys] = best if all(min(w[transfer_terms]) >= 0 for w in weights) else 0.0
-        return self._exchange[keys]
+            self._exchange[keys, weighed] = best if all(min(w[transfer_terms]) >= 0 for w in weights) else 0.0
+        return self._exchange[keys, weighed]
+
+    def ring_exchange_s(self, sides: tuple) -> float:
+        """T_cross ≥ this for the templates whose segments are `sides`: with two, `exchange_s`; with three,
+        every pair of them is a hop of the ring (a → b → c → a in any order), each carrying 4G/3 ≥ G of
+        gradients, so the slowest pair's `exchange_s` (each priced with the least weights of all three
+        templates' GPU types); 0 with one, or with more than three (no pair need be a hop)."""
+        if len(sides) == 2:
+            return self.exchange_s(*sides)
+        if len(sides) != 3:
+            return 0.0
+        return max(self.exchange_s(sides[i], sides[j], (sides[3 - i - j],)) for i, j in ((0, 1), (0, 2), (1, 2)))
 
     def pair_lines(self, group, recompute: str, memory: tuple[str, ...], replicas_total: int
                    ) -> tuple[tuple[float, float], ...]:

@@ -17,9 +17,10 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
              └─ SkeletonNode
     SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`,
                       or a uniform layout's (hetopt.search.uniform) keyed by `Bounds.lockstep_bound`
-    TripleGroupNode   three templates (hetopt.search.triples), keyed by `Bounds.triple_bound`
-    └─ TripleReplicasNode  fixed (R_a, R_b, R_c), keyed by `Bounds.triple_replicas_bound`
-       └─ SkeletonNode
+    TripleGroupNode   three templates (hetopt.search.triples) over a box of replica counts, keyed by
+       │              `Bounds.triple_bound`, halved down to single (R_a, R_b, R_c)
+       └─ TripleSharesNode  fixed (R_a, R_b, R_c) and recompute, keyed by the least bound over the shares
+          └─ SkeletonNode   (`TripleShares`: only the shares below the incumbent are made)
 
 What cannot hold the model in memory even at its most ZeRO sharding is dropped on expansion and counted
 (`MEMORY_RULE`, `MEMORY_GROUPS_RULE`).
@@ -46,10 +47,12 @@ from hetopt.search.space import (
     SearchStats,
     Skeleton,
     SkeletonGroup,
+    Template,
     enumerate_roots,
     least_work,
     orders,
 )
+from hetopt.search.triples import TRIPLE_SHARED
 from hetopt.spec.instance import Instance
 
 BOUND_RULE = "bound: compute lower bound ≥ incumbent"
@@ -422,33 +425,131 @@ def _first(n: int, test) -> int:
 
 @dataclass(frozen=True)
 class TripleGroupNode(Node):
-    """Three single-class templates (hetopt.search.triples) at every replica counts: one child per
-    (R_a, R_b, R_c) that fits, keyed by `Bounds.triple_replicas_bound`."""
+    """Three single-class templates (hetopt.search.triples) at the replica counts of a box,
+    lowest_j ≤ R_j ≤ replicas_j (default every count the classes allow), keyed by `Bounds.triple_bound`
+    over the box. Expanding halves the box's longest side; a box of one point has a child per recompute
+    mode (`TripleSharesNode`). Replica counts only add GPUs, so a box whose lowest corner does not fit
+    on the classes holds no point that does."""
 
     group: object
+    lowest: tuple[int, int, int] = (1, 1, 1)
+    replicas: tuple[int, int, int] | None = None
 
-    pruned_as = "bound: three-template groups never expanded"
+    pruned_as = "bound: three-template replica-count boxes never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
-        return _children(self, [TripleReplicasNode(tree.bounds.triple_replicas_bound(self.group, replicas),
-                                                   self.group, replicas)
-                                for replicas in self.group.replica_counts()])
+        g, lo = self.group, self.lowest
+        hi = self.replicas or g.tops
+        if lo == hi:
+            return _children(self, triple_share_nodes(tree, g, lo))
+        j = max(range(3), key=lambda k: hi[k] - lo[k])
+        mid = (lo[j] + hi[j]) // 2
+        out: list[Node] = []
+        for low, high in ((lo, (*hi[:j], mid, *hi[j + 1:])), ((*lo[:j], mid + 1, *lo[j + 1:]), hi)):
+            if not g.fits(low):
+                tree.stats.pruned[TRIPLE_SHARED] += 1
+                continue
+            bound = tree.bounds.triple_bound(g, low, high)
+            if tree.beaten(bound):  # pruned as made
+                tree.stats.pruned[self.pruned_as] += 1
+            else:
+                out.append(TripleGroupNode(bound, g, low, high))
+        return _children(self, out)
+
+
+def triple_share_nodes(tree: Tree, group, replicas: tuple[int, int, int]) -> list[Node]:
+    """A triple group at fixed replica counts, one node per recompute mode, keyed by the least bound over
+    its shares (`TripleShares.least`); the modes in which a template cannot hold the model are counted as
+    pruned, as are those the incumbent beats."""
+    out: list[Node] = []
+    size = group.share_count(replicas) * len(orders(max(replicas)))
+    for rc in group.recompute_options:
+        tree.stats.enumerated += size
+        least = TripleShares(tree.bounds, group, replicas, rc).least(tree.incumbent * (1 - tree.tolerance))
+        if not math.isfinite(least):
+            tree.stats.pruned[MEMORY_RULE] += size
+        elif tree.beaten(least):
+            tree.stats.pruned[BOUND_RULE] += size
+        else:
+            out.append(TripleSharesNode(least, group, replicas, rc))
+    return out
 
 
 @dataclass(frozen=True)
-class TripleReplicasNode(Node):
-    """A triple group at fixed replica counts: its skeletons (shares × recompute modes × orders), each a
-    leaf keyed by this bound until its own is computed."""
+class TripleSharesNode(Node):
+    """A triple group at fixed replica counts and recompute mode: its skeletons differ in the shares and
+    the order; only those of the shares whose bound the incumbent does not beat are made."""
 
     group: object
     replicas: tuple[int, int, int]
+    recompute: str
 
-    pruned_as = "bound: three-template replica counts never expanded"
+    @property
+    def pruned_count(self) -> int:
+        return self.group.share_count(self.replicas) * len(orders(max(self.replicas)))
 
     def expand(self, tree: Tree) -> list[Node]:
-        leaves = [tree.skeleton_node(sk) for sk in self.group.skeletons_at(self.replicas)]
-        tree.stats.enumerated += len(leaves)
+        g = self.group
+        caps = TripleShares(tree.bounds, g, self.replicas, self.recompute).caps(tree.incumbent * (1 - tree.tolerance))
+        leaves = [tree.skeleton_node(sk) for sk in g.skeletons_at(self.replicas, (self.recompute,), caps)]
+        if self.pruned_count > len(leaves):
+            tree.stats.pruned[BOUND_RULE] += self.pruned_count - len(leaves)
         return _children(self, leaves)
+
+
+class TripleShares:
+    """`Bounds.compute_lower_bound` of a triple group's skeletons at fixed replica counts and recompute
+    mode, as a function of the shares: max_j D_j(m_j) + C, with D_j template j's `drained_bound`, which
+    rises with its micro-batches m_j (`ShareBounds`), and C the ring exchange and optimizer step
+    (`Bounds.triple_constant`). Below a level θ template j takes at most cap_j(θ) micro-batches per
+    replica, found by bisection; no share has every D_j(m_j) ≤ θ unless Σ_j R_j·cap_j(θ) ≥ M."""
+
+    def __init__(self, bounds: Bounds, group, replicas: tuple[int, int, int], recompute: str) -> None:
+        self.bounds, self.group, self.replicas, self.recompute = bounds, group, replicas, recompute
+        self.constant = bounds.triple_constant(group, sum(replicas))
+        total = group.total_micro_batches
+        depths = [group.depth(j) for j in range(3)]
+        # the most micro-batches template j can take: each other template one per stage
+        self.most = [(total - sum(r * p for k, (r, p) in enumerate(zip(replicas, depths, strict=True)) if k != j))
+                     // replicas[j] for j in range(3)]
+        self.depths = depths
+
+    def drained(self, j: int, micro_batches: int) -> float:
+        g = self.group
+        template = Template(g.sides[j], self.replicas[j], micro_batches)
+        return self.bounds.drained_bound(g.micro_batch, self.recompute, template, sum(self.replicas), 1, g.zero,
+                                         (self.recompute,))
+
+    def cap(self, j: int, room: float) -> int:
+        """The most micro-batches m ≥ p_j of template j with D_j(m) < room (p_j − 1 where none)."""
+        p, n = self.depths[j], self.most[j] - self.depths[j] + 1
+        return p + _first(n, lambda i: self.drained(j, p + i) >= room) - 1
+
+    def caps(self, threshold: float) -> tuple[int, int, int]:
+        """Each template's cap below `threshold`: the shares whose bounds lie below it are within them."""
+        room = threshold - self.constant
+        return tuple(self.cap(j, room) for j in range(3))
+
+    def least(self, threshold: float = math.inf) -> float:
+        """The least bound over the shares, or a lower bound on it: the least level θ at which the caps
+        take the M micro-batches, Σ_j R_j·cap_j(θ) ≥ M, found by raising the template of the smallest next
+        D_j(m_j + 1) one micro-batch at a time (a merge of three rising sequences) from m_j = p_j; stopped
+        early, once θ + C reaches `threshold`, at the level reached (every share lies above it); inf where
+        a template cannot hold the model."""
+        total, r = self.group.total_micro_batches, self.replicas
+        if any(m < p for m, p in zip(self.most, self.depths, strict=True)):
+            return math.inf
+        m = list(self.depths)
+        level = max(self.drained(j, m[j]) for j in range(3))
+        nxt = [self.drained(j, m[j] + 1) if m[j] < self.most[j] else math.inf for j in range(3)]
+        taken = sum(rj * mj for rj, mj in zip(r, m, strict=True))
+        while taken < total and level + self.constant < threshold and math.isfinite(level):
+            j = min(range(3), key=nxt.__getitem__)
+            level = max(level, nxt[j])
+            m[j] += 1
+            taken += r[j]
+            nxt[j] = self.drained(j, m[j] + 1) if m[j] < self.most[j] else math.inf
+        return level + self.constant
 
 
 @dataclass(frozen=True)

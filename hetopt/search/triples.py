@@ -16,6 +16,7 @@ context parallelism; one recompute mode per plan).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -73,38 +74,68 @@ class TripleGroup:
             if self.fits(replicas):
                 yield replicas
 
-    def shares(self, replicas: tuple[int, int, int]) -> Iterator[tuple[int, int, int]]:
-        """Every (m_a, m_b, m_c), m_j ≥ p_j, with Σ R_j·m_j = M; where two templates are alike (same
-        segments) only the pair with (R, m) in order, so a triple and its mirror are one."""
-        ra, rb, rc = replicas
-        total, (pa, pb, pc) = self.total_micro_batches, (self.depth(0), self.depth(1), self.depth(2))
-        for ma in range(pa, (total - rb * pb - rc * pc) // ra + 1):
-            for mb in range(pb, (total - ra * ma - rc * pc) // rb + 1):
-                rest = total - ra * ma - rb * mb
-                if rest % rc or rest // rc < pc:
-                    continue
-                ms = (ma, mb, rest // rc)
-                if any(self.sides[j] == self.sides[j + 1] and (replicas[j], ms[j]) > (replicas[j + 1], ms[j + 1])
-                       for j in range(2)):
-                    continue
-                yield ms
+    def shares(self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None = None
+               ) -> Iterator[tuple[int, int, int]]:
+        """Every (m_a, m_b, m_c), p_j ≤ m_j ≤ caps_j (default no cap), with Σ R_j·m_j = M; where two
+        templates are alike (same segments) only the pair with (R, m) in order, so a triple and its mirror
+        are one."""
+        for ma, first, last, step in self._share_rows(replicas, caps):
+            for mb in range(first, last + 1, step):
+                yield ma, mb, (self.total_micro_batches - replicas[0] * ma - replicas[1] * mb) // replicas[2]
+
+    def share_count(self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None = None) -> int:
+        """How many `shares` there are (without listing them)."""
+        return sum((last - first) // step + 1 for _, first, last, step in self._share_rows(replicas, caps))
+
+    def _share_rows(self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None
+                    ) -> Iterator[tuple[int, int, int, int]]:
+        """The shares as rows (m_a, first m_b, last m_b, step), each non-empty: for a given m_a the m_b
+        with R_b·m_b ≡ M − R_a·m_a (mod R_c) — an arithmetic progression — within the bounds on m_b that
+        m_b's and m_c's ranges and the mirror rules set."""
+        (ra, rb, rc), total = replicas, self.total_micro_batches
+        pa, pb, pc = (self.depth(j) for j in range(3))
+        ca, cb, cc = caps or (total, total, total)
+        alike = [self.sides[j] == self.sides[j + 1] for j in range(2)]
+        if (alike[0] and ra > rb) or (alike[1] and rb > rc):
+            return
+        g = math.gcd(rb, rc)
+        step = rc // g
+        inverse = pow(rb // g, -1, step) if step > 1 else 0
+        for ma in range(pa, min(ca, (total - rb * pb - rc * pc) // ra) + 1):
+            rest = total - ra * ma
+            if rest % g:
+                continue
+            lo = max(pb, -((rc * cc - rest) // rb))  # m_c ≤ cap_c: m_b ≥ (rest − R_c·cap_c) / R_b
+            hi = min(cb, (rest - rc * pc) // rb)  # m_c ≥ p_c
+            if alike[0] and ra == rb:
+                lo = max(lo, ma)  # m_a ≤ m_b
+            if alike[1] and rb == rc:
+                hi = min(hi, rest // (2 * rb))  # m_b ≤ m_c = (rest − R·m_b)/R
+            # the first m_b ≥ lo with (rest − R_b·m_b) divisible by R_c
+            first = lo + ((rest // g) * inverse - lo) % step if step > 1 else lo
+            if first <= hi:
+                yield ma, first, hi - (hi - first) % step, step
+
+    def templates_at(self, replicas: tuple[int, int, int], shares: tuple[int, int, int]) -> tuple[Template, ...]:
+        return tuple(Template(side, r, m) for side, r, m in zip(self.sides, replicas, shares, strict=True))
 
     def skeletons(self) -> Iterator[Skeleton]:
         for replicas in self.replica_counts():
             yield from self.skeletons_at(replicas)
 
-    def skeletons_at(self, replicas: tuple[int, int, int]) -> Iterator[Skeleton]:
-        """The skeletons at replica counts (R_a, R_b, R_c): every share, recompute mode and order."""
-        for ms in self.shares(replicas):
-            for rc in self.recompute_options:
-                templates = tuple(Template(side, r, m) for side, r, m in zip(self.sides, replicas, ms, strict=True))
+    def skeletons_at(self, replicas: tuple[int, int, int], modes: tuple[str, ...] | None = None,
+                     caps: tuple[int, int, int] | None = None) -> Iterator[Skeleton]:
+        """The skeletons at replica counts (R_a, R_b, R_c): every share (at most `caps`), recompute mode
+        (of `modes`, default the group's) and order."""
+        for ms in self.shares(replicas, caps):
+            for rc in modes or self.recompute_options:
                 for order in orders(max(replicas)):
-                    yield Skeleton(self.micro_batch, rc, templates, order, zero=self.zero)
+                    yield Skeleton(self.micro_batch, rc, self.templates_at(replicas, ms), order, zero=self.zero)
 
     @property
     def size(self) -> int:
         """Skeletons of the group (by listing their shares: for tests and small groups)."""
-        return sum(len(list(self.shares(replicas))) * len(self.recompute_options) * len(orders(max(replicas)))
+        return sum(self.share_count(replicas) * len(self.recompute_options) * len(orders(max(replicas)))
                    for replicas in self.replica_counts())
 
 
