@@ -1,6 +1,6 @@
 """`random`: budgeted random search over hetopt's own plan space, seeded — a skeleton drawn at random (a
 root of the search tree — a family, a skeleton with shards or of a uniform layout, or with
-search.max_templates 3 a group of three templates — then one of its groups or replica counts, then one of
+search.max_templates 3 a family of three templates — then one of its groups or replica counts, then one of
 its skeletons), a random layer split of each template (one for all in lockstep; and, with per-stage
 recompute, a random mode for each stage), timed; the best plan that fits is kept. No bounds, so no proof:
 what a search without a model of the space finds in the same time."""
@@ -13,7 +13,7 @@ import random
 from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
 from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_roots
-from hetopt.search.triples import TripleGroup
+from hetopt.search.triples import TripleFamily
 from hetopt.spec.instance import Instance
 
 DEFAULT_SAMPLES = 400
@@ -24,7 +24,7 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     rng = random.Random(seed)
-    roots = search_roots(inst, options, profiles)
+    roots = list(enumerate_roots(inst, options, SearchStats(), profiles))
     cands = Candidates(inst, profiles, time_limit_s)
     layers = inst.model.layers
     tries = 0
@@ -43,29 +43,20 @@ def random_search(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles
     return cands.result("random", f"{tries} random skeletons, seed {seed}")
 
 
-def search_roots(inst: Instance, options: SearchOptions, profiles: Profiles, triples: int = 2000) -> list:
-    """The search tree's roots (`enumerate_roots`), with only the first `triples` groups of three
-    templates (they come last; listing them all can take longer than the budget on a large cluster)."""
-    roots: list = []
-    for root in enumerate_roots(inst, options, SearchStats(), profiles):
-        if isinstance(root, TripleGroup):
-            triples -= 1
-            if triples < 0:
-                break
-        roots.append(root)
-    return roots
-
-
 def draw_skeleton(root, inst: Instance, options: SearchOptions, rng: random.Random) -> Skeleton | None:
-    """A skeleton under `root` drawn at random: a family's group (a pair family's among its first 2,000;
-    a one-template family's at a random replica count), a triple group's replica counts, then one of the
-    first 500 skeletons; a skeleton root (with shards, or a uniform layout's) is itself. None where the
-    draw holds none."""
+    """A skeleton under `root` drawn at random: a family's group (a pair or triple family's among its
+    first 2,000; a one-template family's at a random replica count), a triple group's replica counts, then
+    one of the first 500 skeletons; a skeleton root (with shards, or a uniform layout's) is itself. None
+    where the draw holds none."""
     if isinstance(root, Skeleton):
         return root
-    if isinstance(root, TripleGroup):
-        counts = list(itertools.islice(root.replica_counts(), 2000))
-        skeletons = list(itertools.islice(root.skeletons_at(rng.choice(counts)), 500)) if counts else []
+    if isinstance(root, TripleFamily):
+        groups = list(itertools.islice(root.groups(SearchStats()), 2000))
+        if not groups:
+            return None
+        group = rng.choice(groups)
+        counts = list(itertools.islice(group.replica_counts(), 2000))
+        skeletons = list(itertools.islice(group.skeletons_at(rng.choice(counts)), 500)) if counts else []
         return rng.choice(skeletons) if skeletons else None
     if root.pair:
         groups = list(itertools.islice(root.groups(inst, options, SearchStats()), 2000))

@@ -20,6 +20,8 @@ every split of sampled skeletons, robust objectives included (tests/test_planner
 | `compute_lower_bound`    | one skeleton                 | T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt  |
 | `shard_bound`            | one skeleton with shards     | T ≥ (m − 1)·λ + S, each stage its steepest rank's line |
 | `lockstep_bound`         | a uniform layout's skeleton  | T ≥ (m − 1)·λ + min_j S_j, τ_i the max of its lines |
+| `triple_family_bound`    | three runs (class × TP)      | T ≥ M / Σ_k G_k/(t·a_k·N), then the ring exchange   |
+| `triple_table`           | a triple family's groups     | `triple_bound` of each, at once (numpy)             |
 | `triple_bound`           | three templates, a box of R  | M / Σ_j R_j/λ_j ∨ the next, least at a corner       |
 | `triple_replicas_bound`  | three templates at R_j       | M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)                     |
 | `exchange_s`             | two templates' classes       | T_cross ≥ G/c over the fastest node pair, alone     |
@@ -511,6 +513,58 @@ class Bounds:
         t_opt = max(self.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
         together = (t0.micro_batches - 1) * lockstep_level(by_stage, layers) + total + t_opt
         return max(together, self.compute_lower_bound(replace(sk, lockstep=False)))
+
+    def triple_family_bound(self, family) -> float:
+        """Every skeleton of a triple family (hetopt.search.triples.TripleFamily) from throughput alone, as
+        `family_bound` for a pair: a stage of class k at TP t takes τ ≥ a_k·L, so template j's replicas
+        take M_j = R_j·m_j ≤ T·R_j·p_j/(a_k·N) micro-batches, and the templates share each class's G_k
+        GPUs (Σ_j R_j·p_j·t_j ≤ G_k): T ≥ M / Σ_k G_k·max_j 1/(t_j·a_k·N), a class of two runs counted
+        once at the better rate; then the ring exchange among the runs' classes (`ring_exchange_s`)."""
+        rc, layers = least_work(family.recompute_options), self.inst.model.layers
+        rates: dict[tuple[str, str], float] = {}
+        for dc, tp in family.runs:
+            a = self.per_layer_s(dc.gpu, tp, family.micro_batch, rc)
+            if a <= 0:
+                return 0.0
+            rates[dc.key] = max(rates.get(dc.key, 0.0), dc.gpus / (tp * a * layers))
+        classes = tuple((dc,) for dc, _ in family.runs)
+        return family.total_micro_batches / sum(rates.values()) + self.ring_exchange_s(classes)
+
+    def triple_table(self, family) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """`triple_bound` of every group of a triple family at once, as an array over (side a, side b,
+        side c) of its runs' side templates: at the replica counts 1 ≤ R_j ≤ top_j each side's GPUs allow
+        (the classes they share not counted: a larger region, a lower bound), λ_j and S_j at the least-work
+        mode with memory caps at M replicas in all (R_j·m_j ≤ M each: the loosest caps any group has) and
+        the most any mode holds, then the ring exchange and the slowest side's optimizer step at M
+        replicas. inf where a side cannot hold the model or the stages take more micro-batches than there
+        are, with masks of why ("memory", "divisibility")."""
+        rc, total = least_work(family.recompute_options), family.total_micro_batches
+        memory = family.recompute_options
+        columns = []
+        for j, sides in enumerate(family.sides):
+            rows = []
+            for counts, segments, per in sides:
+                lam, s_sum = self.capped_bound(family.micro_batch, rc, memory, segments, total, family.zero)
+                top = min(gpus // g for g, gpus in per.values())
+                step = self.optimizer_bound(Template(segments, 1, 1), total, family.zero)
+                rows.append((lam, s_sum, sum(counts), top, step))
+            shape = [1, 1, 1]
+            shape[j] = -1
+            columns.append([np.array(col, dtype=float).reshape(shape) for col in zip(*rows, strict=True)])
+        lams, sums, depths, tops, steps = (list(c) for c in zip(*columns, strict=True))
+        fits = np.isfinite(lams[0]) & np.isfinite(lams[1]) & np.isfinite(lams[2])
+        lams = [np.where(np.isfinite(lam), lam, 1.0) for lam in lams]
+        sums = [np.where(np.isfinite(x), x, 1.0) for x in sums]
+        rate = sum(top / lam for top, lam in zip(tops, lams, strict=True))
+        least = np.full(rate.shape, np.inf)
+        for corner in itertools.product(*((1.0, top) for top in tops)):
+            num = total + sum(r * (x / lam - 1) for r, x, lam in zip(corner, sums, lams, strict=True))
+            least = np.minimum(least, num / sum(r / lam for r, lam in zip(corner, lams, strict=True)))
+        deep = (depths[0] + depths[1] + depths[2]) > total
+        step = np.maximum(np.maximum(steps[0], steps[1]), steps[2])
+        classes = tuple((dc,) for dc, _ in family.runs)
+        bound = np.maximum(total / rate, least) + step + self.ring_exchange_s(classes)
+        return np.where(fits & ~deep, bound, np.inf), {"divisibility": deep, "memory": ~fits & ~deep}
 
     def triple_bound(self, group, lowest: tuple[int, int, int] = (1, 1, 1),
                      replicas: tuple[int, int, int] | None = None) -> float:

@@ -715,8 +715,8 @@ def enumerate_roots(inst: Instance, opts: SearchOptions, stats: SearchStats, pro
                     ) -> Iterator[Family | Skeleton]:
     """The roots of the plan space, the search tree's (search.tree.Tree.roots): every family; with
     search.shards every skeleton with shards, whose layouts follow the speeds of `profiles` (default the
-    shipped ones); with search.max_templates 3 every group of three templates
-    (hetopt.search.triples.TripleGroup); with search.uniform_layouts the skeleton of every uniform layout the
+    shipped ones); with search.max_templates 3 every family of three templates
+    (hetopt.search.triples.TripleFamily); with search.uniform_layouts the skeleton of every uniform layout the
     families do not hold (hetopt.search.uniform). With `beyond_narrow` the families only (the narrowed
     subspace holds the rest)."""
     yield from enumerate_families(inst, opts, stats)
@@ -731,9 +731,9 @@ def enumerate_roots(inst: Instance, opts: SearchOptions, stats: SearchStats, pro
 
         yield from Layouts(inst, opts, profiles).skeletons(stats)
     if opts.max_templates >= 3:  # last: on a large cluster they are many
-        from hetopt.search.triples import triple_groups
+        from hetopt.search.triples import triple_families
 
-        yield from triple_groups(inst, opts, stats)
+        yield from triple_families(inst, opts, stats)
 
 
 def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
@@ -745,8 +745,9 @@ def enumerate_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats,
         elif isinstance(root, Family):
             for group in root.groups(inst, opts, stats):
                 yield from group.skeletons()
-        else:  # a group of three templates
-            yield from root.skeletons()
+        else:  # a family of three templates
+            for group in root.groups(stats):
+                yield from group.skeletons()
 
 
 def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Profiles | None = None

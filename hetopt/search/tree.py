@@ -17,8 +17,10 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
              └─ SkeletonNode
     SkeletonNode      a skeleton with shards (hetopt.search.shards), a root leaf keyed by `Bounds.shard_bound`,
                       or a uniform layout's (hetopt.search.uniform) keyed by `Bounds.lockstep_bound`
-    TripleGroupNode   three templates (hetopt.search.triples) over a box of replica counts, keyed by
-       │              `Bounds.triple_bound`, halved down to single (R_a, R_b, R_c)
+    TripleFamilyNode  three single-class runs (hetopt.search.triples.TripleFamily), groups made only where
+    │                 its table of group bounds (Bounds.triple_table) leaves them open
+    └─ TripleGroupNode  three templates over a box of replica counts, keyed by `Bounds.triple_bound`,
+       │                halved down to single (R_a, R_b, R_c)
        └─ TripleSharesNode  fixed (R_a, R_b, R_c) and recompute, keyed by the least bound over the shares
           └─ SkeletonNode   (`TripleShares`: only the shares below the incumbent are made)
 
@@ -59,6 +61,7 @@ BOUND_RULE = "bound: compute lower bound ≥ incumbent"
 BUCKET_RULE = "bound: families at one replica count never generated"
 COUNTS_RULE = "bound: stage counts of a family's first classes at one replica count never generated"
 PAIR_GROUPS_RULE = "bound: two-template groups never generated"
+TRIPLE_GROUPS_RULE = "bound: three-template groups never generated"
 MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
 MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
 
@@ -92,7 +95,7 @@ class Tree:
             elif isinstance(root, Skeleton):  # with shards, or a uniform layout's in lockstep
                 yield SkeletonNode(self.bounds.compute_lower_bound(root), root, refined=True)
             else:
-                yield TripleGroupNode(self.bounds.triple_bound(root), root)
+                yield TripleFamilyNode(self.bounds.triple_family_bound(root), root)
 
     def fits(self, micro_batch: int, recompute: str | tuple[str, ...], segments: tuple, replicas_total: int,
              zero: tuple[int, ...] | int = 1) -> bool:
@@ -421,6 +424,47 @@ class ShareBounds:
 def _first(n: int, test) -> int:
     """The first i in 0 … n − 1 where a test that once true stays true holds (n where it never does)."""
     return bisect.bisect_left(range(n), True, key=test)
+
+
+@dataclass(frozen=True)
+class TripleFamilyNode(Node):
+    """Three single-class runs at one micro-batch size (hetopt.search.triples.TripleFamily), a root keyed
+    by `Bounds.triple_family_bound`; when it first reaches the top of the heap it goes back at the least
+    bound of its groups (`Bounds.triple_table`), and the next time it makes the groups that table leaves
+    open (the others are never made, counted as pruned under their reasons)."""
+
+    family: object
+    refined: bool = False
+
+    pruned_as = "bound: whole three-template families never generated (device classes × TP degrees)"
+
+    def expand(self, tree: Tree) -> list[Node]:
+        table, why = tree.bounds.triple_table(self.family)
+        if not self.refined:
+            return _children(self, [TripleFamilyNode(float(table.min(initial=math.inf)), self.family, True)])
+        family, stats = self.family, tree.stats
+        picks = np.indices(table.shape)  # (TripleFamily.mirrored, over the whole table)
+        mirrored = np.zeros(table.shape, dtype=bool)
+        for j in range(2):
+            if family.runs[j] == family.runs[j + 1]:
+                mirrored |= picks[j] > picks[j + 1]
+        finite = np.isfinite(table) & ~mirrored
+        kept = finite & (table < tree.incumbent * (1 - tree.tolerance))
+        for rule, mask in ((DIVISIBILITY, why["divisibility"]), (MEMORY_GROUPS_RULE, why["memory"]),
+                           (TRIPLE_GROUPS_RULE, finite & ~kept)):
+            if (count := int(np.count_nonzero(mask & ~mirrored))) > 0:
+                stats.pruned[rule] += count
+        out: list[Node] = []
+        for picks in np.argwhere(kept):
+            group = family.group(tuple(int(i) for i in picks), stats)
+            if group is None:
+                continue
+            bound = tree.bounds.triple_bound(group)
+            if tree.beaten(bound):
+                stats.pruned[TripleGroupNode.pruned_as] += 1
+            else:
+                out.append(TripleGroupNode(bound, group))
+        return _children(self, out)
 
 
 @dataclass(frozen=True)

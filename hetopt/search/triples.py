@@ -24,6 +24,7 @@ from hetopt.search.space import (
     DIVISIBILITY,
     SearchOptions,
     SearchStats,
+    SideTemplate,
     Skeleton,
     Template,
     class_runs,
@@ -32,6 +33,7 @@ from hetopt.search.space import (
     side_templates,
     zero_stages,
 )
+from hetopt.spec.cluster import DeviceClass
 from hetopt.spec.instance import Instance
 
 TRIPLE_SHARED = "GPUs: three templates too big for a class they share"
@@ -139,33 +141,74 @@ class TripleGroup:
                    for replicas in self.replica_counts())
 
 
-def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleGroup]:
-    """Every triple group of the space (none unless search.max_templates is 3), counted as enumerated; the
-    triples whose templates cannot take a micro-batch per stage, or do not fit the GPUs of a class they
-    share, counted as pruned. Triples are unordered (a mirror is the same plan): each multiset of side
-    templates once, and `TripleGroup.shares` orders two alike."""
+@dataclass(frozen=True)
+class TripleFamily:
+    """Three single-class runs (a device class at a TP degree each, unordered: a multiset) at one
+    micro-batch size: every triple group over their depths (`groups`), a root of the search tree. Its
+    groups are listed only where the family's table of bounds (`Bounds.triple_table`) leaves them open,
+    so a large cluster's cube of depths is never listed whole."""
+
+    micro_batch: int
+    runs: tuple[tuple[DeviceClass, int], tuple[DeviceClass, int], tuple[DeviceClass, int]]
+    sides: tuple[tuple[SideTemplate, ...], tuple[SideTemplate, ...], tuple[SideTemplate, ...]]
+    """Each run's side templates (`space.side_templates`: one per stage count), fewest stages first."""
+    recompute_options: tuple[str, ...]
+    total_micro_batches: int
+    zero: int = 1
+
+    def mirrored(self, picks: tuple[int, int, int]) -> bool:
+        """Whether the side templates at `picks` are out of order where two runs are one (the same group
+        listed at its ordered picks)."""
+        return any(self.runs[j] == self.runs[j + 1] and picks[j] > picks[j + 1] for j in range(2))
+
+    def group(self, picks: tuple[int, int, int], stats: SearchStats) -> TripleGroup | None:
+        """The group of the side templates at `picks`; None, counted as pruned, where their stages take
+        more micro-batches than there are or the templates do not fit on a class they share."""
+        picked = tuple(self.sides[j][i] for j, i in enumerate(picks))
+        if sum(sum(t[0]) for t in picked) > self.total_micro_batches:
+            stats.pruned[DIVISIBILITY] += 1
+            return None
+        gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
+        group = TripleGroup(self.micro_batch, tuple(t[1] for t in picked), tuple(
+            min(g // used for used, g in t[2].values()) for t in picked), self.recompute_options,
+            self.total_micro_batches, tuple(gpus.items()), self.zero)
+        if not group.fits((1, 1, 1)):
+            stats.pruned[TRIPLE_SHARED] += 1
+            return None
+        stats.enumerated_groups += 1
+        return group
+
+    def groups(self, stats: SearchStats) -> Iterator[TripleGroup]:
+        """Every group of the family (each multiset of side templates once), counted as enumerated."""
+        for picks in itertools.product(*(range(len(side)) for side in self.sides)):
+            if not self.mirrored(picks) and (group := self.group(picks, stats)) is not None:
+                yield group
+
+
+def triple_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleFamily]:
+    """Every triple family of the space (none unless search.max_templates is 3), counted among the
+    families. Triples are unordered (a mirror is the same plan): each multiset of runs once, and within a
+    family `TripleFamily.mirrored` and `TripleGroup.shares` order the alike."""
     zero = [z for z in zero_stages(opts) if z <= 1]
     if opts.max_templates < 3 or not zero or 1 not in opts.cp or 1 not in opts.virtual_stages:
         return
     classes = list(inst.cluster.device_classes.values())
     modes = enumerate_recompute(inst, opts)
     cap = min(opts.max_stages, inst.model.layers)
-    sides = [t for order, tps in class_runs(inst, opts, classes, 1) for t in side_templates(order, tps, cap)]
+    runs = [(order[0], tps[0]) for order, tps in class_runs(inst, opts, classes, 1)]
+    sides = {run: tuple(side_templates((run[0],), (run[1],), cap)) for run in runs}
     for b in opts.micro_batch:
         if inst.global_batch % b:
             continue
-        total = inst.global_batch // b
-        for ta, tb, tc in itertools.combinations_with_replacement(sides, 3):
-            picked = (ta, tb, tc)
-            if sum(sum(t[0]) for t in picked) > total:
-                stats.pruned[DIVISIBILITY] += 1
-                continue
-            gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
-            group = TripleGroup(b, tuple(t[1] for t in picked), tuple(
-                min(g // used for used, g in t[2].values()) for t in picked), modes, total, tuple(gpus.items()),
-                zero[0])
-            if not group.fits((1, 1, 1)):
-                stats.pruned[TRIPLE_SHARED] += 1
-                continue
-            stats.enumerated_groups += 1
-            yield group
+        for picked in itertools.combinations_with_replacement(runs, 3):
+            stats.families += 1
+            yield TripleFamily(b, picked, tuple(sides[run] for run in picked), modes, inst.global_batch // b,
+                               zero[0])
+
+
+def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleGroup]:
+    """Every triple group of the space (`triple_families`' groups), counted as enumerated; those whose
+    templates cannot take a micro-batch per stage, or do not fit the GPUs of a class they share, counted
+    as pruned."""
+    for family in triple_families(inst, opts, stats):
+        yield from family.groups(stats)
