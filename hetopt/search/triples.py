@@ -7,10 +7,12 @@ its own pace, or one class split among uneven shares. Templates on one class sha
 iteration waits for the slowest pipeline, every template's gradient all-reduce, then the templates'
 gradient exchange (a ring among the three, `features.cross_template_exchange`).
 
-Opt-in, for small clusters: the groups are listed whole at the search's roots, bounded by throughput
-(`Bounds.triple_bound`), then per replica counts (`Bounds.triple_replicas_bound`), without the pair
-machinery's tables, so their count grows with the cube of the single-class templates (ZeRO-0/1, 1F1B, no
-context parallelism; one recompute mode per plan).
+Opt-in (search.max_templates: 3). The search lists them as families — three runs of a device class at a TP
+degree each, `TripleFamily` — bounded by throughput (`Bounds.triple_family_bound`); a family's groups (a
+stage count per run) are made only where its numpy table of group bounds (`Bounds.triple_table`) leaves
+them open; a group's replica counts are a box halved down to single counts (`Bounds.triple_bound`, then
+the pipelines' and drains' bound over the shares, search.tree.TripleShares); and only the shares below the
+incumbent become skeletons (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per plan).
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ class SearchSection(Section):
         None, description="1: one pipeline template; 2 (default): also pairs of templates (each over at most "
                           "`pair_classes` device classes) with "
                           "their own micro-batch shares; 3: also three single-class templates side by side "
-                          "(small clusters: their groups are listed whole).")
+                          "(each with its own TP, depth, replicas and share; slower to prove on large clusters).")
     pair_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
         None, description="Most device classes each template of a two-template pair may span (default 1: "
                           "pairs of single-class templates). 2 or more also searches pairs such as "
