@@ -14,9 +14,9 @@ from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
 from hetopt.search.bounds import Bounds
 from hetopt.search.orchestrate import solve_exact
-from hetopt.search.space import SearchOptions, SearchStats, outside_space
+from hetopt.search.space import SearchOptions, SearchStats, class_runs, outside_space, side_templates
 from hetopt.search.tree import TripleShares
-from hetopt.search.triples import triple_groups
+from hetopt.search.triples import triple_families, triple_groups
 from hetopt.search.uniform import lockstep_layout
 from hetopt.spec.instance import load_instance
 
@@ -135,3 +135,38 @@ def test_a_box_of_replica_counts_bounds_each_of_its_points():
             first = next(g.skeletons_at(point), None)
             if first is not None:
                 assert here <= bounds.compute_lower_bound(first) * (1 + 1e-12)
+
+
+def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
+    """three-generations with max_templates 3: the families' groups are exactly the multisets of three
+    single-class side templates (each once, as `itertools.combinations_with_replacement` lists them) that
+    take a micro-batch per stage and fit; and each family's throughput bound ≤ its table's entries ≤ the
+    bound of the group at that entry (`Bounds.triple_bound`)."""
+    inst = load_instance(Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml")
+    opts = dataclasses.replace(SearchOptions.from_instance(inst), micro_batch=(8,), tp=(1, 2))
+    bounds = Bounds(inst, Profiles())
+    listed = []
+    for family in triple_families(inst, opts, SearchStats()):
+        table, _ = bounds.triple_table(family)
+        assert bounds.triple_family_bound(family) <= table.min() * (1 + 1e-12)
+        for picks in itertools.product(*(range(len(side)) for side in family.sides)):
+            group = None if family.mirrored(picks) else family.group(picks, SearchStats())
+            if group is not None:
+                listed.append(group.sides)
+                assert table[picks] <= bounds.triple_bound(group) * (1 + 1e-12)
+    classes = list(inst.cluster.device_classes.values())
+    cap = min(opts.max_stages, inst.model.layers)
+    sides = [t for order, tps in class_runs(inst, opts, classes, 1) for t in side_templates(order, tps, cap)]
+    total = inst.global_batch // 8
+    expected = []
+    for picked in itertools.combinations_with_replacement(sides, 3):
+        if sum(sum(t[0]) for t in picked) > total:
+            continue
+        use: dict = {}
+        for _, _, per in picked:
+            for key, (g, _) in per.items():
+                use[key] = use.get(key, 0) + g
+        if all(g <= inst.cluster.device_classes[key].gpus for key, g in use.items()):
+            expected.append(tuple(t[1] for t in picked))
+    assert len(listed) == len(set(listed)) == len(expected) > 1000
+    assert set(listed) == set(expected)

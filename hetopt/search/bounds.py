@@ -533,7 +533,8 @@ class Bounds:
     def triple_table(self, family) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """`triple_bound` of every group of a triple family at once, as an array over (side a, side b,
         side c) of its runs' side templates: at the replica counts 1 ≤ R_j ≤ top_j each side's GPUs allow
-        (the classes they share not counted: a larger region, a lower bound), λ_j and S_j at the least-work
+        (a class two share bounds their throughput, `class_rate`, not their pair bound's region: a larger
+        region, a lower bound), λ_j and S_j at the least-work
         mode with memory caps at M replicas in all (R_j·m_j ≤ M each: the loosest caps any group has) and
         the most any mode holds, then the ring exchange and the slowest side's optimizer step at M
         replicas. inf where a side cannot hold the model or the stages take more micro-batches than there
@@ -545,17 +546,19 @@ class Bounds:
             rows = []
             for counts, segments, per in sides:
                 lam, s_sum = self.capped_bound(family.micro_batch, rc, memory, segments, total, family.zero)
-                top = min(gpus // g for g, gpus in per.values())
+                ((width, gpus),) = per.values()  # one class
                 step = self.optimizer_bound(Template(segments, 1, 1), total, family.zero)
-                rows.append((lam, s_sum, sum(counts), top, step))
+                rows.append((lam, s_sum, sum(counts), gpus // width, step, width))
             shape = [1, 1, 1]
             shape[j] = -1
             columns.append([np.array(col, dtype=float).reshape(shape) for col in zip(*rows, strict=True)])
-        lams, sums, depths, tops, steps = (list(c) for c in zip(*columns, strict=True))
+        lams, sums, depths, tops, steps, widths = (list(c) for c in zip(*columns, strict=True))
         fits = np.isfinite(lams[0]) & np.isfinite(lams[1]) & np.isfinite(lams[2])
         lams = [np.where(np.isfinite(lam), lam, 1.0) for lam in lams]
         sums = [np.where(np.isfinite(x), x, 1.0) for x in sums]
-        rate = sum(top / lam for top, lam in zip(tops, lams, strict=True))
+        rate = class_rate([top / lam for top, lam in zip(tops, lams, strict=True)],
+                          [1 / (g * lam) for g, lam in zip(widths, lams, strict=True)],
+                          [dc.key for dc, _ in family.runs], {dc.key: dc.gpus for dc, _ in family.runs})
         least = np.full(rate.shape, np.inf)
         for corner in itertools.product(*((1.0, top) for top in tops)):
             num = total + sum(r * (x / lam - 1) for r, x, lam in zip(corner, sums, lams, strict=True))
@@ -570,7 +573,8 @@ class Bounds:
                      replicas: tuple[int, int, int] | None = None) -> float:
         """Three templates (hetopt.search.triples) at every replica counts lowest_j ≤ R_j ≤ replicas_j
         (default the group's tops) and shares: the larger of the throughput bound T ≥ M / Σ_j R_j/λ_j (as
-        T ≥ m_j·λ_j) and `triple_replicas_bound`'s, each at its least over the box (both are
+        T ≥ m_j·λ_j; templates on one class at most its GPUs' worth, `class_rate`) and
+        `triple_replicas_bound`'s, each at its least over the box (both are
         linear-fractional in R with a positive denominator, so least at one of its corners), then the
         templates' exchange and optimizer step (`triple_constant`); λ_j, S_j in memory at the most replicas
         (the loosest caps). The least over the group's recompute modes; inf where a template cannot hold
@@ -583,7 +587,10 @@ class Bounds:
                      for side in group.sides]
             if not all(math.isfinite(lam) for lam, _ in lines):
                 continue
-            rate = sum(r / lam for r, (lam, _) in zip(top, lines, strict=True))
+            gpus = dict(group.gpus)
+            rate = class_rate([r / lam for r, (lam, _) in zip(top, lines, strict=True)],
+                              [1 / (group.width(j) * lam) for j, (lam, _) in enumerate(lines)],
+                              [(seg.gpu, seg.island) for seg, *_ in group.sides], gpus)
             least = min(pair_at(lines, corner, group.total_micro_batches) for corner in corners)
             best = min(best, max(group.total_micro_batches / rate, least))
         return best + self.triple_constant(group, sum(top))
@@ -1007,6 +1014,24 @@ def region_least(side_a: tuple, side_b: tuple, shared, total: float) -> float:
             rate = max(rate, x / lam_a + y / lam_b)
             least = min(least, pair_at(((lam_a, s_a), (lam_b, s_b)), (x, y), total))
     return max(total / rate, least) if rate > 0 else math.inf
+
+
+def class_rate(rates: list, per_gpu: list, classes: list, gpus: dict):
+    """An upper bound on Σ_j R_j/λ_j, the micro-batches per second of templates j at R_j ≤ top_j
+    replicas (`rates`: top_j/λ_j), where the templates on one class k share its G_k GPUs
+    (Σ_{j on k} R_j·g_j ≤ G_k): each class's templates take at most min(Σ_j top_j/λ_j,
+    G_k·max_j 1/(g_j·λ_j)) (`per_gpu`: 1/(g_j·λ_j)). Floats or arrays that broadcast."""
+    total = 0.0
+    for key in dict.fromkeys(classes):
+        on = [j for j, k in enumerate(classes) if k == key]
+        alone = sum(rates[j] for j in on)
+        if len(on) > 1:
+            best = per_gpu[on[0]]
+            for j in on[1:]:
+                best = np.maximum(best, per_gpu[j])
+            alone = np.minimum(alone, gpus[key] * best)
+        total = total + alone
+    return total
 
 
 def pair_at(lines, replicas, total_micro_batches: int) -> float:
