@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hetopt.baselines.exhaustive import exhaustive
 from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import LINK
 from hetopt.evaluate import evaluate
 from hetopt.search.bounds import Bounds
 from hetopt.search.orchestrate import solve_exact
@@ -170,3 +172,30 @@ def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
             expected.append(tuple(t[1] for t in picked))
     assert len(listed) == len(set(listed)) == len(expected) > 1000
     assert set(listed) == set(expected)
+
+
+@pytest.mark.parametrize("link", [1.0, 2.0, 10.0])
+def test_the_ring_bound_holds_whatever_the_link_weight(link):
+    """Regression (review): s22's two templates on node k exchange inside it, the third over the network.
+    The evaluator prices only the flow of most raw seconds (features.slowest_transfer) with one template's
+    weights, so the slowest pair's `exchange_s` is no bound when the LINK weight is far above NET's; the
+    ring bound now takes the least pair's, or the weights' least times the slowest raw hop. Every triple
+    skeleton's bound ≤ its time, and the search's optimum is exhaustive enumeration's (0.077829 s at
+    LINK 10, three templates; the broken bound gave 0.107 s with two)."""
+    inst = load_instance(Path(__file__).parent / "small" / "s22-ring-link.yaml")
+    gpu = inst.gpu_types["slowlink"]
+    base = Profiles().for_gpu(gpu)
+    profiles = Profiles([dataclasses.replace(base, gpu="slowlink", weights=tuple(
+        link if i == LINK else w for i, w in enumerate(base.weights)))])
+    opts = SearchOptions.from_instance(inst)
+    bounds = Bounds(inst, profiles)
+    for sk in (sk for g in triple_groups(inst, opts, SearchStats()) for sk in g.skeletons()):
+        ev = evaluate(inst, sk.plan([inst.model.layers] * 3), profiles)
+        assert bounds.compute_lower_bound(sk) <= ev.iteration_time_s * (1 + 1e-9)
+    if link == 10.0:
+        best = exhaustive(inst, opts, profiles=profiles, workers=1)
+        found = solve_exact(inst, backend="highs", time_limit_s=60, options=opts, profiles=profiles,
+                            warm_start=False)
+        assert found.status == "optimal"
+        assert found.objective_s == pytest.approx(best.objective_s, rel=1e-9)
+        assert best.objective_s == pytest.approx(0.0778291, rel=1e-5) and len(best.plan.pipelines) == 3

@@ -576,14 +576,15 @@ class Bounds:
         T ≥ m_j·λ_j; templates on one class at most its GPUs' worth, `class_rate`) and
         `triple_replicas_bound`'s, each at its least over the box (both are
         linear-fractional in R with a positive denominator, so least at one of its corners), then the
-        templates' exchange and optimizer step (`triple_constant`); λ_j, S_j in memory at the most replicas
-        (the loosest caps). The least over the group's recompute modes; inf where a template cannot hold
+        templates' exchange and optimizer step (`triple_constant`); λ_j, S_j in memory at the most replicas,
+        at most M (the loosest caps). The least over the group's recompute modes; inf where a template cannot hold
         the model in any."""
         top = replicas or group.tops
         corners = list(itertools.product(*zip(lowest, top, strict=True)))
+        most = min(sum(top), group.total_micro_batches)  # every replica takes a micro-batch at least
         best = math.inf
         for rc in group.recompute_options:
-            lines = [self.capped_bound(group.micro_batch, rc, (rc,), side, sum(top), group.zero)
+            lines = [self.capped_bound(group.micro_batch, rc, (rc,), side, most, group.zero)
                      for side in group.sides]
             if not all(math.isfinite(lam) for lam, _ in lines):
                 continue
@@ -593,7 +594,7 @@ class Bounds:
                               [(seg.gpu, seg.island) for seg, *_ in group.sides], gpus)
             least = min(pair_at(lines, corner, group.total_micro_batches) for corner in corners)
             best = min(best, max(group.total_micro_batches / rate, least))
-        return best + self.triple_constant(group, sum(top))
+        return best + self.triple_constant(group, most)
 
     def triple_replicas_bound(self, group, replicas: tuple[int, int, int]) -> float:
         """Three templates at replica counts R_j and any shares: `pair_bound`'s argument for three,
@@ -699,13 +700,19 @@ class Bounds:
         is priced with whichever template comes first)."""
         keys = tuple(tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b))
         weighed = tuple(sorted({seg.gpu for side in (side_a, side_b, *others) for seg in side}))
+        return self._exchange_parts(keys, weighed)[0]
+
+    def _exchange_parts(self, keys: tuple, weighed: tuple[str, ...]) -> tuple[float, float, float, float]:
+        """(`exchange_s`, its flow's least raw seconds — bytes over bandwidth plus latency, what
+        features.slowest_transfer ranks flows by —, the least of the weights of those terms and the least
+        step weight over the GPU types `weighed`); all 0 where a weight of a transfer is negative."""
         if (keys, weighed) not in self._exchange:
             inst, classes = self.inst, self.inst.cluster.device_classes
             channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
             nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
             weights = [self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
                        for gpu in weighed]
-            best = math.inf
+            best, raw = math.inf, math.inf
             ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
             for cluster in self.clusters:
                 for src, dst in ends + [(kb, ka) for ka, kb in ends]:  # a hop each way round the ring
@@ -714,20 +721,35 @@ class Bounds:
                         features = transfer(nbytes, shared_gbps(route, Counter()), route.intra_node,
                                             latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
                         best = min(best, min(float(features @ w) for w in weights))
+                        raw = min(raw, float(features[LINK] + features[NET] + features[LAT]))
             transfer_terms = [LINK, NET, STEP, LAT]
-            self._exchange[keys, weighed] = best if all(min(w[transfer_terms]) >= 0 for w in weights) else 0.0
+            if all(min(w[transfer_terms]) >= 0 for w in weights):
+                self._exchange[keys, weighed] = (best, raw, min(min(w[[LINK, NET, LAT]]) for w in weights),
+                                                 min(w[STEP] for w in weights))
+            else:
+                self._exchange[keys, weighed] = (0.0, 0.0, 0.0, 0.0)
         return self._exchange[keys, weighed]
 
     def ring_exchange_s(self, sides: tuple) -> float:
-        """T_cross ≥ this for the templates whose segments are `sides`: with two, `exchange_s`; with three,
-        every pair of them is a hop of the ring (a → b → c → a in any order), each carrying 4G/3 ≥ G of
-        gradients, so the slowest pair's `exchange_s` (each priced with the least weights of all three
-        templates' GPU types); 0 with one, or with more than three (no pair need be a hop)."""
+        """T_cross ≥ this for the templates whose segments are `sides`: with two, `exchange_s`; with three
+        (a ring a → b → c → a in any order, so every pair of them is a hop, each flow carrying 4G/3 ≥ G
+        of gradients over at most as many channels as `exchange_s` counts) the evaluator prices the one
+        flow of most raw seconds (features.slowest_transfer) with one template's weights. That flow is a
+        hop's: T_cross ≥ the least pair's `exchange_s`. And its raw seconds are the most of all flows', so
+        at least every hop's least: T_cross ≥ ω·max_pairs raw + σ (ω the least weight of the seconds'
+        terms, σ the least step weight, over all three templates' GPU types). The larger of the two; 0
+        with one template, or more than three (no pair need be a hop)."""
         if len(sides) == 2:
             return self.exchange_s(*sides)
         if len(sides) != 3:
             return 0.0
-        return max(self.exchange_s(sides[i], sides[j], (sides[3 - i - j],)) for i, j in ((0, 1), (0, 2), (1, 2)))
+        weighed = tuple(sorted({seg.gpu for side in sides for seg in side}))
+        parts = [self._exchange_parts(tuple(tuple(sorted({(seg.gpu, seg.island) for seg in side}))
+                                            for side in (sides[i], sides[j])), weighed)
+                 for i, j in ((0, 1), (0, 2), (1, 2))]
+        slowest = max(raw for _, raw, _, _ in parts)
+        omega, sigma = parts[0][2], parts[0][3]
+        return max(min(best for best, _, _, _ in parts), omega * slowest + sigma)
 
     def pair_lines(self, group, recompute: str, memory: tuple[str, ...], replicas_total: int
                    ) -> tuple[tuple[float, float], ...]:

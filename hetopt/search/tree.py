@@ -461,7 +461,7 @@ class TripleFamilyNode(Node):
                 continue
             bound = tree.bounds.triple_bound(group)
             if tree.beaten(bound):
-                stats.pruned[TripleGroupNode.pruned_as] += 1
+                stats.pruned[TRIPLE_GROUPS_RULE] += 1
             else:
                 out.append(TripleGroupNode(bound, group))
         return _children(self, out)
