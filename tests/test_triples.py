@@ -151,8 +151,9 @@ def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
     for family in triple_families(inst, opts, SearchStats()):
         table, _ = bounds.triple_table(family)
         assert bounds.triple_family_bound(family) <= table.min() * (1 + 1e-12)
+        mirrored = family.mirrored()
         for picks in itertools.product(*(range(len(side)) for side in family.sides)):
-            group = None if family.mirrored(picks) else family.group(picks, SearchStats())
+            group = None if mirrored[picks] else family.group(picks, SearchStats())
             if group is not None:
                 listed.append(group.sides)
                 assert table[picks] <= bounds.triple_bound(group) * (1 + 1e-12)
@@ -170,7 +171,8 @@ def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
                 use[key] = use.get(key, 0) + g
         if all(g <= inst.cluster.device_classes[key].gpus for key, g in use.items()):
             expected.append(tuple(t[1] for t in picked))
-    assert len(listed) == len(set(listed)) == len(expected) > 1000
+    # 4,146 groups (counted when this test was written): the micro-batch size 8 and TP 1 or 2 only
+    assert len(listed) == len(set(listed)) == len(expected) == 4146
     assert set(listed) == set(expected)
 
 

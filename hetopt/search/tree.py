@@ -443,11 +443,7 @@ class TripleFamilyNode(Node):
         if not self.refined:
             return _children(self, [TripleFamilyNode(float(table.min(initial=math.inf)), self.family, True)])
         family, stats = self.family, tree.stats
-        picks = np.indices(table.shape)  # (TripleFamily.mirrored, over the whole table)
-        mirrored = np.zeros(table.shape, dtype=bool)
-        for j in range(2):
-            if family.runs[j] == family.runs[j + 1]:
-                mirrored |= picks[j] > picks[j + 1]
+        mirrored = family.mirrored()
         finite = np.isfinite(table) & ~mirrored
         kept = finite & (table < tree.incumbent * (1 - tree.tolerance))
         for rule, mask in ((DIVISIBILITY, why["divisibility"]), (MEMORY_GROUPS_RULE, why["memory"]),

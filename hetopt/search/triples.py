@@ -22,6 +22,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from hetopt.search.space import (
     DIVISIBILITY,
     SearchOptions,
@@ -158,10 +160,15 @@ class TripleFamily:
     total_micro_batches: int
     zero: int = 1
 
-    def mirrored(self, picks: tuple[int, int, int]) -> bool:
-        """Whether the side templates at `picks` are out of order where two runs are one (the same group
-        listed at its ordered picks)."""
-        return any(self.runs[j] == self.runs[j + 1] and picks[j] > picks[j + 1] for j in range(2))
+    def mirrored(self) -> np.ndarray:
+        """Over (side a, side b, side c): whether the side templates at those picks are out of order where
+        two runs are one (the same group is listed at its ordered picks)."""
+        picks = np.indices(tuple(len(side) for side in self.sides))
+        out = np.zeros(picks.shape[1:], dtype=bool)
+        for j in range(2):
+            if self.runs[j] == self.runs[j + 1]:
+                out |= picks[j] > picks[j + 1]
+        return out
 
     def group(self, picks: tuple[int, int, int], stats: SearchStats) -> TripleGroup | None:
         """The group of the side templates at `picks`; None, counted as pruned, where their stages take
@@ -182,8 +189,8 @@ class TripleFamily:
 
     def groups(self, stats: SearchStats) -> Iterator[TripleGroup]:
         """Every group of the family (each multiset of side templates once), counted as enumerated."""
-        for picks in itertools.product(*(range(len(side)) for side in self.sides)):
-            if not self.mirrored(picks) and (group := self.group(picks, stats)) is not None:
+        for picks in np.argwhere(~self.mirrored()):
+            if (group := self.group(tuple(int(i) for i in picks), stats)) is not None:
                 yield group
 
 
