@@ -53,6 +53,7 @@ def test_there_are_ten_small_instances_with_one_to_four_types_and_up_to_three_is
     assert all(load_instance(p).cluster.total_gpus <= 32 for p in SMALL)
 
 
+@pytest.mark.xdist_group("ground_truth")  # one worker enumerates the small instances, not each
 @pytest.mark.parametrize("formulation,backend", BACKENDS)
 @pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
 def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, formulation, backend, ground_truth):
@@ -219,6 +220,7 @@ def robust_truth():
     return {**exhaustive_objectives(inst, ("expected", "cvar")), "worst": exhaustive(inst, objective="worst")}
 
 
+@pytest.mark.xdist_group("robust_truth")
 @pytest.mark.parametrize("objective", ["expected", "worst", "cvar"])
 def test_robust_objectives_match_exhaustive_on_every_backend(objective, robust_truth):
     inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))

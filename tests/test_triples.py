@@ -16,7 +16,7 @@ from hetopt.cost.terms import LINK
 from hetopt.evaluate import evaluate
 from hetopt.search.bounds import Bounds
 from hetopt.search.orchestrate import solve_exact
-from hetopt.search.space import SearchOptions, SearchStats, class_runs, outside_space, side_templates
+from hetopt.search.space import SearchOptions, SearchStats, Template, class_runs, outside_space, side_templates
 from hetopt.search.tree import TripleShares
 from hetopt.search.triples import triple_families, triple_groups
 from hetopt.search.uniform import lockstep_layout
@@ -201,3 +201,41 @@ def test_the_ring_bound_holds_whatever_the_link_weight(link):
         assert found.status == "optimal"
         assert found.objective_s == pytest.approx(best.objective_s, rel=1e-9)
         assert best.objective_s == pytest.approx(0.0778291, rel=1e-5) and len(best.plan.pipelines) == 3
+
+
+def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
+    """`Bounds.triple_reach` prunes a box of replica counts where its templates cannot take the M
+    micro-batches below a level (the box's most per template, two on one class within its GPUs). On
+    three-generations (groups of up to two stages per template, micro-batch 8, TP 1 or 2, two on one class
+    among them): wherever the shares' least bound at a point (`TripleShares.least`) lies below a level,
+    the reach at the point, over the group's whole box and over a box around the point is at least M;
+    and the drained bounds it is built on rise with the replicas and the micro-batches."""
+    inst = load_instance(Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml")
+    opts = dataclasses.replace(SearchOptions.from_instance(inst), micro_batch=(8,), tp=(1, 2), max_stages=2)
+    bounds = Bounds(inst, Profiles())
+    groups = list(triple_groups(inst, opts, SearchStats()))
+    shared = [g for g in groups if len({(side[0].gpu, side[0].island) for side in g.sides}) < 3]
+    assert len(groups) > 100 and len(shared) > 50
+    checked = pruned = 0
+    for g in groups[::7]:
+        total = g.total_micro_batches
+        for side in g.sides:
+            for rc in g.recompute_options:
+                depth = sum(seg.stages for seg in side)
+                grid = [[bounds.drained_bound(g.micro_batch, rc, Template(side, r, m), total, 1, g.zero, (rc,))
+                         for m in range(depth, depth + 12)] for r in range(1, 9)]
+                assert all(a <= b for row in grid for a, b in itertools.pairwise(row))  # rises with m
+                assert all(a <= b for col in zip(*grid, strict=True) for a, b in itertools.pairwise(col))  # and R
+        for point in g.replica_counts():
+            for rc in g.recompute_options:
+                least = TripleShares(bounds, g, point, rc).least()
+                if not math.isfinite(least):
+                    continue
+                for level in (least * 1.0001, least * 1.05, least * 1.3):
+                    checked += 1
+                    around = (tuple(max(1, r - 1) for r in point), tuple(min(t, r + 2) for r, t in
+                                                                          zip(point, g.tops, strict=True)))
+                    for box in ((point, point), ((1, 1, 1), g.tops), around):
+                        assert bounds.triple_reach(g, *box, level) >= total
+                pruned += bounds.triple_reach(g, point, point, least * 0.999) < total
+    assert checked > 1000 and pruned > 100

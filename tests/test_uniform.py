@@ -27,13 +27,18 @@ BACKENDS = [("split-milp", "cbc"), ("split-milp", "highs"), ("split-cpsat", "cps
 def test_with_two_stages_the_optimum_is_a_uniform_layout_in_lockstep_and_pays():
     """s19 (max_stages 2): the exhaustive optimum is Megatron's pp=2, dp=2 layout, (A100 → H100) ‖
     (A100 → H200), 2 layers on the A100s and 6 on the Hoppers in both, 0.5573 s; the best plan without
-    uniform layouts runs both Hoppers as one pipeline, 0.6892 s. Every backend proves the first."""
+    uniform layouts runs each GPU type as a template of its own (three templates: the A100s data-parallel
+    with 5 micro-batches each, the H100 and the H200 with 11), 0.5660 s; with at most two templates
+    (max_templates 2) both Hoppers as one pipeline, 0.6892 s. Every backend proves the first."""
     inst = load_instance(SMALL / "s19-uniform-layout.yaml")
     opts = SearchOptions.from_instance(inst)
     best = exhaustive(inst, opts)
     without = exhaustive(inst, dataclasses.replace(opts, uniform_layouts=False))
     assert best.objective_s == pytest.approx(0.5573, abs=1e-4)
-    assert without.objective_s == pytest.approx(0.6892, abs=1e-4)
+    assert without.objective_s == pytest.approx(0.5660, abs=1e-4)
+    assert sorted((p.replicas, p.micro_batches) for p in without.plan.pipelines) == [(1, 11), (1, 11), (2, 5)]
+    pairs = exhaustive(inst, dataclasses.replace(opts, uniform_layouts=False, max_templates=2))
+    assert pairs.objective_s == pytest.approx(0.6892, abs=1e-4)
     pipes = best.plan.pipelines
     assert sorted([st.gpu for st in p.stages] for p in pipes) == [["A100-80GB", "H100-SXM"], ["A100-80GB", "H200"]]
     assert [[st.layers for st in p.stages] for p in pipes] == [[2, 6], [2, 6]]

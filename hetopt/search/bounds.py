@@ -33,6 +33,7 @@ so no two runs ever share an entry.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -127,6 +128,8 @@ class Bounds:
         self._pairs: dict[tuple, tuple] = {}
         self._exchange: dict[tuple, float] = {}
         self._triples: dict[tuple, float] = {}
+        self._takes: dict[tuple, np.ndarray] = {}
+        self._rings: dict[tuple, float] = {}
         self._capped: dict[tuple, tuple[float, float]] = {}
         self._zero: dict[tuple, float] = {}
         self._optimizer: dict[tuple, float] = {}
@@ -602,6 +605,12 @@ class Bounds:
         the least over the group's recompute modes; then the exchange and optimizer step."""
         return self.triple_bound(group, replicas, replicas)
 
+    def triple_ring(self, sides: tuple) -> float:
+        """`ring_exchange_s` of a triple's templates, memoised."""
+        if sides not in self._rings:
+            self._rings[sides] = self.ring_exchange_s(sides)
+        return self._rings[sides]
+
     def triple_constant(self, group, replicas_total: int) -> float:
         """What follows every pipeline of a triple at `replicas_total` replicas in all, or fewer: the ring
         exchange among its templates (`ring_exchange_s`) and the slowest template's optimizer step
@@ -609,9 +618,78 @@ class Bounds:
         key = (group.sides, replicas_total, group.zero)
         if key not in self._triples:
             sides = group.sides
-            self._triples[key] = self.ring_exchange_s(sides) + max(
+            self._triples[key] = self.triple_ring(sides) + max(
                 self.optimizer_bound(Template(side, 1, 1), replicas_total, group.zero) for side in sides)
         return self._triples[key]
+
+    def triple_reach(self, group, lowest: tuple[int, int, int], replicas: tuple[int, int, int],
+                     threshold: float) -> int:
+        """The most micro-batches a triple group's templates can take in all below `threshold`, over the
+        box of replica counts lowest_j ≤ R_j ≤ replicas_j and the group's recompute modes: Σ_j of the
+        most `triple_takes` of template j in the box, its level `threshold` less the ring exchange and
+        its own optimizer step at M replicas (the least: T ≥ D_j(m_j) + T_cross + T_opt, T_opt ≥ each
+        template's). Below M, no skeleton of the box beats `threshold`."""
+        total = group.total_micro_batches
+        ring = self.triple_ring(group.sides)
+        on: dict[tuple[str, str], list[int]] = {}
+        for j, side in enumerate(group.sides):
+            on.setdefault((side[0].gpu, side[0].island), []).append(j)
+        gpus = dict(group.gpus)
+        most = -1
+        for rc in group.recompute_options:
+            takes = []
+            for j, side in enumerate(group.sides):
+                room = threshold - ring - self.optimizer_bound(Template(side, 1, 1), total, group.zero)
+                every = self.triple_takes(group.micro_batch, rc, side, group.zero, total, group.tops[j], room)
+                takes.append(every[lowest[j] - 1:replicas[j]])
+            most = max(most, sum(_class_reach([takes[j] for j in js], [lowest[j] for j in js],
+                                              [group.width(j) for j in js], gpus[key]) for key, js in on.items()))
+        return most
+
+    def triple_takes(self, micro_batch: int, recompute: str, side: tuple, zero: int, total: int, top: int,
+                     room: float) -> np.ndarray:
+        """What one template of a triple can take below a level: for R = 1 … top replicas, R·cap(R) with
+        cap(R) the most micro-batches m ≥ p (its depth) whose `drained_bound` lies below `room`, memory
+        caps at `total` (= M) replicas (the loosest any triple has), and at most M in all; −(M + 1) where
+        no m does. A triple group at replica counts R_j and shares m_j with every D_j(m_j) < room_j has
+        Σ_j R_j·m_j = M ≤ Σ_j takes_j(R_j): where even the most of each over a box of replica counts
+        falls short of M, no point of the box is below the level (search.tree.TripleGroupNode).
+
+        D(m; R) rises with m (each pipeline piece is (m − 1)·Λ + Σ τ) and with R (stage 0's ring spans
+        ⌈R/k⌉ nodes, `class_ring`; R flows share island links, `send_s`), so cap(R) falls with R: it is
+        filled by halving [1, top], a run of equal ends being equal throughout."""
+        key = (micro_batch, recompute, side, zero, total, top, room)
+        if key in self._takes:
+            return self._takes[key]
+        depth = sum(seg.stages for seg in side)
+
+        def below(r: int, m: int) -> bool:
+            return self.drained_bound(micro_batch, recompute, Template(side, r, m), total, 1, zero,
+                                      (recompute,)) < room
+
+        def cap(r: int, lo: int, hi: int) -> int:
+            """The most m in [lo, hi] below the level (lo − 1 where none), knowing it is at least lo − 1."""
+            return lo + bisect.bisect_left(range(lo, hi + 1), True, key=lambda m: not below(r, m)) - 1
+
+        caps = np.zeros(top + 1, dtype=np.int64)
+        caps[1] = cap(1, depth, total)
+        if top > 1:
+            caps[top] = cap(top, depth, int(caps[1]))
+        spans = [(1, top)] if top > 1 else []
+        while spans:
+            lo, hi = spans.pop()
+            if hi - lo <= 1:
+                continue
+            if caps[lo] == caps[hi]:
+                caps[lo:hi + 1] = caps[lo]
+                continue
+            mid = (lo + hi) // 2
+            caps[mid] = cap(mid, int(caps[hi]) + 1, int(caps[lo]))
+            spans += [(lo, mid), (mid, hi)]
+        replicas = np.arange(top + 1)
+        takes = np.where(caps >= depth, np.minimum(replicas * caps, total), -(total + 1))[1:]
+        self._takes[key] = takes
+        return takes
 
     def drained_bound(self, micro_batch: int, recompute: str, template, replicas_total: int,
                       virtual_stages: int = 1, zero: int = 1, memory: str | tuple[str, ...] | None = None
@@ -1054,6 +1132,22 @@ def class_rate(rates: list, per_gpu: list, classes: list, gpus: dict):
             alone = np.minimum(alone, gpus[key] * best)
         total = total + alone
     return total
+
+
+def _class_reach(takes: list[np.ndarray], lowest: list[int], widths: list[int], gpus: int) -> int:
+    """The most Σ_j takes_j[R_j − lowest_j] of the templates on one class whose R_j·g_j fit its GPUs
+    (`Bounds.triple_reach`): one template its most; two the most over the pairs that fit; three, two of
+    them so with room left for the third's fewest, plus the third's most (an upper bound). −(2^40)
+    where no counts fit."""
+    if len(takes) == 1:
+        return int(takes[0].max())
+    a, b = (np.arange(low, low + len(t)) * w for t, low, w in zip(takes[:2], lowest[:2], widths[:2], strict=True))
+    room = gpus - (lowest[2] * widths[2] if len(takes) == 3 else 0)
+    fit = (a[:, None] + b[None, :]) <= room
+    if not fit.any():
+        return -(2 ** 40)
+    pair = int(np.where(fit, takes[0][:, None] + takes[1][None, :], -(2 ** 40)).max())
+    return pair + (int(takes[2].max()) if len(takes) == 3 else 0)
 
 
 def pair_at(lines, replicas, total_micro_batches: int) -> float:

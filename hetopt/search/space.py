@@ -195,8 +195,9 @@ class SearchOptions:
     max_stages: int = 16
     max_classes: int = 4
     """Most device classes one pipeline template may span."""
-    max_templates: int = 2
-    """With 2, pairs of templates with their own micro-batch shares are searched too."""
+    max_templates: int = 3
+    """With 2, pairs of templates with their own micro-batch shares are searched too; with 3 (default),
+    also three single-class templates side by side (hetopt.search.triples)."""
     pair_classes: int = 1
     """Most device classes each template of a pair may span: 1 (default) pairs single-class templates."""
     virtual_stages: tuple[int, ...] = (1,)
@@ -229,7 +230,7 @@ class SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
-                   max_classes=s.max_classes or 4, max_templates=s.max_templates or 2,
+                   max_classes=s.max_classes or 4, max_templates=s.max_templates or 3,
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
@@ -715,7 +716,7 @@ def enumerate_roots(inst: Instance, opts: SearchOptions, stats: SearchStats, pro
                     ) -> Iterator[Family | Skeleton]:
     """The roots of the plan space, the search tree's (search.tree.Tree.roots): every family; with
     search.shards every skeleton with shards, whose layouts follow the speeds of `profiles` (default the
-    shipped ones); with search.max_templates 3 every family of three templates
+    shipped ones); with search.max_templates 3 (default) every family of three templates
     (hetopt.search.triples.TripleFamily); with search.uniform_layouts the skeleton of every uniform layout the
     families do not hold (hetopt.search.uniform). With `beyond_narrow` the families only (the narrowed
     subspace holds the rest)."""
@@ -759,7 +760,7 @@ def outside_space(inst: Instance, plan: Plan, opts: SearchOptions, profiles: Pro
     device classes per template, each class one contiguous run at one TP (with search.tp_per_stage one
     class of a template may be two consecutive runs at two TP degrees), one context-parallel degree of
     search.cp for every stage, and at most max_templates templates — two side by side only of at most
-    search.pair_classes classes each (1 by default; three, with max_templates 3, of one class at one TP,
+    search.pair_classes classes each (1 by default; three, with max_templates 3 (default), of one class at one TP,
     CP 1 and one recompute mode each); a stage of a replica is one rank, or with search.shards
     the stages are the device groups of `hetopt.search.shards` (whose speeds come from `profiles`, default
     the shipped ones); with search.uniform_layouts every uniform layout's plan with one layer split for all

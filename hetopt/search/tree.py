@@ -20,7 +20,8 @@ bound; a node whose bound reaches the incumbent is pruned with everything under 
     TripleFamilyNode  three single-class runs (hetopt.search.triples.TripleFamily), groups made only where
     │                 its table of group bounds (Bounds.triple_table) leaves them open
     └─ TripleGroupNode  three templates over a box of replica counts, keyed by `Bounds.triple_bound`,
-       │                halved down to single (R_a, R_b, R_c)
+       │                halved down to single (R_a, R_b, R_c); a box (or group) whose templates cannot
+       │                take the M micro-batches below the incumbent is dropped (`Tree.reaches`)
        └─ TripleSharesNode  fixed (R_a, R_b, R_c) and recompute, keyed by the least bound over the shares
           └─ SkeletonNode   (`TripleShares`: only the shares below the incumbent are made)
 
@@ -82,6 +83,14 @@ class Tree:
 
     def beaten(self, bound: float) -> bool:
         return bound >= self.incumbent * (1 - self.tolerance)
+
+    def reaches(self, group, lowest: tuple[int, int, int], replicas: tuple[int, int, int]) -> bool:
+        """Whether a triple group's templates can take its M micro-batches below the incumbent at some
+        replica counts of the box lowest ≤ R ≤ replicas (`Bounds.triple_reach`)."""
+        if not math.isfinite(self.incumbent):
+            return True
+        threshold = self.incumbent * (1 - self.tolerance)
+        return self.bounds.triple_reach(group, lowest, replicas, threshold) >= group.total_micro_batches
 
     def roots(self) -> Iterator[Node]:
         """Every root of the plan space (`enumerate_roots`) as a node: a family keyed by its throughput
@@ -455,8 +464,7 @@ class TripleFamilyNode(Node):
             group = family.group(tuple(int(i) for i in picks), stats)
             if group is None:
                 continue
-            bound = tree.bounds.triple_bound(group)
-            if tree.beaten(bound):
+            if not tree.reaches(group, (1, 1, 1), group.tops) or tree.beaten(bound := tree.bounds.triple_bound(group)):
                 stats.pruned[TRIPLE_GROUPS_RULE] += 1
             else:
                 out.append(TripleGroupNode(bound, group))
@@ -480,6 +488,9 @@ class TripleGroupNode(Node):
     def expand(self, tree: Tree) -> list[Node]:
         g, lo = self.group, self.lowest
         hi = self.replicas or g.tops
+        if not tree.reaches(g, lo, hi):  # the incumbent fell since this box was made
+            tree.stats.pruned[self.pruned_as] += 1
+            return []
         if lo == hi:
             return _children(self, triple_share_nodes(tree, g, lo))
         j = max(range(3), key=lambda k: hi[k] - lo[k])
@@ -489,8 +500,7 @@ class TripleGroupNode(Node):
             if not g.fits(low):
                 tree.stats.pruned[TRIPLE_SHARED] += 1
                 continue
-            bound = tree.bounds.triple_bound(g, low, high)
-            if tree.beaten(bound):  # pruned as made
+            if not tree.reaches(g, low, high) or tree.beaten(bound := tree.bounds.triple_bound(g, low, high)):
                 tree.stats.pruned[self.pruned_as] += 1
             else:
                 out.append(TripleGroupNode(bound, g, low, high))

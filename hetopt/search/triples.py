@@ -7,12 +7,15 @@ its own pace, or one class split among uneven shares. Templates on one class sha
 iteration waits for the slowest pipeline, every template's gradient all-reduce, then the templates'
 gradient exchange (a ring among the three, `features.cross_template_exchange`).
 
-Opt-in (search.max_templates: 3). The search lists them as families — three runs of a device class at a TP
-degree each, `TripleFamily` — bounded by throughput (`Bounds.triple_family_bound`); a family's groups (a
-stage count per run) are made only where its numpy table of group bounds (`Bounds.triple_table`) leaves
-them open; a group's replica counts are a box halved down to single counts (`Bounds.triple_bound`, then
-the pipelines' and drains' bound over the shares, search.tree.TripleShares); and only the shares below the
-incumbent become skeletons (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per plan).
+In the space by default (search.max_templates: 3; 2 or 1 leaves them out). The search lists them as
+families — three runs of a device class at a TP degree each, `TripleFamily` — bounded by throughput
+(`Bounds.triple_family_bound`); a family's groups (a stage count per run) are made only where its numpy
+table of group bounds (`Bounds.triple_table`) leaves them open and its templates can take the M
+micro-batches below the incumbent (`Bounds.triple_reach`: each template's drained pipeline caps its
+micro-batches per replica count); a group's replica counts are a box halved down to single counts, each
+box under the same two tests (`Bounds.triple_bound`, `triple_reach`), then the pipelines' and drains'
+bound over the shares (search.tree.TripleShares); and only the shares below the incumbent become
+skeletons (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per plan).
 """
 
 from __future__ import annotations

@@ -225,10 +225,10 @@ class SearchSection(Section):
                            "first stages of 1F1B hold the most activations): one integer program per skeleton "
                            "chooses the modes with the layers. Default false: a mode for the whole plan.")
     max_templates: Literal[1, 2, 3] | None = Field(
-        None, description="1: one pipeline template; 2 (default): also pairs of templates (each over at most "
-                          "`pair_classes` device classes) with "
-                          "their own micro-batch shares; 3: also three single-class templates side by side "
-                          "(each with its own TP, depth, replicas and share; slower to prove on large clusters).")
+        None, description="1: one pipeline template; 2: also pairs of templates (each over at most "
+                          "`pair_classes` device classes) with their own micro-batch shares; 3 (default): "
+                          "also three single-class templates side by side (each with its own TP, depth, "
+                          "replicas and share).")
     pair_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
         None, description="Most device classes each template of a two-template pair may span (default 1: "
                           "pairs of single-class templates). 2 or more also searches pairs such as "
