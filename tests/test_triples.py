@@ -239,3 +239,26 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
                         assert bounds.triple_reach(g, *box, level) >= total
                 pruned += bounds.triple_reach(g, point, point, least * 0.999) < total
     assert checked > 1000 and pruned > 100
+
+
+def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
+    """`_class_reach` against brute force: the most Σ_j takes_j(R_j) over the replica counts of a box whose
+    GPUs fit the class, for one, two and three templates on it (random takes, widths and boxes)."""
+    import random
+
+    import numpy as np
+
+    from hetopt.search.bounds import _class_reach
+
+    rng = random.Random(12)
+    for _ in range(300):
+        n = rng.choice((1, 2, 3))
+        gpus = rng.randint(4, 40)
+        widths = [rng.choice((1, 2, 4)) for _ in range(n)]
+        lowest = [rng.randint(1, 4) for _ in range(n)]
+        takes = [np.array([rng.randint(-50, 60) for _ in range(rng.randint(1, 8))]) for _ in range(n)]
+        best = -(2 ** 40)
+        for counts in itertools.product(*(range(low, low + len(t)) for low, t in zip(lowest, takes, strict=True))):
+            if n == 1 or sum(r * w for r, w in zip(counts, widths, strict=True)) <= gpus:
+                best = max(best, sum(int(t[r - low]) for t, r, low in zip(takes, counts, lowest, strict=True)))
+        assert _class_reach(takes, lowest, widths, gpus) == best

@@ -1135,19 +1135,25 @@ def class_rate(rates: list, per_gpu: list, classes: list, gpus: dict):
 
 
 def _class_reach(takes: list[np.ndarray], lowest: list[int], widths: list[int], gpus: int) -> int:
-    """The most Σ_j takes_j[R_j − lowest_j] of the templates on one class whose R_j·g_j fit its GPUs
-    (`Bounds.triple_reach`): one template its most; two the most over the pairs that fit; three, two of
-    them so with room left for the third's fewest, plus the third's most (an upper bound). −(2^40)
-    where no counts fit."""
+    """The most Σ_j takes_j[R_j − lowest_j] of the templates on one class whose R_j·g_j fit its G GPUs
+    (`Bounds.triple_reach`), exactly: one template its most; two the most over the pairs that fit; three
+    the most over the third's counts of its takes plus the most of the pairs that fit in what is left
+    (pairs by GPUs used, with a running most). −(2^40) where no counts fit."""
     if len(takes) == 1:
         return int(takes[0].max())
     a, b = (np.arange(low, low + len(t)) * w for t, low, w in zip(takes[:2], lowest[:2], widths[:2], strict=True))
-    room = gpus - (lowest[2] * widths[2] if len(takes) == 3 else 0)
-    fit = (a[:, None] + b[None, :]) <= room
-    if not fit.any():
+    used = (a[:, None] + b[None, :]).ravel()
+    value = (takes[0][:, None] + takes[1][None, :]).ravel()
+    if len(takes) == 2:
+        fit = used <= gpus
+        return int(value[fit].max()) if fit.any() else -(2 ** 40)
+    order = np.argsort(used, kind="stable")
+    used, most = used[order], np.maximum.accumulate(value[order])
+    left = gpus - np.arange(lowest[2], lowest[2] + len(takes[2])) * widths[2]
+    k = np.searchsorted(used, left, side="right") - 1  # the pairs that fit in what the third leaves
+    if not (k >= 0).any():
         return -(2 ** 40)
-    pair = int(np.where(fit, takes[0][:, None] + takes[1][None, :], -(2 ** 40)).max())
-    return pair + (int(takes[2].max()) if len(takes) == 3 else 0)
+    return int((takes[2][k >= 0] + most[k[k >= 0]]).max())
 
 
 def pair_at(lines, replicas, total_micro_batches: int) -> float:
