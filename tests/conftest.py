@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import fcntl
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +22,20 @@ def run_hetopt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProce
 @pytest.fixture
 def hetopt():
     return run_hetopt
+
+
+def once_per_run(name: str, compute, tmp_path_factory, worker_id: str):
+    """`compute()` once for the whole test run: under pytest-xdist the first worker computes it and leaves
+    it in the run's shared temporary directory under a lock, the others read it (the xdist recipe for a
+    session fixture run once); without workers, computed here."""
+    if worker_id == "master":
+        return compute()
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = shared / f"{name}.pickle"
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+        value = compute()
+        path.write_bytes(pickle.dumps(value))
+        return value

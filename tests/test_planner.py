@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DEMO, run_hetopt
+from conftest import DEMO, once_per_run, run_hetopt
 
 from formulations.split_cpsat import REL_TOLERANCE
 from hetopt.baselines.exhaustive import exhaustive
@@ -36,13 +36,16 @@ def _exhaustive_of(path: Path):
     return exhaustive(load_instance(path))
 
 
-@pytest.fixture(scope="module")
-def ground_truth():
-    """Every small instance enumerated, two at a time (the suite's largest fixture)."""
+@pytest.fixture(scope="session")
+def ground_truth(tmp_path_factory, worker_id):
+    """Every small instance enumerated, two at a time (the suite's largest fixture), once per run."""
     from hetopt.lifeline import worker_pool
 
-    with worker_pool(2) as pool:
-        return {path.stem: truth for path, truth in zip(SMALL, pool.map(_exhaustive_of, SMALL), strict=True)}
+    def compute():
+        with worker_pool(2) as pool:
+            return {path.stem: truth for path, truth in zip(SMALL, pool.map(_exhaustive_of, SMALL), strict=True)}
+
+    return once_per_run("ground_truth", compute, tmp_path_factory, worker_id)
 
 
 def test_there_are_ten_small_instances_with_one_to_four_types_and_up_to_three_islands():
@@ -53,7 +56,6 @@ def test_there_are_ten_small_instances_with_one_to_four_types_and_up_to_three_is
     assert all(load_instance(p).cluster.total_gpus <= 32 for p in SMALL)
 
 
-@pytest.mark.xdist_group("ground_truth")  # one worker enumerates the small instances, not each
 @pytest.mark.parametrize("formulation,backend", BACKENDS)
 @pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
 def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, formulation, backend, ground_truth):
@@ -210,17 +212,18 @@ def test_formulations_and_backends_are_listed():
     assert {b["name"] for b in backends if b["usable"]} == {"cpsat", "cbc", "highs"}
 
 
-@pytest.fixture(scope="module")
-def robust_truth():
+@pytest.fixture(scope="session")
+def robust_truth(tmp_path_factory, worker_id):
     """s3-two-islands enumerated under the robust objectives: expected and cvar price the same scenarios,
     so one pass serves both."""
     from hetopt.baselines.exhaustive import exhaustive_objectives
 
     inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))
-    return {**exhaustive_objectives(inst, ("expected", "cvar")), "worst": exhaustive(inst, objective="worst")}
+    return once_per_run("robust_truth", lambda: {**exhaustive_objectives(inst, ("expected", "cvar")),
+                                                 "worst": exhaustive(inst, objective="worst")},
+                        tmp_path_factory, worker_id)
 
 
-@pytest.mark.xdist_group("robust_truth")
 @pytest.mark.parametrize("objective", ["expected", "worst", "cvar"])
 def test_robust_objectives_match_exhaustive_on_every_backend(objective, robust_truth):
     inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))

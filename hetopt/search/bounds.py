@@ -650,7 +650,9 @@ class Bounds:
                      room: float) -> np.ndarray:
         """What one template of a triple can take below a level: for R = 1 … top replicas, R·cap(R) with
         cap(R) the most micro-batches m ≥ p (its depth) whose `drained_bound` lies below `room`, memory
-        caps at `total` (= M) replicas (the loosest any triple has), and at most M in all; −(M + 1) where
+        caps at `total` (= M) replicas (the loosest any triple has; looser caps only lower the bound of a
+        single-class template, whose stages share one slope — not so in general: `pipeline_at` with
+        stages of different slopes can rise as caps loosen), and at most M in all; −(M + 1) where
         no m does. A triple group at replica counts R_j and shares m_j with every D_j(m_j) < room_j has
         Σ_j R_j·m_j = M ≤ Σ_j takes_j(R_j): where even the most of each over a box of replica counts
         falls short of M, no point of the box is below the level (search.tree.TripleGroupNode).
