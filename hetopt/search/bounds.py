@@ -622,6 +622,13 @@ class Bounds:
                 self.optimizer_bound(Template(side, 1, 1), replicas_total, group.zero) for side in sides)
         return self._triples[key]
 
+    def triple_drained(self, micro_batch: int, recompute: str, side: tuple, zero: int, replicas: int,
+                       micro_batches: int, replicas_total: int) -> float:
+        """D(m; R): `drained_bound` of one template of a triple (its segments `side`, R replicas, m
+        micro-batches each), memory caps in its own recompute mode at `replicas_total` replicas."""
+        return self.drained_bound(micro_batch, recompute, Template(side, replicas, micro_batches), replicas_total,
+                                  1, zero, (recompute,))
+
     def triple_reach(self, group, lowest: tuple[int, int, int], replicas: tuple[int, int, int],
                      threshold: float) -> int:
         """The most micro-batches a triple group's templates can take in all below `threshold`, over the
@@ -665,13 +672,10 @@ class Bounds:
             return self._takes[key]
         depth = sum(seg.stages for seg in side)
 
-        def below(r: int, m: int) -> bool:
-            return self.drained_bound(micro_batch, recompute, Template(side, r, m), total, 1, zero,
-                                      (recompute,)) < room
-
         def cap(r: int, lo: int, hi: int) -> int:
             """The most m in [lo, hi] below the level (lo − 1 where none), knowing it is at least lo − 1."""
-            return lo + bisect.bisect_left(range(lo, hi + 1), True, key=lambda m: not below(r, m)) - 1
+            return lo + first_true(hi - lo + 1, lambda i: self.triple_drained(
+                micro_batch, recompute, side, zero, r, lo + i, total) >= room) - 1
 
         caps = np.zeros(top + 1, dtype=np.int64)
         caps[1] = cap(1, depth, total)
@@ -1134,6 +1138,11 @@ def class_rate(rates: list, per_gpu: list, classes: list, gpus: dict):
             alone = np.minimum(alone, gpus[key] * best)
         total = total + alone
     return total
+
+
+def first_true(n: int, test) -> int:
+    """The first i in 0 … n − 1 where a test that once true stays true holds (n where it never does)."""
+    return bisect.bisect_left(range(n), True, key=test)
 
 
 def _class_reach(takes: list[np.ndarray], lowest: list[int], widths: list[int], gpus: int) -> int:

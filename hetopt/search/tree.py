@@ -31,7 +31,6 @@ What cannot hold the model in memory even at its most ZeRO sharding is dropped o
 
 from __future__ import annotations
 
-import bisect
 import math
 import operator
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hetopt.search.bounds import Bounds
+from hetopt.search.bounds import Bounds, first_true
 from hetopt.search.space import (
     DEFAULT_RECOMPUTE,
     DIVISIBILITY,
@@ -50,7 +49,6 @@ from hetopt.search.space import (
     SearchStats,
     Skeleton,
     SkeletonGroup,
-    Template,
     enumerate_roots,
     least_work,
     orders,
@@ -81,16 +79,20 @@ class Tree:
         self.tolerance = 0.0
         """Relative: a bound within this of the incumbent proves no better (the search's)."""
 
+    @property
+    def threshold(self) -> float:
+        """What a bound must stay below to leave a node open: the incumbent less the tolerance."""
+        return self.incumbent * (1 - self.tolerance)
+
     def beaten(self, bound: float) -> bool:
-        return bound >= self.incumbent * (1 - self.tolerance)
+        return bound >= self.threshold
 
     def reaches(self, group, lowest: tuple[int, int, int], replicas: tuple[int, int, int]) -> bool:
         """Whether a triple group's templates can take its M micro-batches below the incumbent at some
         replica counts of the box lowest ≤ R ≤ replicas (`Bounds.triple_reach`)."""
         if not math.isfinite(self.incumbent):
             return True
-        threshold = self.incumbent * (1 - self.tolerance)
-        return self.bounds.triple_reach(group, lowest, replicas, threshold) >= group.total_micro_batches
+        return self.bounds.triple_reach(group, lowest, replicas, self.threshold) >= group.total_micro_batches
 
     def roots(self) -> Iterator[Node]:
         """Every root of the plan space (`enumerate_roots`) as a node: a family keyed by its throughput
@@ -248,7 +250,7 @@ class FamilyNode(Node):
             mirrored = np.array([[ta[0] > tb[0] for tb in side_b] for ta in side_a], dtype=bool)
         else:
             mirrored = np.zeros(table.shape, dtype=bool)
-        kept = finite & ~mirrored & (table < tree.incumbent * (1 - tree.tolerance))
+        kept = finite & ~mirrored & (table < tree.threshold)
         stats = tree.stats
         deep, memory = why["divisibility"], why["memory"] & ~mirrored
         shared = (mirrored & ~deep) | (~finite & ~deep & ~why["memory"] & ~mirrored)
@@ -382,7 +384,7 @@ class PairSubgroupNode(Node):
         others are counted as pruned, never made."""
         g, shares = self.group, self.group.shares(self.ra, self.rb)
         lo, hi = ShareBounds(tree.bounds, g, self.ra, self.rb, self.recompute).window(
-            tree.incumbent * (1 - tree.tolerance))
+            tree.threshold)
         leaves = [tree.skeleton_node(sk) for ma in shares[lo:hi + 1]
                   for sk in g.skeletons_at(self.ra, self.rb, self.recompute, ma)]
         if self.size > len(leaves):
@@ -419,20 +421,15 @@ class ShareBounds:
     def least(self) -> float:
         """The least bound over the shares: at the first share where D_a ≥ D_b, or just before it."""
         n = len(self.shares)
-        cross = _first(n, lambda i: operator.ge(*self.parts(i)))
+        cross = first_true(n, lambda i: operator.ge(*self.parts(i)))
         return min(max(self.parts(i)) for i in (cross - 1, cross) if 0 <= i < n) + self.constant
 
     def window(self, threshold: float) -> tuple[int, int]:
         """(lo, hi): the shares lo … hi are those whose bounds lie below `threshold` (hi < lo: none)."""
         n, room = len(self.shares), threshold - self.constant
-        lo = _first(n, lambda i: self.parts(i)[1] < room)  # D_b falls along the shares
-        hi = _first(n, lambda i: self.parts(i)[0] >= room) - 1  # D_a rises
+        lo = first_true(n, lambda i: self.parts(i)[1] < room)  # D_b falls along the shares
+        hi = first_true(n, lambda i: self.parts(i)[0] >= room) - 1  # D_a rises
         return lo, hi
-
-
-def _first(n: int, test) -> int:
-    """The first i in 0 … n − 1 where a test that once true stays true holds (n where it never does)."""
-    return bisect.bisect_left(range(n), True, key=test)
 
 
 @dataclass(frozen=True)
@@ -454,7 +451,7 @@ class TripleFamilyNode(Node):
         family, stats = self.family, tree.stats
         mirrored = family.mirrored()
         finite = np.isfinite(table) & ~mirrored
-        kept = finite & (table < tree.incumbent * (1 - tree.tolerance))
+        kept = finite & (table < tree.threshold)
         for rule, mask in ((DIVISIBILITY, why["divisibility"]), (MEMORY_GROUPS_RULE, why["memory"]),
                            (TRIPLE_GROUPS_RULE, finite & ~kept)):
             if (count := int(np.count_nonzero(mask & ~mirrored))) > 0:
@@ -467,7 +464,7 @@ class TripleFamilyNode(Node):
             if not tree.reaches(group, (1, 1, 1), group.tops) or tree.beaten(bound := tree.bounds.triple_bound(group)):
                 stats.pruned[TRIPLE_GROUPS_RULE] += 1
             else:
-                out.append(TripleGroupNode(bound, group))
+                out.append(TripleGroupNode(bound, group, level=tree.threshold))
         return _children(self, out)
 
 
@@ -482,13 +479,15 @@ class TripleGroupNode(Node):
     group: object
     lowest: tuple[int, int, int] = (1, 1, 1)
     replicas: tuple[int, int, int] | None = None
+    level: float = math.inf
+    """The search's threshold when the box was made and found to reach it (`Tree.reaches`)."""
 
     pruned_as = "bound: three-template replica-count boxes never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
         g, lo = self.group, self.lowest
         hi = self.replicas or g.tops
-        if not tree.reaches(g, lo, hi):  # the incumbent fell since this box was made
+        if tree.threshold < self.level and not tree.reaches(g, lo, hi):  # the incumbent fell since
             tree.stats.pruned[self.pruned_as] += 1
             return []
         if lo == hi:
@@ -503,7 +502,7 @@ class TripleGroupNode(Node):
             if not tree.reaches(g, low, high) or tree.beaten(bound := tree.bounds.triple_bound(g, low, high)):
                 tree.stats.pruned[self.pruned_as] += 1
             else:
-                out.append(TripleGroupNode(bound, g, low, high))
+                out.append(TripleGroupNode(bound, g, low, high, tree.threshold))
         return _children(self, out)
 
 
@@ -515,7 +514,7 @@ def triple_share_nodes(tree: Tree, group, replicas: tuple[int, int, int]) -> lis
     size = group.share_count(replicas) * len(orders(max(replicas)))
     for rc in group.recompute_options:
         tree.stats.enumerated += size
-        least = TripleShares(tree.bounds, group, replicas, rc).least(tree.incumbent * (1 - tree.tolerance))
+        least = TripleShares(tree.bounds, group, replicas, rc).least(tree.threshold)
         if not math.isfinite(least):
             tree.stats.pruned[MEMORY_RULE] += size
         elif tree.beaten(least):
@@ -540,7 +539,7 @@ class TripleSharesNode(Node):
 
     def expand(self, tree: Tree) -> list[Node]:
         g = self.group
-        caps = TripleShares(tree.bounds, g, self.replicas, self.recompute).caps(tree.incumbent * (1 - tree.tolerance))
+        caps = TripleShares(tree.bounds, g, self.replicas, self.recompute).caps(tree.threshold)
         leaves = [tree.skeleton_node(sk) for sk in g.skeletons_at(self.replicas, (self.recompute,), caps)]
         if self.pruned_count > len(leaves):
             tree.stats.pruned[BOUND_RULE] += self.pruned_count - len(leaves)
@@ -566,14 +565,13 @@ class TripleShares:
 
     def drained(self, j: int, micro_batches: int) -> float:
         g = self.group
-        template = Template(g.sides[j], self.replicas[j], micro_batches)
-        return self.bounds.drained_bound(g.micro_batch, self.recompute, template, sum(self.replicas), 1, g.zero,
-                                         (self.recompute,))
+        return self.bounds.triple_drained(g.micro_batch, self.recompute, g.sides[j], g.zero, self.replicas[j],
+                                          micro_batches, sum(self.replicas))
 
     def cap(self, j: int, room: float) -> int:
         """The most micro-batches m ≥ p_j of template j with D_j(m) < room (p_j − 1 where none)."""
         p, n = self.depths[j], self.most[j] - self.depths[j] + 1
-        return p + _first(n, lambda i: self.drained(j, p + i) >= room) - 1
+        return p + first_true(n, lambda i: self.drained(j, p + i) >= room) - 1
 
     def caps(self, threshold: float) -> tuple[int, int, int]:
         """Each template's cap below `threshold`: the shares whose bounds lie below it are within them."""
