@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.baselines.common import PlannerResult
-from hetopt.baselines.registry import ALIASES, EXACT, OUTSIDE_SPACE_NOTE, PLANNERS
+from hetopt.baselines.registry import ALIASES, EXACT, PLANNERS
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
@@ -270,11 +270,8 @@ def markdown(result: BenchResult) -> str:
                     cells.append(f"**{text}**" if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9) else text)
             ratio = _ratio(expected, name, planner)
             # an optimal plan's gap is within its proof's tolerance (below 1e-5): shown only when not proven
-            kept_outside = mine[0].note.startswith(OUTSIDE_SPACE_NOTE)  # registry.run_hetopt: a heuristic's
-            shown_gap = mine[0].gap is not None and mine[0].status != "optimal" and not kept_outside
+            shown_gap = mine[0].gap is not None and mine[0].status != "optimal"
             status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if shown_gap else "")
-            if kept_outside:  # feasible: proven no worse than the space, not a point of it
-                status += " (warm-start plan outside the searched space: no plan of the space is better)"
             predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
             lines.append(f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
                          + " | ".join(cells) + f" | {ratio} |")

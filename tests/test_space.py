@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_hetopt
 
+from hetopt.plan import Plan
 from hetopt.search.space import SearchOptions, SearchStats, enumerate_families, enumerate_groups, outside_space
 from hetopt.search.uniform import lockstep_layout
 from hetopt.spec.instance import load_instance
@@ -74,27 +75,44 @@ def _narrow(tmp_path) -> Path:
     return path
 
 
-def test_a_kept_warm_start_outside_the_space_says_so(tmp_path):
-    """Regression (issue 11): a heuristic plan kept as the answer was labelled plain 'optimal'. It is
-    feasible: no plan of the searched space beats it, but "optimal" promises a point of the space."""
+def test_a_narrowed_space_binds_the_heuristics_and_the_warm_start(tmp_path):
+    """Issue 12: the warm start is never kept from outside the space. Before, a search: section narrowing
+    s2 to one template left amp-like's two-template plan as the answer (status feasible: nothing in the
+    space beat it); now a heuristic times only the space's points (`Candidates`), so amp-like has no plan
+    there, says why, and the answer is the narrowed space's optimum, proven."""
+    from hetopt.baselines.registry import PLANNERS
+    from hetopt.bench import markdown, run_bench
+
     path = _narrow(tmp_path)
+    inst = load_instance(path)
+    amp = PLANNERS["amp-like"](inst, 20.0)
+    assert amp.plan is None and amp.extra["plans_outside_space"] >= 1
+    assert "outside the instance's search space" in amp.note and "2 templates (the space: at most 1)" in amp.note
     result = run_hetopt("solve", str(path), "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    warm = out["warm_start"]
-    assert warm["kept"] is True and out["status"] == "feasible"
-    assert out["bound_s"] == pytest.approx(out["objective_s"])  # nothing in the space is faster
-    assert any("templates" in why for why in warm["outside_space"])  # amp-like's plan: 2 templates
-    table = run_hetopt("solve", str(path))
-    assert "outside the searched space" in table.stdout.replace("\n", " ")
+    assert out["status"] == "optimal" and out["bound_s"] == pytest.approx(out["objective_s"], rel=1e-5)
+    assert outside_space(inst, Plan.model_validate(out["plan"]), SearchOptions.from_instance(inst)) == []
+    assert not (out.get("warm_start") or {}).get("outside_space")
+    text = markdown(run_bench([inst], ["ilp", "amp-like"], time_limit_s=20, iterations=1))
+    assert "| ilp | optimal |" in text and "| amp-like | infeasible |" in text
 
 
-def test_bench_marks_a_kept_warm_start_outside_the_space(tmp_path):
-    from hetopt.bench import markdown, run_bench
+def test_a_kept_warm_start_outside_the_space_says_so():
+    """Regression (issue 11): a heuristic plan kept as the answer was labelled plain 'optimal'. The
+    heuristics take the instance's space; a caller who searches a narrower one (`solve_exact(options=)`)
+    can still be handed a seed outside it: feasible, not optimal, and why."""
+    from hetopt.search.formulation import SolveStatus
+    from hetopt.search.orchestrate import solve_exact
 
-    inst = load_instance(_narrow(tmp_path))
-    text = markdown(run_bench([inst], ["ilp"], time_limit_s=20, iterations=1))
-    assert "| ilp | feasible (warm-start plan outside the searched space" in text
+    inst = load_instance(SMALL / "s2-a100-v100.yaml")
+    narrow = dataclasses.replace(SearchOptions.from_instance(inst), tp=(1,), micro_batch=(1,), recompute=("full",),
+                                 max_stages=1, max_classes=1, max_templates=1)
+    r = solve_exact(inst, options=narrow, time_limit_s=20)
+    assert r.warm_start["kept"] and r.status == SolveStatus.FEASIBLE
+    assert r.bound_s == pytest.approx(r.objective_s)  # nothing in the narrow space is faster
+    # amp-like's plan: one template over the A100s and V100s, at micro-batch 2
+    assert "template 0: 2 device classes (the space: at most 1)" in r.warm_start["outside_space"]
 
 
 BASELINES = ("megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random")
@@ -116,7 +134,10 @@ def _baselines_outside_space(path: Path) -> tuple[list, list]:
         # metis-like enumerates device groups until its time runs out (17 s on scale-4096); 2 s found a
         # plan on each of the scale and long-context instances on an idle 2-core machine (2026-12-02), 3 s
         # leave room; a plan it does not reach under load is not a plan to check
-        plan = PLANNERS[name](inst, {"random": 1.5, "metis-like": 3.0}.get(name, 20.0), profiles).plan
+        found = PLANNERS[name](inst, {"random": 1.5, "metis-like": 3.0}.get(name, 20.0), profiles)
+        if found.extra.get("plans_outside_space"):  # plans it tried that the space does not hold (not timed)
+            outside.append((inst.name, name, f"{found.extra['plans_outside_space']} candidate plans"))
+        plan = found.plan
         if plan is None and name == "metis-like":
             continue
         assert plan is not None, (inst.name, name)
@@ -130,14 +151,15 @@ def _baselines_outside_space(path: Path) -> tuple[list, list]:
 
 
 def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space():
-    """Each baseline planner's plan on each bundled instance is a plan of the instance's search space
-    (4 classes per template by default: the heuristics' pipelines over all four types are searched), so
-    the proof covers it — metis-like's stages with shards too (search.shards, on by default), and Megatron's
-    and AMP's uniform layouts whose replicas form templates over several classes each (search.uniform_layouts,
-    on by default: on scale-4096-four-types megatron's (H200 → A100-80GB) ‖ (H100 → A100-40GB), on
-    v100x12-t4x4-gpt2-medium amp-like's (V100 → V100) ‖ (V100 → T4), which the families hold only with
-    search.pair_classes 2). The instances run on two processes (the planners take about a minute on one
-    core)."""
+    """Each baseline planner's plan on each bundled instance is a plan of the instance's search space, and
+    so is every plan it tried (a heuristic times only the space's points, `Candidates`, and counts the
+    others: none here) — templates over every class by default: the heuristics' pipelines over all four
+    types are searched; so the proof covers it — metis-like's stages with shards too (search.shards, on by
+    default), and Megatron's and AMP's uniform layouts whose replicas form templates over several classes
+    each (search.uniform_layouts, on by default: on scale-4096-four-types megatron's (H200 → A100-80GB) ‖
+    (H100 → A100-40GB), on v100x12-t4x4-gpt2-medium amp-like's (V100 → V100) ‖ (V100 → T4), which the
+    families hold only with search.pair_classes 2). The instances run on two processes (the planners take
+    about a minute on one core)."""
     from concurrent.futures import ProcessPoolExecutor
 
     # largest first, so the other process is not left idle behind the 4,096-GPU instance
@@ -150,6 +172,42 @@ def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space()
         point, why = layouts[key]
         assert point, key
         assert any("device classes beside another template" in w for w in why), why  # only as a layout
+
+
+def test_on_five_device_classes_the_heuristics_plans_are_points_of_the_space(tmp_path):
+    """s23: five GPU types. By default a template spans every class (search.max_classes defaults to the
+    cluster's classes), so amp-like's and metis-like's pipelines over all five are points of the space
+    (before: outside it, max_classes 4), and proportional's templates per class are the 3 of most
+    throughput (search.max_templates). Narrowed to 4 classes and 2 templates, each heuristic offers only
+    the space's points: proportional 2 templates, amp-like nothing (its layouts use every GPU), saying
+    why; the search proves its optimum — exhaustive enumeration's 0.1012930 s, a pipeline
+    V100 → L4 → A100 → H100 with the T4 idle — and keeps no warm start from outside the space."""
+    from hetopt.baselines.registry import PLANNERS
+    from hetopt.search.orchestrate import solve_exact
+
+    path = SMALL / "s23-five-types.yaml"
+    inst = load_instance(path)
+    opts = SearchOptions.from_instance(inst)
+    assert opts.max_classes == 5
+    everyone = {dc.gpu for dc in inst.cluster.device_classes.values()}
+    for name in ("amp-like", "metis-like", "proportional"):
+        plan = PLANNERS[name](inst, 20.0).plan
+        assert outside_space(inst, plan, opts) == [], name
+        if name == "proportional":
+            assert [len({st.gpu for st in pipe.stages}) for pipe in plan.pipelines] == [1, 1, 1]
+        else:
+            assert {st.gpu for st in plan.pipelines[0].stages} == everyone, name
+    narrowed = tmp_path / "s23-narrowed.yaml"
+    narrowed.write_text(path.read_text().replace("max_stages: 6}", "max_stages: 6, max_classes: 4, max_templates: 2}"))
+    inst = load_instance(narrowed)
+    opts = SearchOptions.from_instance(inst)
+    proportional = PLANNERS["proportional"](inst, 20.0)
+    assert len(proportional.plan.pipelines) == 2 and outside_space(inst, proportional.plan, opts) == []
+    amp = PLANNERS["amp-like"](inst, 20.0)
+    assert amp.plan is None and "template 0: 5 device classes (the space: at most 4)" in amp.note
+    r = solve_exact(inst, time_limit_s=60)
+    assert r.status.value == "optimal" and r.objective_s == pytest.approx(0.1012930, abs=1e-7)
+    assert not (r.warm_start or {}).get("outside_space")
 
 
 def test_interleaved_skeletons_run_micro_batches_in_whole_groups_of_the_stages():

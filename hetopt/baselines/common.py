@@ -16,7 +16,7 @@ from hetopt.layout import Layout
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.formulation import clock
-from hetopt.search.space import SearchOptions
+from hetopt.search.space import SearchOptions, outside_space
 from hetopt.search.uniform import layout_plan, max_tp, uniform_layouts
 from hetopt.spec.instance import Instance, instance_from_spec
 
@@ -38,10 +38,19 @@ class PlannerResult:
 
 
 class Candidates:
-    """The best verified, fitting plan among those a heuristic tries, under a time budget."""
+    """The best verified, fitting plan among those a heuristic tries, under a time budget, among the points
+    of the instance's search space: a plan outside it (`outside_space`: more templates or device classes
+    than `search:` allows, an option it leaves out) is not a candidate. So a heuristic's plan is always one
+    the exact search covers — its bound proves the heuristic no better — and a user's narrowing of the
+    space binds every planner alike."""
 
     def __init__(self, inst: Instance, profiles: Profiles, time_limit_s: float) -> None:
         self.inst, self.profiles = inst, profiles
+        self.options = SearchOptions.from_instance(inst)
+        self.outside = 0
+        """Plans offered that lie outside the search space (not timed)."""
+        self.outside_why: list[str] = []
+        """Why the first of them lies outside (`outside_space`)."""
         self.start, self.deadline = clock(), clock() + time_limit_s
         self.best: Plan | None = None
         self.best_s = math.inf
@@ -54,8 +63,14 @@ class Candidates:
         return clock() > self.deadline
 
     def offer(self, plan: Plan, inst: Instance | None = None) -> float:
-        """Time `plan` (verified and placed on the real cluster); keep it if it fits and is the fastest."""
+        """Time `plan` (verified and placed on the real cluster) if it is a point of the search space;
+        keep it if it fits and is the fastest. Returns its iteration time, seconds (inf where it is outside
+        the space, refused or does not fit)."""
         self.last = None
+        if why := outside_space(self.inst, plan, self.options, self.profiles):
+            self.outside += 1
+            self.outside_why = self.outside_why or why
+            return math.inf
         try:
             plan = place(plan, self.inst.cluster)
             ev = evaluate(self.inst, plan, self.profiles)  # runs the verifier first: a rejected plan raises
@@ -69,8 +84,15 @@ class Candidates:
 
     def result(self, planner: str, note: str = "") -> PlannerResult:
         status = "heuristic" if self.best is not None else "infeasible"
+        if self.best is None and self.outside and not self.evaluated:
+            note = (f"{note}; " if note else "") + (
+                f"every candidate plan ({self.outside}) lies outside the instance's search space, e.g. "
+                f"{self.outside_why[0]}: widen its `search:` section to admit them")
+        elif self.best is None and not note:
+            note = "no candidate plan fits in memory"
+        extra = {"plans_outside_space": self.outside} if self.outside else {}
         return PlannerResult(planner, self.best, self.best_s, clock() - self.start, status, None, self.evaluated,
-                             note or ("" if self.best is not None else "no candidate plan fits in memory"))
+                             note, extra)
 
 
 def layout_plans(inst: Instance, options: SearchOptions, cands: Candidates) -> Iterator[tuple[Layout, Plan]]:

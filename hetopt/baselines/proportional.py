@@ -1,10 +1,13 @@
 """`proportional`: Metis-style rules of proportion (Um et al., ATC 2024, in spirit): no search over splits.
 
 Two shapes, every TP degree, micro-batch size and recompute mode of the search space, the best one timed:
-- one template across every device class, fastest type first, each replica taking ⌊G_k / (t·R)⌋ stages of
-  class k (all GPUs busy), layers in proportion to each stage's speed (within what its memory holds);
-- one template per device class (its replicas use all its GPUs, as few stages as memory allows), micro-batch
-  shares in proportion to each template's throughput, layers even within a template.
+- one template across every device class (the search.max_classes fastest types where there are more),
+  fastest type first, each replica taking ⌊G_k / (t·R)⌋ stages of class k (all GPUs busy), layers in
+  proportion to each stage's speed (within what its memory holds);
+- one template per device class (its replicas use all its GPUs, as few stages as memory allows; the
+  search.max_templates of most throughput where there are more), micro-batch shares in proportion to each
+  template's throughput, layers even within a template.
+Its plans are points of the search space (`Candidates` times no other).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ def proportional(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles 
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
     classes = sorted(inst.cluster.device_classes.values(), key=lambda dc: -inst.gpu_types[dc.gpu].peak_tflops)
+    spanned = classes[:options.max_classes]  # one template spans at most max_classes classes: the fastest
     total_mb_of = {b: inst.global_batch // b for b in options.micro_batch if inst.global_batch % b == 0}
     for b, total_mb in total_mb_of.items():
         for rc in options.recompute:
@@ -34,7 +38,7 @@ def proportional(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles 
                     return cands.result("proportional")
                 if any(tp not in tp_options(inst, dc, options) for dc in classes):
                     continue
-                for plan in one_template(inst, profiles, options, classes, b, rc, tp, total_mb):
+                for plan in one_template(inst, profiles, options, spanned, b, rc, tp, total_mb):
                     cands.offer(plan)
                 plan = per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb)
                 if plan is not None:
@@ -76,6 +80,7 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
         shapes.append((dc, depth, r, r / (a * layers / depth + c)))  # replicas × micro-batches per second
     if not shapes:
         return None
+    shapes = sorted(shapes, key=lambda s: -s[3])[:options.max_templates]  # the space's most templates
     rate = sum(s[3] for s in shapes)
     shares = [max(s[1], int(total_mb * s[3] / rate / s[2])) for s in shapes]
     # fix the rounding so that Σ R_j·m_j = M, on the fastest template, if it can absorb it

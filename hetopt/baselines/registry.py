@@ -15,9 +15,6 @@ from hetopt.errors import InputError
 from hetopt.search.formulation import clock
 from hetopt.spec.instance import Instance
 
-OUTSIDE_SPACE_NOTE = "warm-start plan"
-"""How a hetopt row's note begins when its plan is a heuristic's kept from outside the searched space."""
-
 
 def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
                ) -> PlannerResult:
@@ -25,14 +22,10 @@ def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | 
 
     r = solve_exact(inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles)
     status = r.status.value if r.plan is not None else ("timeout" if r.status.value == "timeout" else "infeasible")
-    note = r.reason
-    outside = (r.warm_start or {}).get("outside_space")
-    if outside:
-        note = (f"{OUTSIDE_SPACE_NOTE} ({r.warm_start['planner']}) kept; it lies outside the searched space ("
-                + "; ".join(outside) + ")")
+    # its warm starts are points of the instance's space (`Candidates`), so a plan it keeps is one too
     return PlannerResult(EXACT, r.plan, r.objective_s, r.solve_time_s, status,
-                         r.gap if math.isfinite(r.gap) else None, r.stats.solved, note,
-                         {"skeletons_enumerated": r.stats.enumerated, "outside_space": bool(outside)})
+                         r.gap if math.isfinite(r.gap) else None, r.stats.solved, r.reason,
+                         {"skeletons_enumerated": r.stats.enumerated})
 
 
 def run_exhaustive(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0

@@ -186,6 +186,16 @@ class Skeleton:
         return place(self.plan(layers, recompute), cluster, self.order)
 
 
+MOST_CLASSES = 8
+"""The most device classes a template may span (the schema's bound on search.max_classes)."""
+
+
+def default_max_classes(inst: Instance) -> int:
+    """search.max_classes by default: every device class of the cluster, so that a pipeline over all of
+    them (Metis's, the heuristics') is a point of the space; at least 4, at most `MOST_CLASSES`."""
+    return max(4, min(len(inst.cluster.device_classes), MOST_CLASSES))
+
+
 @dataclass(frozen=True)
 class SearchOptions:
     tp: tuple[int, ...] = DEFAULT_TP
@@ -194,7 +204,8 @@ class SearchOptions:
     recompute: tuple[str, ...] = DEFAULT_RECOMPUTE
     max_stages: int = 16
     max_classes: int = 4
-    """Most device classes one pipeline template may span."""
+    """Most device classes one pipeline template may span (`from_instance`: search.max_classes, default
+    every class of the cluster, at least 4 and at most 8)."""
     max_templates: int = 3
     """With 2, pairs of templates with their own micro-batch shares are searched too; with 3 (default),
     also three single-class templates side by side (hetopt.search.triples)."""
@@ -230,7 +241,7 @@ class SearchOptions:
         s = inst.spec.search
         return cls(tp=tuple(s.tp or DEFAULT_TP), micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
                    recompute=tuple(s.recompute or DEFAULT_RECOMPUTE), max_stages=s.max_stages or 16,
-                   max_classes=s.max_classes or 4, max_templates=s.max_templates or 3,
+                   max_classes=s.max_classes or default_max_classes(inst), max_templates=s.max_templates or 3,
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,

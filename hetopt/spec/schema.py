@@ -186,8 +186,8 @@ class SearchSection(Section):
     recompute: list[Recompute] | None = Field(None, description="Allowed activation-recompute modes.")
     max_stages: PositiveInt | None = Field(None, description="Largest pipeline depth to consider.")
     max_classes: Annotated[int, Field(ge=1, le=8)] | None = Field(
-        None, description="Most device classes one pipeline template may span (default 4; more widens the "
-                          "search at a cost in time).")
+        None, description="Most device classes one pipeline template may span (default: every device class of "
+                          "the cluster, at least 4; fewer narrows the search).")
     virtual_stages: list[PositiveInt] | None = Field(
         None, description="Model chunks per pipeline stage to try (default [1]): values above 1 search the "
                           "interleaved 1F1B schedule (Megatron-LM's virtual pipeline stages) for one-template "
