@@ -117,6 +117,9 @@ def solve(
     executor: ExecutorOpt = "process",
     address: AddressOpt = None,
     memory_headroom: HeadroomOpt = None,
+    runnable: Annotated[str | None, typer.Option("--runnable", help="megatron or deepspeed: only plans that "
+                                                                    "launcher runs as they are (then the free "
+                                                                    "space too, for the cost).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Find the fastest plan with a proven bound, verify it, and replay it under every scenario."""
@@ -140,7 +143,7 @@ def solve(
         try:
             result = run_solve(inst, planner, formulation, backend, time_limit, objective, seed, export_model,
                                progress=progress, warm_start=not no_warm_start, executor=executor,
-                               address=address, replay_progress=_replay_progress(status))
+                               address=address, replay_progress=_replay_progress(status), runnable=runnable)
         except (KeyboardInterrupt, Terminated) as stop:
             status.stop()
             _keep_best_so_far(inst, getattr(stop, "best_so_far", None), out_path)
@@ -151,6 +154,11 @@ def solve(
         _print_json(result)
     else:
         out.print(solve_view(inst, result))
+        if runnable and result.get("runnable"):
+            r = result["runnable"]
+            free = f"{r['free_objective_s']:.4f} s ({r['free_status']})" if r["free_objective_s"] else "none found"
+            cost = f", {r['cost']:+.1%}" if r["cost"] is not None else ""
+            out.print(f"runnable by {runnable} as it is; the free space's best: {free}{cost}")
         if out_path and result["plan"] is not None:
             out.print(f"plan written to {out_path}")
     if result["plan"] is None:
@@ -382,6 +390,43 @@ def simulate(
         for what, target in (("trace", trace), ("timeline", plot)):
             if target:
                 out.print(f"{what} written to {target}")
+
+
+@app.command(name="export")
+def export_plan(
+    plan: Annotated[str, typer.Argument(help="Plan JSON file (hetopt solve --out).")],
+    instance: Annotated[str, typer.Option("--instance", help="The instance the plan was planned for (file or "
+                                                             "bundled name).")],
+    fmt: Annotated[str, typer.Option("--format", help="megatron, deepspeed, torchrun or rankmap.")],
+    out_dir: Annotated[str, typer.Option("--out", help="Directory to write into (made if missing).")] = ".",
+    script: Annotated[str, typer.Option("--script", help="The training script torchrun and deepspeed start.")]
+    = "train.py",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite files --out already holds.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """A plan as launcher files: Megatron-LM arguments, a DeepSpeed config, torchrun lines, a rank map.
+    Where the launcher cannot run the plan as it is, says which feature blocks it (exit 1) and writes the
+    rank map alone."""
+    from hetopt.export import FORMATS, export, write_files
+    from hetopt.plan import load_plan
+    from hetopt.spec.instance import load_instance
+
+    if fmt not in FORMATS:
+        raise InputError("export", [Problem("--format", f"unknown format{did_you_mean(fmt, FORMATS)}; use one of "
+                                            + ", ".join(FORMATS), fmt, True)])
+    check_output_directory(out_dir, "--out")
+    inst = load_instance(instance)
+    result = export(inst, load_plan(plan), fmt, source=plan, script=script)
+    paths = write_files(result.files, Path(out_dir), force)
+    if as_json:
+        _print_json({**result.to_json(), "directory": out_dir})
+    else:
+        out.print(f"{result.rankmap.world_size} ranks on {len(result.rankmap.nodes)} nodes, rank order "
+                  f"{result.rankmap.order}; written: " + ", ".join(str(p) for p in paths))
+        for why in result.blocked:
+            err.print(f"[yellow]{fmt} cannot run this plan as it is: {why}[/yellow]")
+    if result.blocked:
+        sys.exit(ExitCode.FAILED)
 
 
 def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:

@@ -40,7 +40,8 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
           time_limit_s: float = 60.0, objective: str = "stable", seed: int = 0, export_model: str | None = None,
           simulate_iterations: int | None = None, profiles: Profiles | None = None, progress=None,
           warm_start: bool = True, executor: str = "process", address: str | None = None,
-          replay_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+          replay_progress: Callable[[int, int], None] | None = None, runnable: str | None = None
+          ) -> dict[str, Any]:
     """Plan the instance, verify the plan and replay it under every scenario: `hetopt solve --json`.
 
     Parameters: inst — the instance; planner — `ilp` (the exact search), `exhaustive`, or a heuristic of
@@ -49,10 +50,13 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     simulate_iterations — iterations per scenario in the replay (default: the instance's horizon);
     profiles — calibrated weights; progress — progress(skeletons solved, incumbent s); executor, address —
     where the search solves skeletons side by side (`process` or `ray`, hetopt/executors.py);
-    replay_progress — replay_progress(scenarios replayed, scenarios). The whole call keeps to
+    replay_progress — replay_progress(scenarios replayed, scenarios); runnable — megatron or deepspeed:
+    search only the plans that launcher runs as they are (hetopt.export.runnable), then the free space
+    with the other half of the search's time, for what the restriction costs. The whole call keeps to
     time_limit_s: the search gets search_time_limit_s of it, the replay what is left (at least one
     iteration per scenario).
-    Returns: the solve JSON object of DESIGN 2.4 (plus `executor`).
+    Returns: the solve JSON object of DESIGN 2.4 (plus `executor`; with runnable, `runnable`: the
+    launcher, the free space's status and objective, and the cost, objective ÷ free − 1).
     Raises: InputError for a bad planner, objective, time limit or executor."""
     planner = ALIASES.get(planner, planner)  # `hetopt`: bench's former name of the exact planner
     if planner not in PLANNERS:
@@ -65,9 +69,14 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
     check_time_limit(time_limit_s)
     executor = check_executor(executor, address)
     profiles = profiles or Profiles()
+    free_inst = inst
+    if runnable is not None:
+        from hetopt.export.runnable import runnable_instance
+
+        inst = runnable_instance(inst, runnable)
     options = SearchOptions.from_instance(inst)
     deadline = time.time() + time_limit_s
-    search_s = search_time_limit_s(time_limit_s)
+    search_s = search_time_limit_s(time_limit_s) / (2 if runnable is not None else 1)
     start = clock()
     if planner == "exhaustive":
         from hetopt.baselines.exhaustive import exhaustive
@@ -82,8 +91,19 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
         result = solve_exact(inst, formulation, backend, search_s, seed, options, profiles, export_model,
                              progress=progress, objective=objective, warm_start=warm_start, executor=executor,
                              address=address)
+    free = None
+    if runnable is not None:  # the free space, for what running the plan as it is costs
+        free = solve_exact(free_inst, formulation, backend, search_s, seed, None, profiles, objective=objective,
+                           warm_start=warm_start, executor=executor, address=address) \
+            if planner not in HEURISTICS and planner != "exhaustive" else None
     result = replace(result, time_limit_s=time_limit_s)
-    return report(inst, planner, result, objective, simulate_iterations, profiles, deadline, replay_progress)
+    out = report(inst, planner, result, objective, simulate_iterations, profiles, deadline, replay_progress)
+    if runnable is not None:
+        out["runnable"] = {"launcher": runnable, "free_status": free.status.value if free else None,
+                           "free_objective_s": free.objective_s if free and math.isfinite(free.objective_s) else None}
+        both = out["objective_s"] is not None and out["runnable"]["free_objective_s"]
+        out["runnable"]["cost"] = out["objective_s"] / out["runnable"]["free_objective_s"] - 1 if both else None
+    return out
 
 
 def run_heuristic(inst: Instance, planner: str, time_limit_s: float, seed: int, profiles: Profiles,
@@ -119,7 +139,8 @@ def finished_plan(inst: Instance, plan: Plan) -> Plan:
 
 def report(inst: Instance, planner: str, r: SearchResult, objective: str, iterations: int | None,
            profiles: Profiles, deadline: float | None = None,
-           replay_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+           replay_progress: Callable[[int, int], None] | None = None, runnable: str | None = None
+          ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "status": r.status.value,
         "objective_s": r.objective_s if math.isfinite(r.objective_s) else None,

@@ -220,6 +220,8 @@ class SearchOptions:
     """Each stage picks its own mode of `recompute` (one skeleton holds every mix: `Skeleton.modes`)."""
     tp_per_stage: bool = False
     """One template may run a device class as two consecutive segments at different TP degrees."""
+    uniform_tp: bool = False
+    """Every stage of a template at one TP degree (search.uniform_tp: a launcher's rule, `solve --runnable`)."""
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
     the attention kernel and ZeRO allow."""
@@ -245,7 +247,8 @@ class SearchOptions:
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
-                   tp_per_stage=s.tp_per_stage, shards=s.shards, uniform_layouts=s.uniform_layouts)
+                   tp_per_stage=s.tp_per_stage, uniform_tp=s.uniform_tp, shards=s.shards,
+                   uniform_layouts=s.uniform_layouts)
 
 
 @dataclass
@@ -706,8 +709,9 @@ def class_runs(inst: Instance, opts: SearchOptions, classes: list[DeviceClass], 
         for order in itertools.permutations(classes, k):
             options = [tp_options(inst, dc, opts, cp) for dc in order]
             for tps in itertools.product(*options):
-                yield order, tps
-            if not two_tps:
+                if not opts.uniform_tp or len(set(tps)) == 1:
+                    yield order, tps
+            if not two_tps or opts.uniform_tp:
                 continue
             for i in range(len(order)):
                 for pair in itertools.permutations(options[i], 2):
@@ -821,6 +825,8 @@ def _outside_families(inst: Instance, plan: Plan, opts: SearchOptions, profiles:
                    f"{list(cp_options(inst, opts))})")
     elif max(cps) > 1 and plan.zero >= 2:
         why.append(f"context parallelism {max(cps)} with ZeRO-{plan.zero} (the space: ZeRO-0/1 with CP)")
+    if opts.uniform_tp and any(len({st.tp for st in pipe.stages}) > 1 for pipe in plan.pipelines):
+        why.append("a template with stages at different TP degrees (the space: search.uniform_tp, one per template)")
     if len(plan.pipelines) > opts.max_templates:
         why.append(f"{len(plan.pipelines)} templates (the space: at most {opts.max_templates})")
     if any(st.shards for st in stages):

@@ -208,6 +208,9 @@ class SearchSection(Section):
         False, description="Let one pipeline template run a device class as two consecutive segments at two "
                            "TP degrees (e.g. the last stage, with the output head, at twice the TP of the "
                            "others). Default false: one TP degree per class.")
+    uniform_tp: bool = Field(
+        False, description="Every stage of a template at one TP degree (as Megatron-LM runs a model; `hetopt "
+                           "solve --runnable` sets it). Default false: each device class its own TP degree.")
     shards: bool = Field(
         True, description="Also search stages with shards: one template whose stages are Metis's "
                           "heterogeneous device groups (a replica's ranks, fastest GPU type first, cut into "

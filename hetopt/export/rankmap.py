@@ -1,0 +1,215 @@
+"""The rank map of a placed plan: one entry per global rank — its node and GPU, its place in the plan
+(template, replica, stage, data-parallel, tensor and context ranks), its layers and micro-batches, and the
+process groups it belongs to. The contract for a custom runtime (README, "Exporting a plan").
+
+Global ranks are contiguous per node (as torchrun numbers them: the ranks of node_rank r follow those of
+the nodes before it). Within that, they follow Megatron-LM's order where the placement allows it — tensor
+rank fastest, then context, data-parallel and pipeline rank (`tp-cp-dp-pp`, Megatron's default), or
+`tp-cp-pp-dp` (Megatron's `--use-tp-pp-dp-mapping`), templates one after the other — so that the same
+ranks serve Megatron's own groups; otherwise the nodes' order and each node's GPUs (`node`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from hetopt.plan import Plan
+from hetopt.spec.instance import Instance
+
+ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp", "node")
+"""The rank orders tried, in turn: Megatron's default, Megatron's --use-tp-pp-dp-mapping, the nodes'."""
+
+
+@dataclass
+class Rank:
+    """One process of the plan: one GPU."""
+
+    rank: int
+    node: str
+    node_rank: int
+    """The node's torchrun --node-rank."""
+    local_rank: int
+    """Its LOCAL_RANK on the node (an index into the node's CUDA_VISIBLE_DEVICES)."""
+    gpu: int
+    """The node's GPU index."""
+    gpu_type: str
+    template: int
+    replica: int
+    stage: int
+    stages: int
+    """The template's pipeline depth."""
+    dp_rank: int
+    """Data-parallel rank among the template's copies of this stage (replica-major, then the stage's
+    ranks inside a replica where it has shards)."""
+    tp_rank: int
+    cp_rank: int
+    first_layer: int
+    """The first transformer layer the stage holds (0-based)."""
+    layers: int
+    embedding: bool
+    """Whether the stage holds the input embedding (the first stage)."""
+    head: bool
+    """Whether it holds the output head and the loss (the last stage)."""
+    sequences: int
+    """Sequences of every micro-batch this rank runs (the micro-batch, or its shard's share)."""
+    micro_batches: int
+    """Micro-batches per iteration of its replica."""
+    recompute: str
+    tp_group: list[int] = field(default_factory=list)
+    cp_group: list[int] = field(default_factory=list)
+    dp_group: list[int] = field(default_factory=list)
+    """The ranks that all-reduce this rank's gradient shard: the same stage, tensor and context rank in
+    every copy of the template."""
+    pp_prev: list[int] = field(default_factory=list)
+    """The ranks of the previous stage of its replica it receives activations from (same tp and cp rank;
+    several where that stage has shards)."""
+    pp_next: list[int] = field(default_factory=list)
+    exchange_group: list[int] = field(default_factory=list)
+    """With several templates: the ranks of the other templates whose layers overlap this rank's (their
+    gradients of those layers are summed across templates)."""
+
+
+@dataclass
+class RankMap:
+    instance: str
+    order: str
+    """The rank order: one of `ORDERS`."""
+    world_size: int
+    master: str
+    """The node of rank 0 (torchrun's --master-addr)."""
+    nodes: list[dict]
+    """Per node in node_rank order: name, node_rank, nproc (its processes), gpus (CUDA_VISIBLE_DEVICES)."""
+    ranks: list[Rank]
+
+    def to_json(self) -> dict:
+        return {"instance": self.instance, "order": self.order, "world_size": self.world_size,
+                "master": self.master, "nodes": self.nodes, "ranks": [asdict(r) for r in self.ranks]}
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One GPU of the placed plan before it has a global rank."""
+
+    template: int
+    replica: int
+    stage: int
+    shard: int
+    """The data-parallel rank inside the replica (0 without shards)."""
+    tp_rank: int
+    cp_rank: int
+    node: str
+    gpu: int
+
+
+def slots(plan: Plan) -> list[_Slot]:
+    """Every GPU of the placed plan with its coordinates: a stage's GPUs are its TP group's (tensor rank
+    fastest), cp times over."""
+    out = []
+    for entry in plan.placement:
+        stage = plan.pipelines[entry.pipeline].stages[entry.stage]
+        gpus = [(node, g) for node, local in entry.members for g in local]
+        for k, (node, g) in enumerate(gpus):
+            out.append(_Slot(entry.pipeline, entry.replica, entry.stage, entry.rank, k % stage.tp, k // stage.tp,
+                             node, g))
+    return out
+
+
+def _key(plan: Plan, slot: _Slot, order: str) -> tuple:
+    """Where a slot falls in a rank order (templates one after the other)."""
+    pipe = plan.pipelines[slot.template]
+    dp = slot.replica * pipe.stages[slot.stage].dp_ranks + slot.shard
+    if order == "tp-cp-dp-pp":
+        return (slot.template, slot.stage, dp, slot.cp_rank, slot.tp_rank)
+    if order == "tp-cp-pp-dp":
+        return (slot.template, dp, slot.stage, slot.cp_rank, slot.tp_rank)
+    return (0,)  # node order: by the node, then its GPU (`_node_order`)
+
+
+def _contiguous(ordered: list[_Slot]) -> bool:
+    """Whether each node's slots are one run of the order (torchrun numbers a node's ranks together)."""
+    seen, last = set(), None
+    for s in ordered:
+        if s.node != last:
+            if s.node in seen:
+                return False
+            seen.add(s.node)
+            last = s.node
+    return True
+
+
+def rank_map(inst: Instance, plan: Plan) -> RankMap:
+    """The rank map of `plan`, which must carry its placement (hetopt.placement.place).
+
+    Parameters: inst — the instance the plan was planned for; plan — a placed plan.
+    Returns: the RankMap, in the first order of `ORDERS` that keeps each node's ranks together."""
+    every = slots(plan)
+    node_index = {name: i for i, name in enumerate(inst.cluster.nodes)}
+    uniform = all(st.dp_ranks == 1 for pipe in plan.pipelines for st in pipe.stages)
+    for order in ORDERS:
+        if order == "node":
+            ordered = sorted(every, key=lambda s: (node_index[s.node], s.gpu))
+            break
+        if uniform:
+            ordered = sorted(every, key=lambda s, o=order: _key(plan, s, o))
+            if _contiguous(ordered):
+                break
+    at = {s: r for r, s in enumerate(ordered)}
+    nodes, node_rank = [], {}
+    for s in ordered:
+        if s.node not in node_rank:
+            node_rank[s.node] = len(nodes)
+            nodes.append({"name": s.node, "node_rank": len(nodes), "nproc": 0, "gpus": []})
+        nodes[node_rank[s.node]]["nproc"] += 1
+        nodes[node_rank[s.node]]["gpus"].append(s.gpu)
+    starts = _first_layers(plan)
+    by_coord = {(s.template, s.replica, s.stage, s.shard, s.tp_rank, s.cp_rank): at[s] for s in ordered}
+    ranks = []
+    for s in ordered:
+        pipe = plan.pipelines[s.template]
+        stage = pipe.stages[s.stage]
+        shard = stage.ranks_of(plan.micro_batch)
+        flat = [sh for sh in shard for _ in range(sh.ranks)]
+        first, local = starts[s.template][s.stage], nodes[node_rank[s.node]]["gpus"].index(s.gpu)
+        ranks.append(Rank(
+            rank=at[s], node=s.node, node_rank=node_rank[s.node], local_rank=local, gpu=s.gpu,
+            gpu_type=flat[s.shard].gpu, template=s.template, replica=s.replica, stage=s.stage,
+            stages=len(pipe.stages), dp_rank=s.replica * stage.dp_ranks + s.shard, tp_rank=s.tp_rank,
+            cp_rank=s.cp_rank, first_layer=first, layers=stage.layers, embedding=s.stage == 0,
+            head=s.stage == len(pipe.stages) - 1, sequences=flat[s.shard].sequences,
+            micro_batches=pipe.micro_batches, recompute=stage.recompute))
+    for r in ranks:
+        groups(plan, r, by_coord, ranks, starts)
+    return RankMap(inst.name, order, len(ranks), nodes[0]["name"], nodes, ranks)
+
+
+def _first_layers(plan: Plan) -> list[list[int]]:
+    """Per template, the first layer of each stage."""
+    out = []
+    for pipe in plan.pipelines:
+        firsts, n = [], 0
+        for st in pipe.stages:
+            firsts.append(n)
+            n += st.layers
+        out.append(firsts)
+    return out
+
+
+def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank], starts: list[list[int]]) -> None:
+    """Fill in `r`'s process groups from the coordinates of every rank."""
+    pipe = plan.pipelines[r.template]
+    stage = pipe.stages[r.stage]
+    shard = r.dp_rank % stage.dp_ranks
+    r.tp_group = [by_coord[(r.template, r.replica, r.stage, shard, t, r.cp_rank)] for t in range(stage.tp)]
+    r.cp_group = [by_coord[(r.template, r.replica, r.stage, shard, r.tp_rank, c)] for c in range(stage.cp)]
+    r.dp_group = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, r.cp_rank)]
+                  for rep in range(pipe.replicas) for k in range(stage.dp_ranks)]
+    for step, name in ((-1, "pp_prev"), (1, "pp_next")):
+        other = r.stage + step
+        if 0 <= other < len(pipe.stages):
+            nb = pipe.stages[other]
+            setattr(r, name, [by_coord[(r.template, r.replica, other, k, r.tp_rank % nb.tp, r.cp_rank % nb.cp)]
+                              for k in range(nb.dp_ranks)])
+    if len(plan.pipelines) > 1:
+        lo, hi = r.first_layer, r.first_layer + r.layers
+        r.exchange_group = [o.rank for o in ranks if o.template != r.template
+                            and o.first_layer < hi and lo < o.first_layer + o.layers]
