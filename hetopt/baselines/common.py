@@ -72,7 +72,7 @@ class Candidates:
             self.outside_why = self.outside_why or why
             return math.inf
         try:
-            plan = place(plan, self.inst.cluster)
+            plan = place(plan, self.inst.cluster, self.options.placements[0])  # search.placement's first
             ev = evaluate(self.inst, plan, self.profiles)  # runs the verifier first: a rejected plan raises
         except (InfeasibleError, InputError):
             return math.inf

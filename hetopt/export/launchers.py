@@ -172,12 +172,14 @@ def deepspeed_config(inst: Instance, plan: Plan) -> dict:
 
 
 def pipeline_parts(plan: Plan) -> list[int]:
-    """DeepSpeed PipelineModule's `parts` for the plan's split: stage i holds layers parts[i]…parts[i+1]−1
-    of the transformer layers (the embedding before stage 0, the head after the last)."""
-    parts = [0]
+    """DeepSpeed PipelineModule's `parts` for the plan's split, over its layer specs [embedding, each
+    transformer layer, head]: stage i holds specs parts[i]…parts[i+1]−1 (the embedding on the first
+    stage, the head on the last). Set them in place of its own partition (`_partition_layers`)."""
+    parts = [0, 1]  # the embedding
     for st in plan.pipelines[0].stages:
         parts.append(parts[-1] + st.layers)
-    return parts
+    parts[-1] += 1  # the head
+    return [parts[0], *parts[2:]]
 
 
 def hostfile(rm: RankMap) -> str:

@@ -11,7 +11,7 @@ ranks serve Megatron's own groups; otherwise the nodes' order and each node's GP
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from hetopt.plan import Plan
 from hetopt.spec.instance import Instance
@@ -114,15 +114,14 @@ def slots(plan: Plan) -> list[_Slot]:
     return out
 
 
-def _key(plan: Plan, slot: _Slot, order: str) -> tuple:
-    """Where a slot falls in a rank order (templates one after the other)."""
+def _key(plan: Plan, slot: _Slot, order: str, label: dict[tuple[int, int], int]) -> tuple:
+    """Where a slot falls in a rank order (templates one after the other), its replica relabelled by
+    `label` ((template, replica) → its data-parallel index)."""
     pipe = plan.pipelines[slot.template]
-    dp = slot.replica * pipe.stages[slot.stage].dp_ranks + slot.shard
+    dp = label[(slot.template, slot.replica)] * pipe.stages[slot.stage].dp_ranks + slot.shard
     if order == "tp-cp-dp-pp":
         return (slot.template, slot.stage, dp, slot.cp_rank, slot.tp_rank)
-    if order == "tp-cp-pp-dp":
-        return (slot.template, dp, slot.stage, slot.cp_rank, slot.tp_rank)
-    return (0,)  # node order: by the node, then its GPU (`_node_order`)
+    return (slot.template, dp, slot.stage, slot.cp_rank, slot.tp_rank)  # tp-cp-pp-dp
 
 
 def _contiguous(ordered: list[_Slot]) -> bool:
@@ -145,14 +144,20 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
     every = slots(plan)
     node_index = {name: i for i, name in enumerate(inst.cluster.nodes)}
     uniform = all(st.dp_ranks == 1 for pipe in plan.pipelines for st in pipe.stages)
-    for order in ORDERS:
-        if order == "node":
-            ordered = sorted(every, key=lambda s: (node_index[s.node], s.gpu))
+    # replicas are interchangeable: as placed, or numbered by where their first stage sits (which brings
+    # a node's replicas together where the placement interleaved them)
+    first = {(s.template, s.replica): (node_index[s.node], s.gpu) for s in reversed(every) if s.stage == 0}
+    labels = [{key: key[1] for key in first},
+              {key: i for i, key in enumerate(sorted(first, key=lambda k: (k[0], first[k])))}]
+    ordered, label = sorted(every, key=lambda s: (node_index[s.node], s.gpu)), labels[0]
+    order = "node"
+    for tried in ORDERS[:-1] if uniform else ():
+        found = next(((o, lb) for lb in labels if _contiguous(
+            o := sorted(every, key=lambda s, o=tried, lb=lb: _key(plan, s, o, lb)))), None)
+        if found is not None:
+            (ordered, label), order = found, tried
             break
-        if uniform:
-            ordered = sorted(every, key=lambda s, o=order: _key(plan, s, o))
-            if _contiguous(ordered):
-                break
+    ordered = [replace(s, replica=label[(s.template, s.replica)]) for s in ordered]
     at = {s: r for r, s in enumerate(ordered)}
     nodes, node_rank = [], {}
     for s in ordered:

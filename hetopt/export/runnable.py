@@ -2,7 +2,8 @@
 
 The instance's own `search:` section narrowed to what `hetopt.export.launchers.blockers` lets through:
 one pipeline template (`max_templates: 1`), every stage at one TP degree (`uniform_tp`), one recompute
-mode, no stages with shards, no uniform layouts over several templates; Megatron-LM without ZeRO-2;
+mode, no stages with shards, no uniform layouts over several templates; Megatron-LM without ZeRO-2,
+its replicas placed stage by stage (`placement: [stage]`: ranks in Megatron's own order);
 DeepSpeed's pipeline engine without tensor or context parallelism, interleaving or ZeRO-2/3. The
 heuristics and the search then keep to it alike (hetopt.baselines.common.Candidates).
 """
@@ -30,8 +31,8 @@ def runnable_instance(inst: Instance, launcher: str) -> Instance:
     zero = s.zero or [1]
     update: dict = {"max_templates": 1, "pair_classes": 1, "uniform_tp": True, "tp_per_stage": False,
                     "recompute_per_stage": False, "shards": False, "uniform_layouts": False}
-    if launcher == "megatron":
-        update["zero"] = [z for z in zero if z != 2] or [1]
+    if launcher == "megatron":  # its ranks stage-major (tp-cp-dp-pp): the same stage of replicas together
+        update |= {"zero": [z for z in zero if z != 2] or [1], "placement": ["stage"]}
     else:
         update |= {"tp": [1], "cp": [1], "virtual_stages": [1], "zero": [z for z in zero if z <= 1] or [1]}
     search = s.model_copy(update=update)

@@ -222,6 +222,8 @@ class SearchOptions:
     """One template may run a device class as two consecutive segments at different TP degrees."""
     uniform_tp: bool = False
     """Every stage of a template at one TP degree (search.uniform_tp: a launcher's rule, `solve --runnable`)."""
+    placements: tuple[str, ...] = ("replica", "stage")
+    """Placement orders of one template's replicas (search.placement; `orders`)."""
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
     the attention kernel and ZeRO allow."""
@@ -247,7 +249,8 @@ class SearchOptions:
                    pair_classes=s.pair_classes or 1, cp=tuple(s.cp or default_cp(inst)),
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
-                   tp_per_stage=s.tp_per_stage, uniform_tp=s.uniform_tp, shards=s.shards,
+                   tp_per_stage=s.tp_per_stage, uniform_tp=s.uniform_tp,
+                   placements=tuple(s.placement or ("replica", "stage")), shards=s.shards,
                    uniform_layouts=s.uniform_layouts)
 
 
@@ -283,9 +286,10 @@ class SearchStats:
                               for (failed, taker, detail), n in self.fallbacks.items()]}
 
 
-def orders(replicas: int) -> tuple[str, ...]:
-    """Placement orders worth trying: with one replica both orders place the same."""
-    return ("replica", "stage") if replicas > 1 else ("replica",)
+def orders(replicas: int, placements: tuple[str, ...] = ("replica", "stage")) -> tuple[str, ...]:
+    """Placement orders worth trying among `placements` (search.placement): with one replica both orders
+    place the same."""
+    return placements if replicas > 1 else ("replica",)
 
 
 def least_work(modes) -> str:
@@ -341,10 +345,12 @@ class SkeletonGroup:
     stage_modes: tuple[str, ...] = ()
     """Per-stage recompute: the modes each stage picks from (`Skeleton.modes`); recompute_options is then
     their least-work mode alone."""
+    placements: tuple[str, ...] = ("replica", "stage")
+    """Placement orders to try (search.placement)."""
 
     @property
     def size(self) -> int:
-        return sum(len(orders(r)) for r in self.replica_options) * len(self.recompute_options) \
+        return sum(len(orders(r, self.placements)) for r in self.replica_options) * len(self.recompute_options) \
             * len(self.virtual_options) * len(self.zero_options)
 
     def skeletons(self) -> Iterator[Skeleton]:
@@ -352,7 +358,7 @@ class SkeletonGroup:
             for rc in self.recompute_options:
                 for v in self.virtual_options:
                     for z in self.zero_options:
-                        for order in orders(r):
+                        for order in orders(r, self.placements):
                             yield self.skeleton(r, rc, order, v, z)
 
     def skeleton(self, replicas: int, recompute: str, order: str = "replica", virtual_stages: int = 1,
@@ -467,6 +473,8 @@ class Family:
     """A pair's first template's classes: classes[:split] (the second's classes[split:])."""
     cp: int = 1
     """Context-parallel degree of every stage (each stage then takes tp·cp GPUs)."""
+    placements: tuple[str, ...] = ("replica", "stage")
+    """Placement orders of one template's replicas (search.placement)."""
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -531,7 +539,8 @@ class Family:
         virtual = tuple(v for v in self.virtual_options
                         if v == 1 or (depth * v <= self.layers and m % depth == 0)) or (1,)
         group = SkeletonGroup(self.micro_batch, segments, (replicas,), self.recompute_options,
-                              self.total_micro_batches, virtual, self.zero_at(replicas), self.stage_modes)
+                              self.total_micro_batches, virtual, self.zero_at(replicas), self.stage_modes,
+                              self.placements)
         stats.enumerated += group.size
         return group
 
@@ -670,7 +679,7 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                     continue  # one TP per class: the narrowed subspace's
                 stats.families += 1
                 yield Family(b, order, tps, False, total_mb, rc, virtual, inst.model.layers, single_zero, modes,
-                             cp=cp)
+                             cp=cp, placements=opts.placements)
             if opts.max_templates >= 2 and pair_zero:
                 # two templates side by side, on two classes or one class twice: its replicas in two
                 # templates with uneven shares (also a different depth or TP)

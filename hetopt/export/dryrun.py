@@ -1,0 +1,203 @@
+"""A rank map run for real on the CPU: `python -m hetopt.export.dryrun rankmap.json`.
+
+One process per global rank, torch.distributed over gloo. Every rank builds the process groups its entry
+names (tensor, context and data parallel; each group made once, by every rank, in one order) and checks
+each by an all-reduce of the members' ranks. Then one training step of a tiny transformer runs through
+the pipeline as the map lays it out: each replica's micro-batches (its share of one global batch, in
+replica order), each stage its layers (`first_layer`, `layers`; the embedding on the first stage, the head
+and the loss on the last), activations sent to `pp_next` and gradients back to `pp_prev`, then the
+gradients all-reduced in each `dp_group`. Each rank compares the loss and its parameters' gradients with
+one process computing the same step on the whole batch: they must agree to `TOLERANCE`.
+
+It checks the map (one template, TP and CP of 1: the tiny model is not sharded) — that the groups are
+what they say, the neighbours send and receive in step, the layers cover the model once and the
+micro-batches the batch once — not a launcher. torch is needed (the `measure` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+TOLERANCE = 1e-5
+"""Largest absolute difference allowed between a rank's loss or gradient and the single process's."""
+HIDDEN, HEADS, VOCAB, SEQ = 16, 2, 32, 8
+"""The tiny transformer: hidden size, attention heads, vocabulary and sequence length."""
+
+
+def _model(layers: int):
+    """The whole tiny model, the same on every rank (seeded): embedding, `layers` encoder layers, head."""
+    import torch
+
+    torch.manual_seed(1234)
+    embedding = torch.nn.Embedding(VOCAB, HIDDEN)
+    blocks = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0,
+                                                                  batch_first=True) for _ in range(layers))
+    head = torch.nn.Linear(HIDDEN, VOCAB)
+    return embedding, blocks, head
+
+
+def _batch(sequences: int):
+    import torch
+
+    g = torch.Generator().manual_seed(99)
+    tokens = torch.randint(0, VOCAB, (sequences, SEQ + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _reference(layers: int, sequences: int) -> tuple[float, dict]:
+    """Loss and gradients of one step on the whole batch in one process."""
+    import torch
+
+    embedding, blocks, head = _model(layers)
+    inputs, targets = _batch(sequences)
+    x = embedding(inputs)
+    for block in blocks:
+        x = block(x)
+    loss = torch.nn.functional.cross_entropy(head(x).reshape(-1, VOCAB), targets.reshape(-1))
+    loss.backward()
+    grads = {f"embedding.{n}": p.grad for n, p in embedding.named_parameters()}
+    grads |= {f"blocks.{i}.{n}": p.grad for i, b in enumerate(blocks) for n, p in b.named_parameters()}
+    grads |= {f"head.{n}": p.grad for n, p in head.named_parameters()}
+    return float(loss.detach()), grads
+
+
+def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # one process per rank on however few cores
+    world = rankmap["world_size"]
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
+    me = rankmap["ranks"][rank]
+    found: dict = {"rank": rank}
+    try:
+        # every group once, made by every rank in one order (torch.distributed needs all to call new_group)
+        groups: dict[tuple, object] = {}
+        for r in rankmap["ranks"]:
+            for key in ("tp_group", "cp_group", "dp_group"):
+                members = tuple(sorted(r[key]))
+                if members not in groups:
+                    groups[members] = dist.new_group(list(members))
+        found["groups_ok"] = True
+        for key in ("tp_group", "cp_group", "dp_group"):
+            members = tuple(sorted(me[key]))
+            total = torch.tensor([float(rank)])
+            dist.all_reduce(total, group=groups[members])
+            found["groups_ok"] &= int(total.item()) == sum(members) and rank in members
+        layers = sum(r["layers"] for r in rankmap["ranks"] if r["replica"] == 0 and r["dp_rank"] == 0
+                     and r["tp_rank"] == 0 and r["cp_rank"] == 0)
+        replicas = len(me["dp_group"])
+        batch = me["sequences"] * me["micro_batches"] * replicas
+        embedding, blocks, head = _model(layers)
+        mine = list(blocks)[me["first_layer"]:me["first_layer"] + me["layers"]]
+        params = {f"blocks.{me['first_layer'] + i}.{n}": p for i, b in enumerate(mine)
+                  for n, p in b.named_parameters()}
+        if me["embedding"]:
+            params |= {f"embedding.{n}": p for n, p in embedding.named_parameters()}
+        if me["head"]:
+            params |= {f"head.{n}": p for n, p in head.named_parameters()}
+        inputs, targets = _batch(batch)
+        total_loss = torch.zeros(1)
+        shape = (me["sequences"], SEQ, HIDDEN)
+        for k in range(me["micro_batches"]):
+            first = (me["replica"] * me["micro_batches"] + k) * me["sequences"]
+            rows = slice(first, first + me["sequences"])
+            if me["embedding"]:
+                x_in = None
+                x = embedding(inputs[rows])
+            else:
+                x_in = torch.empty(shape)
+                dist.recv(x_in, src=me["pp_prev"][0])
+                x_in.requires_grad_(True)
+                x = x_in
+            for block in mine:
+                x = block(x)
+            if me["head"]:
+                loss = torch.nn.functional.cross_entropy(head(x).reshape(-1, VOCAB), targets[rows].reshape(-1))
+                loss = loss / (me["micro_batches"] * replicas)  # each micro-batch's share of the batch mean
+                total_loss += loss.detach()
+                loss.backward()
+            else:
+                dist.send(x.detach().contiguous(), dst=me["pp_next"][0])
+                grad = torch.empty(shape)
+                dist.recv(grad, src=me["pp_next"][0])
+                x.backward(grad)
+            if x_in is not None:
+                dist.send(x_in.grad.contiguous(), dst=me["pp_prev"][0])
+        dp = groups[tuple(sorted(me["dp_group"]))]
+        for p in params.values():
+            dist.all_reduce(p.grad, group=dp)
+        ref_loss, ref_grads = _reference(layers, batch)
+        found["grad_error"] = max(float((p.grad - ref_grads[name]).abs().max()) for name, p in params.items())
+        found["parameters"] = len(params)
+        if me["head"]:
+            dist.all_reduce(total_loss, group=dp)
+            found["loss"], found["loss_error"] = float(total_loss), abs(float(total_loss) - ref_loss)
+    except Exception as exc:  # reported to the parent, which says which rank failed
+        found["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        Path(results, f"{rank}.json").write_text(json.dumps(found))
+        dist.destroy_process_group()
+
+
+def check(rankmap: dict) -> dict:
+    """Run the rank map's step on gloo, one process per rank.
+
+    Parameters: rankmap — a rank map (hetopt.export.rankmap.RankMap.to_json()) of one template at TP
+    and CP 1. Returns: {"ok": bool, "ranks": [each rank's findings], "problems": [...]}."""
+    import torch.multiprocessing as mp
+
+    ranks = rankmap["ranks"]
+    problems = []
+    if len({r["template"] for r in ranks}) > 1 or any(r["tp_group"] != [r["rank"]] or r["cp_group"] != [r["rank"]]
+                                                      for r in ranks):
+        problems.append("the dry run takes one template at TP and CP 1")
+    if any(len(r["pp_prev"]) > 1 or len(r["pp_next"]) > 1 for r in ranks):
+        problems.append("the dry run takes stages without shards")
+    if problems:
+        return {"ok": False, "ranks": [], "problems": problems}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as results:
+        mp.start_processes(_rank, args=(rankmap, f"tcp://127.0.0.1:{port}", results), nprocs=len(ranks),
+                           join=True, start_method="spawn")
+        found = [json.loads(Path(results, f"{r}.json").read_text()) for r in range(len(ranks))]
+    for f in found:
+        if "error" in f:
+            problems.append(f"rank {f['rank']}: {f['error']}")
+        elif not f["groups_ok"]:
+            problems.append(f"rank {f['rank']}: a process group is not the one the map names")
+        elif f["grad_error"] > TOLERANCE or f.get("loss_error", 0.0) > TOLERANCE:
+            problems.append(f"rank {f['rank']}: gradients {f['grad_error']:.2e}, loss "
+                            f"{f.get('loss_error', 0.0):.2e} from the single process")
+    covered = sum(f.get("parameters", 0) for f, r in zip(found, ranks, strict=True) if r["dp_rank"] == 0)
+    return {"ok": not problems, "ranks": found, "problems": problems, "parameters_checked": covered}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hetopt.export.dryrun RANKMAP.json", file=sys.stderr)
+        return 2
+    try:
+        rankmap = json.loads(Path(args[0]).read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: {args[0]}: cannot read a rank map ({exc}); give the rankmap.json `hetopt export` wrote",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    result = check(rankmap)
+    for problem in result["problems"]:
+        print(problem, file=sys.stderr)
+    print(json.dumps({k: v for k, v in result.items() if k != "ranks"}))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""`hetopt export` (issue 14): the rank map run for real on gloo, the launchers' own libraries accepting
+what it writes, the blocking features named, and bad input refused whole."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import stat
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_hetopt
+
+from hetopt.export import export
+from hetopt.export.runnable import runnable_instance
+from hetopt.plan import load_plan
+from hetopt.spec.instance import load_instance
+
+HERE = Path(__file__).parent / "export"
+PLAN8, INST8 = HERE / "pipe8-plan.json", HERE / "pipe8.yaml"
+HAS_MEGATRON_CORE = importlib.util.find_spec("megatron") is not None and \
+    importlib.util.find_spec("megatron.core") is not None
+
+
+def _rankmap(tmp_path: Path) -> dict:
+    result = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "rankmap", "--out",
+                        str(tmp_path / "out"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["files"] == ["rankmap.json"]
+    return json.loads((tmp_path / "out" / "rankmap.json").read_text())
+
+
+def test_the_rank_map_of_four_stages_by_two_replicas_runs_on_gloo(tmp_path):
+    """8 processes on gloo build the map's groups, run one step of a tiny transformer through its pipeline
+    (layers 3 | 2 | 2 | 1, two replicas of two micro-batches of 2) and all-reduce the gradients in each
+    data-parallel group: loss and every gradient equal one process's step on the whole batch to 1e-5, and
+    the stages together hold every parameter once (99: embedding, 8 layers × 12, head's 2). A map with one
+    rank's layers shifted fails the same check."""
+    pytest.importorskip("torch")
+    from hetopt.export.dryrun import check
+
+    rankmap = _rankmap(tmp_path)
+    assert rankmap["world_size"] == 8 and rankmap["order"] == "tp-cp-pp-dp"  # each node holds one replica
+    stages = [(r["stage"], r["first_layer"], r["layers"]) for r in rankmap["ranks"] if r["replica"] == 0]
+    assert stages == [(0, 0, 3), (1, 3, 2), (2, 5, 2), (3, 7, 1)]
+    assert [r["dp_group"] for r in rankmap["ranks"][:4]] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert [r["pp_next"] for r in rankmap["ranks"][:4]] == [[1], [2], [3], []]
+    result = check(rankmap)
+    assert result["ok"], result["problems"]
+    assert result["parameters_checked"] == 99
+    assert max(f["grad_error"] for f in result["ranks"]) <= 1e-5
+    losses = [f["loss"] for f in result["ranks"] if "loss" in f]
+    assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], abs=1e-7)
+    shifted = json.loads(json.dumps(rankmap))
+    shifted["ranks"][5]["first_layer"] = 2  # replica 1's stage 1 runs layers 2–3 instead of 3–4
+    bad = check(shifted)
+    assert not bad["ok"] and any(p.startswith("rank ") for p in bad["problems"])
+
+
+def test_megatron_core_accepts_the_exported_values_and_refuses_a_wrong_split(tmp_path):
+    """The demo's plan restricted to what Megatron-LM runs (solve --runnable megatron): its exported
+    values build megatron-core's TransformerConfig (which validates the layout against num_layers, TP
+    against the heads, recompute options) and DistributedDataParallelConfig; one layer too few in the
+    layout is refused by the same class."""
+    pytest.importorskip("megatron.core")
+    from hetopt.search.orchestrate import solve_exact
+
+    inst = load_instance("demo")
+    plan = solve_exact(runnable_instance(inst, "megatron"), time_limit_s=10).plan
+    done = export(inst, plan, "megatron")
+    assert done.blocked == [] and {"megatron_args.txt", "megatron_core.json", "launch.sh"} <= set(done.files)
+    cfg = json.loads(done.files["megatron_core.json"])
+    _megatron_objects(cfg)
+    args = shlex.split(done.files["megatron_args.txt"])
+    layout = cfg["transformer"]["pipeline_model_parallel_layout"]  # the demo's: two stages, uneven
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout and layout.count("|") == 1
+    assert int(args[args.index("--tensor-model-parallel-size") + 1]) == plan.pipelines[0].stages[0].tp
+    wrong = json.loads(json.dumps(cfg))
+    wrong["transformer"]["pipeline_model_parallel_layout"] = "Et|tL"  # 2 layers, not 32
+    wrong["transformer"]["pipeline_model_parallel_size"] = 2
+    with pytest.raises((AssertionError, ValueError)):
+        _megatron_objects(wrong)
+
+
+def _megatron_objects(cfg: dict):
+    """megatron-core's own configuration objects from an export's megatron_core.json."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer import TransformerConfig
+
+    values = dict(cfg["transformer"])
+    for key in ("params_dtype", "pipeline_dtype"):
+        values[key] = {"bf16": torch.bfloat16, "fp16": torch.float16}[values[key]]
+    config = TransformerConfig(**values)
+    assert config.num_layers == cfg["transformer"]["num_layers"]
+    return config, DistributedDataParallelConfig(**cfg["ddp"])
+
+
+def _export_bundled(path: Path) -> tuple[str, list, dict, list]:
+    """(instance, the free plan's blocked features for megatron, every format's files, the runnable
+    megatron plan's blocked features and megatron-core config) for one bundled instance, each plan from a
+    short search (any plan the search returns must export)."""
+    from hetopt.search.orchestrate import solve_exact
+
+    inst = load_instance(path)
+    plan = solve_exact(inst, time_limit_s=2, workers=1).plan
+    files = {fmt: export(inst, plan, fmt) for fmt in ("rankmap", "torchrun", "megatron", "deepspeed")}
+    rm = files["rankmap"].rankmap
+    assert rm.world_size == sum(p.replicas * s.gpus for p in plan.pipelines for s in p.stages)
+    assert sorted(r.rank for r in rm.ranks) == list(range(rm.world_size))
+    runnable = solve_exact(runnable_instance(inst, "megatron"), time_limit_s=2, workers=1).plan
+    mine = export(inst, runnable, "megatron")
+    cfg = json.loads(mine.files["megatron_core.json"]) if not mine.blocked else None
+    return inst.name, files["megatron"].blocked, {f: sorted(e.files) for f, e in files.items()}, [mine.blocked, cfg]
+
+
+def test_every_bundled_instances_plan_exports_and_its_runnable_plan_is_megatrons():
+    """Each bundled instance's solved plan exports in every format (its rank map numbers every GPU once);
+    where Megatron cannot run it, the blocking feature is named; the plan of `--runnable megatron` exports
+    unblocked and megatron-core's classes accept it."""
+    paths = sorted((REPO / "instances").glob("*.yaml"))
+    with ProcessPoolExecutor(2) as pool:
+        found = list(pool.map(_export_bundled, paths))
+    assert len(found) == len(paths)
+    for name, blocked, files, (runnable_blocked, cfg) in found:
+        if blocked:
+            assert files["megatron"] == ["rankmap.json"], name
+        else:
+            assert "megatron_args.txt" in files["megatron"], name
+        assert runnable_blocked == [], (name, runnable_blocked)
+        if HAS_MEGATRON_CORE:
+            _megatron_objects(cfg)
+    assert any(blocked for _, blocked, _, _ in found)  # the heterogeneous optima: several templates, mixed TP
+
+
+def test_deepspeed_accepts_the_exported_config(monkeypatch):
+    """s2's plan restricted to DeepSpeed's pipeline engine: DeepSpeed's own config parser takes the export
+    (train_batch_size = micro-batch × accumulation × data-parallel width, as it checks) and refuses it with
+    one replica too many."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # without a process group DeepSpeed takes the world as 1 before it asks the mpu; rank 0 of one
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
+
+    from hetopt.search.orchestrate import solve_exact
+
+    inst = load_instance(REPO / "tests" / "small" / "s2-a100-v100.yaml")
+    plan = solve_exact(runnable_instance(inst, "deepspeed"), time_limit_s=10).plan
+    done = export(inst, plan, "deepspeed")
+    assert done.blocked == [], done.blocked
+    cfg = json.loads(done.files["ds_config.json"])
+    replicas = plan.pipelines[0].replicas
+    parsed = DeepSpeedConfig(cfg, mpu=_Mpu(replicas))
+    assert parsed.train_batch_size == inst.spec.training.global_batch
+    assert parsed.gradient_accumulation_steps == plan.pipelines[0].micro_batches
+    assert parsed.zero_optimization_stage == plan.zero
+    parts = json.loads(done.files["pipeline_parts.json"])["parts"]
+    assert parts[-1] == inst.model.layers + 2 and len(parts) == len(plan.pipelines[0].stages) + 1
+    with pytest.raises(AssertionError):
+        DeepSpeedConfig(cfg, mpu=_Mpu(replicas + 1))
+
+
+class _Mpu:
+    """The model-parallel unit DeepSpeed asks for the data-parallel width."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+def test_a_plan_of_several_templates_names_what_blocks_megatron_and_still_writes_the_rank_map(tmp_path):
+    """The demo's optimum (two templates, A100s and V100s at their own TP): export --format megatron
+    exits 1, names both features, and writes rankmap.json only."""
+    plan_path = tmp_path / "demo.json"
+    solved = run_hetopt("solve", "demo", "--time-limit", "20", "--out", str(plan_path), "--json")
+    assert solved.returncode == 0, solved.stderr
+    result = run_hetopt("export", str(plan_path), "--instance", "demo", "--format", "megatron", "--out",
+                        str(tmp_path / "m"), "--json")
+    assert result.returncode == 1, result.stderr
+    out = json.loads(result.stdout)
+    assert out["files"] == ["rankmap.json"] and sorted(os.listdir(tmp_path / "m")) == ["rankmap.json"]
+    assert any("pipeline templates" in why for why in out["blocked"]), out["blocked"]
+
+
+def test_bad_input_exits_2_and_writes_nothing(tmp_path):
+    """A plan for another instance, an unknown format, a directory that cannot be written, files that
+    would be overwritten: exit 2, the reason named, nothing written."""
+    other = run_hetopt("export", str(PLAN8), "--instance", "demo", "--format", "rankmap", "--out",
+                       str(tmp_path / "a"))
+    assert other.returncode == 2 and not (tmp_path / "a").exists()
+    assert "Traceback" not in other.stderr and "pipelines" in other.stderr, other.stderr
+    unknown = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "megatrn", "--out",
+                         str(tmp_path / "b"))
+    assert unknown.returncode == 2 and "megatron" in unknown.stderr and not (tmp_path / "b").exists()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: nothing to test
+            pytest.skip("running as root")
+        denied = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "torchrun", "--out",
+                            str(locked / "x"))
+        assert denied.returncode == 2 and "not writable" in denied.stderr and not (locked / "x").exists()
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+def test_files_already_there_are_kept_without_force(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "rankmap.json").write_text("mine")
+    again = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "torchrun", "--out", str(target))
+    assert again.returncode == 2 and "--force" in again.stderr
+    assert sorted(os.listdir(target)) == ["rankmap.json"] and (target / "rankmap.json").read_text() == "mine"
+    forced = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "torchrun", "--out", str(target),
+                        "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(os.listdir(target)) == ["rank_env.json", "rankmap.json", "torchrun.sh"]
+    lines = (target / "torchrun.sh").read_text().splitlines()
+    assert sum("torchrun --nnodes=2" in line for line in lines) == 2
+    assert os.access(target / "torchrun.sh", os.X_OK)
+    assert load_plan(PLAN8).pipelines[0].replicas == 2
