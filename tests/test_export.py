@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import stat
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -121,8 +120,10 @@ def test_every_bundled_instances_plan_exports_and_its_runnable_plan_is_megatrons
     """Each bundled instance's solved plan exports in every format (its rank map numbers every GPU once);
     where Megatron cannot run it, the blocking feature is named; the plan of `--runnable megatron` exports
     unblocked and megatron-core's classes accept it."""
+    from hetopt.lifeline import worker_pool
+
     paths = sorted((REPO / "instances").glob("*.yaml"))
-    with ProcessPoolExecutor(2) as pool:
+    with worker_pool(2) as pool:  # spawned: HiGHS's threads do not survive a fork of a process that ran it
         found = list(pool.map(_export_bundled, paths))
     assert len(found) == len(paths)
     for name, blocked, files, (runnable_blocked, cfg) in found:
@@ -208,6 +209,11 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path):
     unknown = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "megatrn", "--out",
                          str(tmp_path / "b"))
     assert unknown.returncode == 2 and "megatron" in unknown.stderr and not (tmp_path / "b").exists()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    under = run_hetopt("export", str(PLAN8), "--instance", str(INST8), "--format", "rankmap", "--out",
+                       str(a_file / "x"))
+    assert under.returncode == 2 and "is not a directory" in under.stderr and a_file.read_text() == ""
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(stat.S_IRUSR | stat.S_IXUSR)

@@ -159,6 +159,8 @@ def check(rankmap: dict) -> dict:
         problems.append("the dry run takes one template at TP and CP 1")
     if any(len(r["pp_prev"]) > 1 or len(r["pp_next"]) > 1 for r in ranks):
         problems.append("the dry run takes stages without shards")
+    if any(len(r.get("chunks", [[]])) > 1 for r in ranks):
+        problems.append("the dry run takes one model chunk per stage (1F1B, not the interleaved schedule)")
     if problems:
         return {"ok": False, "ranks": [], "problems": problems}
     with socket.socket() as s:

@@ -46,6 +46,9 @@ class Rank:
     first_layer: int
     """The first transformer layer the stage holds (0-based)."""
     layers: int
+    chunks: list[list[int]]
+    """[first layer, layers] of each of the stage's model chunks: one, or with the interleaved schedule v
+    of them, chunk c of stage i being the (c·p + i)-th block of the model (Megatron's virtual stages)."""
     embedding: bool
     """Whether the stage holds the input embedding (the first stage)."""
     head: bool
@@ -166,7 +169,7 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
             nodes.append({"name": s.node, "node_rank": len(nodes), "nproc": 0, "gpus": []})
         nodes[node_rank[s.node]]["nproc"] += 1
         nodes[node_rank[s.node]]["gpus"].append(s.gpu)
-    starts = _first_layers(plan)
+    chunks = _chunks(plan)
     by_coord = {(s.template, s.replica, s.stage, s.shard, s.tp_rank, s.cp_rank): at[s] for s in ordered}
     ranks = []
     for s in ordered:
@@ -174,32 +177,37 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
         stage = pipe.stages[s.stage]
         shard = stage.ranks_of(plan.micro_batch)
         flat = [sh for sh in shard for _ in range(sh.ranks)]
-        first, local = starts[s.template][s.stage], nodes[node_rank[s.node]]["gpus"].index(s.gpu)
+        mine, local = chunks[s.template][s.stage], nodes[node_rank[s.node]]["gpus"].index(s.gpu)
         ranks.append(Rank(
             rank=at[s], node=s.node, node_rank=node_rank[s.node], local_rank=local, gpu=s.gpu,
             gpu_type=flat[s.shard].gpu, template=s.template, replica=s.replica, stage=s.stage,
             stages=len(pipe.stages), dp_rank=s.replica * stage.dp_ranks + s.shard, tp_rank=s.tp_rank,
-            cp_rank=s.cp_rank, first_layer=first, layers=stage.layers, embedding=s.stage == 0,
+            cp_rank=s.cp_rank, first_layer=mine[0][0], layers=stage.layers, chunks=mine, embedding=s.stage == 0,
             head=s.stage == len(pipe.stages) - 1, sequences=flat[s.shard].sequences,
             micro_batches=pipe.micro_batches, recompute=stage.recompute))
     for r in ranks:
-        groups(plan, r, by_coord, ranks, starts)
+        groups(plan, r, by_coord, ranks)
     return RankMap(inst.name, order, len(ranks), nodes[0]["name"], nodes, ranks)
 
 
-def _first_layers(plan: Plan) -> list[list[int]]:
-    """Per template, the first layer of each stage."""
+def _chunks(plan: Plan) -> list[list[list[list[int]]]]:
+    """Per template and stage, its chunks' [first layer, layers]: the stages in order, or (v virtual
+    stages) each stage's layers cut into v equal chunks laid out chunk-major as Megatron's interleaved
+    schedule does (hetopt.export.launchers.layout_string)."""
     out = []
     for pipe in plan.pipelines:
-        firsts, n = [], 0
-        for st in pipe.stages:
-            firsts.append(n)
-            n += st.layers
-        out.append(firsts)
+        v = plan.virtual_stages if len(plan.pipelines) == 1 else 1
+        per_stage: list[list[list[int]]] = [[] for _ in pipe.stages]
+        n = 0
+        for _ in range(v):
+            for i, st in enumerate(pipe.stages):
+                per_stage[i].append([n, st.layers // v])
+                n += st.layers // v
+        out.append(per_stage)
     return out
 
 
-def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank], starts: list[list[int]]) -> None:
+def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank]) -> None:
     """Fill in `r`'s process groups from the coordinates of every rank."""
     pipe = plan.pipelines[r.template]
     stage = pipe.stages[r.stage]
