@@ -6,8 +6,9 @@ Megatron-LM runs one pipeline template: every stage at one TP and CP degree, its
 recompute mode; the uneven layer split goes in through `--pipeline-model-parallel-layout` (megatron-core's
 `PipelineParallelLayerLayout`: "E" the embedding, "t" a transformer layer, "L" the loss, "|" between
 stages, rows in virtual-stage-major order for the interleaved schedule). ZeRO-1 is its distributed
-optimizer, ZeRO-3 its FSDP (`--use-torch-fsdp2`); it has no ZeRO-2. DeepSpeed's pipeline engine runs one
-template without tensor or context parallelism (those need Megatron-DeepSpeed), ZeRO-0/1 only with
+optimizer, ZeRO-3 Megatron-FSDP (`--use-megatron-fsdp`, sharding optim_grads_params); it has no ZeRO-2.
+DeepSpeed's pipeline engine runs one template without tensor or context parallelism (those need
+Megatron-DeepSpeed), ZeRO-0/1 only with
 pipelining, its own 1F1B schedule, one activation-checkpoint interval; its `PipelineModule` takes the layer
 boundaries (`parts`) this module writes beside the config.
 """
@@ -45,7 +46,7 @@ def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]
         if len({(st.tp, st.cp) for st in stages}) > 1:
             out.append("stages at different TP or CP degrees (Megatron-LM takes one of each)")
         if plan.zero == 2:
-            out.append("ZeRO-2 (Megatron-LM has the distributed optimizer, ZeRO-1, and FSDP, ZeRO-3)")
+            out.append("ZeRO-2 (Megatron-LM has the distributed optimizer, ZeRO-1, and Megatron-FSDP, ZeRO-3)")
         if plan.schedule == "gpipe":
             out.append("the GPipe schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
         if order == "node" and not out:
@@ -140,8 +141,8 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
             args += ["--recompute-method", "uniform", "--recompute-num-layers", 1]
     if plan.zero == 1:
         args += ["--use-distributed-optimizer"]
-    elif plan.zero == 3:
-        args += ["--use-torch-fsdp2"]
+    elif plan.zero == 3:  # Megatron-FSDP, fully sharded: the DDP config's use_megatron_fsdp (below)
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if cfg["ddp"]["grad_reduce_in_fp32"]:
         args += ["--accumulate-allreduce-grads-in-fp32"]
     if inst.spec.training.attention == "flash":
