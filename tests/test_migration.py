@@ -1,0 +1,71 @@
+"""Migration cost of a plan switch (issue 15, hetopt/replan/migration.py), worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetopt.cost.flops import layer_params
+from hetopt.plan import Plan
+from hetopt.replan.migration import migration
+from hetopt.spec.instance import load_instance
+
+INSTANCE = """
+name: v100-a100-pair
+model: {layers: 8, hidden: 1024, heads: 8, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 8}
+cluster:
+  nodes:
+    - {name: v, count: 1, gpu: V100-32GB, gpus_per_node: 1, island: r0, nic_gbps: 100}
+    - {name: a, count: 1, gpu: A100-80GB, gpus_per_node: 1, island: r0, nic_gbps: 100}
+"""
+
+
+def _plan(v100_layers: int) -> Plan:
+    return Plan.model_validate({"micro_batch": 1, "pipelines": [{"replicas": 1, "micro_batches": 8, "stages": [
+        {"layers": v100_layers, "gpu": "V100-32GB", "island": "r0", "tp": 1},
+        {"layers": 8 - v100_layers, "gpu": "A100-80GB", "island": "r0", "tp": 1}]}]})
+
+
+def test_a_layer_moving_from_the_v100_to_the_a100_moves_its_weights_and_optimizer_state_once(tmp_path):
+    """Layers 5 | 3 → 4 | 4: layer 4 leaves the V100 stage for the A100 stage. Its 16-bit weights (2 bytes
+    per parameter) and its optimizer state (fp32 master and two Adam moments, 12 bytes) cross the one
+    route v-0 → a-0, once: 14·P bytes, P = 12,596,224 for h = 1024 (4h² + 8h² + biases 9h + norms 4h)
+    — 176,347,136 bytes. Its time: that route's α plus the bytes over its bandwidth, or the NICs' 100 Gbit/s
+    if they were slower. Nothing moves back, and a switch to the same plan moves nothing."""
+    path = tmp_path / "pair.yaml"
+    path.write_text(INSTANCE)
+    inst = load_instance(path)
+    params = layer_params(inst.model)
+    assert params == 12 * 1024**2 + 13 * 1024 == 12_596_224
+    moved = migration(inst, _plan(5), _plan(4))
+    assert moved.bytes_by_route == {("v-0", "a-0"): pytest.approx(14 * params)}
+    assert moved.total_bytes == pytest.approx(176_347_136)
+    route = inst.cluster.route("v-0", "a-0")
+    by_hand = max(route.alpha_s + 8 * 14 * params / (route.effective_gbps * 1e9), 8 * 14 * params / 100e9)
+    assert moved.time_s == pytest.approx(by_hand, rel=1e-12)
+    line_rate_s = 8 * 14 * params / 100e9  # 176 MB over a 100 Gbit/s NIC: 14.1 ms at its line rate
+    assert line_rate_s <= moved.time_s < 1.1 * line_rate_s  # 14.5 ms: the route's η and α on top
+    back = migration(inst, _plan(4), _plan(5))
+    assert back.bytes_by_route == {("a-0", "v-0"): pytest.approx(14 * params)}
+    same = migration(inst, _plan(5), _plan(5))
+    assert same.bytes_by_route == {} and same.time_s == 0.0
+
+
+def test_with_two_replicas_each_new_holder_takes_the_weights_and_its_own_optimizer_shard(tmp_path):
+    """Two copies of the same pipeline under ZeRO-1: the optimizer state of a layer is split over the two
+    copies (12·P/2 bytes each), its weights are whole on each. Layer 4 moving to the A100s moves the
+    weights twice (2·2·P) and each optimizer half once (2·6·P): 16·P bytes in all."""
+    path = tmp_path / "pairs.yaml"
+    path.write_text(INSTANCE.replace("count: 1", "count: 2").replace("global_batch: 8", "global_batch: 16"))
+    inst = load_instance(path)
+    params = layer_params(inst.model)
+
+    def plan(v100_layers: int) -> Plan:
+        one = _plan(v100_layers).model_dump()
+        one["pipelines"][0]["replicas"] = 2
+        return Plan.model_validate(one)
+
+    moved = migration(inst, plan(5), plan(4))
+    assert moved.total_bytes == pytest.approx(16 * params)
+    assert {dst for _, dst in moved.bytes_by_route} == {"a-0", "a-1"}
+    assert all(src.startswith("v-") for src, _ in moved.bytes_by_route)
