@@ -429,6 +429,56 @@ def export_plan(
         sys.exit(ExitCode.FAILED)
 
 
+@app.command()
+def replan(
+    instance: Annotated[str, typer.Argument(help="Instance file or bundled instance name.")],
+    plan: Annotated[str, typer.Option("--plan", help="The plan running now (JSON).")],
+    scenario: Annotated[str | None, typer.Option("--scenario", help="A scenario of the instance...")] = None,
+    at: Annotated[float | None, typer.Option("--at", help="...and the moment in it, seconds.")] = None,
+    bandwidth: Annotated[list[str] | None, typer.Option("--bandwidth", help="Or links set by hand: "
+                                                                            "ISLAND-ISLAND=GBPS (repeatable).")]
+    = None,
+    dwell: Annotated[float | None, typer.Option("--dwell", help="Seconds the new bandwidth lasts (default: until "
+                                                                "the scenario's next change, or the horizon).")]
+    = None,
+    restart: Annotated[float, typer.Option("--restart", help="Seconds a restart costs beside the migration.")]
+    = 0.0,
+    full: Annotated[bool, typer.Option("--full", help="Also search the whole space after the neighbourhood.")]
+    = False,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for each search.")] = 10.0,
+    out_path: Annotated[str | None, typer.Option("--out", help="Write the best plan's JSON here.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """The best plan under a changed network, warm-started from the running one: switch or stay, with the
+    migration cost and the break-even time."""
+    import json as _json
+
+    from hetopt.plan import load_plan, plan_json
+    from hetopt.replan import parse_bandwidth
+    from hetopt.replan import replan as run_replan
+    from hetopt.spec.instance import load_instance
+
+    check_time_limit(time_limit)
+    if out_path:
+        check_output(out_path, "--out", force)
+    inst = load_instance(instance)
+    result = run_replan(inst, load_plan(plan), scenario=scenario, at_s=at,
+                        bandwidth=parse_bandwidth(inst, bandwidth) if bandwidth else None, dwell_s=dwell,
+                        restart_s=restart, full=full, time_limit_s=time_limit, source=plan)
+    if out_path:
+        write_text(out_path, _json.dumps(plan_json(result.plan), indent=2) + "\n")
+    if as_json:
+        _print_json(result.to_json())
+        return
+    even = f"{result.break_even_s:.1f} s" if math.isfinite(result.break_even_s) else "never"
+    out.print(f"{result.decision}: running plan {result.current_s:.4f} s per iteration on the changed network, "
+              f"best found ({result.found_by}) {result.new_s:.4f} s; switching moves "
+              f"{result.migration.total_bytes / 1e9:.2f} GB in {result.migration.time_s:.2f} s "
+              f"(+{result.restart_s:g} s restart), paid back after {even} of the new bandwidth, expected to last "
+              f"{result.dwell_s:.1f} s")
+
+
 def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
     """One result per layout line, in order; an invalid line gets an `error` entry and the sweep goes on."""
 

@@ -69,3 +69,50 @@ def test_with_two_replicas_each_new_holder_takes_the_weights_and_its_own_optimiz
     assert moved.total_bytes == pytest.approx(16 * params)
     assert {dst for _, dst in moved.bytes_by_route} == {"a-0", "a-1"}
     assert all(src.startswith("v-") for src, _ in moved.bytes_by_route)
+
+
+def test_replan_switches_when_the_gain_outlasts_the_migration_and_stays_when_it_cannot(tmp_path):
+    """The demo's optimum with its rack link cut from 100 to 25 Gbit/s: the whole space holds a plan far
+    faster on the new link. Switching pays once the new bandwidth has lasted M / (1 − t_new / t_old)
+    seconds (M the migration): over 600 s it switches; over a dwell below that break-even it stays."""
+    import json
+
+    from conftest import run_hetopt
+
+    from hetopt.replan import replan
+
+    plan_path = tmp_path / "demo.json"
+    solved = run_hetopt("solve", "demo", "--time-limit", "30", "--out", str(plan_path))
+    assert solved.returncode == 0, solved.stderr
+    inst = load_instance("demo")
+    current = Plan.model_validate(json.loads(plan_path.read_text()))
+    long = replan(inst, current, bandwidth={("rack0", "rack1"): 25.0}, dwell_s=600.0, full=True, time_limit_s=20)
+    assert long.found_by == "search" and long.new_s < long.current_s
+    assert long.break_even_s == pytest.approx(long.migration.time_s / (1 - long.new_s / long.current_s))
+    assert long.decision == "switch" and long.migration.total_bytes > 0
+    short = replan(inst, current, bandwidth={("rack0", "rack1"): 25.0}, dwell_s=long.break_even_s / 2, full=True,
+                   time_limit_s=20, restart_s=0.0)
+    assert short.decision == "stay" and short.new_s == pytest.approx(long.new_s)
+    slower_restart = replan(inst, current, bandwidth={("rack0", "rack1"): 25.0}, dwell_s=600.0, full=True,
+                            time_limit_s=20, restart_s=10_000.0)
+    assert slower_restart.decision == "stay"  # a restart of hours is never paid back in ten minutes
+
+
+def test_replan_refuses_bad_input_with_exit_2(tmp_path):
+    from conftest import run_hetopt
+
+    plan_path = tmp_path / "other.json"
+    plan_path.write_text(json_plan := _plan(5).model_dump_json())
+    assert json_plan
+    other = run_hetopt("replan", "demo", "--plan", str(plan_path), "--bandwidth", "rack0-rack1=25")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    path = tmp_path / "pair.yaml"
+    path.write_text(INSTANCE)
+    no_link = run_hetopt("replan", str(path), "--plan", str(plan_path), "--bandwidth", "r0-r9=25")
+    assert no_link.returncode == 2 and "ISLAND-ISLAND=GBPS" in no_link.stderr
+    demo_plan = tmp_path / "demo.json"
+    assert run_hetopt("solve", "demo", "--time-limit", "20", "--out", str(demo_plan)).returncode == 0
+    negative = run_hetopt("replan", "demo", "--plan", str(demo_plan), "--bandwidth", "rack0-rack1=-5")
+    assert negative.returncode == 2 and "above 0" in negative.stderr
+    neither = run_hetopt("replan", "demo", "--plan", str(demo_plan))
+    assert neither.returncode == 2 and "--scenario" in neither.stderr
