@@ -76,7 +76,8 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
         inst = runnable_instance(inst, runnable)
     options = SearchOptions.from_instance(inst)
     deadline = time.time() + time_limit_s
-    search_s = search_time_limit_s(time_limit_s) / (2 if runnable is not None else 1)
+    compare = runnable is not None and planner not in HEURISTICS and planner != "exhaustive"
+    search_s = search_time_limit_s(time_limit_s) / (2 if compare else 1)
     start = clock()
     if planner == "exhaustive":
         from hetopt.baselines.exhaustive import exhaustive
@@ -92,18 +93,27 @@ def solve(inst: Instance, planner: str = "ilp", formulation: str | None = None, 
                              progress=progress, objective=objective, warm_start=warm_start, executor=executor,
                              address=address)
     free = None
-    if runnable is not None:  # the free space, for what running the plan as it is costs
+    if compare:  # the free space, for what running the plan as it is costs
         free = solve_exact(free_inst, formulation, backend, search_s, seed, None, profiles, objective=objective,
-                           warm_start=warm_start, executor=executor, address=address) \
-            if planner not in HEURISTICS and planner != "exhaustive" else None
+                           warm_start=warm_start, executor=executor, address=address)
     result = replace(result, time_limit_s=time_limit_s)
     out = report(inst, planner, result, objective, simulate_iterations, profiles, deadline, replay_progress)
     if runnable is not None:
-        out["runnable"] = {"launcher": runnable, "free_status": free.status.value if free else None,
-                           "free_objective_s": free.objective_s if free and math.isfinite(free.objective_s) else None}
-        both = out["objective_s"] is not None and out["runnable"]["free_objective_s"]
-        out["runnable"]["cost"] = out["objective_s"] / out["runnable"]["free_objective_s"] - 1 if both else None
+        out["runnable"] = _runnable_cost(runnable, result, free)
     return out
+
+
+def _runnable_cost(launcher: str, result: SearchResult, free: SearchResult | None) -> dict[str, Any]:
+    """What keeping to the launcher's plans costs: the free space's best against the runnable plan. The
+    runnable plan is a point of the free space, so the free space's best is never worse than it (a free
+    search stopped by the time limit may not have reached it: the runnable plan stands in)."""
+    mine = result.objective_s if result.plan is not None else math.inf
+    if free is None:
+        return {"launcher": launcher, "free_status": None, "free_objective_s": None, "cost": None}
+    best = min(free.objective_s, mine)
+    return {"launcher": launcher, "free_status": free.status.value,
+            "free_objective_s": best if math.isfinite(best) else None,
+            "cost": mine / best - 1 if math.isfinite(mine) and math.isfinite(best) else None}
 
 
 def run_heuristic(inst: Instance, planner: str, time_limit_s: float, seed: int, profiles: Profiles,

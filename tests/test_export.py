@@ -14,8 +14,9 @@ import pytest
 from conftest import REPO, run_hetopt
 
 from hetopt.export import export
+from hetopt.export.dryrun import consistency
 from hetopt.export.runnable import runnable_instance
-from hetopt.plan import load_plan
+from hetopt.plan import Plan, load_plan
 from hetopt.spec.instance import load_instance
 
 HERE = Path(__file__).parent / "export"
@@ -74,6 +75,8 @@ def test_megatron_core_accepts_the_exported_values_and_refuses_a_wrong_split(tmp
     cfg = json.loads(done.files["megatron_core.json"])
     _megatron_objects(cfg)
     args = shlex.split(done.files["megatron_args.txt"])
+    assert args[args.index("--position-embedding-type") + 1] == "rope"  # LLaMA-2 7B: rotary
+    assert "--swiglu" in args and "--disable-bias-linear" in args
     layout = cfg["transformer"]["pipeline_model_parallel_layout"]  # the demo's: two stages, uneven
     assert args[args.index("--pipeline-model-parallel-layout") + 1] == layout and layout.count("|") == 1
     assert int(args[args.index("--tensor-model-parallel-size") + 1]) == plan.pipelines[0].stages[0].tp
@@ -109,7 +112,7 @@ def _export_bundled(path: Path) -> tuple[str, list, dict, list]:
     files = {fmt: export(inst, plan, fmt) for fmt in ("rankmap", "torchrun", "megatron", "deepspeed")}
     rm = files["rankmap"].rankmap
     assert rm.world_size == sum(p.replicas * s.gpus for p in plan.pipelines for s in p.stages)
-    assert sorted(r.rank for r in rm.ranks) == list(range(rm.world_size))
+    assert consistency(rm.to_json()) == [], inst.name  # every GPU once, groups and neighbours paired
     runnable = solve_exact(runnable_instance(inst, "megatron"), time_limit_s=2, workers=1).plan
     mine = export(inst, runnable, "megatron")
     cfg = json.loads(mine.files["megatron_core.json"]) if not mine.blocked else None
@@ -242,3 +245,51 @@ def test_files_already_there_are_kept_without_force(tmp_path):
     assert sum("torchrun --nnodes=2" in line for line in lines) == 2
     assert os.access(target / "torchrun.sh", os.X_OK)
     assert load_plan(PLAN8).pipelines[0].replicas == 2
+
+
+def test_a_map_that_disagrees_with_itself_is_refused_before_any_process_starts(tmp_path):
+    """The dry run's own check (`consistency`): a data-parallel group one member does not share, a
+    neighbour that does not name its sender, two ranks on one GPU — each named, no process started."""
+    from hetopt.export.dryrun import check
+
+    rankmap = _rankmap(tmp_path)
+    assert consistency(rankmap) == []
+    bad = json.loads(json.dumps(rankmap))
+    bad["ranks"][0]["dp_group"] = [0, 1]
+    bad["ranks"][2]["pp_prev"] = []
+    bad["ranks"][3]["gpu"], bad["ranks"][3]["node"] = 0, "a-0"
+    found = consistency(bad)
+    assert any("rank 0: its dp_group" in p for p in found)
+    assert any("rank 1 sends to 2" in p for p in found)
+    assert any("GPU 0 of a-0 has another rank" in p for p in found)
+    result = check(bad)
+    assert not result["ok"] and result["ranks"] == []
+
+
+def test_deepspeed_is_blocked_where_the_ranks_are_replica_by_replica(tmp_path):
+    """DeepSpeed's pipe-data topology numbers the same stage of every copy together (tp-cp-dp-pp); the
+    8-GPU plan placed a replica per node is numbered replica by replica: blocked, and said why."""
+    inst = load_instance(INST8)
+    done = export(inst, load_plan(PLAN8), "deepspeed")
+    assert done.rankmap.order == "tp-cp-pp-dp"
+    assert any("DeepSpeed's order" in why for why in done.blocked), done.blocked
+
+
+def test_maps_of_hand_placed_and_mixed_tp_plans_pair_every_rank():
+    """Regressions found by review: two templates whose replicas are renumbered (placed by hand a100-1,
+    a100-0, a100-0, a100-1) once crashed the export (a replica numbered across templates); a V100 stage at
+    TP 8 over two nodes followed by a T4 stage at TP 4 named rank 4 as rank 8's sender while rank 8 named
+    only rank 0. Now each map is consistent, and the TP-8 stage's ranks t and t + 4 both feed rank t of the
+    TP-4 stage."""
+    demo = load_instance("demo")
+    two = export(demo, load_plan(HERE / "demo-two-templates-plan.json"), "rankmap").rankmap
+    assert consistency(two.to_json()) == []
+    assert sorted({(r.template, r.replica) for r in two.ranks}) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    inst = load_instance("v100x12-t4x4-gpt2-medium")
+    v100, t4 = (inst.cluster.nodes[n].island for n in ("v100-0", "t4-0"))
+    plan = Plan.model_validate({"micro_batch": 1, "pipelines": [{"replicas": 1, "micro_batches": 128, "stages": [
+        {"layers": 16, "gpu": "V100-16GB", "island": v100, "tp": 8},
+        {"layers": 8, "gpu": "T4", "island": t4, "tp": 4}]}]})
+    rm = export(inst, plan, "rankmap").rankmap
+    assert consistency(rm.to_json()) == []
+    assert [r.pp_prev for r in rm.ranks if r.stage == 1] == [[0, 4], [1, 5], [2, 6], [3, 7]]

@@ -102,10 +102,17 @@ def write_files(files: dict[str, str], directory: Path, force: bool) -> list[Pat
         return InputError(str(directory), [Problem("--out", message, str(directory), True)])
 
     check_output_directory(directory, "--out")
-    taken = [name for name in files if (directory / name).exists()]
+    taken = [name for name in files if (directory / name).exists() or (directory / name).is_symlink()]
     if taken and not force:
         raise refuse(f"already holds {', '.join(taken)}; pass --force to overwrite them or choose another directory")
-    made = not directory.exists()
+    odd = [name for name in taken if not (directory / name).is_file() or (directory / name).is_symlink()]
+    if odd:  # found before anything is written: a rename onto a folder would fail half-way through
+        raise refuse(f"holds {', '.join(odd)} as a folder or link, where a file is to go; move it or choose "
+                     "another directory")
+    made = directory  # the topmost folder this call creates, removed again if the write fails
+    while not made.parent.exists() and made.parent != made:
+        made = made.parent
+    made = made if not made.exists() else None
     staging = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -120,8 +127,8 @@ def write_files(files: dict[str, str], directory: Path, force: bool) -> list[Pat
             paths.append(directory / name)
         return paths
     except OSError as exc:
-        if made:
-            shutil.rmtree(directory, ignore_errors=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
         raise refuse(f"could not be written ({exc.strerror or exc}); free space or choose another directory") \
             from exc
     finally:

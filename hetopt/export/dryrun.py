@@ -1,17 +1,18 @@
 """A rank map run for real on the CPU: `python -m hetopt.export.dryrun rankmap.json`.
 
-One process per global rank, torch.distributed over gloo. Every rank builds the process groups its entry
-names (tensor, context and data parallel; each group made once, by every rank, in one order) and checks
-each by an all-reduce of the members' ranks. Then one training step of a tiny transformer runs through
-the pipeline as the map lays it out: each replica's micro-batches (its share of one global batch, in
-replica order), each stage its layers (`first_layer`, `layers`; the embedding on the first stage, the head
-and the loss on the last), activations sent to `pp_next` and gradients back to `pp_prev`, then the
-gradients all-reduced in each `dp_group`. Each rank compares the loss and its parameters' gradients with
+One process per global rank, torch.distributed over gloo. Every rank builds the process groups its entry names
+(tensor, context and data parallel; each group made once, by every rank, in one order) and checks each by an
+all-reduce of the members' ranks. Then one training step of a tiny transformer runs through the pipeline as
+the map lays it out: each replica's micro-batches (its share of one global batch, in replica order), each
+stage its layers (`first_layer`, `layers`; the embedding on the first stage, the head and the loss on the
+last), activations sent to `pp_next` and gradients back to `pp_prev`, then the gradients all-reduced in each
+`grad_group`. Before any process starts, `consistency` checks the map on its own (every GPU once, groups alike
+from each member's side, neighbours paired). Each rank compares the loss and its parameters' gradients with
 one process computing the same step on the whole batch: they must agree to `TOLERANCE`.
 
-It checks the map (one template, TP and CP of 1: the tiny model is not sharded) — that the groups are
-what they say, the neighbours send and receive in step, the layers cover the model once and the
-micro-batches the batch once — not a launcher. torch is needed (the `measure` extra).
+It checks the map (one template, TP and CP of 1: the tiny model is not sharded) — that the groups are what
+they say, the neighbours send and receive in step, the layers cover the model once and the micro-batches the
+batch once — not a launcher. torch is needed (the `measure` extra).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+WAIT_S = 60
+"""Seconds a rank waits for a peer (process-group start, a send, a collective) before it fails."""
 TOLERANCE = 1e-5
 """Largest absolute difference allowed between a rank's loss or gradient and the single process's."""
 HIDDEN, HEADS, VOCAB, SEQ = 16, 2, 32, 8
@@ -67,24 +70,28 @@ def _reference(layers: int, sequences: int) -> tuple[float, dict]:
 
 
 def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # one process per rank on however few cores
     world = rankmap["world_size"]
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world)
+    # a send or collective nobody answers fails after WAIT_S rather than gloo's 30 minutes
+    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=WAIT_S))
     me = rankmap["ranks"][rank]
     found: dict = {"rank": rank}
     try:
         # every group once, made by every rank in one order (torch.distributed needs all to call new_group)
         groups: dict[tuple, object] = {}
         for r in rankmap["ranks"]:
-            for key in ("tp_group", "cp_group", "dp_group"):
+            for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
                 members = tuple(sorted(r[key]))
                 if members not in groups:
                     groups[members] = dist.new_group(list(members))
         found["groups_ok"] = True
-        for key in ("tp_group", "cp_group", "dp_group"):
+        for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
             members = tuple(sorted(me[key]))
             total = torch.tensor([float(rank)])
             dist.all_reduce(total, group=groups[members])
@@ -129,7 +136,7 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
                 x.backward(grad)
             if x_in is not None:
                 dist.send(x_in.grad.contiguous(), dst=me["pp_prev"][0])
-        dp = groups[tuple(sorted(me["dp_group"]))]
+        dp = groups[tuple(sorted(me["grad_group"]))]
         for p in params.values():
             dist.all_reduce(p.grad, group=dp)
         ref_loss, ref_grads = _reference(layers, batch)
@@ -161,25 +168,59 @@ def check(rankmap: dict) -> dict:
         problems.append("the dry run takes stages without shards")
     if any(len(r.get("chunks", [[]])) > 1 for r in ranks):
         problems.append("the dry run takes one model chunk per stage (1F1B, not the interleaved schedule)")
+    problems += consistency(rankmap)
     if problems:
         return {"ok": False, "ranks": [], "problems": problems}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as results:
-        mp.start_processes(_rank, args=(rankmap, f"tcp://127.0.0.1:{port}", results), nprocs=len(ranks),
-                           join=True, start_method="spawn")
-        found = [json.loads(Path(results, f"{r}.json").read_text()) for r in range(len(ranks))]
+        try:
+            mp.start_processes(_rank, args=(rankmap, f"tcp://127.0.0.1:{port}", results), nprocs=len(ranks),
+                               join=True, start_method="spawn")
+        except mp.ProcessRaisedException as exc:
+            problems.append(f"a rank failed: {str(exc).strip().splitlines()[-1]}")
+        except mp.ProcessExitedException as exc:
+            problems.append(f"rank {exc.error_index} exited with code {exc.exit_code}")
+        found = [json.loads(Path(results, f"{r}.json").read_text()) if Path(results, f"{r}.json").exists()
+                 else {"rank": r, "error": "no result (the process ended first)"} for r in range(len(ranks))]
     for f in found:
         if "error" in f:
             problems.append(f"rank {f['rank']}: {f['error']}")
         elif not f["groups_ok"]:
             problems.append(f"rank {f['rank']}: a process group is not the one the map names")
-        elif f["grad_error"] > TOLERANCE or f.get("loss_error", 0.0) > TOLERANCE:
+        elif not (f["grad_error"] <= TOLERANCE and f.get("loss_error", 0.0) <= TOLERANCE):  # NaN fails too
             problems.append(f"rank {f['rank']}: gradients {f['grad_error']:.2e}, loss "
                             f"{f.get('loss_error', 0.0):.2e} from the single process")
     covered = sum(f.get("parameters", 0) for f, r in zip(found, ranks, strict=True) if r["dp_rank"] == 0)
     return {"ok": not problems, "ranks": found, "problems": problems, "parameters_checked": covered}
+
+
+def consistency(rankmap: dict) -> list[str]:
+    """What a map gets wrong without running it: each GPU of one node once, local ranks and GPUs as its
+    node's entry lists them, every group the same from each member's side, pp_prev and pp_next naming the
+    same pairs, ranks numbered 0…world−1."""
+    ranks, problems = rankmap["ranks"], []
+    if [r["rank"] for r in ranks] != list(range(rankmap["world_size"])):
+        problems.append("ranks are not numbered 0 to world_size − 1 in order")
+        return problems
+    nodes = {n["name"]: n for n in rankmap["nodes"]}
+    seen = set()
+    for r in ranks:
+        node = nodes.get(r["node"])
+        if node is None or r["local_rank"] >= len(node["gpus"]) or node["gpus"][r["local_rank"]] != r["gpu"]:
+            problems.append(f"rank {r['rank']}: node {r['node']}, local rank {r['local_rank']} and GPU {r['gpu']} "
+                            "disagree with the map's nodes")
+        if (r["node"], r["gpu"]) in seen:
+            problems.append(f"rank {r['rank']}: GPU {r['gpu']} of {r['node']} has another rank too")
+        seen.add((r["node"], r["gpu"]))
+        for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
+            if r["rank"] not in r[key] or any(sorted(ranks[o][key]) != sorted(r[key]) for o in r[key]):
+                problems.append(f"rank {r['rank']}: its {key} is not the same from each member's side")
+        for other in r["pp_next"]:
+            if r["rank"] not in ranks[other]["pp_prev"]:
+                problems.append(f"rank {r['rank']} sends to {other}, whose pp_prev does not name it")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

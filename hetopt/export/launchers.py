@@ -52,14 +52,23 @@ def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]
         if order == "node" and not out:
             out.append("a placement whose nodes hold ranks out of Megatron's order (tp-cp-dp-pp or "
                        "tp-cp-pp-dp): the rank map still runs it")
+        if order == "tp-cp-pp-dp" and any(st.cp > 1 for st in stages):
+            out.append("context parallelism with replicas placed replica by replica (Megatron-LM's "
+                       "--use-tp-pp-dp-mapping takes no CP): place stage by stage (search.placement: [stage])")
     else:
         if any(st.tp > 1 or st.cp > 1 for st in stages):
             out.append("tensor or context parallelism (DeepSpeed's pipeline engine has neither: "
                        "Megatron-DeepSpeed)")
-        if plan.zero >= 2 and max(len(pipe.stages) for pipe in plan.pipelines) > 1:
-            out.append(f"ZeRO-{plan.zero} with pipeline stages (DeepSpeed pipelines with ZeRO-0/1 only)")
+        if plan.zero >= 2:
+            out.append(f"ZeRO-{plan.zero} (DeepSpeed's pipeline engine runs ZeRO-0/1 only)")
         if plan.schedule == "interleaved":
             out.append("the interleaved schedule (DeepSpeed's pipeline engine runs its own 1F1B)")
+        if any(st.recompute == "selective" for st in stages):
+            out.append("selective recompute (DeepSpeed's pipeline checkpoints whole layers)")
+        if order != "tp-cp-dp-pp" and not out:
+            out.append("a placement whose nodes hold ranks out of DeepSpeed's order (its pipe-data topology: "
+                       "the same stage of every copy together): place stage by stage (search.placement: "
+                       "[stage])")
     return out
 
 
@@ -125,7 +134,7 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
         args += ["--normalization", "RMSNorm"]
     if not t["add_bias_linear"]:
         args += ["--disable-bias-linear"]
-    if inst.model.position_embedding == "rope":
+    if inst.model.position_embedding == "rotary":
         args += ["--position-embedding-type", "rope"]
     if not inst.model.tied_embeddings:
         args += ["--untie-embeddings-and-output-weights"]

@@ -61,11 +61,15 @@ class Rank:
     tp_group: list[int] = field(default_factory=list)
     cp_group: list[int] = field(default_factory=list)
     dp_group: list[int] = field(default_factory=list)
-    """The ranks that all-reduce this rank's gradient shard: the same stage, tensor and context rank in
-    every copy of the template."""
+    """Its data-parallel group (Megatron's dp group): the same stage, tensor and context rank in every copy
+    of the template."""
+    grad_group: list[int] = field(default_factory=list)
+    """The ranks that all-reduce its gradients: its data-parallel group times its context-parallel group
+    (context ranks hold the same weights; Megatron's dp-cp group); the dp group where CP is 1."""
     pp_prev: list[int] = field(default_factory=list)
-    """The ranks of the previous stage of its replica it receives activations from (same tp and cp rank;
-    several where that stage has shards)."""
+    """The ranks of the previous stage of its replica it receives activations from: the same tp and cp
+    rank, or where the two stages' degrees differ those equal to it modulo the smaller degree (so that
+    pp_next and pp_prev name the same pairs); several where that stage has shards."""
     pp_next: list[int] = field(default_factory=list)
     exchange_group: list[int] = field(default_factory=list)
     """With several templates: the ranks of the other templates whose layers overlap this rank's (their
@@ -150,8 +154,9 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
     # replicas are interchangeable: as placed, or numbered by where their first stage sits (which brings
     # a node's replicas together where the placement interleaved them)
     first = {(s.template, s.replica): (node_index[s.node], s.gpu) for s in reversed(every) if s.stage == 0}
+    by_place = sorted(first, key=lambda k: (k[0], first[k]))
     labels = [{key: key[1] for key in first},
-              {key: i for i, key in enumerate(sorted(first, key=lambda k: (k[0], first[k])))}]
+              {key: sum(1 for k in by_place[:i] if k[0] == key[0]) for i, key in enumerate(by_place)}]
     ordered, label = sorted(every, key=lambda s: (node_index[s.node], s.gpu)), labels[0]
     order = "node"
     for tried in ORDERS[:-1] if uniform else ():
@@ -216,12 +221,18 @@ def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank]) -> None:
     r.cp_group = [by_coord[(r.template, r.replica, r.stage, shard, r.tp_rank, c)] for c in range(stage.cp)]
     r.dp_group = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, r.cp_rank)]
                   for rep in range(pipe.replicas) for k in range(stage.dp_ranks)]
+    r.grad_group = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, c)]
+                    for rep in range(pipe.replicas) for k in range(stage.dp_ranks) for c in range(stage.cp)]
     for step, name in ((-1, "pp_prev"), (1, "pp_next")):
         other = r.stage + step
         if 0 <= other < len(pipe.stages):
             nb = pipe.stages[other]
-            setattr(r, name, [by_coord[(r.template, r.replica, other, k, r.tp_rank % nb.tp, r.cp_rank % nb.cp)]
-                              for k in range(nb.dp_ranks)])
+            # the neighbour's tensor (context) ranks that match this one's modulo the smaller degree: the same
+            # pairs seen from either side, where the two stages' degrees differ
+            tps = [u for u in range(nb.tp) if u % min(nb.tp, stage.tp) == r.tp_rank % min(nb.tp, stage.tp)]
+            cps = [c for c in range(nb.cp) if c % min(nb.cp, stage.cp) == r.cp_rank % min(nb.cp, stage.cp)]
+            setattr(r, name, [by_coord[(r.template, r.replica, other, k, u, c)]
+                              for k in range(nb.dp_ranks) for u in tps for c in cps])
     if len(plan.pipelines) > 1:
         lo, hi = r.first_layer, r.first_layer + r.layers
         r.exchange_group = [o.rank for o in ranks if o.template != r.template

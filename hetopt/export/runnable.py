@@ -4,7 +4,8 @@ The instance's own `search:` section narrowed to what `hetopt.export.launchers.b
 one pipeline template (`max_templates: 1`), every stage at one TP degree (`uniform_tp`), one recompute
 mode, no stages with shards, no uniform layouts over several templates; Megatron-LM without ZeRO-2,
 its replicas placed stage by stage (`placement: [stage]`: ranks in Megatron's own order);
-DeepSpeed's pipeline engine without tensor or context parallelism, interleaving or ZeRO-2/3. The
+DeepSpeed's pipeline engine without tensor or context parallelism, interleaving, ZeRO-2/3 or selective
+recompute, placed stage by stage too (its pipe-data topology). The
 heuristics and the search then keep to it alike (hetopt.baselines.common.Candidates).
 """
 
@@ -34,6 +35,8 @@ def runnable_instance(inst: Instance, launcher: str) -> Instance:
     if launcher == "megatron":  # its ranks stage-major (tp-cp-dp-pp): the same stage of replicas together
         update |= {"zero": [z for z in zero if z != 2] or [1], "placement": ["stage"]}
     else:
-        update |= {"tp": [1], "cp": [1], "virtual_stages": [1], "zero": [z for z in zero if z <= 1] or [1]}
+        update |= {"tp": [1], "cp": [1], "virtual_stages": [1], "zero": [z for z in zero if z <= 1] or [1],
+                   "placement": ["stage"], "recompute": [rc for rc in (s.recompute or ["none", "full"])
+                                                         if rc != "selective"] or ["none"]}
     search = s.model_copy(update=update)
     return replace(inst, spec=inst.spec.model_copy(update={"search": search}))
