@@ -407,13 +407,11 @@ def export_plan(
     """A plan as launcher files: Megatron-LM arguments, a DeepSpeed config, torchrun lines, a rank map.
     Where the launcher cannot run the plan as it is, says which feature blocks it (exit 1) and writes the
     rank map alone."""
-    from hetopt.export import FORMATS, export, write_files
+    from hetopt.export import check_format, export, write_files
     from hetopt.plan import load_plan
     from hetopt.spec.instance import load_instance
 
-    if fmt not in FORMATS:
-        raise InputError("export", [Problem("--format", f"unknown format{did_you_mean(fmt, FORMATS)}; use one of "
-                                            + ", ".join(FORMATS), fmt, True)])
+    check_format(fmt)  # before any work, as the output directory
     check_output_directory(out_dir, "--out")
     inst = load_instance(instance)
     result = export(inst, load_plan(plan), fmt, source=plan, script=script)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hetopt.cost.flops import layer_params
+from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import LAT, NET, STEP
 from hetopt.plan import Plan
 from hetopt.replan.migration import migration
 from hetopt.spec.instance import load_instance
@@ -30,8 +32,8 @@ def test_a_layer_moving_from_the_v100_to_the_a100_moves_its_weights_and_optimize
     """Layers 5 | 3 → 4 | 4: layer 4 leaves the V100 stage for the A100 stage. Its 16-bit weights (2 bytes
     per parameter) and its optimizer state (fp32 master and two Adam moments, 12 bytes) cross the one
     route v-0 → a-0, once: 14·P bytes, P = 12,596,224 for h = 1024 (4h² + 8h² + biases 9h + norms 4h)
-    — 176,347,136 bytes. Its time: that route's α plus the bytes over its bandwidth, or the NICs' 100 Gbit/s
-    if they were slower. Nothing moves back, and a switch to the same plan moves nothing."""
+    — 176,347,136 bytes. Its time: the bytes over that route's bandwidth, its latency and α, priced as the
+    evaluator prices a send. Nothing moves back, and a switch to the same plan moves nothing."""
     path = tmp_path / "pair.yaml"
     path.write_text(INSTANCE)
     inst = load_instance(path)
@@ -40,11 +42,15 @@ def test_a_layer_moving_from_the_v100_to_the_a100_moves_its_weights_and_optimize
     moved = migration(inst, _plan(5), _plan(4))
     assert moved.bytes_by_route == {("v-0", "a-0"): pytest.approx(14 * params)}
     assert moved.total_bytes == pytest.approx(176_347_136)
+    # the cost model's alpha-beta send (comm.transfer) at the calibrated network weights: one flow alone
+    # on its route, so at the route's effective bandwidth (its fabric's η), one step, its latency and α
     route = inst.cluster.route("v-0", "a-0")
-    by_hand = max(route.alpha_s + 8 * 14 * params / (route.effective_gbps * 1e9), 8 * 14 * params / 100e9)
+    w = Profiles().for_gpu(inst.gpu_types["V100-32GB"]).w
+    by_hand = (8 * 14 * params / (route.effective_gbps * 1e9) * w[NET] + w[STEP]
+               + (route.latency_us * 1e-6 + route.alpha_s) * w[LAT])
     assert moved.time_s == pytest.approx(by_hand, rel=1e-12)
     line_rate_s = 8 * 14 * params / 100e9  # 176 MB over a 100 Gbit/s NIC: 14.1 ms at its line rate
-    assert line_rate_s <= moved.time_s < 1.1 * line_rate_s  # 14.5 ms: the route's η and α on top
+    assert line_rate_s <= moved.time_s < 1.1 * line_rate_s  # 14.55 ms: the route's η, α and latency on top
     back = migration(inst, _plan(4), _plan(5))
     assert back.bytes_by_route == {("a-0", "v-0"): pytest.approx(14 * params)}
     same = migration(inst, _plan(5), _plan(5))

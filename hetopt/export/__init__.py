@@ -53,9 +53,7 @@ def export(inst: Instance, plan: Plan, fmt: str, source: str = "plan", script: s
     of FORMATS; source — where the plan came from, for messages; script — the training script the
     torchrun lines start. Returns: the Export. Raises: InputError (exit 2) for an unknown format or a plan
     the verifier rejects (planned for another instance, stages that do not fit the cluster)."""
-    if fmt not in FORMATS:
-        raise InputError("export", [Problem("--format", f"unknown format{did_you_mean(fmt, FORMATS)}; use one of "
-                                            + ", ".join(FORMATS), fmt, True)])
+    check_format(fmt)
     problems = check_plan(inst, plan)
     if problems:
         raise InputError(source, [Problem(path, message) for path, message in problems])
@@ -81,6 +79,13 @@ def export(inst: Instance, plan: Plan, fmt: str, source: str = "plan", script: s
             files["launch.sh"] = _script([f"deepspeed --hostfile hostfile --master_addr {shlex.quote(rm.master)} "
                                           f"{script} --deepspeed --deepspeed_config ds_config.json"])
     return Export(fmt, files, rm, blocked)
+
+
+def check_format(fmt: str) -> None:
+    """Raises: InputError (exit 2) for a format not in FORMATS, with the nearest name."""
+    if fmt not in FORMATS:
+        raise InputError("export", [Problem("--format", f"unknown format{did_you_mean(fmt, FORMATS)}; use one of "
+                                            + ", ".join(FORMATS), fmt, True)])
 
 
 def _script(lines: list[str]) -> str:

@@ -23,7 +23,7 @@ from hetopt.placement import ORDERS, place
 from hetopt.plan import Plan
 from hetopt.replan.migration import Migration, migration
 from hetopt.search.formulation import SolveOptions
-from hetopt.search.space import Segment, Skeleton, Template
+from hetopt.search.space import Skeleton, Template, segments_of
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -117,22 +117,14 @@ def network_at(inst: Instance, scenario: str | None = None, at_s: float | None =
 
 
 def skeleton_of(plan: Plan, order: str) -> Skeleton | None:
-    """The skeleton a plan is a split of: each template's runs of one class, TP and CP as segments; None
-    where the plan has no such skeleton (stages with shards, or a recompute mode per stage)."""
+    """The skeleton a plan is a split of: each template's runs of one class and TP as segments
+    (`space.segments_of`); None where the plan has no such skeleton (stages with shards, a recompute mode
+    or a CP degree per stage)."""
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
-    if any(st.shards for st in stages) or len({st.recompute for st in stages}) > 1:
+    if any(st.shards for st in stages) or len({st.recompute for st in stages}) > 1 or len({st.cp for st in stages}) > 1:
         return None
-    templates = []
-    for pipe in plan.pipelines:
-        segments: list[Segment] = []
-        for st in pipe.stages:
-            last = segments[-1] if segments else None
-            if last is not None and (last.gpu, last.island, last.tp, last.cp) == (st.gpu, st.island, st.tp, st.cp):
-                segments[-1] = Segment(st.gpu, st.island, st.tp, last.stages + 1, st.cp)
-            else:
-                segments.append(Segment(st.gpu, st.island, st.tp, 1, st.cp))
-        templates.append(Template(tuple(segments), pipe.replicas, pipe.micro_batches))
-    return Skeleton(plan.micro_batch, stages[0].recompute, tuple(templates), order, plan.virtual_stages, plan.zero)
+    templates = tuple(Template(segments_of(pipe), pipe.replicas, pipe.micro_batches) for pipe in plan.pipelines)
+    return Skeleton(plan.micro_batch, stages[0].recompute, templates, order, plan.virtual_stages, plan.zero)
 
 
 def neighbourhood(inst: Instance, plan: Plan, profiles: Profiles, time_limit_s: float,
@@ -201,7 +193,7 @@ def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: 
         if searched.plan is not None and searched.objective_s < best[1] * (1 - 1e-9):
             best, found_by = (place(searched.plan, inst.cluster), searched.objective_s), "search"
     plan, new_s = best
-    moved = migration(inst, running, plan, changed.cluster)
+    moved = migration(inst, running, plan, changed.cluster, profiles)
     dwell = dwell_s if dwell_s is not None else (lasts if lasts is not None else horizon_of(inst))
     cost_s = moved.time_s + restart_s
     saving = 1 - new_s / current_s

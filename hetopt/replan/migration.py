@@ -1,26 +1,29 @@
 """What switching plans costs (issue 15): the model state that must move between GPUs, and its time.
 
 A GPU of the new plan needs, for each transformer layer it holds (and the embedding or head), its shard of
-the 16-bit weights (1/tp of the layer's WEIGHT_BYTES per parameter) and of the optimizer state
-(OPTIMIZER_BYTES per parameter: fp32 master weights and Adam's two moments; 1/(tp·dp) with ZeRO-1 and up,
-1/tp without). Gradients are not moved: a switch happens between iterations, when they are rebuilt. A GPU
+the 16-bit weights (1/tp of the layer's WEIGHT_BYTES per parameter; 1/(tp·dp) under ZeRO-3) and of the
+optimizer state (OPTIMIZER_BYTES per parameter: fp32 master weights and Adam's two moments; 1/(tp·dp) with
+ZeRO-1 and up, 1/tp without). Gradients are not moved: a switch happens between iterations, when they are rebuilt. A GPU
 keeps what it already holds in the old plan at the same shard — the same layer, TP degree and rank, and for
 the optimizer state the same data-parallel width and rank; the rest it fetches from the nearest GPU of
 the old plan that holds the same part (same node first, then the widest route).
 
-Time: every transfer runs at once, each limited by its route (`Cluster.route`: α + bytes / bandwidth);
-the transfers into a node and out of a node share its NIC. The migration time is the largest of the
-slowest route's transfer and each node's NIC load (bytes in or out over `nic_gbps`) — the lower bound of
-a schedule that keeps every link busy.
+Time: the cost model's own (hetopt.cost.features.slowest_transfer, as the evaluator prices concurrent
+sends): the moves between each pair of nodes run at once as one flow each, the flows crossing a link
+sharing it evenly (`shared_gbps`), each an alpha-beta transfer over its route; the slowest flow's features
+priced with the calibrated network weights. The bytes between two nodes go as one flow: a bound from above
+where several GPUs of a node could send side by side.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+from hetopt.cost.features import slowest_transfer
 from hetopt.cost.flops import embedding_params, head_params, layer_params
 from hetopt.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
+from hetopt.cost.profiles import Profiles
 from hetopt.export.rankmap import RankMap, rank_map
 from hetopt.placement import place
 from hetopt.plan import Plan
@@ -44,9 +47,9 @@ class Migration:
 
 
 def _pieces(inst: Instance, rm: RankMap, zero: int) -> dict[tuple[str, int], dict[tuple, float]]:
-    """What each GPU (node, gpu) holds: piece key → bytes. A weight piece is (part, "w", tp, tp rank), an
-    optimizer piece (part, "o", tp, tp rank, dp width, dp rank); a part is a layer index, EMBEDDING or
-    HEAD."""
+    """What each GPU (node, gpu) holds: piece key → bytes. A piece is (part, "w" for weights or "o" for
+    optimizer state, tp, tp rank, its shards over the data-parallel group, its rank there); a part is a
+    layer index, EMBEDDING or HEAD."""
     m = inst.model
     out: dict[tuple[str, int], dict[tuple, float]] = defaultdict(dict)
     for r in rm.ranks:
@@ -56,21 +59,25 @@ def _pieces(inst: Instance, rm: RankMap, zero: int) -> dict[tuple[str, int], dic
             parts.append((EMBEDDING, embedding_params(m)))
         if r.head:
             parts.append((HEAD, head_params(m)))
+        # ZeRO-1 and up shard the optimizer state over the data-parallel group, ZeRO-3 the weights too
+        # (memory.model_state_bytes)
         shard = dp if zero >= 1 else 1
         dp_rank = r.dp_rank if zero >= 1 else 0
+        w_shard, w_rank = (shard, dp_rank) if zero >= 3 else (1, 0)
         for part, params in parts:
             held = out[(r.node, r.gpu)]
-            held[(part, "w", tp, r.tp_rank)] = params * WEIGHT_BYTES / tp
+            held[(part, "w", tp, r.tp_rank, w_shard, w_rank)] = params * WEIGHT_BYTES / (tp * w_shard)
             held[(part, "o", tp, r.tp_rank, shard, dp_rank)] = params * OPTIMIZER_BYTES / (tp * shard)
     return out
 
 
-def migration(inst: Instance, old: Plan, new: Plan, cluster: Cluster | None = None) -> Migration:
+def migration(inst: Instance, old: Plan, new: Plan, cluster: Cluster | None = None,
+              profiles: Profiles | None = None) -> Migration:
     """The state moved, and the time, to switch from plan `old` to plan `new`.
 
     Parameters: inst — the instance both plans are for; old, new — the plans (placed or not; placed as
     hetopt places them); cluster — the cluster as it is at the switch (default the instance's: a changed
-    link bandwidth prices the moves at that bandwidth).
+    link bandwidth prices the moves at that bandwidth); profiles — calibrated weights (default shipped).
     Returns: the Migration (bytes per route, seconds)."""
     cluster = cluster or inst.cluster
     before = _pieces(inst, rank_map(inst, place(old, inst.cluster)), old.zero)
@@ -87,7 +94,7 @@ def migration(inst: Instance, old: Plan, new: Plan, cluster: Cluster | None = No
             sources = holders.get(key) or _any_holder(key, holders)
             src = min(sources, key=lambda g: (g[0] != node, -cluster.route(g[0], node).effective_gbps))
             moved[(src[0], node)] += nbytes
-    return Migration(dict(moved), _time_s(cluster, moved))
+    return Migration(dict(moved), _time_s(cluster, moved, profiles or Profiles()))
 
 
 def _any_holder(key: tuple, holders: dict[tuple, list[tuple[str, int]]]) -> list[tuple[str, int]]:
@@ -96,18 +103,11 @@ def _any_holder(key: tuple, holders: dict[tuple, list[tuple[str, int]]]) -> list
     return [g for k, gpus in holders.items() if k[:2] == key[:2] for g in gpus]
 
 
-def _time_s(cluster: Cluster, moved: dict[tuple[str, str], float]) -> float:
-    """The largest of each route's transfer time and each node's NIC load (module docstring)."""
+def _time_s(cluster: Cluster, moved: dict[tuple[str, str], float], profiles: Profiles) -> float:
+    """Seconds of the moves, all at once (module docstring)."""
     if not moved:
         return 0.0
-    routes = max(cluster.route(a, b).alpha_s + 8 * nbytes / (cluster.route(a, b).effective_gbps * 1e9)
-                 for (a, b), nbytes in moved.items())
-    nic_in: dict[str, float] = defaultdict(float)
-    nic_out: dict[str, float] = defaultdict(float)
-    for (a, b), nbytes in moved.items():
-        if a != b:
-            nic_out[a] += nbytes
-            nic_in[b] += nbytes
-    nics = max([8 * v / (cluster.nodes[n].nic_gbps * 1e9) for load in (nic_in, nic_out) for n, v in load.items()],
-               default=0.0)
-    return max(routes, nics)
+    sends = [(cluster.route(a, b), nbytes) for (a, b), nbytes in moved.items()]
+    load = Counter(e for route, _ in sends if not route.intra_node for e in route.edges)
+    gpu = cluster.gpu_types[next(iter(cluster.nodes.values())).gpu]  # network terms: not fitted per GPU type
+    return float(slowest_transfer(sends, load) @ profiles.for_gpu(gpu).w)
