@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hetopt.cost.profiles import Profiles
+from hetopt.placement import ORDERS
 from hetopt.plan import Pipeline, Plan, Shard, Stage
 from hetopt.spec.checks import cp_splits_sequence, tp_splits_heads
 from hetopt.spec.cluster import DeviceClass
@@ -222,8 +223,9 @@ class SearchOptions:
     """One template may run a device class as two consecutive segments at different TP degrees."""
     uniform_tp: bool = False
     """Every stage of a template at one TP degree (search.uniform_tp: a launcher's rule, `solve --runnable`)."""
-    placements: tuple[str, ...] = ("replica", "stage")
-    """Placement orders of one template's replicas (search.placement; `orders`)."""
+    placements: tuple[str, ...] = ORDERS
+    """Placement orders of a one-template plan's replicas (search.placement; `orders`); plans of two or
+    three templates and uniform layouts try both."""
     cp: tuple[int, ...] = (1,)
     """Context-parallel degrees (one per skeleton, every stage's): `cp_options` keeps those the sequence,
     the attention kernel and ZeRO allow."""
@@ -250,7 +252,7 @@ class SearchOptions:
                    virtual_stages=tuple(s.virtual_stages or (1,)), zero=tuple(s.zero or DEFAULT_ZERO),
                    recompute_per_stage=s.recompute_per_stage, tp_across_nodes=s.tp_across_nodes,
                    tp_per_stage=s.tp_per_stage, uniform_tp=s.uniform_tp,
-                   placements=tuple(s.placement or ("replica", "stage")), shards=s.shards,
+                   placements=tuple(s.placement or ORDERS), shards=s.shards,
                    uniform_layouts=s.uniform_layouts)
 
 
@@ -286,7 +288,7 @@ class SearchStats:
                               for (failed, taker, detail), n in self.fallbacks.items()]}
 
 
-def orders(replicas: int, placements: tuple[str, ...] = ("replica", "stage")) -> tuple[str, ...]:
+def orders(replicas: int, placements: tuple[str, ...] = ORDERS) -> tuple[str, ...]:
     """Placement orders worth trying among `placements` (search.placement): with one replica both orders
     place the same."""
     return placements if replicas > 1 else ("replica",)
@@ -345,7 +347,7 @@ class SkeletonGroup:
     stage_modes: tuple[str, ...] = ()
     """Per-stage recompute: the modes each stage picks from (`Skeleton.modes`); recompute_options is then
     their least-work mode alone."""
-    placements: tuple[str, ...] = ("replica", "stage")
+    placements: tuple[str, ...] = ORDERS
     """Placement orders to try (search.placement)."""
 
     @property
@@ -473,7 +475,7 @@ class Family:
     """A pair's first template's classes: classes[:split] (the second's classes[split:])."""
     cp: int = 1
     """Context-parallel degree of every stage (each stage then takes tp·cp GPUs)."""
-    placements: tuple[str, ...] = ("replica", "stage")
+    placements: tuple[str, ...] = ORDERS
     """Placement orders of one template's replicas (search.placement)."""
 
     @property

@@ -209,10 +209,11 @@ class SearchSection(Section):
                            "TP degrees (e.g. the last stage, with the output head, at twice the TP of the "
                            "others). Default false: one TP degree per class.")
     placement: list[Literal["replica", "stage"]] | None = Field(
-        None, description="Placement orders to try for a template's replicas: replica (each replica's stages "
-                          "packed together) and stage (the same stage of consecutive replicas together, as "
-                          "Megatron-LM numbers its ranks). Default both; `hetopt solve --runnable megatron` "
-                          "keeps stage.")
+        None, description="Placement orders to try for the replicas of one-template plans: replica (each "
+                          "replica's stages packed together) and stage (the same stage of consecutive replicas "
+                          "together, as Megatron-LM numbers its ranks). Default both; plans of two or three "
+                          "templates and uniform layouts always try both. `hetopt solve --runnable` keeps "
+                          "stage.")
     uniform_tp: bool = Field(
         False, description="Every stage of a template at one TP degree (as Megatron-LM runs a model; `hetopt "
                            "solve --runnable` sets it). Default false: each device class its own TP degree.")
