@@ -29,13 +29,19 @@ from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
 from hetopt.sim.engine import Simulation
-from hetopt.sim.scenarios import scenarios_of
+from hetopt.sim.scenarios import horizon_of, scenarios_of
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
 OUTPUTS = ("results.csv", "results.md", "throughput.png", "search_time.png", "iteration_times.png")
 CSV_FIELDS = ("instance", "gpus", "gpu_types", "planner", "scenario", "probability", "tokens_per_s",
-              "iteration_time_s", "predicted_s", "search_time_s", "status", "gap", "evaluated", "note")
+              "iteration_time_s", "predicted_s", "search_time_s", "status", "gap", "evaluated", "note", "tokens",
+              "switches")
+ROBUST = "expected"
+"""The objective of the static robust plan a dynamic instance's bench also runs (`ilp-expected`)."""
+ADAPTIVE = "+replan"
+"""The suffix of the adaptive policy's rows: `ilp+replan` starts from the stable plan, `ilp-expected+replan`
+from the robust one."""
 
 
 @dataclass
@@ -54,6 +60,11 @@ class Row:
     gap: float | None
     evaluated: int
     note: str = ""
+    tokens: float | None = None
+    """Tokens over the horizon (search.horizon_s), replayed whole: the ilp rows of a dynamic instance and its
+    adaptive rows (whose tokens_per_s is this ÷ the horizon, switches' pauses counted)."""
+    switches: int | None = None
+    """Switches of plans the adaptive policy made."""
 
 
 @dataclass
@@ -115,7 +126,8 @@ def run_bench(instances: list[Instance], planners: list[str], scenarios: list[st
     result = BenchResult()
     runs = []
     for inst in instances:
-        chosen = [sc for sc in scenarios_of(inst, 3600.0) if scenarios is None or sc.name in scenarios]
+        trace_s = max(3600.0, horizon_of(inst))
+        chosen = [sc for sc in scenarios_of(inst, trace_s) if scenarios is None or sc.name in scenarios]
         if len(chosen) > 1 or any(sc.changes for sc in chosen):
             result.dynamic.add(inst.name)
         runs += [(inst, name, chosen) for name in planners]
@@ -141,7 +153,48 @@ def plan_and_replay(inst: Instance, planner: str, scenarios, time_limit_s: float
     Returns: its rows (one per scenario) and its simulated iteration times keyed (instance, planner)."""
     samples: dict[tuple[str, str], list[float]] = {}
     planned = PLANNERS[planner](inst, time_limit_s, profiles, seed)
-    return _replay(inst, planned, scenarios, iterations, profiles, samples), samples
+    rows = _replay(inst, planned, scenarios, iterations, profiles, samples)
+    if planner == EXACT and _dynamic(scenarios):
+        rows += _adaptive_rows(inst, planned, rows, scenarios, time_limit_s, iterations, seed, profiles, samples)
+    return rows, samples
+
+
+def _dynamic(scenarios) -> bool:
+    return len(scenarios) > 1 or any(sc.changes for sc in scenarios)
+
+
+def _adaptive_rows(inst: Instance, stable: PlannerResult, stable_rows: list[Row], scenarios, time_limit_s: float,
+                   iterations: int, seed: int, profiles: Profiles, samples: dict) -> list[Row]:
+    """On an instance with bandwidth scenarios, beside the stable plan (ilp): the robust plan (`ilp-expected`,
+    static) and the adaptive policy from each (hetopt.replan.policy). The two static plans' rows get their
+    tokens over the horizon, replayed whole as the adaptive policy's are, so the four compare."""
+    from hetopt.baselines.registry import run_hetopt
+    from hetopt.replan.policy import Decisions, PolicyOptions, replay_adaptive, tokens_within
+    from hetopt.sim.scenarios import varies
+
+    robust = run_hetopt(inst, time_limit_s, profiles, seed, objective=ROBUST)
+    robust_rows = _replay(inst, robust, scenarios, iterations, profiles, samples)
+    horizon_s, options = horizon_of(inst), PolicyOptions.of(inst)
+    decisions = Decisions(inst, profiles, options)  # one network's search serves both starts
+    per_iteration = inst.global_batch * inst.seq_len
+    adaptive = []
+    for planned, rows in ((stable, stable_rows), (robust, robust_rows)):
+        if planned.plan is None:
+            continue
+        sim = Simulation(inst, planned.plan, profiles)
+        for sc, row in zip(scenarios, rows, strict=True):
+            whole = sim.run(sc, 1, until_s=horizon_s if varies(sc) else None)
+            starts = np.concatenate([[0.0], np.cumsum(whole.iteration_times_s)[:-1]])
+            row.tokens = tokens_within(list(starts), whole.iteration_times_s, per_iteration, horizon_s)
+            run = replay_adaptive(inst, planned.plan, sc, horizon_s, options, profiles, decisions=decisions)
+            tokens = tokens_within(run.starts_s, run.iteration_times_s, per_iteration, horizon_s)
+            samples.setdefault((inst.name, planned.planner + ADAPTIVE), []).extend(run.iteration_times_s)
+            adaptive.append(Row(**{**asdict(row), "planner": planned.planner + ADAPTIVE,
+                                   "tokens_per_s": tokens / horizon_s,
+                                   "iteration_time_s": float(np.mean(run.iteration_times_s)), "tokens": tokens,
+                                   "switches": len(run.switches),
+                                   "note": f"{len(run.switches)} switches, {run.declined} declined"}))
+    return robust_rows + adaptive
 
 
 def _sweep_on_ray(runs: list, time_limit_s: float, iterations: int, seed: int, profiles: Profiles, progress,
@@ -246,7 +299,10 @@ def markdown(result: BenchResult) -> str:
              "Tokens/s and iteration time are simulated (mean over the replayed iterations, each scenario); "
              "`vs ilp` is the exact planner's (ilp) tokens/s ÷ the planner's (above 1: ilp is faster by that "
              "factor). "
-             "The best tokens/s of each scenario is in bold.", ""]
+             "The best tokens/s of each scenario is in bold. On an instance with bandwidth scenarios, "
+             f"`{EXACT}-{ROBUST}` is the static robust plan (`--objective {ROBUST}`) and the `{ADAPTIVE}` rows the "
+             "adaptive policy started from each plan (`hetopt simulate --policy replan`): their tokens/s are the "
+             "tokens over the horizon ÷ the horizon, switches' pauses counted.", ""]
     expected = expected_tokens(result)
     instances = list(dict.fromkeys(r.instance for r in result.rows))
     for name in instances:
@@ -276,8 +332,32 @@ def markdown(result: BenchResult) -> str:
             lines.append(f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
                          + " | ".join(cells) + f" | {ratio} |")
         lines.append("")
+        lines += _horizon_table(rows, scenarios)
     lines += summary(result)
     return "\n".join(lines) + "\n"
+
+
+def _horizon_table(rows: list[Row], scenarios: list[str]) -> list[str]:
+    """Tokens over the horizon of the static and adaptive rows of a dynamic instance, each beside the
+    stable plan's (ilp) in the same scenario."""
+    whole = [r for r in rows if r.tokens is not None]
+    if not whole:
+        return []
+    lines = ["Tokens over the horizon (replayed whole; in brackets, ÷ the static stable plan's; switches):", "",
+             "| planner | " + " | ".join(scenarios) + " |", "| --- | " + " | ".join("---:" for _ in scenarios) + " |"]
+    stable = {r.scenario: r.tokens for r in whole if r.planner == EXACT}
+    for planner in dict.fromkeys(r.planner for r in whole):
+        cells = []
+        for sc in scenarios:
+            r = next((x for x in whole if x.planner == planner and x.scenario == sc), None)
+            if r is None:
+                cells.append("—")
+                continue
+            ratio = f" ({r.tokens / stable[sc]:.3f})" if stable.get(sc) else ""
+            moved = f", {r.switches} sw" if r.switches is not None else ""
+            cells.append(f"{r.tokens:,.0f}{ratio}{moved}")
+        lines.append(f"| {planner} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _ratio(expected, instance: str, planner: str) -> str:
@@ -294,7 +374,7 @@ def speedups(result: BenchResult, heterogeneous_only: bool = True) -> dict[str, 
     out: dict[str, list[float]] = {}
     for (instance, planner), tokens in expected.items():
         ours = expected.get((instance, EXACT))
-        if planner == EXACT or not tokens or not ours or (heterogeneous_only and types[instance] < 2):
+        if planner.startswith(EXACT) or not tokens or not ours or (heterogeneous_only and types[instance] < 2):
             continue
         out.setdefault(planner, []).append(ours / tokens)
     return out

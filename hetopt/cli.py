@@ -353,13 +353,27 @@ def simulate(
     force: Annotated[bool, typer.Option("--force", help="Overwrite --trace/--plot files.")] = False,
     profile: Annotated[list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")] = None,
     memory_headroom: HeadroomOpt = None,
+    policy: Annotated[str, typer.Option("--policy", help="static (the plan throughout) or replan (re-plan at each "
+                                                         "bandwidth change seen, paying each switch).")]
+    = "static",
+    detection_delay: Annotated[float | None, typer.Option(
+        "--detection-delay", min=0, help="With --policy replan: seconds before a change is seen (default: the "
+                                         "instance's replan.detection_delay_s, 0).")] = None,
+    restart: Annotated[float | None, typer.Option(
+        "--restart", min=0, help="With --policy replan: seconds a switch costs beside the migration (default: "
+                                 "the instance's replan.restart_s, 0).")] = None,
+    dwell: Annotated[float | None, typer.Option(
+        "--dwell", min=0, help="With --policy replan: seconds a new bandwidth is expected to last (default: "
+                               "the instance's replan.dwell_s, else from the scenario).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Discrete-event replay of a plan under the instance's bandwidth scenarios."""
+    """Discrete-event replay of a plan under the instance's bandwidth scenarios; with --policy replan, the
+    adaptive policy that re-plans when the bandwidth changes."""
 
     from hetopt.cost.profiles import Profiles, load_profile_file
     from hetopt.layout import expand_layout, parse_layout
     from hetopt.plan import load_plan
+    from hetopt.replan.policy import PolicyOptions, check_policy
     from hetopt.report.tables import simulation_view
     from hetopt.sim.run import simulate as run_simulate
     from hetopt.sim.trace import plot_timeline, write_trace
@@ -375,14 +389,22 @@ def simulate(
     inst = with_memory_headroom(load_instance(instance), memory_headroom)
     the_plan = load_plan(plan) if plan is not None else expand_layout(inst, parse_layout(layout))
     profiles = Profiles([load_profile_file(p) for p in profile or []])
+    given = {"detection_delay_s": detection_delay, "restart_s": restart, "dwell_s": dwell}
+    if check_policy(policy) != "replan" and any(v is not None for v in given.values()):
+        raise InputError("simulate", [Problem("--policy", "--detection-delay, --restart and --dwell set the "
+                                                          "adaptive policy: add --policy replan", policy, True)])
+    if dwell is not None and dwell <= 0:
+        raise InputError("--dwell", [Problem("--dwell", "give the seconds a bandwidth lasts, above 0", dwell, True)])
+    options = PolicyOptions.of(inst, **given) if policy == "replan" else None
     with Progress(err, f"simulating {inst.name}…") as status:
         result, records = run_simulate(inst, the_plan, scenario, iterations, profiles,
                                        keep_records=bool(trace or plot), deadline=time.time() + time_limit,
-                                       progress=_replay_progress(status))
+                                       progress=_replay_progress(status), policy=policy, policy_options=options)
+    switches = result["scenarios"][0].get("switches", [])
     if trace:
-        write_trace(records, Path(trace))
+        write_trace(records, Path(trace), switches)
     if plot:
-        plot_timeline(records, Path(plot), title=f"{inst.name}: {layout or plan}")
+        plot_timeline(records, Path(plot), title=f"{inst.name}: {layout or plan}", switches=switches)
     if as_json:
         _print_json(result)
     else:
@@ -439,8 +461,9 @@ def replan(
     dwell: Annotated[float | None, typer.Option("--dwell", help="Seconds the new bandwidth lasts (default: until "
                                                                 "the scenario's next change, or the horizon).")]
     = None,
-    restart: Annotated[float, typer.Option("--restart", help="Seconds a restart costs beside the migration.")]
-    = 0.0,
+    restart: Annotated[float | None, typer.Option("--restart", help="Seconds a restart costs beside the migration "
+                                                                   "(default: the instance's replan.restart_s, "
+                                                                   "0).")] = None,
     full: Annotated[bool, typer.Option("--full", help="Also search the whole space after the neighbourhood.")]
     = False,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for each search.")] = 10.0,

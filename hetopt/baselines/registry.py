@@ -16,14 +16,15 @@ from hetopt.search.formulation import clock
 from hetopt.spec.instance import Instance
 
 
-def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
-               ) -> PlannerResult:
+def run_hetopt(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0,
+               objective: str = "stable") -> PlannerResult:
     from hetopt.search.orchestrate import solve_exact
 
-    r = solve_exact(inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles)
+    r = solve_exact(inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles, objective=objective)
     status = r.status.value if r.plan is not None else ("timeout" if r.status.value == "timeout" else "infeasible")
     # its warm starts are points of the instance's space (`Candidates`), so a plan it keeps is one too
-    return PlannerResult(EXACT, r.plan, r.objective_s, r.solve_time_s, status,
+    name = EXACT if objective == "stable" else f"{EXACT}-{objective}"
+    return PlannerResult(name, r.plan, r.objective_s, r.solve_time_s, status,
                          r.gap if math.isfinite(r.gap) else None, r.stats.solved, r.reason,
                          {"skeletons_enumerated": r.stats.enumerated})
 

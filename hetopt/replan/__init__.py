@@ -41,7 +41,7 @@ class Replan:
     plan: Plan
     """The best plan found, to switch to where `decision` says so (the running one when nothing beats it)."""
     found_by: str
-    """neighbourhood (the running plan's templates, re-split) or search (the whole space)."""
+    """running (nothing beat it), neighbourhood (its templates, re-split) or search (the whole space)."""
     migration: Migration
     restart_s: float
     dwell_s: float
@@ -154,17 +154,50 @@ def neighbourhood(inst: Instance, plan: Plan, profiles: Profiles, time_limit_s: 
     return best
 
 
+def best_under(changed: Instance, running: Plan, profiles: Profiles, full: bool, time_limit_s: float,
+               workers: int | None = None) -> tuple[float, Plan, float, str]:
+    """The running plan's time on `changed` (the instance on the changed network) and the best plan found
+    there: the neighbourhood, then with `full` the whole space.
+
+    Returns: (running plan's s, best plan, its s, found_by: running, neighbourhood or search)."""
+    current_s = evaluate(changed, running, profiles).iteration_time_s
+    best, found_by = (running, current_s), "running"
+    near = neighbourhood(changed, running, profiles, time_limit_s)
+    if near is not None and near[1] < best[1] * (1 - 1e-9):
+        best, found_by = near, "neighbourhood"
+    if full:
+        from hetopt.search.orchestrate import solve_exact
+
+        searched = solve_exact(changed, time_limit_s=time_limit_s, profiles=profiles, workers=workers)
+        if searched.plan is not None and searched.objective_s < best[1] * (1 - 1e-9):
+            best, found_by = (place(searched.plan, changed.cluster), searched.objective_s), "search"
+    return current_s, best[0], best[1], found_by
+
+
+def decide(current_s: float, new_s: float, cost_s: float, dwell_s: float) -> tuple[str, float]:
+    """Switch or stay (module docstring): switch iff the dwell exceeds the break-even M / (1 − t_new/t_old).
+
+    Parameters: current_s, new_s — the two plans' iteration times on the changed network; cost_s — the
+    switch's M (migration + restart); dwell_s — how long the new bandwidth is expected to last.
+    Returns: ("switch" or "stay", the break-even seconds, inf where the new plan is no faster)."""
+    saving = 1 - new_s / current_s
+    break_even = cost_s / saving if saving > 0 else math.inf
+    return ("switch" if saving > 0 and dwell_s > break_even else "stay"), break_even
+
+
 def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: float | None = None,
            bandwidth: dict[tuple[str, str], float] | None = None, dwell_s: float | None = None,
-           restart_s: float = 0.0, full: bool = False, time_limit_s: float = 10.0,
-           profiles: Profiles | None = None, source: str = "plan") -> Replan:
+           restart_s: float | None = None, full: bool = False, time_limit_s: float = 10.0,
+           profiles: Profiles | None = None, source: str = "plan", workers: int | None = None) -> Replan:
     """The best plan under the changed network and whether to switch to it.
 
     Parameters: inst — the instance the running plan is for; current — the running plan; scenario, at_s
-    or bandwidth — the change (`network_at`); dwell_s — how long the new bandwidth lasts (default: until
-    the scenario's next change, or the instance's horizon); restart_s — seconds a restart costs beside the
-    migration; full — also search the whole space after the neighbourhood; time_limit_s — for each of
-    the two; profiles — calibration; source — the plan's file, for messages.
+    or bandwidth — the change (`network_at`); dwell_s — how long the new bandwidth lasts (default: the
+    instance's `replan.dwell_s`, else until the scenario's next change, else the instance's horizon);
+    restart_s — seconds a restart costs beside the migration (default the instance's `replan.restart_s`);
+    full — also search the whole space after the neighbourhood; time_limit_s — for each of the two;
+    profiles — calibration; source — the plan's file, for messages; workers — processes of the full search
+    (default: as `solve_exact` starts them).
     Returns: the Replan. Raises: InputError (exit 2) for a plan of another instance, an unknown link or
     scenario, a negative bandwidth, time or dwell."""
     from hetopt.sim.scenarios import horizon_of
@@ -175,30 +208,17 @@ def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: 
     if dwell_s is not None and not dwell_s > 0:
         raise InputError("--dwell", [Problem("--dwell", "give the seconds the new bandwidth lasts, above 0",
                                              dwell_s, True)])
+    restart_s = inst.spec.replan.restart_s if restart_s is None else restart_s
     if not restart_s >= 0:
         raise InputError("--restart", [Problem("--restart", "give the restart's seconds, 0 or more", restart_s, True)])
     profiles = profiles or Profiles()
     levels, lasts = network_at(inst, scenario, at_s, bandwidth)
     changed = with_cluster(inst, inst.cluster.with_link_gbps(levels))
     running = place(current, inst.cluster)
-    current_s = evaluate(changed, running, profiles).iteration_time_s
-    best, found_by = (running, current_s), "neighbourhood"
-    near = neighbourhood(changed, running, profiles, time_limit_s)
-    if near is not None and near[1] < best[1]:
-        best = near
-    if full:
-        from hetopt.search.orchestrate import solve_exact
-
-        searched = solve_exact(changed, time_limit_s=time_limit_s, profiles=profiles)
-        if searched.plan is not None and searched.objective_s < best[1] * (1 - 1e-9):
-            best, found_by = (place(searched.plan, inst.cluster), searched.objective_s), "search"
-    plan, new_s = best
+    current_s, plan, new_s, found_by = best_under(changed, running, profiles, full, time_limit_s, workers)
     moved = migration(inst, running, plan, changed.cluster, profiles)
-    dwell = dwell_s if dwell_s is not None else (lasts if lasts is not None else horizon_of(inst))
-    cost_s = moved.time_s + restart_s
-    saving = 1 - new_s / current_s
-    break_even = cost_s / saving if saving > 0 else math.inf
-    decision = "switch" if saving > 0 and dwell > break_even else "stay"
+    dwell = next(d for d in (dwell_s, inst.spec.replan.dwell_s, lasts, horizon_of(inst)) if d is not None)
+    decision, break_even = decide(current_s, new_s, moved.time_s + restart_s, dwell)
     return Replan(decision, current_s, new_s, plan, found_by, moved, restart_s, dwell, break_even, levels)
 
 

@@ -203,15 +203,33 @@ def simulation_view(result: dict[str, Any]) -> Group:
             name, util = max(links.items(), key=lambda kv: kv[1])
             busiest.append(f"{name} {util:.0%} ({sc['name']})")
     lines = [f"busiest link: {', '.join(busiest)}"] if busiest else []
+    lines += [line for sc in result["scenarios"] for line in policy_notes(sc)]
     lines += [line for sc in result["scenarios"] for line in replay_notes(sc)]
     notes = Text("".join(f"{line}\n" for line in lines), style="dim")
     first = result["scenarios"][0]
     busy = narrow_table(f"GPU busy fraction ({first['name']})")
-    for col in ("template", "stage", "busy", "peak GiB"):
+    plans = any("plan" in row for row in first["gpu_busy"])  # the adaptive policy ran several
+    for col in ("plan",) * plans + ("template", "stage", "busy", "peak GiB"):
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
-        busy.add_row(str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}", f"{peak:.1f}")
+        busy.add_row(*(str(row["plan"]),) * plans, str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}",
+                     f"{peak:.1f}")
     return Group(table, *([notes] if lines else []), *([busy] if first["gpu_busy"] else []))
+
+
+def policy_notes(sc: dict[str, Any]) -> list[str]:
+    """What the adaptive policy did in a scenario: its tokens over the horizon, each switch, the
+    decisions that kept the running plan."""
+    if sc.get("policy") != "replan":
+        return []
+    lines = [f"{sc['name']}: {sc['tokens']:,.0f} tokens in {sc['horizon_s']:g} s under the adaptive policy, "
+             f"{len(sc['switches'])} switch(es), {sc['declined']} decision(s) kept the running plan"]
+    for sw in sc["switches"]:
+        lines.append(f"  at {sw['at_s']:.1f} s (change at {sw['change_s']:.1f} s): plan {sw['plan']}, "
+                     f"{sw['old_s']:.4g} → {sw['new_s']:.4g} s per iteration; {sw['migration_bytes'] / 1e9:.2f} GB "
+                     f"moved in {sw['migration_s']:.2f} s + {sw['restart_s']:g} s restart, paid back after "
+                     f"{sw['break_even_s']:.1f} s of an expected {sw['dwell_s']:.1f} s")
+    return lines
 
 
 CUT_REASONS = {"pass budget": "the replay's pass budget (hetopt.sim.engine.REPLAY_PASSES)",

@@ -27,6 +27,7 @@ from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan, row_labels
+from hetopt.replan.policy import PolicyOptions, check_policy
 from hetopt.sim.engine import SimResult, Simulation
 from hetopt.sim.scenarios import (
     BandwidthScenario,
@@ -63,9 +64,14 @@ def stage_peaks(plan: Plan, peak_memory_gib: list[float]) -> list[float]:
 
 
 def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, result: SimResult,
-              peak_memory_gib: list[float]) -> dict[str, Any]:
+              peak_memory_gib: list[float], horizon_s: float | None = None) -> dict[str, Any]:
+    """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within horizon_s
+    (default: the replayed time), as the adaptive policy's replay counts them (`tokens_within`)."""
+    from hetopt.replan.policy import tokens_within
+
     times = np.array(result.iteration_times_s)
     total = result.end_s
+    starts = np.concatenate([[0.0], np.cumsum(times)[:-1]])
     links = {}
     for lk in inst.spec.cluster.network.links if result.busy_s else []:  # none when priced, not replayed
         u, v = island_vertex(lk.a), island_vertex(lk.b)
@@ -85,6 +91,8 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
         "iterations": len(times),
         "replayed_s": float(total),
         "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),
+        "tokens": tokens_within(list(starts), list(times), inst.global_batch * inst.seq_len,
+                                total if horizon_s is None else horizon_s),
         "link_utilization": links,
         "gpu_busy": busy,
         "peak_memory_gib": stage_peaks(sim.plan, peak_memory_gib),
@@ -94,16 +102,23 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
 
 
 def _one(args) -> tuple[dict[str, Any], SimResult | None]:
-    inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib, deadline, stop_s = args
+    (inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib, deadline, stop_s, horizon_s,
+     adaptive) = args
+    if adaptive is not None:  # the adaptive policy's replay, with these options, over the horizon
+        from hetopt.replan.policy import replay_adaptive, summary
+
+        run = replay_adaptive(inst, plan, scenario, horizon_s, adaptive, profiles, keep, deadline)
+        return summary(inst, run, scenario, horizon_s, profiles), (run.merged if keep else None)
     sim = Simulation(inst, plan, profiles)
     result = sim.run(scenario, iterations, record=keep, until_s=until_s, deadline=deadline, stop_s=stop_s)
-    return summarise(inst, sim, scenario, result, peak_memory_gib), (result if keep else None)
+    return summarise(inst, sim, scenario, result, peak_memory_gib, horizon_s), (result if keep else None)
 
 
 def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int | None = None,
              profiles: Profiles | None = None, keep_records: bool = False,
              workers: int | None = None, deadline: float | None = None,
-             progress: Callable[[int, int], None] | None = None):
+             progress: Callable[[int, int], None] | None = None, policy: str = "static",
+             policy_options: PolicyOptions | None = None):
     """Simulate every chosen scenario.
 
     Parameters:
@@ -117,8 +132,18 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
         deadline: a `time.time()` after which no replay starts another iteration (each scenario replays
             at least one; its `cut` says where it stopped).
         progress: progress(scenarios replayed, scenarios) after each one.
-    Returns: (the JSON-ready `{"scenarios": [...]}`, records of the first scenario or None).
+        policy: static (the plan throughout) or replan (the adaptive policy, hetopt.replan.policy: it
+            re-plans at the changes it sees and pays each switch; over the horizon only).
+        policy_options: the adaptive policy's settings (default: the instance's `replan:` section).
+    Returns: (the JSON-ready `{"scenarios": [...]}`, records of the first scenario or None; with the
+    adaptive policy, each scenario's switches of plans are in its entry).
+    Raises: InputError for an unknown policy, or `iterations` with the adaptive policy.
     """
+    if check_policy(policy) == "replan" and iterations is not None:
+        raise InputError("--iterations", [Problem("--iterations", "the adaptive policy replays the horizon "
+                                                  "(search.horizon_s): leave --iterations out", iterations,
+                                                  True)])
+    adaptive = (policy_options or PolicyOptions.of(inst)) if policy == "replan" else None
     profiles = profiles or Profiles()
     # the memory per stage, and the trace length for `iterations` (no second model)
     analytic = evaluate(inst, plan, profiles)
@@ -135,8 +160,10 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
         chosen = select_scenarios(inst, scenario, trace_s)
         runs = [(iterations, None)] * len(chosen)
     generated = generated_scenarios(inst)
+    # tokens count over the horizon when it is replayed, else over the iterations asked for
+    tokens_s = horizon_s if iterations is None else None
     jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,
-             analytic.peak_memory_gib, deadline, stop_s if sc.name in generated else None)
+             analytic.peak_memory_gib, deadline, stop_s if sc.name in generated else None, tokens_s, adaptive)
             for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     tell = progress or (lambda done, total: None)

@@ -8,13 +8,14 @@ from pathlib import Path
 from hetopt.outputs import atomic_path, write_text
 from hetopt.sim.engine import SimResult
 
-COLOURS = {"F": "#4C72B0", "B": "#55A868", "send": "#DD8452", "dp": "#C44E52", "opt": "#8172B3"}
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "send": "#DD8452", "dp": "#C44E52", "opt": "#8172B3", "switch": "#937860"}
 
 
-def chrome_trace(result: SimResult) -> dict:
+def chrome_trace(result: SimResult, switches: list[dict] = ()) -> dict:
     """Trace Event Format: one process per pipeline template with a thread per replica × stage (a GPU group),
     and a network process with a thread per link that carried sends, one for the data-parallel
-    all-reduces and one for the optimizer step."""
+    all-reduces, one for the optimizer step and one for the adaptive policy's switches of plans (`switches`:
+    the simulate JSON's entries, each a pause of migration + restart)."""
     events = []
     names: dict[tuple[int, int], str] = {}
     tracks: dict[str, int] = {}
@@ -35,6 +36,12 @@ def chrome_trace(result: SimResult) -> dict:
             names[(pid, tid)] = "optimizer"
         events.append({"name": rec.name, "cat": rec.kind, "ph": "X", "ts": rec.start_s * 1e6,
                        "dur": max(0.0, rec.end_s - rec.start_s) * 1e6, "pid": pid, "tid": tid})
+    for sw in switches:
+        names[(0, 2)] = "plan switches"
+        events.append({"name": f"switch to plan {sw['plan']}: {sw['migration_bytes'] / 1e9:.2f} GB moved",
+                       "cat": "switch", "ph": "X", "ts": sw["at_s"] * 1e6,
+                       "dur": (sw["migration_s"] + sw["restart_s"]) * 1e6, "pid": 0, "tid": 2,
+                       "args": {k: sw[k] for k in ("change_s", "old_s", "new_s", "break_even_s", "dwell_s")}})
     for (pid, tid), name in names.items():
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
     for pid in {p for p, _ in names}:
@@ -43,13 +50,13 @@ def chrome_trace(result: SimResult) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_trace(result: SimResult, path: Path) -> None:
-    write_text(path, json.dumps(chrome_trace(result)))
+def write_trace(result: SimResult, path: Path, switches: list[dict] = ()) -> None:
+    write_text(path, json.dumps(chrome_trace(result, switches)))
 
 
-def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
+def plot_timeline(result: SimResult, path: Path, title: str = "", switches: list[dict] = ()) -> None:
     """Gantt of replica 0 of every template (stages × time) and, underneath, the capacity of the island link
-    that carried the most bytes."""
+    that carried the most bytes; the adaptive policy's switches (`switches`) as shaded pauses on both."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,17 +71,30 @@ def plot_timeline(result: SimResult, path: Path, title: str = "") -> None:
     index = {key: i for i, key in enumerate(order)}
     fig, (ax, bw) = plt.subplots(2, 1, figsize=(12, 2 + 0.45 * max(len(order), 2)), sharex=True,
                                  gridspec_kw={"height_ratios": [3, 1]})
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}  # one collection per row and kind: fast
+    shades: dict[str, list[tuple[float, float]]] = {}
     for rec in result.records:
         if rec.device is not None and rec.kind in ("F", "B") and rec.device[1] == 0:
             y = index[(rec.device[0], rec.device[2])]
-            ax.broken_barh([(rec.start_s, rec.end_s - rec.start_s)], (y - 0.4, 0.8), color=COLOURS[rec.kind])
+            bars.setdefault((y, rec.kind), []).append((rec.start_s, rec.end_s - rec.start_s))
         elif rec.kind in ("dp", "opt"):
-            ax.axvspan(rec.start_s, rec.end_s, color=COLOURS[rec.kind], alpha=0.15)
+            shades.setdefault(rec.kind, []).append((rec.start_s, rec.end_s - rec.start_s))
+    for (y, kind), spans in bars.items():
+        ax.broken_barh(spans, (y - 0.4, 0.8), color=COLOURS[kind])
+    for kind, spans in shades.items():
+        ax.broken_barh(spans, (0, 1), color=COLOURS[kind], alpha=0.15, transform=ax.get_xaxis_transform())
     ax.set_yticks(range(len(order)), [f"T{j} stage {d}" for j, d in order])
     ax.invert_yaxis()
-    ax.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in
-                       (("F", "forward"), ("B", "backward"), ("dp", "DP all-reduce"), ("opt", "optimizer"))],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=4, frameon=False)
+    for sw in switches:  # training stopped: the state moves and the job restarts
+        for axis in (ax, bw):
+            axis.axvspan(sw["at_s"], sw["at_s"] + sw["migration_s"] + sw["restart_s"], color=COLOURS["switch"],
+                         alpha=0.35, hatch="//")
+        ax.annotate(f"plan {sw['plan']}", (sw["at_s"], 0), xycoords=("data", "axes fraction"), fontsize=7,
+                    xytext=(2, 2), textcoords="offset points")
+    legend = (("F", "forward"), ("B", "backward"), ("dp", "DP all-reduce"), ("opt", "optimizer"))
+    legend += (("switch", "switch of plans"),) if switches else ()
+    ax.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in legend],
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncols=len(legend), frameon=False)
     ax.set_title(title or "pipeline timeline (replica 0 of each template)", loc="left", fontsize=10)
     if result.capacity_trace:
         def carried(item) -> float:  # bytes both ways over the island link

@@ -250,6 +250,28 @@ class SearchSection(Section):
                           "in it.")
 
 
+class ReplanSection(Section):
+    """How a switch of plans is priced and when the adaptive policy decides (`hetopt replan`, `hetopt simulate
+    --policy replan`)."""
+
+    restart_s: NonNegativeFloat = Field(
+        0.0, description="Seconds a switch of plans costs beside moving the model state: stopping, reloading "
+                         "and re-forming communicators, as your framework restarts. Default 0: the migration "
+                         "alone, the least a switch can cost.")
+    detection_delay_s: NonNegativeFloat = Field(
+        0.0, description="Seconds between a bandwidth change and the adaptive policy seeing it (a monitor's "
+                         "polling interval). Default 0; the switch waits for the iteration running then to end.")
+    dwell_s: PositiveFloat | None = Field(
+        None, description="Seconds a new bandwidth is expected to last. Default: a Markov scenario's "
+                          "mean_dwell_s, a diurnal one's step_s, else the mean time between the changes seen so "
+                          "far, else the rest of the horizon.")
+    search: Literal["neighbourhood", "full"] = Field(
+        "full", description="What the adaptive policy searches at a change: neighbourhood (the running plan's "
+                            "templates, re-split) or full (that, then the whole space).")
+    time_limit_s: PositiveFloat = Field(
+        10.0, description="Seconds each search of the adaptive policy may take.")
+
+
 class InstanceFile(Section):
     """A hetopt instance: a cluster, a model and training settings (DESIGN 2.1)."""
 
@@ -261,6 +283,7 @@ class InstanceFile(Section):
     scenarios: list[Scenario] = Field(
         default_factory=list, description="Dynamic-bandwidth scenarios; absent = one stable scenario.")
     search: SearchSection = Field(default_factory=SearchSection)
+    replan: ReplanSection = Field(default_factory=ReplanSection)
 
 
 def json_schema() -> dict:

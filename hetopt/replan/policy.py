@@ -1,0 +1,366 @@
+"""The adaptive policy (issue 15): a replay that re-plans when the bandwidth changes.
+
+The replay starts with the given plan at t = 0 and runs iterations back to back under the scenario, as
+`hetopt simulate` does (hetopt.sim.engine). A change of the network at t_c is seen at t_c + the
+detection delay; between iterations, the policy then asks about the network as it is at that moment
+(every link at its level) what `hetopt replan` answers: the running plan's time, the best plan found (the
+neighbourhood; with `search: full` the whole space too) and the migration (hetopt.replan.best_under,
+hetopt.replan.migration). With the expected dwell D of the new bandwidth it switches iff D exceeds the
+break-even time (hetopt.replan.decide). A switch stops training for M = migration + restart seconds;
+then the new plan runs. A network it has already judged (no change since its last decision) is not asked
+about again, nor one with a link down (no plan runs across it).
+
+Tokens count over the horizon H (`search.horizon_s`): each iteration its tokens times the share of it
+inside [0, H]; a switch's M counts none (`tokens_within`).
+
+The expected dwell reads nothing of the scenario's future: `replan.dwell_s` where the instance gives it;
+else a Markov scenario's mean_dwell_s (its dwells are exponential, so the expected rest of a dwell is the
+mean whatever has passed) or a diurnal one's step_s; else the mean time between the changes seen so far;
+else the rest of the horizon (a first change is taken to last).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+from hetopt.cost.profiles import Profiles
+from hetopt.placement import place
+from hetopt.plan import Plan, plan_json
+from hetopt.replan import best_under, decide, with_cluster
+from hetopt.replan.migration import Migration, migration
+from hetopt.sim.engine import Record, SimResult, Simulation
+from hetopt.sim.scenarios import BandwidthScenario, Change
+from hetopt.spec.instance import Instance
+
+POLICIES = ("static", "replan")
+Levels = tuple[tuple[tuple[str, str], float], ...]
+"""Every island link's Gbit/s, sorted by link: a network as a dictionary key."""
+
+
+def check_policy(policy: str) -> str:
+    """The policy's name. Raises: InputError (exit 2) for a name not in POLICIES."""
+    from hetopt.errors import InputError, Problem, did_you_mean
+
+    if policy not in POLICIES:
+        raise InputError("--policy", [Problem("--policy", f"unknown policy{did_you_mean(policy, POLICIES)}; give "
+                                                          f"{' or '.join(POLICIES)}", policy, True)])
+    return policy
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The policy's settings (the instance's `replan:` section, or options given beside it)."""
+
+    detection_delay_s: float = 0.0
+    restart_s: float = 0.0
+    dwell_s: float | None = None
+    full: bool = True
+    time_limit_s: float = 10.0
+
+    @classmethod
+    def of(cls, inst: Instance, **given) -> PolicyOptions:
+        """The instance's settings, each replaced by a value given that is not None."""
+        r = inst.spec.replan
+        base = cls(r.detection_delay_s, r.restart_s, r.dwell_s, r.search == "full", r.time_limit_s)
+        return replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One switch of plans during a replay."""
+
+    at_s: float
+    """When training stopped for it (the end of the iteration running when the change was seen)."""
+    change_s: float
+    """The change it answers."""
+    network_gbps: dict[str, float]
+    old_s: float
+    """The running plan's iteration time on the changed network (the cost model's)."""
+    new_s: float
+    found_by: str
+    migration: Migration
+    restart_s: float
+    dwell_s: float
+    break_even_s: float
+    plan: int
+    """The index of the plan switched to, in the replay's `plans`."""
+
+    @property
+    def pause_s(self) -> float:
+        return self.migration.time_s + self.restart_s
+
+    def to_json(self) -> dict:
+        return {"at_s": self.at_s, "change_s": self.change_s, "network_gbps": self.network_gbps,
+                "old_s": self.old_s, "new_s": self.new_s, "found_by": self.found_by,
+                "migration_s": self.migration.time_s, "migration_bytes": self.migration.total_bytes,
+                "restart_s": self.restart_s, "dwell_s": self.dwell_s, "break_even_s": self.break_even_s,
+                "plan": self.plan}
+
+
+@dataclass
+class AdaptiveRun:
+    """A replay under the adaptive policy."""
+
+    iteration_times_s: list[float] = field(default_factory=list)
+    starts_s: list[float] = field(default_factory=list)
+    plan_of_iteration: list[int] = field(default_factory=list)
+    plans: list[Plan] = field(default_factory=list)
+    switches: list[Switch] = field(default_factory=list)
+    declined: int = 0
+    """Decisions that kept the running plan."""
+    end_s: float = 0.0
+    cut: str | None = None
+    merged: SimResult | None = None
+    """The segments' measurements (records, bytes and capacity per link, busy time) on one clock."""
+
+
+class Decisions:
+    """The searches of a replay (or several), kept: a network judged once for a running plan is not
+    searched again (a flapping link brings the same levels back)."""
+
+    def __init__(self, inst: Instance, profiles: Profiles, options: PolicyOptions) -> None:
+        self.inst, self.profiles, self.options = inst, profiles, options
+        self.known: dict[tuple[Levels, str], tuple[float, Plan, float, str, Migration]] = {}
+
+    def ask(self, running: Plan, levels: dict[tuple[str, str], float]):
+        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`."""
+        key = (tuple(sorted(levels.items())), json.dumps(plan_json(running), sort_keys=True))
+        if key not in self.known:
+            changed = with_cluster(self.inst, self.inst.cluster.with_link_gbps(levels))
+            current_s, plan, new_s, found_by = best_under(changed, running, self.profiles, self.options.full,
+                                                          self.options.time_limit_s, workers=1)
+            moved = migration(self.inst, running, plan, changed.cluster, self.profiles)
+            self.known[key] = (current_s, plan, new_s, found_by, moved)
+        return self.known[key]
+
+
+def levels_at(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...], t: float
+              ) -> dict[tuple[str, str], float]:
+    """Every link's Gbit/s at time t (the changes at t applied)."""
+    levels = dict(nominal)
+    for at, link, gbps in changes:
+        if at <= t:
+            levels[link] = gbps
+    return levels
+
+
+def change_moments(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...]) -> list[float]:
+    """The times the network differs from just before (every change at one instant applied)."""
+    moments, levels = [], dict(nominal)
+    for at in sorted({c[0] for c in changes}):
+        after = levels_at(levels, tuple(c for c in changes if c[0] == at), at)
+        if after != levels:
+            moments.append(at)
+        levels = after
+    return moments
+
+
+def shifted(scenario: BandwidthScenario, t0: float) -> BandwidthScenario:
+    """The scenario seen from t0 on: the levels in force at t0 at time 0, later changes t0 earlier."""
+    level: dict = {}
+    for at, link, gbps in scenario.changes:
+        if at <= t0:
+            level[link] = gbps
+    later = tuple((at - t0, link, gbps) for at, link, gbps in scenario.changes if at > t0)
+    return BandwidthScenario(scenario.name, scenario.probability,
+                             tuple((0.0, link, gbps) for link, gbps in level.items()) + later)
+
+
+def tokens_within(starts_s: list[float], times_s: list[float], tokens_per_iteration: float,
+                  horizon_s: float) -> float:
+    """Tokens processed in [0, horizon_s]: each iteration's tokens times its share inside the window. A
+    replay that ends before horizon_s (one iteration of a bandwidth that never changes, a replay cut short)
+    goes on at its last iteration's rate."""
+    total, end = 0.0, 0.0
+    for start, t in zip(starts_s, times_s, strict=True):
+        inside = min(start + t, horizon_s) - start
+        if inside > 0:
+            total += tokens_per_iteration * (inside / t if t > 0 else 1.0)
+        end = start + t
+    if times_s and end < horizon_s and times_s[-1] > 0:
+        total += tokens_per_iteration * (horizon_s - end) / times_s[-1]
+    return total
+
+
+def expected_dwell(inst: Instance, scenario: str, options: PolicyOptions, seen: list[float], now_s: float,
+                   horizon_s: float) -> float:
+    """Seconds the network just seen is expected to last (module docstring); `seen` are the change moments
+    seen so far."""
+    if options.dwell_s is not None:
+        return options.dwell_s
+    declared = next((sc for sc in inst.spec.scenarios if sc.name == scenario), None)
+    gen = declared.generator if declared is not None else None
+    if gen is not None and gen.kind == "markov":
+        return gen.mean_dwell_s
+    if gen is not None and gen.kind == "diurnal":
+        return gen.step_s
+    gaps = [b - a for a, b in itertools.pairwise(seen)]
+    if gaps:
+        return sum(gaps) / len(gaps)
+    return max(horizon_s - now_s, 0.0)
+
+
+def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, horizon_s: float,
+                    options: PolicyOptions, profiles: Profiles | None = None, record: bool = False,
+                    deadline: float | None = None, decisions: Decisions | None = None) -> AdaptiveRun:
+    """Replay `plan` from t = 0 to the horizon under `scenario`, re-planning at each change seen.
+
+    Parameters: inst — the instance; plan — the plan running at t = 0; scenario — the capacity trace
+    (generated to at least the horizon); horizon_s — no iteration starts at or after it; options — the
+    policy's settings; profiles — calibration; record — keep every operation (trace, plot); deadline — a
+    `time.time()` after which no further segment starts (the run's `cut` says so); decisions — searches
+    kept from other replays of the same instance.
+    Returns: the AdaptiveRun."""
+    import time
+
+    profiles = profiles or Profiles()
+    decisions = decisions or Decisions(inst, profiles, options)
+    nominal = {tuple(sorted((lk.a, lk.b))): lk.gbps for lk in inst.spec.cluster.network.links}
+    changes = tuple(sorted(((at, tuple(sorted(link)), g) for at, link, g in scenario.changes),
+                           key=lambda c: c[0]))
+    moments = change_moments(nominal, changes)
+    detect = [m + options.detection_delay_s for m in moments]
+    run = AdaptiveRun(plans=[place(plan, inst.cluster)])
+    sims: dict[int, Simulation] = {}
+    merged = SimResult([], {}, {}, {}, capacity_trace=_capacity_trace(nominal, changes, horizon_s))
+    judged = nominal  # the network the running plan was last judged on
+    current, t, k = 0, 0.0, 0
+    while t < horizon_s:
+        if k < len(detect) and detect[k] <= t:  # changes seen by now: decide between iterations
+            while k < len(detect) and detect[k] <= t:
+                k += 1
+            levels = levels_at(nominal, changes, t)
+            if levels != judged and all(g > 0 for g in levels.values()):
+                judged = levels
+                old_s, best, new_s, found_by, moved = decisions.ask(run.plans[current], levels)
+                dwell = expected_dwell(inst, scenario.name, options, moments[:k], t, horizon_s)
+                verdict, break_even = decide(old_s, new_s, moved.time_s + options.restart_s, dwell)
+                if verdict == "switch":
+                    run.plans.append(best)
+                    current = len(run.plans) - 1
+                    switch = Switch(t, moments[k - 1], {f"{a}-{b}": g for (a, b), g in levels.items()}, old_s,
+                                    new_s, found_by, moved, options.restart_s, dwell, break_even, current)
+                    run.switches.append(switch)
+                    t += switch.pause_s
+                else:
+                    run.declined += 1
+            continue
+        if run.iteration_times_s and deadline is not None and time.time() >= deadline:
+            run.cut = "time limit"
+            break
+        window_s = min(detect[k] if k < len(detect) else math.inf, horizon_s) - t
+        sim = sims.get(current) or sims.setdefault(current, Simulation(inst, run.plans[current], profiles))
+        segment = _segment(sim, shifted(scenario, t), window_s, record, deadline)
+        _merge(merged, segment, t, current)
+        for dt in segment.iteration_times_s:
+            run.starts_s.append(t)
+            run.iteration_times_s.append(dt)
+            run.plan_of_iteration.append(current)
+            t += dt
+    run.end_s = t
+    merged.iteration_times_s, merged.end_s = list(run.iteration_times_s), t
+    run.merged = merged
+    return run
+
+
+def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, record: bool,
+             deadline: float | None) -> SimResult:
+    """The iterations that start within `window_s` of the segment's start (at least one). Where the
+    bandwidth holds still over all of them and nothing is recorded, one iteration is replayed and repeated:
+    a replay is deterministic, so iterations from the same state at the same bandwidths are alike."""
+    first = sim.run(scenario, 1, record=False, deadline=deadline) if not record else None
+    if first is not None and first.iteration_times_s[0] > 0:
+        dt = first.iteration_times_s[0]
+        n = max(1, math.ceil(window_s / dt))
+        if not any(0 < at < n * dt for at, _, _ in scenario.changes):
+            first.iteration_times_s = [dt] * n
+            first.busy_s = {d: b * n for d, b in first.busy_s.items()}
+            first.link_bytes = {e: b * n for e, b in first.link_bytes.items()}
+            first.link_capacity_integral = {e: c * n for e, c in first.link_capacity_integral.items()}
+            first.end_s = n * dt
+            return first
+    return sim.run(scenario, 1, record=record, until_s=window_s, deadline=deadline)
+
+
+def _merge(into: SimResult, segment: SimResult, t0: float, plan: int) -> None:
+    """A segment's measurements onto the replay's clock (busy time keyed by (plan, template, replica,
+    stage))."""
+    for e, b in segment.link_bytes.items():
+        into.link_bytes[e] = into.link_bytes.get(e, 0.0) + b
+    for e, c in segment.link_capacity_integral.items():
+        into.link_capacity_integral[e] = into.link_capacity_integral.get(e, 0.0) + c
+    for d, b in segment.busy_s.items():
+        into.busy_s[(plan, *d)] = into.busy_s.get((plan, *d), 0.0) + b
+    into.records += [Record(r.kind, r.name, r.start_s + t0, r.end_s + t0, r.device, r.link) for r in segment.records]
+    if segment.sampled is not None and into.sampled is None:
+        into.sampled = segment.sampled
+    if segment.cut is not None and segment.cut != "sampled":
+        into.cut = segment.cut
+
+
+def _capacity_trace(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...], until_s: float
+                    ) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Each link's (time, Gbit/s) steps from 0 to until_s, as a replay records them."""
+    trace = {link: [(0.0, g)] for link, g in nominal.items()}
+    for at, link, gbps in changes:
+        if at <= until_s:
+            trace.setdefault(link, []).append((at, gbps))
+    return trace
+
+
+def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horizon_s: float,
+            profiles: Profiles | None = None) -> dict:
+    """A scenario's entry of `hetopt simulate --policy replan --json`: the fields of a static replay's entry
+    (DESIGN 2.4; tokens_per_s is the tokens over the horizon ÷ the horizon, the switches' pauses counted),
+    and the policy's: tokens, switches, declined decisions, the plans run."""
+    import numpy as np
+
+    from hetopt.evaluate import evaluate
+    from hetopt.sim.run import stage_peaks
+    from hetopt.spec.cluster import island_vertex
+
+    profiles = profiles or Profiles()
+    times = np.array(run.iteration_times_s)
+    merged = run.merged
+    tokens = tokens_within(run.starts_s, run.iteration_times_s, inst.global_batch * inst.seq_len, horizon_s)
+    links = {}
+    for lk in inst.spec.cluster.network.links:
+        u, v = island_vertex(lk.a), island_vertex(lk.b)
+        util = [merged.link_bytes.get(e, 0.0) / merged.link_capacity_integral[e]
+                for e in ((u, v), (v, u)) if merged.link_capacity_integral.get(e)]
+        links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
+    ran_s = [0.0] * len(run.plans)  # seconds each plan ran
+    for k, dt in zip(run.plan_of_iteration, run.iteration_times_s, strict=True):
+        ran_s[k] += dt
+    busy, peaks = [], []
+    for k, plan in enumerate(run.plans):
+        if ran_s[k] > 0:
+            peaks += stage_peaks(plan, evaluate(inst, plan, profiles).peak_memory_gib)
+        for j, pipe in enumerate(plan.pipelines if ran_s[k] > 0 else []):
+            for d in range(len(pipe.stages)):
+                share = [merged.busy_s.get((k, j, r, d), 0.0) / ran_s[k] for r in range(pipe.replicas)]
+                busy.append({"plan": k, "pipeline": j, "stage": d, "busy": float(np.mean(share))})
+    return {
+        "name": scenario.name,
+        "probability": scenario.probability,
+        "policy": "replan",
+        "iteration_time_s": {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
+                             "p90": float(np.percentile(times, 90)), "max": float(times.max())},
+        "iterations": len(times),
+        "replayed_s": run.end_s,
+        "horizon_s": horizon_s,
+        "tokens": tokens,
+        "tokens_per_s": tokens / horizon_s,
+        "link_utilization": links,
+        "gpu_busy": busy,
+        "peak_memory_gib": peaks,
+        "switches": [sw.to_json() for sw in run.switches],
+        "declined": run.declined,
+        "paused_s": sum(sw.pause_s for sw in run.switches),
+        "plans": [plan_json(plan) for plan in run.plans],
+        "sampled": merged.sampled,
+        "cut": run.cut or merged.cut,
+    }
