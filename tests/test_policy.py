@@ -159,6 +159,9 @@ def test_simulate_policy_replan_from_the_cli_with_its_trace_and_bad_input(step, 
     human = run_hetopt("simulate", "wan-step-a100-v100", "--plan", str(plan_path), "--policy", "replan",
                        "--scenario", "step-down", "--restart", "0")
     assert human.returncode == 0 and "+ 0 s restart" in human.stdout.replace("\n", " ")
+    assert "plan  template" in human.stdout  # the busy table names the plan of each row
+    static = run_hetopt("simulate", "wan-step-a100-v100", "--plan", str(plan_path), "--scenario", "calm")
+    assert static.returncode == 0 and "GPU busy fraction" in static.stdout, static.stderr
     for args, said in ((("--policy", "adaptive"), "unknown policy"),
                        (("--restart", "5"), "add --policy replan"),
                        (("--policy", "replan", "--iterations", "3"), "leave --iterations out"),

@@ -190,8 +190,9 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
             cp_rank=s.cp_rank, first_layer=mine[0][0], layers=stage.layers, chunks=mine, embedding=s.stage == 0,
             head=s.stage == len(pipe.stages) - 1, sequences=flat[s.shard].sequences,
             micro_batches=pipe.micro_batches, recompute=stage.recompute))
+    shared: dict = {}
     for r in ranks:
-        groups(plan, r, by_coord, ranks)
+        groups(plan, r, by_coord, ranks, shared)
     return RankMap(inst.name, order, len(ranks), nodes[0]["name"], nodes, ranks)
 
 
@@ -212,17 +213,25 @@ def _chunks(plan: Plan) -> list[list[list[list[int]]]]:
     return out
 
 
-def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank]) -> None:
-    """Fill in `r`'s process groups from the coordinates of every rank."""
+def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank], shared: dict | None = None) -> None:
+    """Fill in `r`'s process groups from the coordinates of every rank. `shared` keeps the groups every
+    replica of a stage has alike (data-parallel, gradient, exchange), built once for all of them: a map of n
+    ranks takes O(n), not O(n × replicas)."""
+    shared = {} if shared is None else shared
     pipe = plan.pipelines[r.template]
     stage = pipe.stages[r.stage]
     shard = r.dp_rank % stage.dp_ranks
     r.tp_group = [by_coord[(r.template, r.replica, r.stage, shard, t, r.cp_rank)] for t in range(stage.tp)]
     r.cp_group = [by_coord[(r.template, r.replica, r.stage, shard, r.tp_rank, c)] for c in range(stage.cp)]
-    r.dp_group = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, r.cp_rank)]
-                  for rep in range(pipe.replicas) for k in range(stage.dp_ranks)]
-    r.grad_group = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, c)]
-                    for rep in range(pipe.replicas) for k in range(stage.dp_ranks) for c in range(stage.cp)]
+    key = (r.template, r.stage, r.tp_rank, r.cp_rank)
+    if ("dp", *key) not in shared:
+        shared[("dp", *key)] = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, r.cp_rank)]
+                                for rep in range(pipe.replicas) for k in range(stage.dp_ranks)]
+    if ("grad", *key[:3]) not in shared:
+        shared[("grad", *key[:3])] = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, c)]
+                                      for rep in range(pipe.replicas) for k in range(stage.dp_ranks)
+                                      for c in range(stage.cp)]
+    r.dp_group, r.grad_group = list(shared[("dp", *key)]), list(shared[("grad", *key[:3])])
     for step, name in ((-1, "pp_prev"), (1, "pp_next")):
         other = r.stage + step
         if 0 <= other < len(pipe.stages):
@@ -235,5 +244,7 @@ def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank]) -> None:
                               for k in range(nb.dp_ranks) for u in tps for c in cps])
     if len(plan.pipelines) > 1:
         lo, hi = r.first_layer, r.first_layer + r.layers
-        r.exchange_group = [o.rank for o in ranks if o.template != r.template
-                            and o.first_layer < hi and lo < o.first_layer + o.layers]
+        if ("exchange", r.template, lo, hi) not in shared:
+            shared[("exchange", r.template, lo, hi)] = [o.rank for o in ranks if o.template != r.template
+                                                        and o.first_layer < hi and lo < o.first_layer + o.layers]
+        r.exchange_group = list(shared[("exchange", r.template, lo, hi)])

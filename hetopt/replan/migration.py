@@ -87,13 +87,16 @@ def migration(inst: Instance, old: Plan, new: Plan, cluster: Cluster | None = No
         for key in held:
             holders[key].append(gpu)
     moved: dict[tuple[str, str], float] = defaultdict(float)
+    nearest: dict[tuple[frozenset[str], str], str] = {}  # (nodes holding a piece, destination) → source node
     for (node, gpu), needed in after.items():
         for key, nbytes in needed.items():
             if key in before.get((node, gpu), {}):
                 continue
-            sources = holders.get(key) or _any_holder(key, holders)
-            src = min(sources, key=lambda g: (g[0] != node, -cluster.route(g[0], node).effective_gbps))
-            moved[(src[0], node)] += nbytes
+            nodes = frozenset(g[0] for g in holders.get(key) or _any_holder(key, holders))
+            if (nodes, node) not in nearest:
+                nearest[(nodes, node)] = min(sorted(nodes), key=lambda n: (n != node,
+                                                                            -cluster.route(n, node).effective_gbps))
+            moved[(nearest[(nodes, node)], node)] += nbytes
     return Migration(dict(moved), _time_s(cluster, moved, profiles or Profiles()))
 
 

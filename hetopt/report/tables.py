@@ -212,8 +212,8 @@ def simulation_view(result: dict[str, Any]) -> Group:
     for col in ("plan",) * plans + ("template", "stage", "busy", "peak GiB"):
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
-        busy.add_row(*(str(row["plan"]),) * plans, str(row["pipeline"]), str(row["stage"]), f"{row['busy']:.0%}",
-                     f"{peak:.1f}")
+        busy.add_row(*([str(row["plan"])] if plans else []), str(row["pipeline"]), str(row["stage"]),
+                     f"{row['busy']:.0%}", f"{peak:.1f}")
     return Group(table, *([notes] if lines else []), *([busy] if first["gpu_busy"] else []))
 
 
