@@ -393,8 +393,10 @@ def simulate(
     if check_policy(policy) != "replan" and any(v is not None for v in given.values()):
         raise InputError("simulate", [Problem("--policy", "--detection-delay, --restart and --dwell set the "
                                                           "adaptive policy: add --policy replan", policy, True)])
-    if dwell is not None and dwell <= 0:
-        raise InputError("--dwell", [Problem("--dwell", "give the seconds a bandwidth lasts, above 0", dwell, True)])
+    for option, value in (("--detection-delay", detection_delay), ("--restart", restart), ("--dwell", dwell)):
+        if value is not None and not (math.isfinite(value) and (value > 0 or option != "--dwell")):
+            raise InputError(option, [Problem(option, "give finite seconds" + (", above 0" if option == "--dwell"
+                                                                               else ", 0 or more"), value, True)])
     options = PolicyOptions.of(inst, **given) if policy == "replan" else None
     with Progress(err, f"simulating {inst.name}…") as status:
         result, records = run_simulate(inst, the_plan, scenario, iterations, profiles,
@@ -458,8 +460,9 @@ def replan(
     bandwidth: Annotated[list[str] | None, typer.Option("--bandwidth", help="Or links set by hand: "
                                                                             "ISLAND-ISLAND=GBPS (repeatable).")]
     = None,
-    dwell: Annotated[float | None, typer.Option("--dwell", help="Seconds the new bandwidth lasts (default: until "
-                                                                "the scenario's next change, or the horizon).")]
+    dwell: Annotated[float | None, typer.Option("--dwell", help="Seconds the new bandwidth lasts (default: the "
+                                                                "instance's replan.dwell_s, else until the "
+                                                                "scenario's next change, else the horizon).")]
     = None,
     restart: Annotated[float | None, typer.Option("--restart", help="Seconds a restart costs beside the migration "
                                                                    "(default: the instance's replan.restart_s, "

@@ -183,3 +183,61 @@ def test_replan_takes_the_instances_restart_and_refuses_a_negative_one(step, tmp
     bad.write_text(inst.path.read_text().replace("replan: {restart_s: 30}", "replan: {restart_s: -30}"))
     refused = run_hetopt("validate", str(bad))
     assert refused.returncode == 2 and "replan.restart_s" in refused.stderr
+
+
+def _run(inst, plan, changes, **given):
+    scenario = BandwidthScenario("by-hand", 1.0, tuple((at, LINK, gbps) for at, gbps in changes))
+    return replay_adaptive(inst, plan, scenario, horizon_of(inst), PolicyOptions.of(inst, **given))
+
+
+def test_a_switch_whose_pause_would_outlast_the_horizon_is_declined_and_a_last_pause_earns_nothing(step):
+    """Only tokens inside the horizon count, so the dwell is taken as at most the rest of it: a drop 15 s
+    before the end (600 s) cannot pay back 30 s of restart, even with --dwell 10000. And a replay that ends
+    in a pause goes on at its last rate only from the pause's end."""
+    inst, plans = step
+    late = _run(inst, plans["stable"], [(585.0, 50.0)], dwell_s=10_000.0)
+    assert late.switches == [] and late.declined == 1
+    assert tokens_within([0.0], [2.0], 100, 5.0, resume_s=4.0) == pytest.approx(150)
+
+
+def test_with_a_detection_delay_the_policy_decides_on_the_network_it_has_seen(step):
+    """Changes at 60 s (to 200) and 75 s (to 25), seen 20 s late: the decision at 80 s knows only the
+    first; the second, seen at 95 s, is decided on next."""
+    inst, plans = step
+    run = _run(inst, plans["stable"], [(60.0, 200.0), (75.0, 25.0)], detection_delay_s=20.0, restart_s=0.0)
+    (at_1, seen_1, _), (at_2, seen_2, _) = run.log[:2]
+    assert 80.0 <= at_1 < 95.0 and seen_1 == {LINK: 200.0}
+    assert at_2 >= 95.0 and seen_2 == {LINK: 25.0}
+    assert run.switches and all(sw.at_s >= sw.change_s + 20.0 for sw in run.switches)
+
+
+def test_a_level_that_outlasts_its_expected_dwell_is_asked_about_again(step):
+    """The link goes down from 60 to 120 s, then runs at 50 Gbit/s to the end. At 120 s the one gap seen
+    (60 s) is the expected dwell, below the 80 s break-even: stay. A level that has lasted T is expected to
+    last about T more, so the policy asks again when it has lasted the dwell it expected, and switches once
+    it has lasted longer than the break-even — well before the end."""
+    inst, plans = step
+    run = _run(inst, plans["stable"], [(60.0, 0.0), (120.0, 50.0)])
+    (switch,) = run.switches
+    assert run.declined >= 1 and 120.0 + switch.break_even_s <= switch.at_s < 300.0
+    static = _run(inst, plans["stable"], [(60.0, 0.0), (120.0, 50.0)], dwell_s=1.0)
+    assert static.switches == []
+    per_iteration = inst.global_batch * inst.seq_len
+    h = horizon_of(inst)
+    assert tokens_within(run.starts_s, run.iteration_times_s, per_iteration, h, run.end_s) > 1.1 * tokens_within(
+        static.starts_s, static.iteration_times_s, per_iteration, h, static.end_s)
+
+
+def test_a_sampled_plans_tokens_follow_the_bandwidth_over_the_horizon(step, monkeypatch):
+    """An iteration too large to replay whole is sampled (hetopt.sim.engine.SAMPLE_PASSES); the static
+    replay of the horizon then times one iteration, and its tokens are counted per bandwidth phase, as
+    the adaptive replay counts them — not at the first iteration's rate for the whole horizon."""
+    import hetopt.sim.engine as engine
+
+    inst, plans = step
+    full, _ = simulate(inst, plans["stable"], "step-down", workers=1)
+    sim = engine.Simulation(inst, plans["stable"])
+    monkeypatch.setattr(engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4)
+    sampled, _ = simulate(inst, plans["stable"], "step-down", workers=1)
+    assert sampled["scenarios"][0]["sampled"] is not None
+    assert _tokens(sampled, "step-down") == pytest.approx(_tokens(full, "step-down"), rel=0.03)

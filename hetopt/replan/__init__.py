@@ -205,12 +205,13 @@ def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: 
     problems = check_plan(inst, current)
     if problems:
         raise InputError(source, [Problem(path, message) for path, message in problems])
-    if dwell_s is not None and not dwell_s > 0:
-        raise InputError("--dwell", [Problem("--dwell", "give the seconds the new bandwidth lasts, above 0",
+    if dwell_s is not None and not (math.isfinite(dwell_s) and dwell_s > 0):
+        raise InputError("--dwell", [Problem("--dwell", "give the finite seconds the new bandwidth lasts, above 0",
                                              dwell_s, True)])
     restart_s = inst.spec.replan.restart_s if restart_s is None else restart_s
-    if not restart_s >= 0:
-        raise InputError("--restart", [Problem("--restart", "give the restart's seconds, 0 or more", restart_s, True)])
+    if not (math.isfinite(restart_s) and restart_s >= 0):
+        raise InputError("--restart", [Problem("--restart", "give the restart's finite seconds, 0 or more",
+                                               restart_s, True)])
     profiles = profiles or Profiles()
     levels, lasts = network_at(inst, scenario, at_s, bandwidth)
     changed = with_cluster(inst, inst.cluster.with_link_gbps(levels))

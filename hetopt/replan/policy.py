@@ -111,6 +111,8 @@ class AdaptiveRun:
     switches: list[Switch] = field(default_factory=list)
     declined: int = 0
     """Decisions that kept the running plan."""
+    log: list[tuple[float, dict, str]] = field(default_factory=list)
+    """Every decision: (when, the network it judged, switch or stay)."""
     end_s: float = 0.0
     cut: str | None = None
     merged: SimResult | None = None
@@ -125,13 +127,15 @@ class Decisions:
         self.inst, self.profiles, self.options = inst, profiles, options
         self.known: dict[tuple[Levels, str], tuple[float, Plan, float, str, Migration]] = {}
 
-    def ask(self, running: Plan, levels: dict[tuple[str, str], float]):
-        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`."""
+    def ask(self, running: Plan, levels: dict[tuple[str, str], float], time_limit_s: float | None = None):
+        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`, each search
+        within time_limit_s (default the options')."""
         key = (tuple(sorted(levels.items())), json.dumps(plan_json(running), sort_keys=True))
         if key not in self.known:
             changed = with_cluster(self.inst, self.inst.cluster.with_link_gbps(levels))
+            limit_s = self.options.time_limit_s if time_limit_s is None else time_limit_s
             current_s, plan, new_s, found_by = best_under(changed, running, self.profiles, self.options.full,
-                                                          self.options.time_limit_s, workers=1)
+                                                          limit_s, workers=1)
             moved = migration(self.inst, running, plan, changed.cluster, self.profiles)
             self.known[key] = (current_s, plan, new_s, found_by, moved)
         return self.known[key]
@@ -170,49 +174,58 @@ def shifted(scenario: BandwidthScenario, t0: float) -> BandwidthScenario:
 
 
 def tokens_within(starts_s: list[float], times_s: list[float], tokens_per_iteration: float,
-                  horizon_s: float) -> float:
+                  horizon_s: float, resume_s: float = 0.0) -> float:
     """Tokens processed in [0, horizon_s]: each iteration's tokens times its share inside the window. A
     replay that ends before horizon_s (one iteration of a bandwidth that never changes, a replay cut short)
-    goes on at its last iteration's rate."""
-    total, end = 0.0, 0.0
+    goes on at its last iteration's rate from its end, or from resume_s where that is later (a switch's
+    pause after the last iteration counts no tokens)."""
+    total, end = 0.0, resume_s
     for start, t in zip(starts_s, times_s, strict=True):
         inside = min(start + t, horizon_s) - start
         if inside > 0:
             total += tokens_per_iteration * (inside / t if t > 0 else 1.0)
-        end = start + t
+        end = max(end, start + t)
     if times_s and end < horizon_s and times_s[-1] > 0:
         total += tokens_per_iteration * (horizon_s - end) / times_s[-1]
     return total
 
 
 def expected_dwell(inst: Instance, scenario: str, options: PolicyOptions, seen: list[float], now_s: float,
-                   horizon_s: float) -> float:
-    """Seconds the network just seen is expected to last (module docstring); `seen` are the change moments
-    seen so far."""
+                   horizon_s: float) -> tuple[float, bool]:
+    """Seconds the network just seen is expected to last (module docstring), at most the rest of the
+    horizon (only tokens inside it count); `seen` are the change moments seen so far.
+
+    Returns: (seconds, whether the estimate grows as the level lasts — estimated from the changes seen, a
+    level that has lasted T is expected to last about T more — so that a decision to stay is worth asking
+    again once the level has lasted that long)."""
+    rest = max(horizon_s - now_s, 0.0)
     if options.dwell_s is not None:
-        return options.dwell_s
+        return min(options.dwell_s, rest), False
     declared = next((sc for sc in inst.spec.scenarios if sc.name == scenario), None)
     gen = declared.generator if declared is not None else None
-    if gen is not None and gen.kind == "markov":
-        return gen.mean_dwell_s
+    if gen is not None and gen.kind == "markov":  # memoryless: the same whatever has passed
+        return min(gen.mean_dwell_s, rest), False
     if gen is not None and gen.kind == "diurnal":
-        return gen.step_s
+        return min(gen.step_s, rest), False
     gaps = [b - a for a, b in itertools.pairwise(seen)]
     if gaps:
-        return sum(gaps) / len(gaps)
-    return max(horizon_s - now_s, 0.0)
+        return min(max(sum(gaps) / len(gaps), now_s - seen[-1]), rest), True
+    return rest, False
 
 
 def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, horizon_s: float,
                     options: PolicyOptions, profiles: Profiles | None = None, record: bool = False,
-                    deadline: float | None = None, decisions: Decisions | None = None) -> AdaptiveRun:
+                    deadline: float | None = None, decisions: Decisions | None = None,
+                    adapt: bool = True) -> AdaptiveRun:
     """Replay `plan` from t = 0 to the horizon under `scenario`, re-planning at each change seen.
 
     Parameters: inst — the instance; plan — the plan running at t = 0; scenario — the capacity trace
     (generated to at least the horizon); horizon_s — no iteration starts at or after it; options — the
     policy's settings; profiles — calibration; record — keep every operation (trace, plot); deadline — a
-    `time.time()` after which no further segment starts (the run's `cut` says so); decisions — searches
-    kept from other replays of the same instance.
+    `time.time()` after which no further segment or search starts (the run's `cut` says so; a change seen
+    after it is not searched); decisions — searches kept from other replays of the same instance; adapt —
+    False replays the plan throughout by the same segments (the static policy, counted alike: a sampled
+    iteration is priced per bandwidth phase, not extrapolated over the horizon).
     Returns: the AdaptiveRun."""
     import time
 
@@ -222,36 +235,37 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
     changes = tuple(sorted(((at, tuple(sorted(link)), g) for at, link, g in scenario.changes),
                            key=lambda c: c[0]))
     moments = change_moments(nominal, changes)
-    detect = [m + options.detection_delay_s for m in moments]
+    detect = [m + (options.detection_delay_s if adapt else 0.0) for m in moments]
     run = AdaptiveRun(plans=[place(plan, inst.cluster)])
     sims: dict[int, Simulation] = {}
     merged = SimResult([], {}, {}, {}, capacity_trace=_capacity_trace(nominal, changes, horizon_s))
     judged = nominal  # the network the running plan was last judged on
+    recheck_s = math.inf  # when a decision to stay is asked again (`expected_dwell`)
     current, t, k = 0, 0.0, 0
     while t < horizon_s:
-        if k < len(detect) and detect[k] <= t:  # changes seen by now: decide between iterations
+        seen_now = k < len(detect) and detect[k] <= t
+        if seen_now or t >= recheck_s:  # between iterations: decide on the network as last seen
             while k < len(detect) and detect[k] <= t:
                 k += 1
-            levels = levels_at(nominal, changes, t)
-            if levels != judged and all(g > 0 for g in levels.values()):
-                judged = levels
-                old_s, best, new_s, found_by, moved = decisions.ask(run.plans[current], levels)
-                dwell = expected_dwell(inst, scenario.name, options, moments[:k], t, horizon_s)
-                verdict, break_even = decide(old_s, new_s, moved.time_s + options.restart_s, dwell)
-                if verdict == "switch":
-                    run.plans.append(best)
+            recheck_s = math.inf
+            known = levels_at(nominal, changes, moments[k - 1]) if k else dict(nominal)
+            if adapt and (known != judged or not seen_now) and all(g > 0 for g in known.values()):
+                judged = known
+                dwell, grows = expected_dwell(inst, scenario.name, options, moments[:k], t, horizon_s)
+                switch = _decide(run, decisions, current, known, dwell, t, moments[k - 1] if k else 0.0,
+                                 options, deadline)
+                if switch is not None:
+                    run.plans.append(switch[0])
                     current = len(run.plans) - 1
-                    switch = Switch(t, moments[k - 1], {f"{a}-{b}": g for (a, b), g in levels.items()}, old_s,
-                                    new_s, found_by, moved, options.restart_s, dwell, break_even, current)
-                    run.switches.append(switch)
-                    t += switch.pause_s
-                else:
-                    run.declined += 1
+                    run.switches.append(switch[1])
+                    t += switch[1].pause_s
+                elif grows and t + dwell < horizon_s:
+                    recheck_s = t + dwell
             continue
         if run.iteration_times_s and deadline is not None and time.time() >= deadline:
             run.cut = "time limit"
             break
-        window_s = min(detect[k] if k < len(detect) else math.inf, horizon_s) - t
+        window_s = min(detect[k] if k < len(detect) else math.inf, recheck_s, horizon_s) - t
         sim = sims.get(current) or sims.setdefault(current, Simulation(inst, run.plans[current], profiles))
         segment = _segment(sim, shifted(scenario, t), window_s, record, deadline)
         _merge(merged, segment, t, current)
@@ -266,22 +280,43 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
     return run
 
 
+def _decide(run: AdaptiveRun, decisions: Decisions, current: int, known: dict, dwell_s: float, now_s: float,
+            change_s: float, options: PolicyOptions, deadline: float | None) -> tuple[Plan, Switch] | None:
+    """Switch or stay at `now_s` on the network `known`: the plan and Switch to switch to, or None (the
+    decision counted as declined). No plan can pay back a restart as long as the dwell, so then nothing is
+    searched; nor once the deadline has passed."""
+    import time
+
+    left_s = options.time_limit_s if deadline is None else min(options.time_limit_s, deadline - time.time())
+    verdict = "stay"
+    if options.restart_s < dwell_s and left_s > 0:
+        old_s, best, new_s, found_by, moved = decisions.ask(run.plans[current], known, left_s)
+        verdict, break_even = decide(old_s, new_s, moved.time_s + options.restart_s, dwell_s)
+    run.log.append((now_s, dict(known), verdict))
+    if verdict != "switch":
+        run.declined += 1
+        return None
+    return best, Switch(now_s, change_s, {f"{a}-{b}": g for (a, b), g in known.items()}, old_s, new_s, found_by,
+                        moved, options.restart_s, dwell_s, break_even, len(run.plans))
+
+
 def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, record: bool,
              deadline: float | None) -> SimResult:
     """The iterations that start within `window_s` of the segment's start (at least one). Where the
     bandwidth holds still over all of them and nothing is recorded, one iteration is replayed and repeated:
     a replay is deterministic, so iterations from the same state at the same bandwidths are alike."""
-    first = sim.run(scenario, 1, record=False, deadline=deadline) if not record else None
-    if first is not None and first.iteration_times_s[0] > 0:
-        dt = first.iteration_times_s[0]
-        n = max(1, math.ceil(window_s / dt))
-        if not any(0 < at < n * dt for at, _, _ in scenario.changes):
-            first.iteration_times_s = [dt] * n
-            first.busy_s = {d: b * n for d, b in first.busy_s.items()}
-            first.link_bytes = {e: b * n for e, b in first.link_bytes.items()}
-            first.link_capacity_integral = {e: c * n for e, c in first.link_capacity_integral.items()}
-            first.end_s = n * dt
-            return first
+    first = sim.run(scenario, 1, record=record, deadline=deadline)
+    dt = first.iteration_times_s[0]
+    n = max(1, math.ceil(window_s / dt)) if dt > 0 else 1
+    if n == 1 or (not record and not any(0 < at < n * dt for at, _, _ in scenario.changes)):
+        first.iteration_times_s = [dt] * n
+        first.busy_s = {d: b * n for d, b in first.busy_s.items()}
+        first.link_bytes = {e: b * n for e, b in first.link_bytes.items()}
+        first.link_capacity_integral = {e: c * n for e, c in first.link_capacity_integral.items()}
+        first.end_s = n * dt
+        return first
+    if first.sampled is not None:  # one sampled iteration per call: the loop goes on from its end
+        return first
     return sim.run(scenario, 1, record=record, until_s=window_s, deadline=deadline)
 
 
@@ -294,7 +329,8 @@ def _merge(into: SimResult, segment: SimResult, t0: float, plan: int) -> None:
         into.link_capacity_integral[e] = into.link_capacity_integral.get(e, 0.0) + c
     for d, b in segment.busy_s.items():
         into.busy_s[(plan, *d)] = into.busy_s.get((plan, *d), 0.0) + b
-    into.records += [Record(r.kind, r.name, r.start_s + t0, r.end_s + t0, r.device, r.link) for r in segment.records]
+    into.records += [Record(r.kind, r.name, r.start_s + t0, r.end_s + t0, r.device, r.link, plan)
+                     for r in segment.records]
     if segment.sampled is not None and into.sampled is None:
         into.sampled = segment.sampled
     if segment.cut is not None and segment.cut != "sampled":
@@ -311,6 +347,12 @@ def _capacity_trace(nominal: dict[tuple[str, str], float], changes: tuple[Change
     return trace
 
 
+def run_tokens(inst: Instance, run: AdaptiveRun, horizon_s: float) -> float:
+    """The replay's tokens over the horizon (`tokens_within`, the last pause counted as none)."""
+    return tokens_within(run.starts_s, run.iteration_times_s, inst.global_batch * inst.seq_len, horizon_s,
+                         run.end_s)
+
+
 def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horizon_s: float,
             profiles: Profiles | None = None) -> dict:
     """A scenario's entry of `hetopt simulate --policy replan --json`: the fields of a static replay's entry
@@ -323,9 +365,9 @@ def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horiz
     from hetopt.spec.cluster import island_vertex
 
     profiles = profiles or Profiles()
-    times = np.array(run.iteration_times_s)
+    times = np.array(run.iteration_times_s or [math.nan])
     merged = run.merged
-    tokens = tokens_within(run.starts_s, run.iteration_times_s, inst.global_batch * inst.seq_len, horizon_s)
+    tokens = run_tokens(inst, run, horizon_s)
     links = {}
     for lk in inst.spec.cluster.network.links:
         u, v = island_vertex(lk.a), island_vertex(lk.b)
@@ -347,9 +389,10 @@ def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horiz
         "name": scenario.name,
         "probability": scenario.probability,
         "policy": "replan",
-        "iteration_time_s": {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
-                             "p90": float(np.percentile(times, 90)), "max": float(times.max())},
-        "iterations": len(times),
+        "iteration_time_s": {k: (None if math.isnan(v) else v) for k, v in (
+            ("mean", float(times.mean())), ("p50", float(np.percentile(times, 50))),
+            ("p90", float(np.percentile(times, 90))), ("max", float(times.max())))},
+        "iterations": len(run.iteration_times_s),
         "replayed_s": run.end_s,
         "horizon_s": horizon_s,
         "tokens": tokens,

@@ -208,7 +208,7 @@ def simulation_view(result: dict[str, Any]) -> Group:
     notes = Text("".join(f"{line}\n" for line in lines), style="dim")
     first = result["scenarios"][0]
     busy = narrow_table(f"GPU busy fraction ({first['name']})")
-    plans = any("plan" in row for row in first["gpu_busy"])  # the adaptive policy ran several
+    plans = len({row.get("plan", 0) for row in first["gpu_busy"]}) > 1  # the adaptive policy ran several
     for col in ("plan",) * plans + ("template", "stage", "busy", "peak GiB"):
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):

@@ -105,6 +105,8 @@ class Record:
     end_s: float
     device: Device | None = None
     link: str = ""
+    plan: int = 0
+    """Which plan of an adaptive replay ran it (hetopt.replan.policy; 0 in a replay of one plan)."""
 
 
 @dataclass

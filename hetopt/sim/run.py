@@ -111,7 +111,16 @@ def _one(args) -> tuple[dict[str, Any], SimResult | None]:
         return summary(inst, run, scenario, horizon_s, profiles), (run.merged if keep else None)
     sim = Simulation(inst, plan, profiles)
     result = sim.run(scenario, iterations, record=keep, until_s=until_s, deadline=deadline, stop_s=stop_s)
-    return summarise(inst, sim, scenario, result, peak_memory_gib, horizon_s), (result if keep else None)
+    entry = summarise(inst, sim, scenario, result, peak_memory_gib, horizon_s)
+    if until_s is not None and (result.sampled or result.cut):
+        # one iteration stood for the horizon (sampled, or the replay cut short): its tokens by the segments
+        # of the adaptive policy's replay, each bandwidth phase priced, not one iteration's rate throughout
+        from hetopt.replan.policy import PolicyOptions, replay_adaptive, run_tokens
+
+        static = replay_adaptive(inst, plan, scenario, horizon_s, PolicyOptions(), profiles, deadline=deadline,
+                                 adapt=False)
+        entry["tokens"] = run_tokens(inst, static, horizon_s)
+    return entry, (result if keep else None)
 
 
 def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int | None = None,

@@ -8,6 +8,8 @@ from pathlib import Path
 from hetopt.outputs import atomic_path, write_text
 from hetopt.sim.engine import SimResult
 
+PLAN_PIDS = 1000
+"""Trace process ids per plan of an adaptive replay: plan k's template j is process k·PLAN_PIDS + j + 1."""
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "send": "#DD8452", "dp": "#C44E52", "opt": "#8172B3", "switch": "#937860"}
 
 
@@ -19,10 +21,13 @@ def chrome_trace(result: SimResult, switches: list[dict] = ()) -> dict:
     events = []
     names: dict[tuple[int, int], str] = {}
     tracks: dict[str, int] = {}
+    processes: dict[int, str] = {0: "network and optimizer"}
+    several = any(rec.plan for rec in result.records)  # an adaptive replay ran several plans
     for rec in result.records:
         if rec.device is not None and rec.kind in ("F", "B"):
             j, r, d = rec.device
-            pid, tid = j + 1, r * 1000 + d
+            pid, tid = rec.plan * PLAN_PIDS + j + 1, r * 1000 + d
+            processes[pid] = f"plan {rec.plan}, pipeline template {j}" if several else f"pipeline template {j}"
             names[(pid, tid)] = f"replica {r} stage {d}"
         elif rec.kind == "dp":
             pid, tid = 0, 1
@@ -45,8 +50,7 @@ def chrome_trace(result: SimResult, switches: list[dict] = ()) -> dict:
     for (pid, tid), name in names.items():
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
     for pid in {p for p, _ in names}:
-        label = "network and optimizer" if pid == 0 else f"pipeline template {pid - 1}"
-        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": processes[pid]}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -63,11 +67,12 @@ def plot_timeline(result: SimResult, path: Path, title: str = "", switches: list
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    rows: dict[tuple[int, int], int] = {}
+    rows: dict[tuple[int, int, int], int] = {}  # (plan, template, stage)
     for rec in result.records:
         if rec.device is not None and rec.kind in ("F", "B") and rec.device[1] == 0:
-            rows.setdefault((rec.device[0], rec.device[2]), 0)
+            rows.setdefault((rec.plan, rec.device[0], rec.device[2]), 0)
     order = sorted(rows)
+    several = len({plan for plan, _, _ in order}) > 1
     index = {key: i for i, key in enumerate(order)}
     fig, (ax, bw) = plt.subplots(2, 1, figsize=(12, 2 + 0.45 * max(len(order), 2)), sharex=True,
                                  gridspec_kw={"height_ratios": [3, 1]})
@@ -75,7 +80,7 @@ def plot_timeline(result: SimResult, path: Path, title: str = "", switches: list
     shades: dict[str, list[tuple[float, float]]] = {}
     for rec in result.records:
         if rec.device is not None and rec.kind in ("F", "B") and rec.device[1] == 0:
-            y = index[(rec.device[0], rec.device[2])]
+            y = index[(rec.plan, rec.device[0], rec.device[2])]
             bars.setdefault((y, rec.kind), []).append((rec.start_s, rec.end_s - rec.start_s))
         elif rec.kind in ("dp", "opt"):
             shades.setdefault(rec.kind, []).append((rec.start_s, rec.end_s - rec.start_s))
@@ -83,7 +88,7 @@ def plot_timeline(result: SimResult, path: Path, title: str = "", switches: list
         ax.broken_barh(spans, (y - 0.4, 0.8), color=COLOURS[kind])
     for kind, spans in shades.items():
         ax.broken_barh(spans, (0, 1), color=COLOURS[kind], alpha=0.15, transform=ax.get_xaxis_transform())
-    ax.set_yticks(range(len(order)), [f"T{j} stage {d}" for j, d in order])
+    ax.set_yticks(range(len(order)), [f"{f'plan {k} ' if several else ''}T{j} stage {d}" for k, j, d in order])
     ax.invert_yaxis()
     for sw in switches:  # training stopped: the state moves and the job restarts
         for axis in (ax, bw):
