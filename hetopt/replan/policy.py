@@ -2,21 +2,28 @@
 
 The replay starts with the given plan at t = 0 and runs iterations back to back under the scenario, as
 `hetopt simulate` does (hetopt.sim.engine). A change of the network at t_c is seen at t_c + the
-detection delay; between iterations, the policy then asks about the network as it is at that moment
-(every link at its level) what `hetopt replan` answers: the running plan's time, the best plan found (the
-neighbourhood; with `search: full` the whole space too) and the migration (hetopt.replan.best_under,
-hetopt.replan.migration). With the expected dwell D of the new bandwidth it switches iff D exceeds the
-break-even time (hetopt.replan.decide). A switch stops training for M = migration + restart seconds;
-then the new plan runs. A network it has already judged (no change since its last decision) is not asked
-about again, nor one with a link down (no plan runs across it).
+detection delay; between iterations (the one running then ends first), the policy asks about the network
+as last seen (every link at its level after the latest change seen) what `hetopt replan` answers: the
+running plan's time, the best plan found (the neighbourhood; with `search: full` the whole space too) and
+the migration (hetopt.replan.best_under, hetopt.replan.migration). With the expected dwell D of that
+network it switches iff D exceeds the break-even time (hetopt.replan.decide). A switch stops training for
+M = migration + restart seconds; then the new plan runs. A network it has already judged is not asked
+about again unless the level outlasts the dwell expected of it (below), nor one with a link down (no plan
+runs across it). Nothing is searched where the restart alone outlasts the dwell (no plan can pay back).
 
 Tokens count over the horizon H (`search.horizon_s`): each iteration its tokens times the share of it
-inside [0, H]; a switch's M counts none (`tokens_within`).
+inside [0, H]; a switch's M counts none (`tokens_within`). So D is taken as at most the rest of the
+horizon: a switch never pays after it.
 
 The expected dwell reads nothing of the scenario's future: `replan.dwell_s` where the instance gives it;
 else a Markov scenario's mean_dwell_s (its dwells are exponential, so the expected rest of a dwell is the
-mean whatever has passed) or a diurnal one's step_s; else the mean time between the changes seen so far;
-else the rest of the horizon (a first change is taken to last).
+mean whatever has passed) or a diurnal one's step_s; else, from the changes seen so far, the mean time
+between them or the time the level has already lasted, whichever is longer (a level that has lasted T is
+expected to last about T more: the decision to stay is asked again once the level has lasted D); else the
+rest of the horizon (a first change is taken to last).
+
+`adapt=False` replays the plan throughout by the same segments: the static policy, its tokens counted
+alike.
 """
 
 from __future__ import annotations
