@@ -123,7 +123,11 @@ def test_bench_writes_csv_markdown_and_plots_and_never_overwrites(tmp_path):
     rows = list(csv.DictReader((out / "results.csv").open()))
     wan = [r for r in rows if r["instance"] == "wan-flapping-a100-v100"]
     assert {r["scenario"] for r in wan} == {"calm", "congested"}  # one row per instance × planner × scenario
-    assert len(rows) == 3 * 2 + 3 * 1
+    # and on the instance with scenarios, the robust plan and the adaptive policy from each plan (its rows)
+    assert len(rows) == 3 * 2 + 3 * 1 + 3 * 2
+    assert {r["planner"] for r in rows if r["instance"] != "wan-flapping-a100-v100"} == {
+        "ilp", "megatron", "exhaustive"}
+    assert all(r["tokens"] for r in wan if r["planner"].startswith("ilp"))
     ours = {r["scenario"]: float(r["tokens_per_s"]) for r in wan if r["planner"] == "ilp"}
     assert all(math.isfinite(v) and v > 0 for v in ours.values())
     refused = [r for r in wan if r["planner"] == "exhaustive"]
