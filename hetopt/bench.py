@@ -175,17 +175,18 @@ def _adaptive_rows(inst: Instance, stable: PlannerResult, stable_rows: list[Row]
     robust_rows = _replay(inst, robust, scenarios, iterations, profiles, samples)
     horizon_s, options = horizon_of(inst), PolicyOptions.of(inst)
     decisions = Decisions(inst, profiles, options)  # one network's search serves both starts
+    # the traces as `hetopt simulate` generates them, to the horizon: the same tokens as it reports
+    to_horizon = {sc.name: sc for sc in scenarios_of(inst, horizon_s)}
     adaptive = []
     for planned, rows in ((stable, stable_rows), (robust, robust_rows)):
         if planned.plan is None:
             continue
-        for sc, row in zip(scenarios, rows, strict=True):
+        for sc, row in zip((to_horizon[sc.name] for sc in scenarios), rows, strict=True):
             # the static plan over the horizon by the same segments as the policy's replay: counted alike
             static = replay_adaptive(inst, planned.plan, sc, horizon_s, options, profiles, adapt=False)
             row.tokens = run_tokens(inst, static, horizon_s)
             run = replay_adaptive(inst, planned.plan, sc, horizon_s, options, profiles, decisions=decisions)
             tokens = run_tokens(inst, run, horizon_s)
-            samples.setdefault((inst.name, planned.planner + ADAPTIVE), []).extend(run.iteration_times_s)
             adaptive.append(Row(**{**asdict(row), "planner": planned.planner + ADAPTIVE,
                                    "tokens_per_s": tokens / horizon_s,
                                    "iteration_time_s": float(np.mean(run.iteration_times_s)), "tokens": tokens,

@@ -346,7 +346,8 @@ def simulate(
         help="Iterations back to back. Default: the instance's horizon (search.horizon_s, 60 s) — "
              "iterations start until it is reached.")] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds: no iteration starts after them "
-                                                                   "(each scenario replays at least one).")]
+                                                                   "(each scenario replays at least one), nor a "
+                                                                   "search of the adaptive policy.")]
     = 300.0,
     trace: Annotated[str | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace JSON here.")] = None,
     plot: Annotated[str | None, typer.Option("--plot", help="Write a timeline PNG here.")] = None,
@@ -469,7 +470,7 @@ def replan(
                                                                    "0).")] = None,
     full: Annotated[bool, typer.Option("--full", help="Also search the whole space after the neighbourhood.")]
     = False,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for each search.")] = 10.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds for the searches together.")] = 10.0,
     out_path: Annotated[str | None, typer.Option("--out", help="Write the best plan's JSON here.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite --out.")] = False,
     as_json: JsonOpt = False,

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from hetopt.cost.profiles import Profiles
 from hetopt.replan import replan
 from hetopt.replan.policy import (
     PolicyOptions,
@@ -241,3 +242,42 @@ def test_a_sampled_plans_tokens_follow_the_bandwidth_over_the_horizon(step, monk
     sampled, _ = simulate(inst, plans["stable"], "step-down", workers=1)
     assert sampled["scenarios"][0]["sampled"] is not None
     assert _tokens(sampled, "step-down") == pytest.approx(_tokens(full, "step-down"), rel=0.03)
+
+
+def test_a_short_flap_keeps_the_question_open_and_a_plan_already_best_is_not_asked_again(step):
+    """A 1 s outage inside the 50 Gbit/s level does not cancel the question asked again at the break-even
+    (the policy still switches); and where the running plan is already the best at the new level (no
+    break-even), the level is not asked about again: one decision per change."""
+    inst, plans = step
+    flap = _run(inst, plans["stable"], [(60.0, 0.0), (120.0, 50.0), (130.0, 0.0), (131.0, 50.0)])
+    assert len(flap.switches) == 1
+    small = _run(inst, plans["stable"], [(60.0, 390.0), (90.0, 380.0)])
+    assert small.switches == [] and len(small.log) == 2
+
+
+def test_an_adaptive_replay_cut_just_after_a_switch_counts_the_rest_at_the_new_plans_rate(step, monkeypatch):
+    """The deadline passes during the search at the step (a clock that jumps when the search is asked): the
+    replay switches, runs the new plan (to the next change), is cut there, and counts the rest of the
+    horizon at the new plan's rate, not at the old plan's."""
+    import time
+
+    from hetopt.replan.policy import Decisions, run_tokens
+
+    inst, plans = step
+    options = PolicyOptions.of(inst)
+    h = horizon_of(inst)
+    scenario = BandwidthScenario("two-steps", 1.0, ((60.0, LINK, 50.0), (300.0, LINK, 45.0)))
+    full = replay_adaptive(inst, plans["stable"], scenario, h, options)
+    real, asked = time.time, []
+
+    class Slow(Decisions):
+        def ask(self, *args, **kwargs):
+            asked.append(True)
+            return super().ask(*args, **kwargs)
+
+    monkeypatch.setattr(time, "time", lambda: real() + (1e6 if asked else 0.0))
+    late = replay_adaptive(inst, plans["stable"], scenario, h, options, decisions=Slow(inst, Profiles(), options),
+                           deadline=real() + 1e5)
+    assert late.cut == "time limit" and len(late.switches) == 1 and late.plan_of_iteration[-1] == 1
+    assert late.end_s < 310.0  # cut at the next change after the switch at 63 s
+    assert run_tokens(inst, late, h) == pytest.approx(run_tokens(inst, full, h), rel=0.01)

@@ -157,18 +157,22 @@ def neighbourhood(inst: Instance, plan: Plan, profiles: Profiles, time_limit_s: 
 def best_under(changed: Instance, running: Plan, profiles: Profiles, full: bool, time_limit_s: float,
                workers: int | None = None) -> tuple[float, Plan, float, str]:
     """The running plan's time on `changed` (the instance on the changed network) and the best plan found
-    there: the neighbourhood, then with `full` the whole space.
+    there: the neighbourhood, then with `full` the whole space, both within time_limit_s together.
 
     Returns: (running plan's s, best plan, its s, found_by: running, neighbourhood or search)."""
+    from hetopt.search.formulation import clock
+
+    start = clock()
     current_s = evaluate(changed, running, profiles).iteration_time_s
     best, found_by = (running, current_s), "running"
     near = neighbourhood(changed, running, profiles, time_limit_s)
     if near is not None and near[1] < best[1] * (1 - 1e-9):
         best, found_by = near, "neighbourhood"
-    if full:
+    left_s = time_limit_s - (clock() - start)
+    if full and left_s > 0:
         from hetopt.search.orchestrate import solve_exact
 
-        searched = solve_exact(changed, time_limit_s=time_limit_s, profiles=profiles, workers=workers)
+        searched = solve_exact(changed, time_limit_s=left_s, profiles=profiles, workers=workers)
         if searched.plan is not None and searched.objective_s < best[1] * (1 - 1e-9):
             best, found_by = (place(searched.plan, changed.cluster), searched.objective_s), "search"
     return current_s, best[0], best[1], found_by
@@ -195,7 +199,7 @@ def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: 
     or bandwidth — the change (`network_at`); dwell_s — how long the new bandwidth lasts (default: the
     instance's `replan.dwell_s`, else until the scenario's next change, else the instance's horizon);
     restart_s — seconds a restart costs beside the migration (default the instance's `replan.restart_s`);
-    full — also search the whole space after the neighbourhood; time_limit_s — for each of the two;
+    full — also search the whole space after the neighbourhood; time_limit_s — for the two together;
     profiles — calibration; source — the plan's file, for messages; workers — processes of the full search
     (default: as `solve_exact` starts them).
     Returns: the Replan. Raises: InputError (exit 2) for a plan of another instance, an unknown link or

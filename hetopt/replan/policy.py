@@ -19,8 +19,8 @@ The expected dwell reads nothing of the scenario's future: `replan.dwell_s` wher
 else a Markov scenario's mean_dwell_s (its dwells are exponential, so the expected rest of a dwell is the
 mean whatever has passed) or a diurnal one's step_s; else, from the changes seen so far, the mean time
 between them or the time the level has already lasted, whichever is longer (a level that has lasted T is
-expected to last about T more: the decision to stay is asked again once the level has lasted D); else the
-rest of the horizon (a first change is taken to last).
+expected to last about T more: a decision to stay is asked again once the level has lasted its break-even
+time, the estimate having grown past it); else the rest of the horizon (a first change is taken to last).
 
 `adapt=False` replays the plan throughout by the same segments: the static policy, its tokens counted
 alike.
@@ -117,7 +117,7 @@ class AdaptiveRun:
     plans: list[Plan] = field(default_factory=list)
     switches: list[Switch] = field(default_factory=list)
     declined: int = 0
-    """Decisions that kept the running plan."""
+    """Decisions that kept the running plan (a level asked about again counted again)."""
     log: list[tuple[float, dict, str]] = field(default_factory=list)
     """Every decision: (when, the network it judged, switch or stay)."""
     end_s: float = 0.0
@@ -134,10 +134,18 @@ class Decisions:
         self.inst, self.profiles, self.options = inst, profiles, options
         self.known: dict[tuple[Levels, str], tuple[float, Plan, float, str, Migration]] = {}
 
+    @staticmethod
+    def _key(running: Plan, levels: dict[tuple[str, str], float]) -> tuple[Levels, str]:
+        return tuple(sorted(levels.items())), json.dumps(plan_json(running), sort_keys=True)
+
+    def answered(self, running: Plan, levels: dict[tuple[str, str], float]) -> bool:
+        """Whether this network has been searched for this running plan (`ask` answers at once)."""
+        return self._key(running, levels) in self.known
+
     def ask(self, running: Plan, levels: dict[tuple[str, str], float], time_limit_s: float | None = None):
-        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`, each search
-        within time_limit_s (default the options')."""
-        key = (tuple(sorted(levels.items())), json.dumps(plan_json(running), sort_keys=True))
+        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`, the searches
+        within time_limit_s together (default the options')."""
+        key = self._key(running, levels)
         if key not in self.known:
             changed = with_cluster(self.inst, self.inst.cluster.with_link_gbps(levels))
             limit_s = self.options.time_limit_s if time_limit_s is None else time_limit_s
@@ -203,8 +211,8 @@ def expected_dwell(inst: Instance, scenario: str, options: PolicyOptions, seen: 
     horizon (only tokens inside it count); `seen` are the change moments seen so far.
 
     Returns: (seconds, whether the estimate grows as the level lasts — estimated from the changes seen, a
-    level that has lasted T is expected to last about T more — so that a decision to stay is worth asking
-    again once the level has lasted that long)."""
+    level that has lasted T is expected to last about T more — so that a decision to stay is asked again
+    once the level has lasted the break-even time)."""
     rest = max(horizon_s - now_s, 0.0)
     if options.dwell_s is not None:
         return min(options.dwell_s, rest), False
@@ -250,26 +258,32 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
     recheck_s = math.inf  # when a decision to stay is asked again (`expected_dwell`)
     current, t, k = 0, 0.0, 0
     while t < horizon_s:
-        seen_now = k < len(detect) and detect[k] <= t
-        if seen_now or t >= recheck_s:  # between iterations: decide on the network as last seen
+        seen_now, due = k < len(detect) and detect[k] <= t, t >= recheck_s
+        if seen_now or due:  # between iterations: decide on the network as last seen
             while k < len(detect) and detect[k] <= t:
                 k += 1
-            recheck_s = math.inf
             known = levels_at(nominal, changes, moments[k - 1]) if k else dict(nominal)
-            if adapt and (known != judged or not seen_now) and all(g > 0 for g in known.values()):
-                judged = known
+            if adapt and all(g > 0 for g in known.values()) and (known != judged or due):
+                judged, recheck_s = known, math.inf
                 dwell, grows = expected_dwell(inst, scenario.name, options, moments[:k], t, horizon_s)
-                switch = _decide(run, decisions, current, known, dwell, t, moments[k - 1] if k else 0.0,
-                                 options, deadline)
+                switch, break_even = _decide(run, decisions, current, known, dwell, t,
+                                             moments[k - 1] if k else 0.0, options, deadline)
                 if switch is not None:
                     run.plans.append(switch[0])
                     current = len(run.plans) - 1
                     run.switches.append(switch[1])
                     t += switch[1].pause_s
-                elif grows and t + dwell < horizon_s:
-                    recheck_s = t + dwell
+                elif grows and math.isfinite(break_even):
+                    # the estimate grows with the time the level has lasted: it passes the break-even then
+                    again_s = moments[k - 1] + break_even * (1 + 1e-6)
+                    recheck_s = again_s if t < again_s < horizon_s else math.inf
+            elif due:  # a recheck that cannot be made now (a link down): at the next change seen
+                recheck_s = detect[k] if k < len(detect) else math.inf
             continue
-        if run.iteration_times_s and deadline is not None and time.time() >= deadline:
+        # a deadline stops the replay, but not before the running plan has run once (the rest of the horizon
+        # is counted at its rate)
+        if run.plan_of_iteration and run.plan_of_iteration[-1] == current and deadline is not None \
+                and time.time() >= deadline:
             run.cut = "time limit"
             break
         window_s = min(detect[k] if k < len(detect) else math.inf, recheck_s, horizon_s) - t
@@ -288,23 +302,25 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
 
 
 def _decide(run: AdaptiveRun, decisions: Decisions, current: int, known: dict, dwell_s: float, now_s: float,
-            change_s: float, options: PolicyOptions, deadline: float | None) -> tuple[Plan, Switch] | None:
-    """Switch or stay at `now_s` on the network `known`: the plan and Switch to switch to, or None (the
-    decision counted as declined). No plan can pay back a restart as long as the dwell, so then nothing is
-    searched; nor once the deadline has passed."""
+            change_s: float, options: PolicyOptions, deadline: float | None
+            ) -> tuple[tuple[Plan, Switch] | None, float]:
+    """Switch or stay at `now_s` on the network `known`: (the plan and Switch to switch to, or None — the
+    decision counted as declined; the break-even seconds, inf where nothing was searched or nothing found
+    beats the running plan). No plan can pay back a restart as long as the dwell, so then nothing is
+    searched; nor once the deadline has passed (a network searched before is answered still)."""
     import time
 
     left_s = options.time_limit_s if deadline is None else min(options.time_limit_s, deadline - time.time())
-    verdict = "stay"
-    if options.restart_s < dwell_s and left_s > 0:
+    verdict, break_even = "stay", math.inf
+    if options.restart_s < dwell_s and (left_s > 0 or decisions.answered(run.plans[current], known)):
         old_s, best, new_s, found_by, moved = decisions.ask(run.plans[current], known, left_s)
         verdict, break_even = decide(old_s, new_s, moved.time_s + options.restart_s, dwell_s)
     run.log.append((now_s, dict(known), verdict))
     if verdict != "switch":
         run.declined += 1
-        return None
-    return best, Switch(now_s, change_s, {f"{a}-{b}": g for (a, b), g in known.items()}, old_s, new_s, found_by,
-                        moved, options.restart_s, dwell_s, break_even, len(run.plans))
+        return None, break_even
+    return (best, Switch(now_s, change_s, {f"{a}-{b}": g for (a, b), g in known.items()}, old_s, new_s, found_by,
+                         moved, options.restart_s, dwell_s, break_even, len(run.plans))), break_even
 
 
 def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, record: bool,
@@ -312,10 +328,12 @@ def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, reco
     """The iterations that start within `window_s` of the segment's start (at least one). Where the
     bandwidth holds still over all of them and nothing is recorded, one iteration is replayed and repeated:
     a replay is deterministic, so iterations from the same state at the same bandwidths are alike."""
-    first = sim.run(scenario, 1, record=record, deadline=deadline)
+    if record:  # every iteration recorded: replayed whole
+        return sim.run(scenario, 1, record=True, until_s=window_s, deadline=deadline)
+    first = sim.run(scenario, 1, deadline=deadline)
     dt = first.iteration_times_s[0]
     n = max(1, math.ceil(window_s / dt)) if dt > 0 else 1
-    if n == 1 or (not record and not any(0 < at < n * dt for at, _, _ in scenario.changes)):
+    if n == 1 or not any(0 < at < n * dt for at, _, _ in scenario.changes):
         first.iteration_times_s = [dt] * n
         first.busy_s = {d: b * n for d, b in first.busy_s.items()}
         first.link_bytes = {e: b * n for e, b in first.link_bytes.items()}
@@ -324,7 +342,7 @@ def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, reco
         return first
     if first.sampled is not None:  # one sampled iteration per call: the loop goes on from its end
         return first
-    return sim.run(scenario, 1, record=record, until_s=window_s, deadline=deadline)
+    return sim.run(scenario, 1, until_s=window_s, deadline=deadline)
 
 
 def _merge(into: SimResult, segment: SimResult, t0: float, plan: int) -> None:

@@ -112,9 +112,10 @@ def _one(args) -> tuple[dict[str, Any], SimResult | None]:
     sim = Simulation(inst, plan, profiles)
     result = sim.run(scenario, iterations, record=keep, until_s=until_s, deadline=deadline, stop_s=stop_s)
     entry = summarise(inst, sim, scenario, result, peak_memory_gib, horizon_s)
-    if until_s is not None and (result.sampled or result.cut):
-        # one iteration stood for the horizon (sampled, or the replay cut short): its tokens by the segments
-        # of the adaptive policy's replay, each bandwidth phase priced, not one iteration's rate throughout
+    if until_s is not None and result.sampled:
+        # one sampled iteration stood for the horizon: its tokens by the segments of the adaptive policy's
+        # replay, a sample per bandwidth phase, not one iteration's rate throughout (a replay cut short keeps
+        # the count of what it replayed, the rest at its last rate)
         from hetopt.replan.policy import PolicyOptions, replay_adaptive, run_tokens
 
         static = replay_adaptive(inst, plan, scenario, horizon_s, PolicyOptions(), profiles, deadline=deadline,

@@ -263,8 +263,9 @@ class ReplanSection(Section):
                          "polling interval). Default 0; the switch waits for the iteration running then to end.")
     dwell_s: PositiveFloat | None = Field(
         None, description="Seconds a new bandwidth is expected to last. Default: a Markov scenario's "
-                          "mean_dwell_s, a diurnal one's step_s, else the mean time between the changes seen so "
-                          "far, else the rest of the horizon.")
+                          "mean_dwell_s, a diurnal one's step_s, else the longer of the mean time between the "
+                          "changes seen so far and the time the level has lasted, else the rest of the horizon; "
+                          "at most the rest of the horizon.")
     search: Literal["neighbourhood", "full"] = Field(
         "full", description="What the adaptive policy searches at a change: neighbourhood (the running plan's "
                             "templates, re-split) or full (that, then the whole space).")
