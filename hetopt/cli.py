@@ -394,10 +394,11 @@ def simulate(
     if check_policy(policy) != "replan" and any(v is not None for v in given.values()):
         raise InputError("simulate", [Problem("--policy", "--detection-delay, --restart and --dwell set the "
                                                           "adaptive policy: add --policy replan", policy, True)])
-    for option, value in (("--detection-delay", detection_delay), ("--restart", restart), ("--dwell", dwell)):
-        if value is not None and not (math.isfinite(value) and (value > 0 or option != "--dwell")):
-            raise InputError(option, [Problem(option, "give finite seconds" + (", above 0" if option == "--dwell"
-                                                                               else ", 0 or more"), value, True)])
+    for option, value, zero_ok in (("--detection-delay", detection_delay, True), ("--restart", restart, True),
+                                   ("--dwell", dwell, False)):
+        if value is not None and not (math.isfinite(value) and (value >= 0 if zero_ok else value > 0)):
+            bound = "0 or more" if zero_ok else "above 0"
+            raise InputError(option, [Problem(option, f"give finite seconds, {bound}", value, True)])
     options = PolicyOptions.of(inst, **given) if policy == "replan" else None
     with Progress(err, f"simulating {inst.name}…") as status:
         result, records = run_simulate(inst, the_plan, scenario, iterations, profiles,

@@ -27,7 +27,7 @@ from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan, row_labels
-from hetopt.replan.policy import PolicyOptions, check_policy
+from hetopt.replan.policy import PolicyOptions, check_policy, replay_adaptive, run_tokens, summary, tokens_within
 from hetopt.sim.engine import SimResult, Simulation
 from hetopt.sim.scenarios import (
     BandwidthScenario,
@@ -67,8 +67,6 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
               peak_memory_gib: list[float], horizon_s: float | None = None) -> dict[str, Any]:
     """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within horizon_s
     (default: the replayed time), as the adaptive policy's replay counts them (`tokens_within`)."""
-    from hetopt.replan.policy import tokens_within
-
     times = np.array(result.iteration_times_s)
     total = result.end_s
     starts = np.concatenate([[0.0], np.cumsum(times)[:-1]])
@@ -105,8 +103,6 @@ def _one(args) -> tuple[dict[str, Any], SimResult | None]:
     (inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib, deadline, stop_s, horizon_s,
      adaptive) = args
     if adaptive is not None:  # the adaptive policy's replay, with these options, over the horizon
-        from hetopt.replan.policy import replay_adaptive, summary
-
         run = replay_adaptive(inst, plan, scenario, horizon_s, adaptive, profiles, keep, deadline)
         return summary(inst, run, scenario, horizon_s, profiles), (run.merged if keep else None)
     sim = Simulation(inst, plan, profiles)
@@ -116,8 +112,6 @@ def _one(args) -> tuple[dict[str, Any], SimResult | None]:
         # one sampled iteration stood for the horizon: its tokens by the segments of the adaptive policy's
         # replay, a sample per bandwidth phase, not one iteration's rate throughout (a replay cut short keeps
         # the count of what it replayed, the rest at its last rate)
-        from hetopt.replan.policy import PolicyOptions, replay_adaptive, run_tokens
-
         static = replay_adaptive(inst, plan, scenario, horizon_s, PolicyOptions(), profiles, deadline=deadline,
                                  adapt=False)
         entry["tokens"] = run_tokens(inst, static, horizon_s)
