@@ -172,7 +172,8 @@ def best_under(changed: Instance, running: Plan, profiles: Profiles, full: bool,
     if full and left_s > 0:
         from hetopt.search.orchestrate import solve_exact
 
-        searched = solve_exact(changed, time_limit_s=left_s, profiles=profiles, workers=workers)
+        known = {"planner": f"running plan ({found_by})", "objective_s": best[1], "plan": best[0]}
+        searched = solve_exact(changed, time_limit_s=left_s, profiles=profiles, workers=workers, incumbent=known)
         if searched.plan is not None and searched.objective_s < best[1] * (1 - 1e-9):
             best, found_by = (place(searched.plan, changed.cluster), searched.objective_s), "search"
     return current_s, best[0], best[1], found_by

@@ -88,7 +88,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                 seed: int = 0, options: SearchOptions | None = None, profiles: Profiles | None = None,
                 export_model: str | None = None, progress=None, objective: str = "stable",
                 workers: int | None = None, warm_start: bool = True, executor: str = "process",
-                address: str | None = None) -> SearchResult:
+                address: str | None = None, incumbent: dict | None = None) -> SearchResult:
     """The best plan of the instance's plan space, proven optimal unless the time limit ends the search.
 
     Parameters: inst — the instance; formulation, backend — how each skeleton is solved (`hetopt
@@ -99,7 +99,9 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     by side (default: up to 2 on this machine, one per CPU of a Ray cluster at `address`, started after
     PARALLEL_AFTER_S; given, they start at once); warm_start — start from the best heuristic plan
     (WARM_START_PLANNERS); executor — `process` (worker processes here) or `ray` (Ray actors; a local Ray
-    started on demand and shut down afterwards, or the cluster at `address`), with the same answer.
+    started on demand and shut down afterwards, or the cluster at `address`), with the same answer;
+    incumbent — a plan known already, {"planner": its source, "objective_s": its objective, "plan": the plan}
+    (`hetopt replan`: the running plan re-split), the first incumbent where it beats the warm start.
     Returns: a SearchResult — status optimal (bound = objective), timeout (best plan, smallest open bound
     and gap) or infeasible (with the binding constraint in `reason`).
     Raises: InputError for an unknown executor, an address without `ray`, or `ray` not installed."""
@@ -137,6 +139,8 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
                                                seeded)
                 run.subspace(narrow)
             run.seed(seeded)
+        if incumbent is not None and (run.seeded is None or incumbent["objective_s"] < run.incumbent):
+            run.seed(dict(incumbent))
         run.plant(tree)  # after the seeds: within what time they leave
         if not lazy:
             pool = open_pool(executor, ctx, _solve_with, workers, address)
