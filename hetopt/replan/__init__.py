@@ -83,9 +83,9 @@ def network_at(inst: Instance, scenario: str | None = None, at_s: float | None =
     then); bandwidth — links set by hand, (island a, island b) → Gbit/s.
     Returns: ({(a, b): Gbit/s} for every link, seconds until the scenario's next change or None).
     Raises: InputError (exit 2) for an unknown scenario or link, a negative time or bandwidth."""
-    from hetopt.sim.scenarios import horizon_of, scenarios_of
+    from hetopt.sim.scenarios import horizon_of, levels_at, nominal_gbps, scenarios_of
 
-    nominal = {tuple(sorted((lk.a, lk.b))): lk.gbps for lk in inst.spec.cluster.network.links}
+    nominal = nominal_gbps(inst)
     if (scenario is None) == (bandwidth is None):
         raise InputError("replan", [Problem("options", "give --scenario NAME --at T, or --bandwidth A-B=GBPS")])
     if bandwidth is not None:
@@ -106,10 +106,8 @@ def network_at(inst: Instance, scenario: str | None = None, at_s: float | None =
     if scenario not in found:
         raise InputError("--scenario", [Problem("--scenario", f"unknown scenario{did_you_mean(scenario, found)}; "
                                                 "scenarios: " + ", ".join(found), scenario, True)])
-    levels, later = dict(nominal), [t for t, _, _ in found[scenario].changes if t > at_s]
-    for t, link, gbps in found[scenario].changes:
-        if t <= at_s:
-            levels[tuple(sorted(link))] = gbps
+    levels = levels_at(nominal, found[scenario].changes, at_s)
+    later = [t for t, _, _ in found[scenario].changes if t > at_s]
     if any(g <= 0 for g in levels.values()):
         raise InputError("--at", [Problem("--at", f"a link of scenario {scenario} is down at {at_s:g} s: no plan "
                                           "runs across it; pick a moment it is up", at_s, True)])

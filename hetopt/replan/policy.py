@@ -39,7 +39,7 @@ from hetopt.plan import Plan, plan_json
 from hetopt.replan import best_under, decide, with_cluster
 from hetopt.replan.migration import Migration, migration
 from hetopt.sim.engine import Record, SimResult, Simulation
-from hetopt.sim.scenarios import BandwidthScenario, Change
+from hetopt.sim.scenarios import BandwidthScenario, Change, levels_at, nominal_gbps
 from hetopt.spec.instance import Instance
 
 POLICIES = ("static", "replan")
@@ -156,16 +156,6 @@ class Decisions:
         return self.known[key]
 
 
-def levels_at(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...], t: float
-              ) -> dict[tuple[str, str], float]:
-    """Every link's Gbit/s at time t (the changes at t applied)."""
-    levels = dict(nominal)
-    for at, link, gbps in changes:
-        if at <= t:
-            levels[link] = gbps
-    return levels
-
-
 def change_moments(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...]) -> list[float]:
     """The times the network differs from just before (every change at one instant applied)."""
     moments, levels = [], dict(nominal)
@@ -246,7 +236,7 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
 
     profiles = profiles or Profiles()
     decisions = decisions or Decisions(inst, profiles, options)
-    nominal = {tuple(sorted((lk.a, lk.b))): lk.gbps for lk in inst.spec.cluster.network.links}
+    nominal = nominal_gbps(inst)
     changes = tuple(sorted(((at, tuple(sorted(link)), g) for at, link, g in scenario.changes),
                            key=lambda c: c[0]))
     moments = change_moments(nominal, changes)
@@ -386,19 +376,11 @@ def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horiz
     import numpy as np
 
     from hetopt.evaluate import evaluate
-    from hetopt.sim.run import stage_peaks
-    from hetopt.spec.cluster import island_vertex
+    from hetopt.sim.run import iteration_stats, link_utilization, stage_peaks
 
     profiles = profiles or Profiles()
-    times = np.array(run.iteration_times_s or [math.nan])
     merged = run.merged
     tokens = run_tokens(inst, run, horizon_s)
-    links = {}
-    for lk in inst.spec.cluster.network.links:
-        u, v = island_vertex(lk.a), island_vertex(lk.b)
-        util = [merged.link_bytes.get(e, 0.0) / merged.link_capacity_integral[e]
-                for e in ((u, v), (v, u)) if merged.link_capacity_integral.get(e)]
-        links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
     ran_s = [0.0] * len(run.plans)  # seconds each plan ran
     for k, dt in zip(run.plan_of_iteration, run.iteration_times_s, strict=True):
         ran_s[k] += dt
@@ -414,15 +396,13 @@ def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horiz
         "name": scenario.name,
         "probability": scenario.probability,
         "policy": "replan",
-        "iteration_time_s": {k: (None if math.isnan(v) else v) for k, v in (
-            ("mean", float(times.mean())), ("p50", float(np.percentile(times, 50))),
-            ("p90", float(np.percentile(times, 90))), ("max", float(times.max())))},
+        "iteration_time_s": iteration_stats(run.iteration_times_s),
         "iterations": len(run.iteration_times_s),
         "replayed_s": run.end_s,
         "horizon_s": horizon_s,
         "tokens": tokens,
         "tokens_per_s": tokens / horizon_s,
-        "link_utilization": links,
+        "link_utilization": link_utilization(inst, merged),
         "gpu_busy": busy,
         "peak_memory_gib": peaks,
         "switches": [sw.to_json() for sw in run.switches],

@@ -53,7 +53,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hetopt.errors import InputError, Problem
-from hetopt.sim.scenarios import DEFAULT_HORIZON_S, BandwidthScenario, Change, horizon_of, outages, scenarios_of
+from hetopt.sim.scenarios import (
+    DEFAULT_HORIZON_S,
+    BandwidthScenario,
+    Change,
+    horizon_of,
+    nominal_gbps,
+    outages,
+    scenarios_of,
+)
 from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 
@@ -96,7 +104,7 @@ def planning_scenarios(inst: Instance, objective: str,
     if pricing(objective) == "nominal":
         return [PlanningScenario("stable", 1.0, inst.cluster)]
     horizon = horizon_of(inst) if horizon_s is None else horizon_s
-    nominal = {_key(lk.a, lk.b): lk.gbps for lk in inst.spec.cluster.network.links}
+    nominal = nominal_gbps(inst)
     scenarios = scenarios_of(inst, horizon)
     check_no_outage(scenarios, objective)
     return [PlanningScenario(sc.name, sc.probability,
@@ -178,10 +186,6 @@ def _holds(changes: list[Change], link: Link, start_gbps: float,
         # the level that starts at H: the last replayed iteration runs under it
         pieces.append((0.0, level))
     return pieces
-
-
-def _key(a: str, b: str) -> Link:
-    return (a, b) if a <= b else (b, a)
 
 
 def aggregate(times: list[float], probabilities: list[float], objective: str,

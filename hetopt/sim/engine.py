@@ -54,7 +54,7 @@ from hetopt.evaluate import (
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.sim.network import Link, Network
-from hetopt.sim.scenarios import BandwidthScenario
+from hetopt.sim.scenarios import BandwidthScenario, nominal_gbps
 from hetopt.sim.schedules import device_ops
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
@@ -172,7 +172,7 @@ class Simulation:
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
         self._prices: dict[tuple, float] = {}  # the evaluator's time per set of link bandwidths (sample)
-        self.nominal_gbps = {tuple(sorted((lk.a, lk.b))): lk.gbps for lk in inst.spec.cluster.network.links}
+        self.nominal_gbps = nominal_gbps(inst)
 
     # -- static pieces -----------------------------------------------------------------------------------
 

@@ -63,6 +63,26 @@ def stage_peaks(plan: Plan, peak_memory_gib: list[float]) -> list[float]:
     return list(peaks.values())
 
 
+def link_utilization(inst: Instance, result: SimResult) -> dict[str, float]:
+    """Each island link's busiest direction: bytes carried ÷ the capacity integral over the replay."""
+    links = {}
+    for lk in inst.spec.cluster.network.links:
+        u, v = island_vertex(lk.a), island_vertex(lk.b)
+        util = [result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
+                for e in ((u, v), (v, u)) if result.link_capacity_integral.get(e)]
+        links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
+    return links
+
+
+def iteration_stats(times_s: list[float]) -> dict[str, float | None]:
+    """Mean, p50, p90 and max of the iteration times (None each where no iteration was replayed)."""
+    if not times_s:
+        return {"mean": None, "p50": None, "p90": None, "max": None}
+    times = np.array(times_s)
+    return {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
+            "p90": float(np.percentile(times, 90)), "max": float(times.max())}
+
+
 def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, result: SimResult,
               peak_memory_gib: list[float], horizon_s: float | None = None) -> dict[str, Any]:
     """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within horizon_s
@@ -70,12 +90,7 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
     times = np.array(result.iteration_times_s)
     total = result.end_s
     starts = np.concatenate([[0.0], np.cumsum(times)[:-1]])
-    links = {}
-    for lk in inst.spec.cluster.network.links if result.busy_s else []:  # none when priced, not replayed
-        u, v = island_vertex(lk.a), island_vertex(lk.b)
-        util = [result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
-                for e in ((u, v), (v, u)) if result.link_capacity_integral.get(e)]
-        links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
+    links = link_utilization(inst, result) if result.busy_s else {}  # none when priced, not replayed
     busy = []
     for j, pipe in enumerate(sim.plan.pipelines if result.busy_s else []):  # none when priced, not replayed
         for d in range(len(pipe.stages)):
@@ -84,8 +99,7 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
     return {
         "name": scenario.name,
         "probability": scenario.probability,
-        "iteration_time_s": {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
-                             "p90": float(np.percentile(times, 90)), "max": float(times.max())},
+        "iteration_time_s": iteration_stats(result.iteration_times_s),
         "iterations": len(times),
         "replayed_s": float(total),
         "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),

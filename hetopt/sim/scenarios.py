@@ -49,6 +49,21 @@ def horizon_of(inst: Instance) -> float:
     return DEFAULT_HORIZON_S if given is None else float(given)
 
 
+def nominal_gbps(inst: Instance) -> dict[tuple[str, str], float]:
+    """Each island link's nominal Gbit/s, keyed (a, b) in sorted order as scenario changes name links."""
+    return {_key((lk.a, lk.b)): lk.gbps for lk in inst.spec.cluster.network.links}
+
+
+def levels_at(nominal: dict[tuple[str, str], float], changes, t: float) -> dict[tuple[str, str], float]:
+    """Every link's Gbit/s at time t: its nominal level, then the changes up to t (those at t applied, in
+    their order)."""
+    levels = dict(nominal)
+    for at, link, gbps in changes:
+        if at <= t:
+            levels[_key(link)] = gbps
+    return levels
+
+
 def varies(scenario: BandwidthScenario) -> bool:
     """Whether the scenario changes a link after t = 0 (if not, every iteration of a replay is the
     same)."""
