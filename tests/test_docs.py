@@ -1,7 +1,7 @@
 """The documentation's generated pages cover the CLI and the instance schema.
 
-The generators live in docs/hooks/generate.py, an mkdocs hook; these tests call them directly,
-without building the site.
+The docs also stay inside the repository. The generators live in docs/hooks/generate.py, an mkdocs
+hook; these tests call them directly, without building the site.
 """
 
 from __future__ import annotations
@@ -77,3 +77,8 @@ def test_every_schema_section_has_a_heading(schema_page):
     for heading in headings:
         assert f"## `{heading}`" in schema_page, heading
 
+
+def test_docs_do_not_point_outside_the_repository():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:
+        assert "../shared" not in page.read_text(encoding="utf-8"), page
