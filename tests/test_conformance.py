@@ -22,8 +22,8 @@ from conftest import REPO
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import formulations.split_cpsat as split_cpsat
-import formulations.split_milp as split_milp
+import hetopt.formulations.split_cpsat as split_cpsat
+import hetopt.formulations.split_milp as split_milp
 from hetopt.baselines.exhaustive import compositions
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import OPT, dp_finish, pipe_times

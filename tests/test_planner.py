@@ -12,9 +12,9 @@ import pytest
 import yaml
 from conftest import DEMO, once_per_run, run_hetopt
 
-from formulations.split_cpsat import REL_TOLERANCE
 from hetopt.baselines.exhaustive import exhaustive
 from hetopt.evaluate import evaluate
+from hetopt.formulations.split_cpsat import REL_TOLERANCE
 from hetopt.search.formulation import SolveStatus
 from hetopt.search.orchestrate import solve_exact
 from hetopt.search.space import SearchOptions

@@ -48,11 +48,11 @@ def backend_available(name: str) -> tuple[bool, str]:
 
 @cache
 def formulations() -> dict[str, Formulation]:
-    import formulations as pkg
+    import hetopt.formulations as pkg
 
     found: dict[str, Formulation] = {}
     for info in pkgutil.iter_modules(pkg.__path__):
-        module = importlib.import_module(f"formulations.{info.name}")
+        module = importlib.import_module(f"hetopt.formulations.{info.name}")
         if hasattr(module, "FORMULATION"):
             found[module.FORMULATION.name] = module.FORMULATION
     # discovered once per process: the search asks for its formulation on every skeleton

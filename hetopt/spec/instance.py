@@ -129,20 +129,11 @@ def load_instance(where: str | Path) -> Instance:
 def bundled_instances() -> dict[str, Path]:
     """Bundled instance files by name (the file stem)."""
     found = {}
-    root = _bundled_root()
+    root = resources.files("hetopt.bundled")  # instances/, shipped inside hetopt
     for entry in root.iterdir():
         if entry.name.endswith((".yaml", ".yml", ".json")):
             found[Path(entry.name).stem] = Path(str(entry))
     return dict(sorted(found.items()))
-
-
-def _bundled_root():
-    """`instances/` ships as the package `hetopt.bundled` in a wheel; in a source tree or an editable
-    install it is the folder at the top of the repository."""
-    try:
-        return resources.files("hetopt.bundled")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[2] / "instances"
 
 
 def resolve_instance_path(where: str | Path | None) -> Path:

@@ -1,0 +1,1 @@
+"""The bundled instances (YAML), shipped inside hetopt as `hetopt.bundled`: `hetopt instances` lists them."""
