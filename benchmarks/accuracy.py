@@ -5,7 +5,7 @@ Writes OUT/accuracy.md (per GPU type and per source: rows, MAPE, median ratio pr
 leave-one-source-out MAPE against the issue's 15% target; every expressed row; every row not expressed with
 its reason) and OUT/accuracy.png (log–log predicted vs measured, coloured by GPU type, with y = x).
 
-Data: by default ../shared/data/calibration/public/training_throughput_non_a100.csv beside the repository
+Data: by default data/calibration/public/training_throughput_non_a100.csv
 (its A100 reference rows included). How rows become instances and plans, and every assumption, is in
 hetopt/cost/runs.py; each row's own assumptions are listed in the report.
 
@@ -47,7 +47,7 @@ from hetopt.cost.runs import (  # noqa: E402
 )
 from hetopt.spec.gpus import CATALOG  # noqa: E402
 
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "calibration" / "public" / "training_throughput_non_a100.csv"
+DEFAULT_DATA = REPO / "data" / "calibration" / "public" / "training_throughput_non_a100.csv"
 PARTS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     for p in args.data:
         if not p.is_file():
-            ap.error(f"{p}: no such file (the public calibration data lives in ../shared beside the repository)")
+            ap.error(f"{p}: no such file (the public calibration data lives in data/calibration/)")
     result = report(args.data, args.out)
     for gpu, s in result["per_gpu"].items():
         print(f"{gpu:<10} rows {s['rows']:>3}  MAPE {s['mape']:.1%}  median pred/meas {s['median_ratio']:.3f}  "

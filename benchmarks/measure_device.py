@@ -5,7 +5,7 @@
 Needs only PyTorch (so it runs on a bare GPU machine without hetopt's solvers). Writes:
 - `DIR/gemm.csv`: achieved bf16 TFLOP/s of torch.mm by shape (m, n, k): squares and the per-GPU GEMM shapes
   of transformer layers (QKV, output projection, MLP up/down at TP 1–8), the columns of
-  shared/data/calibration/public/gemm_achieved.csv;
+  data/calibration/public/gemm_achieved.csv;
 - `DIR/layer_times.csv`: forward and backward milliseconds of one transformer layer (GPT block with flash
   or standard attention, LLaMA block with RMSNorm, SwiGLU and grouped-query attention), no recompute and
   full recompute, the columns of the Korthikanti layer-times file plus `attention`, `gated_mlp`, `kv_heads`,

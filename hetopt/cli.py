@@ -557,7 +557,7 @@ def calibrate(
         _calibrate_runs(runs_csv, out_path, force, as_json)
         return
     if fabrics_csv is not None:
-        from hetopt.cost.fabrics import calibrate_cli
+        from hetopt.calibrate.fabrics import calibrate_cli
 
         calibrate_cli(fabrics_csv, out_path, force, as_json, out)
         return
@@ -608,7 +608,7 @@ def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json
     for path in paths:
         if not Path(path).is_file():
             raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
-        require_columns(path, RUN_COLUMNS, "an end-to-end runs CSV (the columns of shared/data/calibration/"
+        require_columns(path, RUN_COLUMNS, "an end-to-end runs CSV (the columns of data/calibration/"
                                            "public/training_throughput_non_a100.csv)")
     target = Path(out_path) if out_path else None
     if target is not None and target.is_dir():

@@ -11,6 +11,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).resolve().parent / "bad_instances"
 DEMO = REPO / "instances" / "demo-a100-v100-llama7b.yaml"
+CALIBRATION = REPO / "data" / "calibration"
+"""The public measurements the cost model is fitted on (data/calibration/README.md)."""
 
 
 def run_hetopt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -6,16 +6,15 @@ import json
 
 import numpy as np
 import pytest
-from conftest import REPO, run_hetopt
+from conftest import CALIBRATION, run_hetopt
 
 from hetopt.cost.calibration import calibrate, cross_validate, errors, fit_theta, load_dataset, predict
 from hetopt.cost.terms import shipped_profiles
 from hetopt.errors import InputError
 
-DATA = REPO.parent / "shared" / "data" / "calibration"
+DATA = CALIBRATION
 LAYOUTS = DATA / "a100_single_node_megatron_deepspeed.csv"
 LAYERS = DATA / "a100_22b_layer_times_korthikanti2022.csv"
-pytestmark = pytest.mark.skipif(not LAYOUTS.exists(), reason="../shared/data/calibration is not beside the repo")
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import DEMO, REPO, run_hetopt
+from conftest import CALIBRATION, DEMO, run_hetopt
 
 from hetopt.cost.flops import head_forward_flops, layer_forward_flops
 from hetopt.cost.memory import inflight_microbatches, layer_activation_bytes
@@ -205,7 +204,7 @@ def test_plan_errors_name_the_key_path(tmp_path, demo):
 def test_calibrate_never_overwrites_without_force(tmp_path):
     target = tmp_path / "profile.json"
     target.write_text("keep me")
-    data = Path(REPO).parent / "shared" / "data" / "calibration" / "a100_22b_layer_times_korthikanti2022.csv"
+    data = CALIBRATION / "a100_22b_layer_times_korthikanti2022.csv"
     result = run_hetopt("calibrate", str(data), "--gpu", "A100-80GB", "--out", str(target))
     assert result.returncode == 2 and "--force" in result.stderr
     assert target.read_text() == "keep me"
@@ -230,7 +229,7 @@ def test_the_exchange_between_two_templates_worked_by_hand(demo):
     grad_bytes = total_params(demo.model) * GRAD_COMM_BYTES
     assert sorted(n for _, _, n in f.cross_flows) == [grad_bytes / 2] * 4
     profile = Profiles().for_gpu(demo.gpu_types["A100-80GB"])
-    from hetopt.cost import fabrics
+    from hetopt.spec import fabrics
 
     ib = fabrics.get("infiniband")
     by_hand = (grad_bytes / 2 * 8 / (200e9 * ib.eta)) * profile.w[NET] + (10e-6 + ib.alpha_s) * profile.w[LAT] \

@@ -3,23 +3,21 @@ bandwidths of the collectives CSV, and the evaluator prices slow fabrics below l
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import BAD, run_hetopt
+from conftest import BAD, CALIBRATION, run_hetopt
 
-from hetopt.cost import comm, fabrics
+from hetopt.calibrate import fabrics as fit
+from hetopt.cost import comm
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import LAT, LINK, NET
 from hetopt.evaluate import stage_work
+from hetopt.spec import fabrics
 from hetopt.spec.cluster import intra_route
 from hetopt.spec.gpus import CATALOG
 from hetopt.spec.presets import PRESETS
 
-CSV = Path("/work/shared/data/calibration/public/collectives_achieved.csv")
-if not CSV.exists():
-    CSV = Path(__file__).resolve().parents[2] / "shared/data/calibration/public/collectives_achieved.csv"
+CSV = CALIBRATION / "public" / "collectives_achieved.csv"
 TOLERANCE = 0.15
 """Issue 10: within 15% of the measured bus bandwidth at messages of 64 MiB and more."""
 KNOWN_MISSES = {("efa", 256 * 2**20)}
@@ -34,23 +32,21 @@ def test_every_fabric_has_a_profile():
         assert 0 < f.eta <= 1 and f.alpha_s >= 0 and f.source
 
 
-@pytest.mark.skipif(not CSV.exists(), reason="shared calibration data not present")
 def test_model_within_15_percent_of_measured_bus_bandwidth_at_64_mib_and_more():
-    rows, _ = fabrics.read_rows(CSV)
+    rows, _ = fit.read_rows(CSV)
     table = fabrics.table()
     checked = set()
     for row in rows:
         if row.nbytes < 64 * 2**20 or (row.fabric, row.nbytes) in KNOWN_MISSES:
             continue
-        model = fabrics.row_busbw(row, table)
+        model = fit.row_busbw(row, table)
         assert abs(model / row.busbw - 1) <= TOLERANCE, (row.label, row.fabric, model, row.busbw)
         checked.add(row.fabric)
-    assert checked == {f for f in fabrics.ORDER}  # every fabric with data has rows of ≥ 64 MiB
+    assert checked == {f for f in fit.ORDER}  # every fabric with data has rows of ≥ 64 MiB
 
 
-@pytest.mark.skipif(not CSV.exists(), reason="shared calibration data not present")
 def test_shipped_table_is_what_the_fit_gives():
-    fitted, _ = fabrics.fit(CSV)
+    fitted, _ = fit.fit(CSV)
     for name, f in fabrics.table().items():
         assert f.eta == pytest.approx(fitted[name].eta, rel=1e-6)
         assert f.alpha_s == pytest.approx(fitted[name].alpha_s, rel=1e-6, abs=1e-12)

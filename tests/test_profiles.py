@@ -10,6 +10,7 @@ from typing import get_args
 
 import numpy as np
 import pytest
+from conftest import CALIBRATION
 
 from hetopt.cost.gemm_fit import TOLERANCE, curve, read_rows
 from hetopt.cost.profiles import Profiles, load_profile_file
@@ -22,9 +23,8 @@ from hetopt.spec.instance import instance_from_spec
 from hetopt.spec.load import validate_document
 from hetopt.spec.schema import CustomGPU, InstanceFile
 
-GEMM_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration" / "public" / "gemm_achieved.csv"
+GEMM_CSV = CALIBRATION / "public" / "gemm_achieved.csv"
 MODEL = {"layers": 4, "hidden": 2048, "heads": 16, "vocab": 50257, "max_seq_len": 1024}
-needs_csv = pytest.mark.skipif(not GEMM_CSV.is_file(), reason="shared calibration data not present")
 
 
 def test_every_catalog_type_has_a_complete_sourced_profile():
@@ -43,7 +43,6 @@ def test_a100_keeps_its_end_to_end_fit():
     assert p.fit["a100_22b_layer_times_korthikanti2022.csv"]["mape"] <= 0.03
 
 
-@needs_csv
 def test_each_curve_meets_its_kept_gemm_points_within_10_percent():
     rows, shipped = read_rows(GEMM_CSV), shipped_profiles()
     for name in CATALOG:
@@ -58,7 +57,6 @@ def test_each_curve_meets_its_kept_gemm_points_within_10_percent():
         assert set(p.fit["gemm_achieved.csv"]["excluded"]) == {r.label for r in excluded}
 
 
-@needs_csv
 def test_t4_sustains_far_less_of_its_peak_than_an_a100():
     rows = read_rows(GEMM_CSV)
 

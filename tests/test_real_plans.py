@@ -13,7 +13,6 @@ import yaml
 from conftest import DEMO, run_hetopt
 
 from hetopt.cost import compute as cc
-from hetopt.cost import fabrics
 from hetopt.cost.flops import embedding_params, head_params, layer_params
 from hetopt.cost.memory import GIB
 from hetopt.cost.profiles import Profiles
@@ -25,6 +24,7 @@ from hetopt.plan import Pipeline, Plan, Stage, load_plan
 from hetopt.search.space import SearchOptions, tp_options
 from hetopt.sim.engine import Simulation
 from hetopt.sim.scenarios import BandwidthScenario
+from hetopt.spec import fabrics
 from hetopt.spec.cluster import intra_route
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan

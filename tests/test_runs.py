@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, run_hetopt
+from conftest import CALIBRATION, run_hetopt
 
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.runs import (
@@ -19,8 +19,7 @@ from hetopt.cost.runs import (
 )
 from hetopt.spec.gpus import CATALOG
 
-DATA = REPO.parent / "shared" / "data" / "calibration" / "public" / "training_throughput_non_a100.csv"
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data/calibration is not beside the repo")
+DATA = CALIBRATION / "public" / "training_throughput_non_a100.csv"
 
 # Row 143 of the public CSV (bigscience gpt2.md, V100 39B), as the CSV has it.
 V100_ROW = {
@@ -112,7 +111,6 @@ def test_gpu_mapping_and_sources():
     assert source_key("bigscience-workshop/bigscience experiments/tr8-104B.md (sections)") == "bigscience tr8-104B.md"
 
 
-@needs_data
 def test_every_row_is_expressed_or_has_a_reason():
     runs = load_runs([DATA])
     expressed = [r for r in runs if r.expressed]
@@ -134,7 +132,6 @@ def test_every_row_is_expressed_or_has_a_reason():
     assert report["acceptance"]["V100-32GB"]["expressed"] == 29
 
 
-@needs_data
 def test_loso_fits_without_the_held_out_source():
     runs = [r for r in load_runs([DATA]) if r.expressed]
     sources = {r.source for r in runs}
@@ -163,8 +160,6 @@ def test_calibrate_refuses_a_csv_of_another_kind_with_exit_2(tmp_path, option):
 
 
 def test_calibrate_runs_reports_every_gpu_type_with_its_leave_one_source_out_error():
-    if not DATA.is_file():
-        pytest.skip("shared calibration data not found")
     result = run_hetopt("calibrate", "--runs", str(DATA), "--json")
     assert result.returncode == 0, result.stderr
     import json

@@ -1,6 +1,6 @@
 """Fitting the cost-model weights of one GPU type to measurements, through the very same cost model.
 
-Two kinds of CSV (see ../shared/data/calibration/README.md) are understood by their columns:
+Two kinds of CSV (see data/calibration/README.md) are understood by their columns:
 - layout runs: one row per measured training iteration (gpus, global_batch, micro_batch, hidden, heads,
   layers, seq_len, tp, dp, pp, iter_time_ms, activation_recompute, pipeline_schedule);
 - layer times: forward and backward time of one transformer layer (model, heads, hidden, layers, tp,

@@ -6,10 +6,10 @@ cost/compute.py), so its achieved throughput is the curve
     achieved(F) = peak·η·F / (F + t_kernel·peak·η),
 
 η the large-shape efficiency. This module fits η and t_kernel per catalog GPU type by weighted least squares
-of the relative error on shared/data/calibration/public/gemm_achieved.csv and writes one profile per catalog
+of the relative error on data/calibration/public/gemm_achieved.csv and writes one profile per catalog
 type. Regenerate the shipped profiles with one command (from the repository root):
 
-    hetopt calibrate --gemm ../shared/data/calibration/public/gemm_achieved.csv --out hetopt/cost/profiles --force
+    hetopt calibrate --gemm data/calibration/public/gemm_achieved.csv --out hetopt/cost/profiles --force
 
 Which rows count (every rule is in ROW_RULES / EXCLUDED and lands in the fit report):
 - 16-bit rows only (fp16 and bf16); V100 and T4 fp16 only (their bf16 is emulated); fp8 skipped;
@@ -195,7 +195,7 @@ def read_rows(path: str | Path) -> dict[str, list[Row]]:
     need = {"gpu", "gpu_variant", "m", "n", "k", "batch", "dtype", "achieved_tflops", "source", "confidence"}
     if not raw or not need <= set(raw[0]):
         raise InputError(str(path), [Problem("--gemm", f"expected the columns {sorted(need)} of "
-                                                       "shared/data/calibration/public/gemm_achieved.csv")])
+                                                       "data/calibration/public/gemm_achieved.csv")])
     out: dict[str, list[Row]] = {}
     for n, r in enumerate(raw, start=2):
         types = CSV_TO_CATALOG.get(r["gpu"])

@@ -1,7 +1,7 @@
 """End-to-end training runs: published configurations and throughputs → hetopt instances, plans and
 measured iteration times; predicted vs measured, per GPU type and per source; leave-one-source-out.
 
-Input: a CSV with the columns of ``../shared/data/calibration/public/training_throughput_non_a100.csv``
+Input: a CSV with the columns of ``data/calibration/public/training_throughput_non_a100.csv``
 (one row per published run, each with its source). Every row becomes a :class:`Run`: either *expressed*
 (an instance, a layout expanded to a plan, a measured iteration time, a prediction) or *not expressed*
 with the reasons why. No row is dropped silently: ``len(expressed) + len(not expressed) == rows``.

@@ -3,7 +3,7 @@
 Vertices: one per node (``kind="node"``), one per island (``kind="island"``, a non-blocking switch), and
 ``fabric`` (``kind="fabric"``) joining every island. Edges carry ``gbps`` (capacity per direction) and
 ``latency_us``, and their fabric (``fabric``, with its achieved fraction ``eta`` and per-step latency
-``alpha_s``, hetopt/cost/fabrics.py):
+``alpha_s``, hetopt/spec/fabrics.py):
 - node — its island: the node's NIC (``nic_gbps``, ``nic_fabric``), no latency of its own;
 - island — island: a declared link (``cluster.network.links``);
 - island — fabric: unlimited and ideal. DESIGN 2.1: islands with no path through the declared links meet
@@ -25,7 +25,7 @@ from itertools import pairwise
 
 import networkx as nx
 
-from hetopt.cost import fabrics
+from hetopt.spec import fabrics
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.schema import ClusterSection
 

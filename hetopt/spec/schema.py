@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hetopt.cost.fabrics import NAMES as FABRIC_NAMES
+from hetopt.spec.fabrics import NAMES as FABRIC_NAMES
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]

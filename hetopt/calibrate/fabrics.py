@@ -1,7 +1,7 @@
 """Fabrics: what fraction of its nominal bandwidth each interconnect delivers, and its per-step latency.
 
-A fabric f has two numbers, both fitted on nccl-tests results (../shared/data/calibration/public/
-collectives_achieved.csv) through hetopt's own collective functions (hetopt/cost/comm.py):
+A fabric f has two numbers, both fitted on nccl-tests results (data/calibration/public/
+collectives_achieved.csv) through hetopt's own collective functions (hetopt.cost.comm):
 
 - η_f: achieved fraction of the nominal per-direction bandwidth (the catalog's ``intra_node_gbps`` inside a
   node, the instance's ``nic_gbps`` / link ``gbps`` outside) for large messages;
@@ -24,7 +24,7 @@ Rows the model cannot represent are left out with the reason (NVLink SHARP, copy
 whose bottleneck is not the fabric); `hetopt calibrate --fabrics CSV` lists them.
 
 Regenerate the shipped table:  ``hetopt calibrate --fabrics
-../shared/data/calibration/public/collectives_achieved.csv --out hetopt/cost/profiles/fabrics.json``
+data/calibration/public/collectives_achieved.csv --out hetopt/cost/profiles/fabrics.json``
 """
 
 from __future__ import annotations
@@ -33,80 +33,17 @@ import csv
 import json
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import least_squares
 
+from hetopt.cost import comm
+from hetopt.cost.terms import LAT, LINK, NET, zeros
+from hetopt.errors import InputError, Problem, require_columns
 from hetopt.outputs import check_output, write_text
-
-# -- the fabrics ------------------------------------------------------------------------------------------
-
-NAMES = ("nvlink2", "nvlink3", "nvlink4", "nvlink5", "xgmi", "pcie3", "pcie4", "pcie5", "pcie3_host",
-         "pcie4_host", "pcie5_host", "infiniband", "roce", "efa", "tcpxo", "omnipath", "tcp", "ideal")
-"""Every fabric name an instance may use. ``pcieN``: GPUs talk peer-to-peer through a PCIe switch;
-``pcieN_host``: through the CPU's root complex (no P2P, e.g. consumer boards or GPUs under different CPU
-sockets). ``ideal``: line rate and no latency (hand-worked examples)."""
-
-MESH = ("xgmi",)
-"""All-to-all point-to-point links (AMD Infinity Fabric): a GPU reaches each peer over its own link, so a
-group of n GPUs in a node of g uses n − 1 of its g − 1 links (the MI300X rows: 2 GPUs reach 47.7 GB/s of
-one 64 GB/s link, 8 GPUs 313 GB/s of 7 links)."""
-
-RDMA_GBPS = 100.0
-"""Default rule for NICs and links that name no fabric: below 100 Gbit/s it is TCP Ethernet (1/10/25/40/50
-GbE, no RDMA in commodity NICs), from 100 Gbit/s on an RDMA fabric (InfiniBand)."""
-
-INTERCONNECT = {"NVLink 2": "nvlink2", "NVLink 3": "nvlink3", "NVLink 4": "nvlink4", "NVLink 5": "nvlink5",
-                "PCIe 3.0": "pcie3", "PCIe 4.0": "pcie4", "PCIe 5.0": "pcie5", "xGMI": "xgmi"}
-"""Catalog ``interconnect`` (hetopt/spec/gpus.py) → fabric, matched on the start of the string."""
-
-
-@dataclass(frozen=True)
-class Fabric:
-    name: str
-    eta: float
-    """Achieved fraction of nominal per-direction bandwidth, large messages."""
-    alpha_s: float
-    """Latency per collective step, seconds."""
-    source: str = ""
-
-    @property
-    def mesh(self) -> bool:
-        return self.name in MESH
-
-
-IDEAL = Fabric("ideal", 1.0, 0.0, "line rate, no latency (by definition)")
-
-
-def intra_default(interconnect: str) -> str:
-    """The fabric of a GPU's catalog interconnect; custom GPUs (``as declared``) and unknown ones: pcie4."""
-    for prefix, name in INTERCONNECT.items():
-        if interconnect.startswith(prefix):
-            return name
-    return "pcie4"
-
-
-def nic_default(gbps: float) -> str:
-    return "tcp" if gbps < RDMA_GBPS else "infiniband"
-
-
-_TABLE: dict[str, Fabric] | None = None
-
-
-def table() -> dict[str, Fabric]:
-    """The shipped fabric table (hetopt/cost/profiles/fabrics.json), by name."""
-    global _TABLE
-    if _TABLE is None:
-        data = json.loads(resources.files("hetopt.cost").joinpath("profiles", "fabrics.json").read_text("utf-8"))
-        _TABLE = {n: Fabric(n, f["eta"], f["alpha_s"], f["source"]) for n, f in data["fabrics"].items()}
-        _TABLE["ideal"] = IDEAL
-    return _TABLE
-
-
-def get(name: str) -> Fabric:
-    return table()[name]
-
+from hetopt.spec.cluster import Route
+from hetopt.spec.fabrics import IDEAL, NAMES, Fabric
 
 # -- the CSV rows -----------------------------------------------------------------------------------------
 
@@ -259,8 +196,6 @@ def _rows_of(r: dict, label: str) -> list[Row]:
 
 def _bare():
     """Weights of a bare NCCL run: LINK = NET = LAT = 1, no framework step overhead (STEP = 0)."""
-    from hetopt.cost.terms import LAT, LINK, NET, zeros
-
     w = zeros()
     w[[LINK, NET, LAT]] = 1.0
     return w
@@ -268,9 +203,6 @@ def _bare():
 
 def row_seconds(row: Row, fab: dict[str, Fabric]) -> float:
     """The model's time for a row: one collective inside a node, or hierarchical across nodes."""
-    from hetopt.cost import comm
-    from hetopt.spec.cluster import Route  # spec.cluster imports this module
-
     f = fab[row.fabric]
     if row.nodes == 1:
         peers = 7 if f.mesh else 0  # the MI300X rows: nodes of 8 GPUs
@@ -308,8 +240,6 @@ by size, which one α per step cannot follow; from it on the α–β line holds 
 
 
 def _fit_one(name: str, rows: list[Row], fab: dict[str, Fabric]) -> tuple[float, float, bool]:
-    from scipy.optimize import least_squares
-
     sweep = any(FIT_BYTES <= r.nbytes < LARGE_BYTES for r in rows)
     alpha0 = fab[ALPHA_RULE.get(name, name)].alpha_s if not sweep else 1e-5  # LOSO: own α when rest has no sweep
 
@@ -380,7 +310,7 @@ def _report(name: str, rows: list[Row], fab: dict[str, Fabric]) -> dict:
 
 
 def save(fab: dict[str, Fabric], report: dict, path: str | Path) -> None:
-    data = {"method": "hetopt.cost.fabrics.fit (see its docstring)", "csv": report["csv"],
+    data = {"method": "hetopt.calibrate.fabrics.fit (see its docstring)", "csv": report["csv"],
             "fabrics": {n: {"eta": f.eta, "alpha_s": f.alpha_s, "source": f.source}
                         for n, f in fab.items() if n != "ideal"},
             "report": report["fabrics"], "left_out": report["left_out"]}
@@ -394,13 +324,11 @@ CSV_COLUMNS = {"fabric", "nominal_gbit_s", "collective", "message_size_bytes", "
 
 def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: bool, console) -> None:
     """`hetopt calibrate --fabrics CSV [--out FILE]`: fit, print the per-fabric report, write the table."""
-    from hetopt.errors import InputError, Problem, require_columns
-
     if not Path(csv_path).is_file():
         raise InputError(csv_path, [Problem("--fabrics", "file does not exist", csv_path, True)])
     if out_path:
         check_output(out_path, "--out", force)
-    require_columns(csv_path, CSV_COLUMNS, "a collectives CSV (the columns of shared/data/calibration/public/"
+    require_columns(csv_path, CSV_COLUMNS, "a collectives CSV (the columns of data/calibration/public/"
                                            "collectives_achieved.csv)")
     try:
         fab, report = fit(csv_path)
