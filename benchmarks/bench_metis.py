@@ -19,7 +19,6 @@ from hetopt.evaluate import evaluate
 from hetopt.search.orchestrate import solve_exact
 from hetopt.search.space import SearchOptions, outside_space
 from hetopt.sim.engine import Simulation
-from hetopt.sim.scenarios import scenarios_of
 from hetopt.spec.instance import load_instance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +42,7 @@ def main() -> None:
     print(f"{'instance':34} {'metis s':>9} {'sim':>9} {'optimum s':>10} {'sim':>9} {'metis/opt':>9}  metis-like plan")
     for path in paths:
         inst = load_instance(path)
-        scenario = scenarios_of(inst, 100)[0]
+        scenario = inst.scenarios(100)[0]
         start = time.perf_counter()
         metis = metis_like(inst, args.time_limit)
         metis_s = time.perf_counter() - start

@@ -14,9 +14,9 @@ from pathlib import Path
 from hetopt.evaluate import evaluate
 from hetopt.layout import expand_layout, parse_layout
 from hetopt.sim.engine import Simulation
-from hetopt.sim.scenarios import BandwidthScenario
 from hetopt.spec.instance import instance_from_spec
 from hetopt.spec.load import validate_document
+from hetopt.spec.scenarios import BandwidthScenario
 from hetopt.spec.schema import InstanceFile
 
 ISLANDS = ["dc0", "dc1", "dc2", "dc3"]

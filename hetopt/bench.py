@@ -29,7 +29,6 @@ from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
 from hetopt.sim.engine import Simulation
-from hetopt.sim.scenarios import horizon_of, scenarios_of
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
@@ -126,8 +125,8 @@ def run_bench(instances: list[Instance], planners: list[str], scenarios: list[st
     result = BenchResult()
     runs = []
     for inst in instances:
-        trace_s = max(3600.0, horizon_of(inst))
-        chosen = [sc for sc in scenarios_of(inst, trace_s) if scenarios is None or sc.name in scenarios]
+        trace_s = max(3600.0, inst.horizon_s)
+        chosen = [sc for sc in inst.scenarios(trace_s) if scenarios is None or sc.name in scenarios]
         if len(chosen) > 1 or any(sc.changes for sc in chosen):
             result.dynamic.add(inst.name)
         runs += [(inst, name, chosen) for name in planners]
@@ -173,10 +172,10 @@ def _adaptive_rows(inst: Instance, stable: PlannerResult, stable_rows: list[Row]
 
     robust = run_hetopt(inst, time_limit_s, profiles, seed, objective=ROBUST)
     robust_rows = _replay(inst, robust, scenarios, iterations, profiles, samples)
-    horizon_s, options = horizon_of(inst), PolicyOptions.of(inst)
+    horizon_s, options = inst.horizon_s, PolicyOptions.of(inst)
     decisions = Decisions(inst, profiles, options)  # one network's search serves both starts
     # the traces as `hetopt simulate` generates them, to the horizon: the same tokens as it reports
-    to_horizon = {sc.name: sc for sc in scenarios_of(inst, horizon_s)}
+    to_horizon = {sc.name: sc for sc in inst.scenarios(horizon_s)}
     adaptive = []
     for planned, rows in ((stable, stable_rows), (robust, robust_rows)):
         if planned.plan is None:
@@ -249,7 +248,7 @@ def _replay(inst: Instance, planned: PlannerResult, scenarios, iterations: int, 
 def _check_scenarios(instances: list[Instance], scenarios: list[str] | None) -> None:
     if scenarios is None:
         return
-    known = {sc.name for inst in instances for sc in scenarios_of(inst, 60.0)}
+    known = {sc.name for inst in instances for sc in inst.scenarios(60.0)}
     for name in scenarios:
         if name not in known:
             raise InputError("--scenarios", [Problem("--scenarios", f"no instance has this scenario"

@@ -145,7 +145,7 @@ def test_the_simulator_replays_a_context_parallel_plan_at_the_evaluators_time(re
     gradient reduction included where one replica has two ranks (cp 2, R 1)."""
     from hetopt.evaluate import evaluate
     from hetopt.sim.engine import Simulation
-    from hetopt.sim.scenarios import BandwidthScenario
+    from hetopt.spec.scenarios import BandwidthScenario
 
     inst = load_instance(S15)
     plan = place(_plan(1, 2, replicas, layers=layers), inst.cluster)

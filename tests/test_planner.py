@@ -237,10 +237,9 @@ def test_robust_objectives_match_exhaustive_on_every_backend(objective, robust_t
 
 def test_robust_plans_win_where_they_should_in_simulation():
     from hetopt.sim.engine import Simulation
-    from hetopt.sim.scenarios import scenarios_of
 
     inst = load_instance("wan-flapping-a100-v100")
-    scenarios = scenarios_of(inst, 100)
+    scenarios = inst.scenarios(100)
     probabilities = [sc.probability for sc in scenarios]
     simulated = {}
     for objective in ("stable", "expected", "worst"):
@@ -365,7 +364,7 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
 
     inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(3)
     scenarios = planning_scenarios(inst, objective)
-    bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
+    bounds = Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios])
     opts = SearchOptions.from_instance(inst)
     opts = opts if name == "s9-interleaved" else dataclasses.replace(opts, zero=(1, 2, 3))
     groups = list(enumerate_groups(inst, opts, SearchStats()))
@@ -422,7 +421,7 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
 
     inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(4)
     scenarios = planning_scenarios(inst, objective)
-    bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
+    bounds = Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios])
     opts = dataclasses.replace(SearchOptions.from_instance(inst), recompute=("none", "full"), recompute_per_stage=True)
     skeletons = [sk for group in enumerate_groups(inst, opts, SearchStats()) for sk in group.skeletons()]
 
@@ -544,7 +543,7 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
 
     inst, profiles = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles()
     scenarios = planning_scenarios(inst, objective)
-    bounds = Bounds(inst, profiles, [sc.cluster for sc in scenarios])
+    bounds = Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios])
     raised = 0
     for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
         for sk in group.skeletons():

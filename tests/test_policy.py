@@ -20,8 +20,8 @@ from hetopt.replan.policy import (
 )
 from hetopt.search.orchestrate import solve_exact
 from hetopt.sim.run import simulate
-from hetopt.sim.scenarios import BandwidthScenario, horizon_of, scenarios_of
 from hetopt.spec.instance import load_instance
+from hetopt.spec.scenarios import BandwidthScenario
 
 LINK = ("dc0", "dc1")
 
@@ -40,7 +40,7 @@ def step():
 
 
 def _scenario(inst, name: str) -> BandwidthScenario:
-    return next(sc for sc in scenarios_of(inst, horizon_of(inst)) if sc.name == name)
+    return next(sc for sc in inst.scenarios(inst.horizon_s) if sc.name == name)
 
 
 def _tokens(result: dict, name: str) -> float:
@@ -85,7 +85,7 @@ def test_on_a_long_step_down_the_policy_switches_once_and_beats_the_static_stabl
     assert answer.decision == "switch" and answer.new_s == pytest.approx(switch["new_s"], rel=1e-9)
     assert answer.migration.total_bytes == pytest.approx(switch["migration_bytes"])
     # the clock: the iterations before the switch end at it, the next starts after the pause
-    run = replay_adaptive(inst, plans["stable"], _scenario(inst, "step-down"), horizon_of(inst),
+    run = replay_adaptive(inst, plans["stable"], _scenario(inst, "step-down"), inst.horizon_s,
                           PolicyOptions.of(inst))
     k = run.plan_of_iteration.index(1)
     assert run.starts_s[k - 1] + run.iteration_times_s[k - 1] == pytest.approx(switch["at_s"])
@@ -96,7 +96,7 @@ def test_on_a_long_step_down_the_policy_switches_once_and_beats_the_static_stabl
 
 def test_a_detection_delay_postpones_the_switch(step):
     inst, plans = step
-    late = replay_adaptive(inst, plans["stable"], _scenario(inst, "step-down"), horizon_of(inst),
+    late = replay_adaptive(inst, plans["stable"], _scenario(inst, "step-down"), inst.horizon_s,
                            PolicyOptions.of(inst, detection_delay_s=20.0))
     (switch,) = late.switches
     assert 80.0 <= switch.at_s < 80.0 + switch.old_s * 1.05  # seen at 60 + 20 s, then the iteration running
@@ -113,7 +113,7 @@ def test_on_fast_flapping_the_policy_declines_and_loses_at_most_2_percent_to_the
     # the seeded trace changes about 300 times in 600 s, several within one iteration: 102 decisions measured
     assert entry["switches"] == [] and entry["declined"] >= 20
     assert entry["tokens"] >= 0.98 * _tokens(static, "flapping")
-    from_stable = replay_adaptive(inst, plans["stable"], _scenario(inst, "flapping"), horizon_of(inst),
+    from_stable = replay_adaptive(inst, plans["stable"], _scenario(inst, "flapping"), inst.horizon_s,
                                   PolicyOptions.of(inst))
     assert from_stable.switches == [] and from_stable.declined >= 20
 
@@ -122,7 +122,7 @@ def test_without_a_restart_a_2_s_dwell_pays_back_a_half_second_migration(step):
     """The same flapping with no restart: the switch to the 50 Gbit/s plan costs its migration alone, well
     under the 2 s mean dwell, and the policy takes it."""
     inst, plans = step
-    run = replay_adaptive(inst, plans["stable"], _scenario(inst, "flapping"), horizon_of(inst),
+    run = replay_adaptive(inst, plans["stable"], _scenario(inst, "flapping"), inst.horizon_s,
                           PolicyOptions.of(inst, restart_s=0.0))
     assert run.switches and all(sw.break_even_s < sw.dwell_s == 2.0 for sw in run.switches)
 
@@ -191,7 +191,7 @@ def test_replan_takes_the_instances_restart_and_refuses_a_negative_one(step, tmp
 
 def _run(inst, plan, changes, **given):
     scenario = BandwidthScenario("by-hand", 1.0, tuple((at, LINK, gbps) for at, gbps in changes))
-    return replay_adaptive(inst, plan, scenario, horizon_of(inst), PolicyOptions.of(inst, **given))
+    return replay_adaptive(inst, plan, scenario, inst.horizon_s, PolicyOptions.of(inst, **given))
 
 
 def test_a_switch_whose_pause_would_outlast_the_horizon_is_declined_and_a_last_pause_earns_nothing(step):
@@ -229,7 +229,7 @@ def test_a_level_that_outlasts_its_expected_dwell_is_asked_about_again(step):
     static = _run(inst, plans["stable"], [(60.0, 0.0), (120.0, 50.0)], dwell_s=1.0)
     assert static.switches == []
     per_iteration = inst.global_batch * inst.seq_len
-    h = horizon_of(inst)
+    h = inst.horizon_s
     # 1.34 measured: about 370 s at 2.705 s per iteration in place of 4.389
     assert tokens_within(run.starts_s, run.iteration_times_s, per_iteration, h, run.end_s) > 1.1 * tokens_within(
         static.starts_s, static.iteration_times_s, per_iteration, h, static.end_s)
@@ -272,7 +272,7 @@ def test_an_adaptive_replay_cut_just_after_a_switch_counts_the_rest_at_the_new_p
 
     inst, plans = step
     options = PolicyOptions.of(inst)
-    h = horizon_of(inst)
+    h = inst.horizon_s
     scenario = BandwidthScenario("two-steps", 1.0, ((60.0, LINK, 50.0), (300.0, LINK, 45.0)))
     full = replay_adaptive(inst, plans["stable"], scenario, h, options)
     real, asked = time.time, []

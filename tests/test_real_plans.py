@@ -23,10 +23,10 @@ from hetopt.placement import place
 from hetopt.plan import Pipeline, Plan, Stage, load_plan
 from hetopt.search.space import SearchOptions, tp_options
 from hetopt.sim.engine import Simulation
-from hetopt.sim.scenarios import BandwidthScenario
 from hetopt.spec import fabrics
 from hetopt.spec.cluster import intra_route
 from hetopt.spec.instance import load_instance
+from hetopt.spec.scenarios import BandwidthScenario
 from hetopt.verify import check_plan
 
 STABLE = BandwidthScenario("stable", 1.0, ())

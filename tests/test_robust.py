@@ -21,9 +21,9 @@ from hetopt.search.orchestrate import solve_exact
 from hetopt.search.robust import aggregate, link_gbps, planning_scenarios
 from hetopt.sim.engine import Simulation
 from hetopt.sim.run import simulate
-from hetopt.sim.scenarios import DEFAULT_HORIZON_S, horizon_of, scenarios_of
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import load_instance
+from hetopt.spec.scenarios import DEFAULT_HORIZON_S
 
 LINK = ("a", "b")
 UPLINK = ("rack0", "rack1")
@@ -86,21 +86,21 @@ def test_a_drop_for_half_the_horizon_and_the_edges_of_a_trace():
 
 def test_the_instance_horizon_sets_what_each_objective_prices(tmp_path):
     demo = load_instance(DEMO)
-    assert horizon_of(demo) == DEFAULT_HORIZON_S == 60.0
-    priced = {objective: {sc.name: _priced(sc.cluster, *UPLINK)
+    assert demo.horizon_s == DEFAULT_HORIZON_S == 60.0
+    priced = {objective: {sc.name: _priced(sc.instance.cluster, *UPLINK)
                           for sc in planning_scenarios(demo, objective)}
               for objective in ("expected", "worst", "cvar")}
     assert priced["expected"] == pytest.approx({"calm": 400.0, "congested-uplink": 160.0},
                                                rel=1e-12)
     assert priced["cvar"] == priced["expected"]
     assert priced["worst"] == {"calm": 400.0, "congested-uplink": 100.0}
-    assert [sc.cluster for sc in planning_scenarios(demo, "stable")] == [demo.cluster]
+    assert [sc.instance for sc in planning_scenarios(demo, "stable")] == [demo]
     # a 20 s horizon lies inside the 30 s congestion: every objective prices it at 100
     short = _demo_with(tmp_path, horizon_s=20)
-    assert horizon_of(short) == 20.0
+    assert short.horizon_s == 20.0
     for objective in ("expected", "worst"):
         congested = planning_scenarios(short, objective)[1]
-        assert _priced(congested.cluster, *UPLINK) == pytest.approx(100.0, rel=1e-12)
+        assert _priced(congested.instance.cluster, *UPLINK) == pytest.approx(100.0, rel=1e-12)
 
 
 def test_a_horizon_that_is_not_positive_is_bad_input(tmp_path):
@@ -120,7 +120,7 @@ def test_the_planner_prices_the_trace_the_simulator_replays(tmp_path):
     inst = _demo_with(tmp_path, [calm, flap], horizon_s=50)
     # DP over the uplink, about 15 s an iteration
     plan = place(expand_layout(inst, parse_layout("tp=8,pp=1,dp=4")), inst.cluster)
-    horizon = horizon_of(inst)
+    horizon = inst.horizon_s
 
     # `hetopt simulate`'s default replay: iterations start until the horizon; one for a constant
     # scenario
@@ -132,14 +132,14 @@ def test_the_planner_prices_the_trace_the_simulator_replays(tmp_path):
     assert replay["replayed_s"] - horizon < replay["iteration_time_s"]["max"]
 
     # the simulator's applied capacity trace over [0, H], integrated here independently
-    run = Simulation(inst, plan).run(scenarios_of(inst, horizon)[1], until_s=horizon)
+    run = Simulation(inst, plan).run(inst.scenarios(horizon)[1], until_s=horizon)
     trace = run.capacity_trace[UPLINK]
     ends = [t for t, _ in trace[1:]] + [math.inf]
     seconds_per_gbit = sum((min(end, horizon) - t) / g
                            for (t, g), end in zip(trace, ends, strict=True) if t < horizon)
     lowest = min(g for (t, g), end in zip(trace, ends, strict=True) if t <= horizon and end > t)
     assert len({g for _, g in trace}) == 2  # it did flap inside the horizon
-    priced = {objective: _priced(planning_scenarios(inst, objective)[1].cluster, *UPLINK)
+    priced = {objective: _priced(planning_scenarios(inst, objective)[1].instance.cluster, *UPLINK)
               for objective in ("expected", "worst")}
     assert priced["expected"] == pytest.approx(horizon / seconds_per_gbit, rel=1e-12)
     assert priced["worst"] == lowest == 50.0
@@ -163,7 +163,7 @@ def test_worst_is_never_below_the_slowest_simulated_iteration(name):
     result = solve_exact(inst, objective="worst", time_limit_s=3.0, profiles=profiles, workers=1)
     plan = place(result.plan, inst.cluster)
     scenarios = planning_scenarios(inst, "worst")
-    priced = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles).iteration_time_s
+    priced = [price(sc.instance, plan, plan_features(sc.instance, plan), profiles).iteration_time_s
               for sc in scenarios]
     predicted = aggregate(priced, [sc.probability for sc in scenarios], "worst")
     # what `hetopt simulate` replays by default
@@ -184,11 +184,11 @@ def test_each_scenario_priced_for_worst_bounds_its_own_slowest_iteration(tmp_pat
     inst = _demo_with(tmp_path, [{**demo[0], "probability": 0.4}, demo[1], flap])
     plan = place(expand_layout(inst, parse_layout(layout)), inst.cluster)
     replays = {r["name"]: r for r in simulate(inst, plan, workers=1)[0]["scenarios"]}
-    horizon = horizon_of(inst)
-    for sc, trace in zip(planning_scenarios(inst, "worst"), scenarios_of(inst, horizon),
+    horizon = inst.horizon_s
+    for sc, trace in zip(planning_scenarios(inst, "worst"), inst.scenarios(horizon),
                          strict=True):
         slowest = replays[sc.name]["iteration_time_s"]["max"]
-        worst = price(inst, plan, plan_features(inst, plan, sc.cluster),
+        worst = price(sc.instance, plan, plan_features(sc.instance, plan),
                       Profiles()).iteration_time_s
         assert SLOWEST_SHARE * slowest <= worst <= slowest / SLOWEST_SHARE, sc.name
         if sc.name == "flap":
@@ -197,8 +197,8 @@ def test_each_scenario_priced_for_worst_bounds_its_own_slowest_iteration(tmp_pat
             ends = [t for t, _ in changes[1:]] + [horizon]
             mean_gbps = sum((end - t) * g
                             for (t, g), end in zip(changes, ends, strict=True)) / horizon
-            averaged = inst.cluster.with_link_gbps({UPLINK: mean_gbps})
-            before = price(inst, plan, plan_features(inst, plan, averaged), Profiles())
+            averaged = inst.on_network({UPLINK: mean_gbps})
+            before = price(averaged, plan, plan_features(averaged, plan), Profiles())
             assert before.iteration_time_s < SLOWEST_SHARE * slowest
 
 

@@ -20,7 +20,6 @@ from hetopt.plan import Plan
 from hetopt.search.shards import device_groups, split_sequences
 from hetopt.search.space import SearchOptions, outside_space
 from hetopt.sim.engine import Simulation
-from hetopt.sim.scenarios import scenarios_of
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
 
@@ -101,7 +100,7 @@ def test_the_simulator_replays_a_stage_with_shards(s4):
     stage's (its re-sharding sends are flows, all at once) is within 5% below it — as for plans without
     shards of this shape (V100 → T4 at m = 4: 0.0619 against 0.0634 s): the closed form of 1F1B is
     conservative where forward and backward passes differ."""
-    sc = scenarios_of(s4, 100)[0]
+    sc = s4.scenarios(100)[0]
     shards = _plan(2, 4, [{"layers": 3, **A, "shards": [{**A, "ranks": 2, "sequences": 1}]},
                           {"layers": 3, **V, "shards": [{**V, "ranks": 2, "sequences": 1}]}])
     assert Simulation(s4, shards).run(sc).iteration_times_s[0] == \

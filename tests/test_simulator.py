@@ -15,9 +15,9 @@ from hetopt.layout import expand_layout, parse_layout
 from hetopt.plan import Pipeline, Plan, Stage
 from hetopt.sim.engine import Simulation, Transfer
 from hetopt.sim.network import Network, max_min_rates
-from hetopt.sim.scenarios import BandwidthScenario, scenarios_of
 from hetopt.sim.schedules import device_ops
 from hetopt.spec.instance import load_instance
+from hetopt.spec.scenarios import BandwidthScenario
 
 STABLE = BandwidthScenario("stable", 1.0, ())
 
@@ -231,12 +231,12 @@ def test_same_seed_same_result_and_markov_trace_is_seeded(tmp_path):
     path.write_text(yaml.safe_dump(data))
     inst = load_instance(path)
     plan = expand_layout(inst, parse_layout("tp=2,pp=2,dp=8"))
-    first = Simulation(inst, plan).run(scenarios_of(inst, 100)[0], iterations=3).iteration_times_s
-    again = Simulation(inst, plan).run(scenarios_of(inst, 100)[0], iterations=3).iteration_times_s
+    first = Simulation(inst, plan).run(inst.scenarios(100)[0], iterations=3).iteration_times_s
+    again = Simulation(inst, plan).run(inst.scenarios(100)[0], iterations=3).iteration_times_s
     assert first == again
     data["scenarios"][0]["generator"]["seed"] = 8
     path.write_text(yaml.safe_dump(data))
-    assert scenarios_of(load_instance(path), 100)[0].changes != scenarios_of(inst, 100)[0].changes
+    assert load_instance(path).scenarios(100)[0].changes != inst.scenarios(100)[0].changes
 
 
 # -- the command -----------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
                 continue  # interleaved: every stage holds whole model chunks
             for modes in mixes:
                 plan = sk.plan(layers, modes).model_copy(update={"placement": placement})
-                evs = [price(inst, plan, plan_features(inst, plan, sc.cluster), profiles) for sc in scenarios]
+                evs = [price(sc.instance, plan, plan_features(sc.instance, plan), profiles) for sc in scenarios]
                 evaluated += 1
                 if not evs[0].fits:
                     continue

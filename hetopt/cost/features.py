@@ -33,7 +33,7 @@ from hetopt.cost.memory import (
 )
 from hetopt.cost.terms import ITER, MB, N_TERMS
 from hetopt.plan import Plan
-from hetopt.spec.cluster import Cluster, intra_route
+from hetopt.spec.cluster import intra_route
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.instance import Instance
 from hetopt.spec.presets import ModelArch
@@ -131,12 +131,13 @@ def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, t
     return np.stack([fwd, bwd, fwd_tp, bwd_tp])
 
 
-def plan_features(inst: Instance, plan: Plan, cluster: Cluster | None = None) -> PlanFeatures:
+def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
     """Cost features of a placed plan: one row per stage, or, for a stage with shards, one row per shard
-    (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says whose)."""
+    (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says whose),
+    on `inst`'s network."""
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
-    cluster = cluster or inst.cluster
+    cluster = inst.cluster
     nodes_of = stage_nodes(plan)
     ranks_at = rank_nodes(plan) if any(st.shards for pipe in plan.pipelines for st in pipe.stages) else {}
     # every data-parallel rank's node of each stage, all replicas (one per replica without shards)

@@ -34,7 +34,6 @@ from hetopt.cost.terms import MB, N_TERMS, PASS
 from hetopt.errors import InputError, Problem
 from hetopt.placement import place
 from hetopt.plan import Plan, row_labels
-from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
@@ -268,18 +267,18 @@ def memory_rows(plan: Plan) -> list[str]:
     return out
 
 
-def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan",
-             cluster: Cluster | None = None) -> Evaluation:
+def evaluate(inst: Instance, plan: Plan, profiles: Profiles | None = None, source: str = "plan"
+             ) -> Evaluation:
     """Analytic time and memory of a plan; structural errors in the plan are bad input (exit 2).
 
     Parameters: inst — the instance; plan — the plan (placed or not; it is placed here); profiles —
-    calibrated weights (default: shipped); source — the name error messages give the plan; cluster —
-    overrides the instance's (the same nodes with other link bandwidths: a scenario).
+    calibrated weights (default: shipped); source — the name error messages give the plan. A scenario's
+    bandwidths: evaluate on `inst.on_network(...)`.
     Returns: an Evaluation — iteration time, throughput, MFU, peak memory per stage against its limit,
     whether it fits, and the time breakdown."""
     problems = check_plan(inst, plan)
     if problems:
         raise InputError(source, [Problem(path, message) for path, message in problems])
     plan = place(plan, inst.cluster)
-    feats = plan_features(inst, plan, cluster)
+    feats = plan_features(inst, plan)
     return price(inst, plan, feats, profiles or Profiles())

@@ -24,7 +24,6 @@ from hetopt.plan import Plan
 from hetopt.replan.migration import Migration, migration
 from hetopt.search.formulation import SolveOptions
 from hetopt.search.space import Skeleton, Template, segments_of
-from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
@@ -65,16 +64,6 @@ class Replan:
                 "plan": plan_json(self.plan)}
 
 
-def with_cluster(inst: Instance, cluster: Cluster) -> Instance:
-    """The instance on `cluster` (the same hardware under other link bandwidths): its file, and so the
-    fingerprint a plan records, unchanged."""
-    from dataclasses import replace
-
-    changed = replace(inst)
-    changed.__dict__["cluster"] = cluster  # Instance.cluster is a cached property: this is its value
-    return changed
-
-
 def network_at(inst: Instance, scenario: str | None = None, at_s: float | None = None,
                bandwidth: dict[tuple[str, str], float] | None = None) -> tuple[dict, float | None]:
     """The island links' Gbit/s after the change, and how long it lasts where a scenario says.
@@ -83,9 +72,9 @@ def network_at(inst: Instance, scenario: str | None = None, at_s: float | None =
     then); bandwidth — links set by hand, (island a, island b) → Gbit/s.
     Returns: ({(a, b): Gbit/s} for every link, seconds until the scenario's next change or None).
     Raises: InputError (exit 2) for an unknown scenario or link, a negative time or bandwidth."""
-    from hetopt.sim.scenarios import horizon_of, levels_at, nominal_gbps, scenarios_of
+    from hetopt.spec.scenarios import levels_at
 
-    nominal = nominal_gbps(inst)
+    nominal = inst.nominal_gbps
     if (scenario is None) == (bandwidth is None):
         raise InputError("replan", [Problem("options", "give --scenario NAME --at T, or --bandwidth A-B=GBPS")])
     if bandwidth is not None:
@@ -101,8 +90,8 @@ def network_at(inst: Instance, scenario: str | None = None, at_s: float | None =
         return {**nominal, **{tuple(sorted(k)): g for k, g in bandwidth.items()}}, None
     if at_s is None or not at_s >= 0:
         raise InputError("--at", [Problem("--at", "give the moment of the scenario, seconds ≥ 0", at_s, True)])
-    horizon = max(horizon_of(inst), at_s)
-    found = {sc.name: sc for sc in scenarios_of(inst, horizon)}
+    horizon = max(inst.horizon_s, at_s)
+    found = {sc.name: sc for sc in inst.scenarios(horizon)}
     if scenario not in found:
         raise InputError("--scenario", [Problem("--scenario", f"unknown scenario{did_you_mean(scenario, found)}; "
                                                 "scenarios: " + ", ".join(found), scenario, True)])
@@ -139,7 +128,7 @@ def neighbourhood(inst: Instance, plan: Plan, profiles: Profiles, time_limit_s: 
         if sk is None:
             return None
         try:
-            problem = plan_problem(inst, sk, profiles, [PlanningScenario("now", 1.0, inst.cluster)], "stable")
+            problem = plan_problem(inst, sk, profiles, [PlanningScenario("now", 1.0, inst)], "stable")
         except InfeasibleError:
             continue
         hint = tuple(st.layers for pipe in plan.pipelines for st in pipe.stages)
@@ -203,8 +192,6 @@ def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: 
     (default: as `solve_exact` starts them).
     Returns: the Replan. Raises: InputError (exit 2) for a plan of another instance, an unknown link or
     scenario, a negative bandwidth, time or dwell."""
-    from hetopt.sim.scenarios import horizon_of
-
     problems = check_plan(inst, current)
     if problems:
         raise InputError(source, [Problem(path, message) for path, message in problems])
@@ -217,11 +204,11 @@ def replan(inst: Instance, current: Plan, *, scenario: str | None = None, at_s: 
                                                restart_s, True)])
     profiles = profiles or Profiles()
     levels, lasts = network_at(inst, scenario, at_s, bandwidth)
-    changed = with_cluster(inst, inst.cluster.with_link_gbps(levels))
+    changed = inst.on_network(levels)
     running = place(current, inst.cluster)
     current_s, plan, new_s, found_by = best_under(changed, running, profiles, full, time_limit_s, workers)
-    moved = migration(inst, running, plan, changed.cluster, profiles)
-    dwell = next(d for d in (dwell_s, inst.spec.replan.dwell_s, lasts, horizon_of(inst)) if d is not None)
+    moved = migration(changed, running, plan, profiles)
+    dwell = next(d for d in (dwell_s, inst.spec.replan.dwell_s, lasts, inst.horizon_s) if d is not None)
     decision, break_even = decide(current_s, new_s, moved.time_s + restart_s, dwell)
     return Replan(decision, current_s, new_s, plan, found_by, moved, restart_s, dwell, break_even, levels)
 

@@ -71,15 +71,15 @@ def _pieces(inst: Instance, rm: RankMap, zero: int) -> dict[tuple[str, int], dic
     return out
 
 
-def migration(inst: Instance, old: Plan, new: Plan, cluster: Cluster | None = None,
+def migration(inst: Instance, old: Plan, new: Plan,
               profiles: Profiles | None = None) -> Migration:
     """The state moved, and the time, to switch from plan `old` to plan `new`.
 
-    Parameters: inst — the instance both plans are for; old, new — the plans (placed or not; placed as
-    hetopt places them); cluster — the cluster as it is at the switch (default the instance's: a changed
-    link bandwidth prices the moves at that bandwidth); profiles — calibrated weights (default shipped).
+    Parameters: inst — the instance both plans are for, on the network as it is at the switch
+    (Instance.on_network: a changed link prices the moves at its bandwidth); old, new — the plans (placed
+    or not; placed as hetopt places them); profiles — calibrated weights (default shipped).
     Returns: the Migration (bytes per route, seconds)."""
-    cluster = cluster or inst.cluster
+    cluster = inst.cluster
     before = _pieces(inst, rank_map(inst, place(old, inst.cluster)), old.zero)
     after = _pieces(inst, rank_map(inst, place(new, inst.cluster)), new.zero)
     holders: dict[tuple, list[tuple[str, int]]] = defaultdict(list)

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field, replace
 from hetopt.cost.profiles import Profiles
 from hetopt.placement import place
 from hetopt.plan import Plan, plan_json
-from hetopt.replan import best_under, decide, with_cluster
+from hetopt.replan import best_under, decide
 from hetopt.replan.migration import Migration, migration
 from hetopt.sim.engine import Record, SimResult, Simulation
-from hetopt.sim.scenarios import BandwidthScenario, Change, levels_at, nominal_gbps
 from hetopt.spec.instance import Instance
+from hetopt.spec.scenarios import BandwidthScenario, Change, levels_at
 
 POLICIES = ("static", "replan")
 Levels = tuple[tuple[tuple[str, str], float], ...]
@@ -147,11 +147,11 @@ class Decisions:
         within time_limit_s together (default the options')."""
         key = self._key(running, levels)
         if key not in self.known:
-            changed = with_cluster(self.inst, self.inst.cluster.with_link_gbps(levels))
+            changed = self.inst.on_network(levels)
             limit_s = self.options.time_limit_s if time_limit_s is None else time_limit_s
             current_s, plan, new_s, found_by = best_under(changed, running, self.profiles, self.options.full,
                                                           limit_s, workers=1)
-            moved = migration(self.inst, running, plan, changed.cluster, self.profiles)
+            moved = migration(changed, running, plan, self.profiles)
             self.known[key] = (current_s, plan, new_s, found_by, moved)
         return self.known[key]
 
@@ -236,7 +236,7 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
 
     profiles = profiles or Profiles()
     decisions = decisions or Decisions(inst, profiles, options)
-    nominal = nominal_gbps(inst)
+    nominal = inst.nominal_gbps
     changes = tuple(sorted(((at, tuple(sorted(link)), g) for at, link, g in scenario.changes),
                            key=lambda c: c[0]))
     moments = change_moments(nominal, changes)

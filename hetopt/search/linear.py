@@ -48,7 +48,6 @@ from hetopt.evaluate import (
     streamed_pass,
 )
 from hetopt.search.space import Skeleton
-from hetopt.spec.cluster import Cluster
 from hetopt.spec.instance import Instance
 
 
@@ -334,18 +333,22 @@ def _affine(v1: float, v2: float) -> Affine:
     return Affine(v2 - v1, 2 * v1 - v2)
 
 
-def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, cluster: Cluster | None = None
+def split_problem(inst: Instance, sk: Skeleton, profiles: Profiles, placement: list | None = None
                   ) -> ScenarioProblem:
-    """Linearise the evaluator for one skeleton (under `cluster`'s link bandwidths, default the instance's);
-    raises InfeasibleError when it cannot be placed."""
+    """Linearise the evaluator for one skeleton on `inst`'s network (a scenario's: Instance.on_network).
+
+    Parameters: placement — the skeleton's placement (a plan's `placement`), made once for every
+    scenario; default: placed here on `inst`'s cluster. Raises: InfeasibleError when it cannot be
+    placed."""
     if sk.modes:  # per-stage recompute: the template in each mode, the least-work one first
-        each = [split_problem(inst, replace(sk, recompute=mode, modes=()), profiles, cluster) for mode in sk.modes]
+        each = [split_problem(inst, replace(sk, recompute=mode, modes=()), profiles, placement)
+                for mode in sk.modes]
         templates = tuple(replace(variants[0], modes=sk.modes, alternatives=variants)
                           for variants in zip(*(sc.templates for sc in each), strict=True))
         return ScenarioProblem(templates, each[0].cross_s)
-    plan1 = sk.placed([1] * sk.depth, inst.cluster)
-    plan2 = sk.plan([2] * sk.depth).model_copy(update={"placement": plan1.placement})
-    f1, f2 = plan_features(inst, plan1, cluster), plan_features(inst, plan2, cluster)
+    placement = placement or sk.placed([1] * sk.depth, inst.cluster).placement
+    plan1, plan2 = (sk.plan([n] * sk.depth).model_copy(update={"placement": placement}) for n in (1, 2))
+    f1, f2 = plan_features(inst, plan1), plan_features(inst, plan2)
     templates = tuple(_template_problem(inst, f1, f2, j, t.micro_batches, profiles, sk.virtual_stages)
                       for j, t in enumerate(sk.templates))
     if sk.shards:  # one row per shard: the stages take each part from their rows

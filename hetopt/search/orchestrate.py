@@ -36,6 +36,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.executors import check_executor, open_pool
 from hetopt.lifeline import Terminated
+from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.backends import solve_skeleton
 from hetopt.search.bounds import Bounds
@@ -115,7 +116,7 @@ def solve_exact(inst: Instance, formulation: str | None = None, backend: str = "
     # then this tree holds only the rest of the space
     narrow_first = warm_start and ((options.pair_classes > 1 and options.max_templates >= 2) or options.tp_per_stage)
     tree = Tree(inst, dataclasses.replace(options, beyond_narrow=narrow_first), run.stats,
-                Bounds(inst, profiles, [sc.cluster for sc in scenarios]))
+                Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios]))
     ctx = _Context(inst, profiles, scenarios, objective, form.name, backend, seed)
     lazy = workers is None
     pool = None
@@ -384,7 +385,8 @@ def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objectiv
     from hetopt.evaluate import evaluate
     from hetopt.search.robust import aggregate
 
-    times = [evaluate(inst, plan, profiles, cluster=sc.cluster).iteration_time_s for sc in scenarios]
+    plan = place(plan, inst.cluster)  # one placement, on the file's network, priced on each scenario's
+    times = [evaluate(sc.instance, plan, profiles).iteration_time_s for sc in scenarios]
     return aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)
 
 
@@ -532,7 +534,10 @@ def proportional_split(per_layer: list[float], cap: list[int], total: int) -> li
 
 
 def plan_problem(inst: Instance, sk: Skeleton, profiles: Profiles, scenarios, objective: str) -> PlanProblem:
-    return PlanProblem(tuple(split_problem(inst, sk, profiles, sc.cluster) for sc in scenarios),
+    """The skeleton's integer-program data under every planning scenario: placed once, on the file's
+    network, and linearised on each scenario's (raises InfeasibleError where it cannot be placed)."""
+    placement = sk.placed([1] * sk.depth, inst.cluster).placement
+    return PlanProblem(tuple(split_problem(sc.instance, sk, profiles, placement) for sc in scenarios),
                        tuple(sc.probability for sc in scenarios), objective, CVAR_ALPHA, sk.lockstep)
 
 

@@ -3,7 +3,7 @@ terms.
 
 Each planning scenario s is the cluster with every island link ℓ at one bandwidth b_ℓ,s, read off
 the scenario's trace bw_ℓ,s(t) over the horizon H (`search.horizon_s`, default 60 s: the window
-`hetopt simulate` replays by default, hetopt.sim.scenarios.horizon_of). The iteration time under s
+`hetopt simulate` replays by default, hetopt.spec.scenarios.horizon_of). The iteration time under s
 is the evaluator's with those bandwidths. Which bandwidth depends on what the objective promises.
 
 Transfer-time mean (expected, cvar). A transfer of B bytes on ℓ at time t takes B / bw(t). Averaged
@@ -53,17 +53,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hetopt.errors import InputError, Problem
-from hetopt.sim.scenarios import (
+from hetopt.spec.instance import Instance
+from hetopt.spec.scenarios import (
     DEFAULT_HORIZON_S,
     BandwidthScenario,
     Change,
-    horizon_of,
-    nominal_gbps,
     outages,
-    scenarios_of,
 )
-from hetopt.spec.cluster import Cluster
-from hetopt.spec.instance import Instance
 
 OBJECTIVES = ("stable", "expected", "worst", "cvar")
 CVAR_ALPHA = 0.8
@@ -76,11 +72,12 @@ Link = tuple[str, str]
 
 @dataclass(frozen=True)
 class PlanningScenario:
-    """A bandwidth scenario as the planner prices it: its cluster carries one bandwidth per link."""
+    """A bandwidth scenario as the planner prices it: its instance's network carries one bandwidth per
+    link (Instance.on_network)."""
 
     name: str
     probability: float
-    cluster: Cluster
+    instance: Instance
 
 
 def pricing(objective: str) -> str:
@@ -102,13 +99,13 @@ def planning_scenarios(inst: Instance, objective: str,
     Returns: one PlanningScenario per scenario of the instance, in the instance's order.
     """
     if pricing(objective) == "nominal":
-        return [PlanningScenario("stable", 1.0, inst.cluster)]
-    horizon = horizon_of(inst) if horizon_s is None else horizon_s
-    nominal = nominal_gbps(inst)
-    scenarios = scenarios_of(inst, horizon)
+        return [PlanningScenario("stable", 1.0, inst)]
+    horizon = inst.horizon_s if horizon_s is None else horizon_s
+    nominal = inst.nominal_gbps
+    scenarios = inst.scenarios(horizon)
     check_no_outage(scenarios, objective)
     return [PlanningScenario(sc.name, sc.probability,
-                             inst.cluster.with_link_gbps(link_gbps(sc.changes, nominal, horizon,
+                             inst.on_network(link_gbps(sc.changes, nominal, horizon,
                                                                    objective)))
             for sc in scenarios]
 

@@ -54,10 +54,10 @@ from hetopt.evaluate import (
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.sim.network import Link, Network
-from hetopt.sim.scenarios import BandwidthScenario, nominal_gbps
 from hetopt.sim.schedules import device_ops
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
+from hetopt.spec.scenarios import BandwidthScenario
 from hetopt.verify import check_plan
 
 Device = tuple[int, int, int]
@@ -172,7 +172,7 @@ class Simulation:
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
         self._prices: dict[tuple, float] = {}  # the evaluator's time per set of link bandwidths (sample)
-        self.nominal_gbps = nominal_gbps(inst)
+        self.nominal_gbps = inst.nominal_gbps
 
     # -- static pieces -----------------------------------------------------------------------------------
 
@@ -389,8 +389,8 @@ class Simulation:
         return self._prices[key]
 
     def _price_at(self, levels: dict[tuple[str, str], float]) -> float:
-        cluster = self.cluster.with_link_gbps(levels)
-        return price(self.inst, self.plan, plan_features(self.inst, self.plan, cluster), self.profiles).iteration_time_s
+        on = self.inst.on_network(levels)
+        return price(on, self.plan, plan_features(on, self.plan), self.profiles).iteration_time_s
 
     def _analytic(self, full: list[int], reason: str) -> SimResult:
         """The evaluator's iteration time, for an iteration not replayed (`reason`)."""

@@ -1,7 +1,7 @@
 """`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise.
 
 By default a replay covers the instance's horizon H (`search.horizon_s`,
-hetopt.sim.scenarios.horizon_of): iterations back to back from t = 0 for as long as the next one
+hetopt.spec.scenarios.horizon_of): iterations back to back from t = 0 for as long as the next one
 starts before H, under the traces generated to H — the very traces the robust objectives price
 (hetopt.search.robust). A scenario whose bandwidth never changes after t = 0 replays one iteration:
 every other would be the same. `iterations` replays exactly that many instead, under traces
@@ -29,20 +29,16 @@ from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan, row_labels
 from hetopt.replan.policy import PolicyOptions, check_policy, replay_adaptive, run_tokens, summary, tokens_within
 from hetopt.sim.engine import SimResult, Simulation
-from hetopt.sim.scenarios import (
-    BandwidthScenario,
-    generated_scenarios,
-    horizon_of,
-    longest_trace_s,
-    scenarios_of,
-    varies,
-)
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
+from hetopt.spec.scenarios import (
+    BandwidthScenario,
+    varies,
+)
 
 
 def select_scenarios(inst: Instance, name: str, horizon_s: float) -> list[BandwidthScenario]:
-    every = scenarios_of(inst, horizon_s)
+    every = inst.scenarios(horizon_s)
     if name == "all":
         return every
     chosen = [s for s in every if s.name == name]
@@ -165,19 +161,19 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
     profiles = profiles or Profiles()
     # the memory per stage, and the trace length for `iterations` (no second model)
     analytic = evaluate(inst, plan, profiles)
-    horizon_s = horizon_of(inst)
+    horizon_s = inst.horizon_s
     stop_s = None
     if iterations is None:
         chosen = select_scenarios(inst, scenario, horizon_s)
         runs = [(1, horizon_s if varies(sc) else None) for sc in chosen]
     else:  # traces long enough for iterations four times slower than the analytic estimate
         trace_s = max(horizon_s, analytic.iteration_time_s * iterations * 4 + 60)
-        longest_s = max(horizon_s, longest_trace_s(inst))
+        longest_s = max(horizon_s, inst.longest_trace_s)
         if trace_s > longest_s:  # the generated traces end there, and the replays that follow them
             trace_s = stop_s = longest_s
         chosen = select_scenarios(inst, scenario, trace_s)
         runs = [(iterations, None)] * len(chosen)
-    generated = generated_scenarios(inst)
+    generated = inst.generated_scenarios
     # tokens count over the horizon when it is replayed, else over the iterations asked for
     tokens_s = horizon_s if iterations is None else None
     jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,

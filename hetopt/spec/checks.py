@@ -13,6 +13,13 @@ from pathlib import Path
 from hetopt.errors import InputError, did_you_mean
 from hetopt.spec.gpus import CATALOG
 from hetopt.spec.presets import PRESETS, apply_preset
+from hetopt.spec.scenarios import (
+    DEFAULT_HORIZON_S,
+    MAX_SCENARIO_CHANGES,
+    STEP_KEYS,
+    outages,
+    read_trace,
+)
 from hetopt.spec.schema import InstanceFile
 
 Loc = tuple[str | int, ...]
@@ -87,8 +94,6 @@ def check_gpu_types(spec: InstanceFile) -> Iterator[Finding]:
 MAX_CLUSTER_GPUS = 131_072
 """The most GPUs a cluster may have: 16× the largest benchmarked search (8,192 GPUs, 1.6 GiB); a billion
 nodes would take gigabytes to build before any search."""
-MAX_SCENARIO_CHANGES = 100_000
-"""The most bandwidth changes a generator may make over the horizon (each is an event of every replay)."""
 
 
 def check_node_groups(spec: InstanceFile) -> Iterator[Finding]:
@@ -134,8 +139,6 @@ def check_links(spec: InstanceFile) -> Iterator[Finding]:
 def check_outages_end(where: tuple, changes: list) -> Iterator[Finding]:
     """Every outage (0 Gbit/s) among a scenario's changes (its events or measured trace) ends: one that
     lasts to the end would leave every plan that crosses the link unable to finish an iteration."""
-    from hetopt.sim.scenarios import outages
-
     for link, start, end in outages(changes):
         if math.isinf(end):
             yield (where, f"takes link {link[0]}-{link[1]} down (0 Gbit/s) at {start:g} s and never brings it "
@@ -144,9 +147,6 @@ def check_outages_end(where: tuple, changes: list) -> Iterator[Finding]:
 
 
 def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
-    # the simulator's own reader, horizon and generator intervals
-    from hetopt.sim.scenarios import DEFAULT_HORIZON_S, STEP_KEYS, read_trace
-
     links = {frozenset((lk.a, lk.b)) for lk in spec.cluster.network.links}
     link_names = ", ".join(f"[{lk.a}, {lk.b}]" for lk in spec.cluster.network.links) or "none declared"
     names: dict[str, int] = {}

@@ -138,21 +138,17 @@ class Cluster:
             self.graph.add_edge(island_vertex(a), island_vertex(b), gbps=gbps, latency_us=latency_us, kind="link",
                                 **_fabric(fabric or fabrics.nic_default(gbps)))
 
-    def with_link_gbps(self, gbps: dict[tuple[str, str], float]) -> Cluster:
-        """The same nodes with other island-link bandwidths (a bandwidth scenario); keys are island pairs."""
-        links = []
-        for u, v, d in self.graph.edges(data=True):
-            if d["kind"] == "link":
-                a, b = self.graph.nodes[u]["island"], self.graph.nodes[v]["island"]
-                key = (a, b) if a <= b else (b, a)
-                links.append((a, b, gbps.get(key, d["gbps"]), d["latency_us"], d["fabric"]))
-        return Cluster(list(self.nodes.values()), links, self.gpu_types)
-
     @classmethod
-    def from_spec(cls, spec: ClusterSection, gpu_types: dict[str, GPUType]) -> Cluster:
+    def from_spec(cls, spec: ClusterSection, gpu_types: dict[str, GPUType],
+                  link_gbps: dict[tuple[str, str], float] | None = None) -> Cluster:
+        """The device graph of a cluster section; `link_gbps` sets island links (keyed by the sorted
+        island pair) at other bandwidths than declared."""
         nodes = [Node(f"{g.name}-{i}", g.name, g.gpu, g.gpus_per_node, g.island, g.nic_gbps, g.intra_fabric or "",
                       g.nic_fabric or "") for g in spec.nodes for i in range(g.count)]
-        links = [(lk.a, lk.b, lk.gbps, lk.latency_us, lk.fabric or "") for lk in spec.network.links]
+        other = link_gbps or {}
+        # a link's fabric is its declared one (by default: by its declared speed), whatever it carries now
+        links = [(lk.a, lk.b, other.get(tuple(sorted((lk.a, lk.b))), lk.gbps), lk.latency_us,
+                  lk.fabric or fabrics.nic_default(lk.gbps)) for lk in spec.network.links]
         return cls(nodes, links, gpu_types)
 
     # -- summaries -------------------------------------------------------------------------------------

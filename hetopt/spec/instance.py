@@ -16,6 +16,16 @@ from hetopt.spec.cluster import Cluster
 from hetopt.spec.gpus import CATALOG, GPUType, custom_gpu
 from hetopt.spec.load import line_for, parse_instance_file, read_document
 from hetopt.spec.presets import PRESETS, ModelArch, apply_preset
+from hetopt.spec.scenarios import (
+    BandwidthScenario,
+    Link,
+    generated_scenarios,
+    horizon_of,
+    link_key,
+    longest_trace_s,
+    nominal_gbps,
+    scenarios_of,
+)
 from hetopt.spec.schema import InstanceFile, ModelSection
 
 DEMO_INSTANCE = "demo-a100-v100-llama7b"
@@ -31,6 +41,9 @@ class Instance:
     gpu_types: dict[str, GPUType]
     """Every GPU type the cluster uses (catalog or custom)."""
     path: Path | None = None
+    network: tuple[tuple[Link, float], ...] = ()
+    """Island links at other Gbit/s than the file's (`on_network`: a bandwidth scenario); () — the
+    file's own."""
 
     @property
     def name(self) -> str:
@@ -42,7 +55,45 @@ class Instance:
 
     @cached_property
     def cluster(self) -> Cluster:
-        return Cluster.from_spec(self.spec.cluster, self.gpu_types)
+        """The device graph, its island links at `network`'s bandwidths where it sets them."""
+        return Cluster.from_spec(self.spec.cluster, self.gpu_types, dict(self.network))
+
+    def on_network(self, gbps: dict[Link, float]) -> Instance:
+        """The same instance with island links at other bandwidths (the rest as they were).
+
+        Parameters: gbps — (island a, island b) → Gbit/s, either order of the pair.
+        Returns: an Instance whose cluster carries those bandwidths; its file, and so the fingerprint a
+        plan records, is unchanged (a plan stays a plan of the same hardware)."""
+        levels = {**dict(self.network), **{link_key(k): float(v) for k, v in gbps.items()}}
+        return replace(self, network=tuple(sorted(levels.items())))
+
+    # -- its bandwidth scenarios (hetopt.spec.scenarios) -----------------------------------------------
+
+    @property
+    def horizon_s(self) -> float:
+        """The scenario horizon H: `search.horizon_s`, else DEFAULT_HORIZON_S."""
+        return horizon_of(self.spec)
+
+    @property
+    def nominal_gbps(self) -> dict[Link, float]:
+        """Each island link's Gbit/s as the file declares it."""
+        return nominal_gbps(self.spec)
+
+    def scenarios(self, horizon_s: float | None = None) -> list[BandwidthScenario]:
+        """Every scenario (one `stable` when the file has none), generated up to `horizon_s` (default H);
+        measured traces are read relative to the instance file's folder."""
+        horizon = self.horizon_s if horizon_s is None else horizon_s
+        return scenarios_of(self.spec, horizon, self.path.parent if self.path else Path("."))
+
+    @property
+    def longest_trace_s(self) -> float:
+        """The longest replay the generated traces allow (`scenarios.longest_trace_s`)."""
+        return longest_trace_s(self.spec)
+
+    @property
+    def generated_scenarios(self) -> set[str]:
+        """Names of the scenarios a generator makes as long as asked."""
+        return generated_scenarios(self.spec)
 
     def fingerprint(self) -> dict[str, str]:
         """What a plan depends on, each part hashed: the model as resolved, the training settings and the

@@ -1,4 +1,4 @@
-"""Bandwidth scenarios as piecewise-constant capacity traces per island link (DESIGN 2.1).
+"""Bandwidth scenarios as piecewise-constant capacity traces per island link.
 
 Explicit `events`, or seeded generators: `step` (drop at a time, recover later), `markov` (random switching
 between levels with exponential dwell times), `diurnal` (smooth periodic load, sampled every step_s) and
@@ -21,9 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.errors import InputError, Problem
-from hetopt.spec.instance import Instance
+from hetopt.spec.schema import InstanceFile
 
-Change = tuple[float, tuple[str, str], float]
+Link = tuple[str, str]
+"""An island pair, the two names in sorted order (as scenario changes name links)."""
+
+Change = tuple[float, Link, float]
 """(time s, (island a, island b), Gbit/s from then on)."""
 
 
@@ -39,28 +42,32 @@ DEFAULT_HORIZON_S = 60.0
 several iterations of the bundled instances (1 to 20 s each), and a minute-long outage."""
 
 
-def horizon_of(inst: Instance) -> float:
+MAX_SCENARIO_CHANGES = 100_000
+"""The most bandwidth changes a generator may make over the horizon (the replay's trace length)."""
+
+
+def horizon_of(spec: InstanceFile) -> float:
     """The instance's scenario horizon H in seconds.
 
-    Parameters: inst, the instance (its `search.horizon_s`, if given).
+    Parameters: spec, the instance file (its `search.horizon_s`, if given).
     Returns: `search.horizon_s`, or DEFAULT_HORIZON_S when the key is absent.
     """
-    given = inst.spec.search.horizon_s
+    given = spec.search.horizon_s
     return DEFAULT_HORIZON_S if given is None else float(given)
 
 
-def nominal_gbps(inst: Instance) -> dict[tuple[str, str], float]:
+def nominal_gbps(spec: InstanceFile) -> dict[Link, float]:
     """Each island link's nominal Gbit/s, keyed (a, b) in sorted order as scenario changes name links."""
-    return {_key((lk.a, lk.b)): lk.gbps for lk in inst.spec.cluster.network.links}
+    return {link_key((lk.a, lk.b)): lk.gbps for lk in spec.cluster.network.links}
 
 
-def levels_at(nominal: dict[tuple[str, str], float], changes, t: float) -> dict[tuple[str, str], float]:
+def levels_at(nominal: dict[Link, float], changes, t: float) -> dict[Link, float]:
     """Every link's Gbit/s at time t: its nominal level, then the changes up to t (those at t applied, in
     their order)."""
     levels = dict(nominal)
     for at, link, gbps in changes:
         if at <= t:
-            levels[_key(link)] = gbps
+            levels[link_key(link)] = gbps
     return levels
 
 
@@ -74,10 +81,10 @@ STEP_KEYS = {"markov": "mean_dwell_s", "diurnal": "step_s"}
 """The generators that change the bandwidth over and over, and the key of their interval."""
 
 
-def outages(changes: list[Change]) -> list[tuple[tuple[str, str], float, float]]:
+def outages(changes: list[Change]) -> list[tuple[Link, float, float]]:
     """The spans a link is down (at 0 Gbit/s): (link, from s, until s), until inf when it never comes back.
     Changes at one instant apply in their order: only the last one holds."""
-    down: dict[tuple[str, str], float] = {}
+    down: dict[Link, float] = {}
     spans = []
     for t, link, gbps in sorted(changes, key=lambda c: c[0]):
         if gbps == 0:
@@ -89,37 +96,37 @@ def outages(changes: list[Change]) -> list[tuple[tuple[str, str], float, float]]
     return spans + [(link, start, math.inf) for link, start in down.items()]
 
 
-def longest_trace_s(inst: Instance) -> float:
+def longest_trace_s(spec: InstanceFile) -> float:
     """The longest replay whose generated traces stay within MAX_SCENARIO_CHANGES changes each (a Markov
     or diurnal generator changes the bandwidth about once per mean_dwell_s or step_s); inf without one."""
-    from hetopt.spec.checks import MAX_SCENARIO_CHANGES
-
     steps = [getattr(sc.generator, STEP_KEYS[sc.generator.kind])
-             for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS]
+             for sc in spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS]
     return min(steps, default=math.inf) * MAX_SCENARIO_CHANGES
 
 
-def generated_scenarios(inst: Instance) -> set[str]:
+def generated_scenarios(spec: InstanceFile) -> set[str]:
     """The names of the scenarios whose trace a generator makes as long as asked (STEP_KEYS)."""
-    return {sc.name for sc in inst.spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS}
+    return {sc.name for sc in spec.scenarios
+            if sc.generator is not None and sc.generator.kind in STEP_KEYS}
 
 
-def scenarios_of(inst: Instance, horizon_s: float) -> list[BandwidthScenario]:
-    """Every scenario of the instance (one `stable` scenario when it has none), generated up to horizon_s."""
-    if not inst.spec.scenarios:
+def scenarios_of(spec: InstanceFile, horizon_s: float, base_dir: Path) -> list[BandwidthScenario]:
+    """Every scenario of the instance file (one `stable` scenario when it has none), generated up to
+    horizon_s; measured traces are read relative to `base_dir` (the file's folder)."""
+    if not spec.scenarios:
         return [BandwidthScenario("stable", 1.0, ())]
-    nominal = {frozenset((lk.a, lk.b)): lk.gbps for lk in inst.spec.cluster.network.links}
-    base_dir = inst.path.parent if inst.path else Path(".")
+    nominal = {frozenset((lk.a, lk.b)): lk.gbps for lk in spec.cluster.network.links}
     out = []
-    for sc in inst.spec.scenarios:
-        changes: list[Change] = [(e.at_s, _key(e.link), e.gbps) for e in sc.events]
+    for sc in spec.scenarios:
+        changes: list[Change] = [(e.at_s, link_key(e.link), e.gbps) for e in sc.events]
         if sc.generator is not None:
             changes += generate(sc.generator, nominal, horizon_s, base_dir)
         out.append(BandwidthScenario(sc.name, sc.probability, tuple(sorted(changes, key=lambda c: c[0]))))
     return out
 
 
-def _key(link) -> tuple[str, str]:
+def link_key(link) -> Link:
+    """An island pair as scenarios name links: the two names in sorted order."""
     a, b = link
     return (a, b) if a <= b else (b, a)
 
@@ -127,7 +134,7 @@ def _key(link) -> tuple[str, str]:
 def generate(gen, nominal: dict, horizon_s: float, base_dir: Path) -> list[Change]:
     if gen.kind == "trace":
         return read_trace(base_dir / gen.path, {frozenset(link) for link in nominal})
-    link = _key(gen.link)
+    link = link_key(gen.link)
     if gen.kind == "step":
         changes = [(gen.at_s, link, gen.low_gbps)]
         if gen.until_s is not None:
@@ -175,7 +182,7 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
             found = _row_problems(row, links)
             problems += [Problem(f"line {n} {column}", message, value, True) for column, message, value in found]
             if not found:
-                changes.append((float(row["at_s"]), _key((row["a"], row["b"])), float(row["gbps"])))
+                changes.append((float(row["at_s"]), link_key((row["a"], row["b"])), float(row["gbps"])))
     if not changes and not problems:
         raise InputError(str(path), [Problem("line 2", "the trace has no rows; give at least one (at_s,a,b,gbps)",
                                              None, False)])
