@@ -18,10 +18,15 @@ from pathlib import Path
 def expected(repo: Path) -> set[str]:
     """The files the wheel must hold, as paths inside it."""
     files = {p.relative_to(repo).as_posix() for p in (repo / "hetopt").rglob("*.py")}
-    files |= {p.relative_to(repo).as_posix() for p in (repo / "hetopt/cost/profiles").glob("*.json")}
+    files |= {
+        p.relative_to(repo).as_posix() for p in (repo / "hetopt/cost/profiles").glob("*.json")
+    }
     files |= {f"hetopt/formulations/{p.name}" for p in (repo / "formulations").glob("*.py")}
-    files |= {f"hetopt/bundled/{p.name}" for p in (repo / "instances").iterdir()
-              if p.suffix in (".yaml", ".json", ".csv", ".py")}
+    files |= {
+        f"hetopt/bundled/{p.name}"
+        for p in (repo / "instances").iterdir()
+        if p.suffix in (".yaml", ".json", ".csv", ".py")
+    }
     return {f for f in files if "__pycache__" not in f}
 
 
@@ -37,8 +42,14 @@ def main(repo: Path, wheel: Path, sdist: Path) -> list[str]:
         problems.append(f"the wheel installs top-level names other than hetopt: {sorted(tops)}")
     with tarfile.open(sdist) as tar:
         inside = {"/".join(m.name.split("/")[1:]) for m in tar.getmembers()}
-    for need in ("pyproject.toml", "setup.py", "README.md", "formulations/__init__.py",
-                 "instances/demo-a100-v100-llama7b.yaml", "hetopt/__init__.py"):
+    for need in (
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "formulations/__init__.py",
+        "instances/demo-a100-v100-llama7b.yaml",
+        "hetopt/__init__.py",
+    ):
         if need not in inside:
             problems.append(f"the sdist lacks {need}")
     return problems

@@ -1,9 +1,9 @@
 """Evaluations per second of the analytic cost model on a 64-GPU plan, in one process.
 
-Run: python benchmarks/bench_evaluate.py [--seconds S]
-Two figures: a fresh plan each call (layout expansion + placement + features + pricing, what a sweep of
-distinct layouts pays), and re-pricing features already built (what a search pays when it re-prices a
-skeleton under other weights or scenarios).
+Run: python benchmarks/bench_evaluate.py [--seconds S] Two figures: a fresh plan each call (layout
+expansion + placement + features + pricing, what a sweep of distinct layouts pays), and re-pricing
+features already built (what a search pays when it re-prices a skeleton under other weights or
+scenarios).
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ cluster:
     - {name: v100, count: 4, gpu: V100-32GB, gpus_per_node: 8, island: rack1, nic_gbps: 400}
   network: {links: [{a: rack0, b: rack1, gbps: 400, latency_us: 10}]}
 """
-LAYOUTS = ["tp=2,pp=4,dp=8,mb=1", "tp=4,pp=2,dp=8,mb=2", "tp=8,pp=4,dp=2,mb=1,recompute=selective",
-           "tp=1,pp=8,dp=8,mb=1,recompute=full", "tp=2,pp=8,dp=4,mb=2,vp=5"]
+LAYOUTS = [
+    "tp=2,pp=4,dp=8,mb=1",
+    "tp=4,pp=2,dp=8,mb=2",
+    "tp=8,pp=4,dp=2,mb=1,recompute=selective",
+    "tp=1,pp=8,dp=8,mb=1,recompute=full",
+    "tp=2,pp=8,dp=4,mb=2,vp=5",
+]
 
 
 def rate(fn, seconds: float) -> float:
@@ -46,8 +51,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    inst = instance_from_spec(validate_document(yaml.safe_load(INSTANCE), "bench", InstanceFile, "instance"),
-                              "bench", __import__("pathlib").Path("."))
+    inst = instance_from_spec(
+        validate_document(yaml.safe_load(INSTANCE), "bench", InstanceFile, "instance"),
+        "bench",
+        __import__("pathlib").Path("."),
+    )
     profiles = Profiles()
     plans = [expand_layout(inst, parse_layout(t)) for t in LAYOUTS]
     feats = [plan_features(inst, p) for p in plans]

@@ -1,11 +1,12 @@
 """metis-like against the proven optimum of hetopt's space, on every bundled instance (issue 12).
 
-For each instance: the metis-like plan (Metis's shapes: stages that mix GPU types, per-stage DP width),
-its evaluator time and its simulated time at the instance's first scenario, and the proven optimum of the
-instance's search space (`hetopt solve`, its `search:` section kept), evaluator and simulator alike, and
-whether the metis-like plan is a point of that space (`outside_space`: "in space", else why not). Since
-stages with shards are searched (search.shards) every metis-like plan is a point of the space, so the
-optimum is never slower. Run: python benchmarks/bench_metis.py [--time-limit S] [INSTANCE ...]
+For each instance: the metis-like plan (Metis's shapes: stages that mix GPU types, per-stage DP
+width), its evaluator time and its simulated time at the instance's first scenario, and the proven
+optimum of the instance's search space (`hetopt solve`, its `search:` section kept), evaluator and
+simulator alike, and whether the metis-like plan is a point of that space (`outside_space`: "in
+space", else why not). Since stages with shards are searched (search.shards) every metis-like plan
+is a point of the space, so the optimum is never slower. Run: python benchmarks/bench_metis.py
+[--time-limit S] [INSTANCE ...]
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=120.0)
     args = ap.parse_args()
     paths = [Path(p) for p in args.instances] or sorted((REPO / "instances").glob("*.yaml"))
-    print(f"{'instance':34} {'metis s':>9} {'sim':>9} {'optimum s':>10} {'sim':>9} {'metis/opt':>9}  metis-like plan")
+    print(
+        f"{'instance':34} {'metis s':>9} {'sim':>9} {'optimum s':>10} {'sim':>9} "
+        f"{'metis/opt':>9}  metis-like plan"
+    )
     for path in paths:
         inst = load_instance(path)
         scenario = inst.scenarios(100)[0]
@@ -52,14 +56,25 @@ def main() -> None:
             if plan is None:
                 rows.append((float("nan"), float("nan")))
                 continue
-            rows.append((evaluate(inst, plan).iteration_time_s,
-                         Simulation(inst, plan).run(scenario).iteration_times_s[0]))
+            rows.append(
+                (
+                    evaluate(inst, plan).iteration_time_s,
+                    Simulation(inst, plan).run(scenario).iteration_times_s[0],
+                )
+            )
         (m, m_sim), (o, o_sim) = rows
         label = shape(metis.plan) if metis.plan is not None else "no plan"
-        why = outside_space(inst, metis.plan, SearchOptions.from_instance(inst)) if metis.plan is not None else []
+        why = (
+            outside_space(inst, metis.plan, SearchOptions.from_instance(inst))
+            if metis.plan is not None
+            else []
+        )
         member = "in space" if not why else "outside: " + "; ".join(why)
-        print(f"{inst.name:34} {m:9.4f} {m_sim:9.4f} {o:10.4f} {o_sim:9.4f} {m / o:9.3f}  {label} "
-              f"({metis_s:.1f} s; optimum {best.status.value}; {member})", flush=True)
+        print(
+            f"{inst.name:34} {m:9.4f} {m_sim:9.4f} {o:10.4f} {o_sim:9.4f} {m / o:9.3f}  {label} "
+            f"({metis_s:.1f} s; optimum {best.status.value}; {member})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

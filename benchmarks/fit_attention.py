@@ -2,10 +2,10 @@
 
     python benchmarks/fit_attention.py [LAYER_TIMES.csv] [--gpu H200]
 
-Least squares of the ATTN weight alone (relative error) on the flash-attention passes that take ≥ 2 ms
-(shorter ones are bound by eager PyTorch's per-operator launches, which the layer-time file cannot separate),
-every other weight from the shipped profile of the GPU; prints η_attn, ρ = η_attn/η_gemm and the errors, for
-forward and backward passes apart and together.
+Least squares of the ATTN weight alone (relative error) on the flash-attention passes that take ≥ 2
+ms (shorter ones are bound by eager PyTorch's per-operator launches, which the layer-time file
+cannot separate), every other weight from the shipped profile of the GPU; prints η_attn, ρ =
+η_attn/η_gemm and the errors, for forward and backward passes apart and together.
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ def main() -> None:
         fit = least_squares(residuals, [2.0], bounds=([0.5], [50.0]))
         err = np.abs(residuals(fit.x))
         eta = 1 / fit.x[0]
-        print(f"{part:>4}: {rows.sum():3d} passes  η_attn {eta:.3f}  ρ {eta * base.w[GEMM]:.3f}  "
-              f"MAPE {err.mean():.1%}  max {err.max():.1%}")
+        print(
+            f"{part:>4}: {rows.sum():3d} passes  η_attn {eta:.3f}  ρ {eta * base.w[GEMM]:.3f}  "
+            f"MAPE {err.mean():.1%}  max {err.max():.1%}"
+        )
 
 
 if __name__ == "__main__":

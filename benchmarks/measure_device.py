@@ -3,13 +3,16 @@
     python benchmarks/measure_device.py --gpu H200 --out DIR [--tiny]
 
 Needs only PyTorch (so it runs on a bare GPU machine without hetopt's solvers). Writes:
-- `DIR/gemm.csv`: achieved bf16 TFLOP/s of torch.mm by shape (m, n, k): squares and the per-GPU GEMM shapes
+- `DIR/gemm.csv`: achieved bf16 TFLOP/s of torch.mm by shape (m, n, k): squares and the per-GPU GEMM
+  shapes
   of transformer layers (QKV, output projection, MLP up/down at TP 1–8), the columns of
   data/calibration/public/gemm_achieved.csv;
-- `DIR/layer_times.csv`: forward and backward milliseconds of one transformer layer (GPT block with flash
-  or standard attention, LLaMA block with RMSNorm, SwiGLU and grouped-query attention), no recompute and
-  full recompute, the columns of the Korthikanti layer-times file plus `attention`, `gated_mlp`, `kv_heads`,
-  `ffn_hidden` and the activation bytes the forward kept (`stored_bytes`, from the allocator);
+- `DIR/layer_times.csv`: forward and backward milliseconds of one transformer layer (GPT block with
+  flash
+  or standard attention, LLaMA block with RMSNorm, SwiGLU and grouped-query attention), no recompute
+  and full recompute, the columns of the Korthikanti layer-times file plus `attention`, `gated_mlp`,
+  `kv_heads`, `ffn_hidden` and the activation bytes the forward kept (`stored_bytes`, from the
+  allocator);
 - `DIR/device.json`: the device's name, the memory it reports, what a program can allocate, the CUDA
   context's share, and achieved HBM bandwidth of an elementwise add and a copy.
 Timing: CUDA events around `repeats` calls after warm-up calls; the statistic is the mean.
@@ -64,10 +67,12 @@ def gemm_shapes(tiny: bool) -> list[tuple[int, int, int, str]]:
             for tp in (1, 2, 4, 8):
                 if h // tp < 256:
                     continue
-                shapes += [(tokens, 3 * h // tp, h, f"qkv h={h} tp={tp}"),
-                           (tokens, h, h // tp, f"proj h={h} tp={tp}"),
-                           (tokens, 4 * h // tp, h, f"mlp-up h={h} tp={tp}"),
-                           (tokens, h, 4 * h // tp, f"mlp-down h={h} tp={tp}")]
+                shapes += [
+                    (tokens, 3 * h // tp, h, f"qkv h={h} tp={tp}"),
+                    (tokens, h, h // tp, f"proj h={h} tp={tp}"),
+                    (tokens, 4 * h // tp, h, f"mlp-up h={h} tp={tp}"),
+                    (tokens, h, 4 * h // tp, f"mlp-down h={h} tp={tp}"),
+                ]
     return shapes
 
 
@@ -80,12 +85,26 @@ def measure_gemms(device: str, tiny: bool, gpu: str, software: str) -> list[dict
         flops = 2.0 * m * n * k
         repeats = max(3, min(200, int(2e12 / flops) if not tiny else 3))
         t = mean_s(lambda a=a, b=b: torch.mm(a, b), repeats)
-        rows.append({"gpu": gpu, "gpu_variant": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-                     "m": m, "n": n, "k": k, "batch": 1, "shape_label": label, "dtype": "bf16",
-                     "achieved_tflops": round(flops / t / 1e12, 2), "peak_tflops_claimed_by_source": "",
-                     "statistic": f"mean of {repeats} after 3 warm-up (CUDA events)", "tool_or_library": "torch.mm",
-                     "software": software, "source": "hetopt benchmarks/measure_device.py", "confidence": "EXACT",
-                     "notes": ""})
+        rows.append(
+            {
+                "gpu": gpu,
+                "gpu_variant": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+                "m": m,
+                "n": n,
+                "k": k,
+                "batch": 1,
+                "shape_label": label,
+                "dtype": "bf16",
+                "achieved_tflops": round(flops / t / 1e12, 2),
+                "peak_tflops_claimed_by_source": "",
+                "statistic": f"mean of {repeats} after 3 warm-up (CUDA events)",
+                "tool_or_library": "torch.mm",
+                "software": software,
+                "source": "hetopt benchmarks/measure_device.py",
+                "confidence": "EXACT",
+                "notes": "",
+            }
+        )
         del a, b
     return rows
 
@@ -96,15 +115,28 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(h))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype) * self.weight
+        return (
+            x
+            * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(x.dtype)
+            * self.weight
+        )
 
 
 class Block(nn.Module):
-    """One transformer layer: GPT (LayerNorm, GeLU MLP) or LLaMA (RMSNorm, SwiGLU, grouped-query)."""
+    """One transformer layer: GPT (LayerNorm, GeLU MLP) or LLaMA (RMSNorm, SwiGLU,
+    grouped-query)."""
 
-    def __init__(self, h: int, heads: int, kv_heads: int, ffn: int, gated: bool, attention: str) -> None:
+    def __init__(
+        self, h: int, heads: int, kv_heads: int, ffn: int, gated: bool, attention: str
+    ) -> None:
         super().__init__()
-        self.h, self.heads, self.kv, self.gated, self.attention = h, heads, kv_heads, gated, attention
+        self.h, self.heads, self.kv, self.gated, self.attention = (
+            h,
+            heads,
+            kv_heads,
+            gated,
+            attention,
+        )
         d = h // heads
         norm = RMSNorm if gated else nn.LayerNorm
         self.n1, self.n2 = norm(h), norm(h)
@@ -159,8 +191,11 @@ def layer_configs(tiny: bool) -> list[tuple]:
     ]
 
 
-def time_layer(block: nn.Module, x, recompute: str, mean_s, repeats: int) -> tuple[float, float, float]:
-    """(forward s, forward + backward s, bytes the forward left allocated) of one layer on input x."""
+def time_layer(
+    block: nn.Module, x, recompute: str, mean_s, repeats: int
+) -> tuple[float, float, float]:
+    """(forward s, forward + backward s, bytes the forward left allocated) of one layer on input
+    x."""
 
     def fwd():
         if recompute == "full":
@@ -200,15 +235,31 @@ def measure_layers(device: str, tiny: bool, gpu: str, software: str) -> list[dic
                 x = torch.randn(b, s, h, device=device, dtype=DTYPE, requires_grad=True)
                 for recompute in ("none", "full"):
                     t_fwd, t_both, stored = time_layer(block, x, recompute, mean_s, repeats)
-                    rows.append({"model": name, "heads": heads, "kv_heads": kv, "hidden": h, "ffn_hidden": ffn,
-                                 "gated_mlp": gated, "layers": 1, "tp": 1, "micro_batch": b, "seq_len": s,
-                                 "vocab": 50257, "gpu": gpu, "attention": attention,
-                                 "config": "baseline full recompute" if recompute == "full"
-                                 else "baseline no recompute",
-                                 "layer_fwd_ms": round(t_fwd * 1e3, 4),
-                                 "layer_bwd_ms": round((t_both - t_fwd) * 1e3, 4),
-                                 "layer_total_ms": round(t_both * 1e3, 4), "stored_bytes": stored,
-                                 "source": f"hetopt benchmarks/measure_device.py ({software})"})
+                    rows.append(
+                        {
+                            "model": name,
+                            "heads": heads,
+                            "kv_heads": kv,
+                            "hidden": h,
+                            "ffn_hidden": ffn,
+                            "gated_mlp": gated,
+                            "layers": 1,
+                            "tp": 1,
+                            "micro_batch": b,
+                            "seq_len": s,
+                            "vocab": 50257,
+                            "gpu": gpu,
+                            "attention": attention,
+                            "config": "baseline full recompute"
+                            if recompute == "full"
+                            else "baseline no recompute",
+                            "layer_fwd_ms": round(t_fwd * 1e3, 4),
+                            "layer_bwd_ms": round((t_both - t_fwd) * 1e3, 4),
+                            "layer_total_ms": round(t_both * 1e3, 4),
+                            "stored_bytes": stored,
+                            "source": f"hetopt benchmarks/measure_device.py ({software})",
+                        }
+                    )
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
     return rows
@@ -230,9 +281,14 @@ def measure_device(device: str, tiny: bool) -> dict:
     torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
     free, total = torch.cuda.mem_get_info()
-    out.update(name=props.name, total_memory_bytes=props.total_memory, mem_get_info_total=total,
-               mem_get_info_free=free, context_and_runtime_bytes=total - free - torch.cuda.memory_reserved(),
-               multiprocessors=props.multi_processor_count)
+    out.update(
+        name=props.name,
+        total_memory_bytes=props.total_memory,
+        mem_get_info_total=total,
+        mem_get_info_free=free,
+        context_and_runtime_bytes=total - free - torch.cuda.memory_reserved(),
+        multiprocessors=props.multi_processor_count,
+    )
     blocks, chunk = [], 2**30
     try:
         while True:
@@ -259,14 +315,22 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.out.mkdir(parents=True, exist_ok=True)
-    software = f"torch {torch.__version__}" + (f", CUDA {torch.version.cuda}" if torch.version.cuda else "")
-    info = {"gpu": args.gpu, "date": dt.date.today().isoformat(), "software": software,
-            "method": "benchmarks/measure_device.py: CUDA-event means after warm-up",
-            **measure_device(device, args.tiny)}
+    software = f"torch {torch.__version__}" + (
+        f", CUDA {torch.version.cuda}" if torch.version.cuda else ""
+    )
+    info = {
+        "gpu": args.gpu,
+        "date": dt.date.today().isoformat(),
+        "software": software,
+        "method": "benchmarks/measure_device.py: CUDA-event means after warm-up",
+        **measure_device(device, args.tiny),
+    }
     (args.out / "device.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info), flush=True)
-    for name, rows in (("gemm.csv", measure_gemms(device, args.tiny, args.gpu, software)),
-                       ("layer_times.csv", measure_layers(device, args.tiny, args.gpu, software))):
+    for name, rows in (
+        ("gemm.csv", measure_gemms(device, args.tiny, args.gpu, software)),
+        ("layer_times.csv", measure_layers(device, args.tiny, args.gpu, software)),
+    ):
         with (args.out / name).open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))
             w.writeheader()

@@ -5,12 +5,13 @@ Prints predicted vs published iteration time per run, MAPE, and Spearman rank co
 
 Data: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
 (arXiv:2205.05198), Table 3 (configurations) and Table 5 (iteration times) — GPT models of 22B to 1T
-parameters on DGX A100 80GB nodes of NVIDIA's Selene (8 GPUs per node on NVSwitch, 8 × 200 Gbit/s HDR
-InfiniBand per node), sequence 2048, vocabulary 51200. "full" is full activation recompute without sequence
-parallelism; "present" is selective recompute with sequence parallelism. Assumptions where the paper is
-silent: micro-batch 1 (4 for the 22B model, as in its Table 4), the 1F1B schedule, standard attention,
-no ZeRO. The 22B rows share their paper with the layer times used in calibration (a different measurement:
-whole iterations here, one layer there), so they are not fully out of sample.
+parameters on DGX A100 80GB nodes of NVIDIA's Selene (8 GPUs per node on NVSwitch, 8 × 200 Gbit/s
+HDR InfiniBand per node), sequence 2048, vocabulary 51200. "full" is full activation recompute
+without sequence parallelism; "present" is selective recompute with sequence parallelism.
+Assumptions where the paper is silent: micro-batch 1 (4 for the 22B model, as in its Table 4), the
+1F1B schedule, standard attention, no ZeRO. The 22B rows share their paper with the layer times used
+in calibration (a different measurement: whole iterations here, one layer there), so they are not
+fully out of sample.
 """
 
 from __future__ import annotations
@@ -39,12 +40,29 @@ CONFIGS = {"full": "recompute=full,sp=false", "present": "recompute=selective,sp
 def instance(heads: int, hidden: int, layers: int, gpus: int, batch: int):
     data = {
         "name": "selene",
-        "model": {"layers": layers, "hidden": hidden, "heads": heads, "vocab": 51200, "max_seq_len": 2048},
+        "model": {
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "vocab": 51200,
+            "max_seq_len": 2048,
+        },
         "training": {"seq_len": 2048, "global_batch": batch, "attention": "standard"},
-        "cluster": {"nodes": [{"name": "dgx", "count": gpus // 8, "gpu": "A100-80GB", "gpus_per_node": 8,
-                               "nic_gbps": 1600}]},
+        "cluster": {
+            "nodes": [
+                {
+                    "name": "dgx",
+                    "count": gpus // 8,
+                    "gpu": "A100-80GB",
+                    "gpus_per_node": 8,
+                    "nic_gbps": 1600,
+                }
+            ]
+        },
     }
-    return instance_from_spec(validate_document(data, "selene", InstanceFile, "instance"), "selene", Path("."))
+    return instance_from_spec(
+        validate_document(data, "selene", InstanceFile, "instance"), "selene", Path(".")
+    )
 
 
 def main() -> None:
@@ -58,11 +76,15 @@ def main() -> None:
             predicted.append(ev.iteration_time_s)
             published.append(seconds)
             err = ev.iteration_time_s / seconds - 1
-            print(f"{name + ' ' + config:<14}{layout:<52}{seconds:>12.2f}{ev.iteration_time_s:>12.2f}{err:>+8.1%}"
-                  f"{'yes' if ev.fits else 'NO':>6}")
+            print(
+                f"{name + ' ' + config:<14}{layout:<52}{seconds:>12.2f}"
+                f"{ev.iteration_time_s:>12.2f}{err:>+8.1%}{'yes' if ev.fits else 'NO':>6}"
+            )
     p, m = np.array(predicted), np.array(published)
-    print(f"MAPE {np.mean(np.abs(p / m - 1)):.1%}, max {np.max(np.abs(p / m - 1)):.1%}, "
-          f"Spearman {spearmanr(p, m).statistic:.3f} over {len(p)} runs (all ran: every one must fit)")
+    print(
+        f"MAPE {np.mean(np.abs(p / m - 1)):.1%}, max {np.max(np.abs(p / m - 1)):.1%}, Spearman "
+        f"{spearmanr(p, m).statistic:.3f} over {len(p)} runs (all ran: every one must fit)"
+    )
 
 
 if __name__ == "__main__":

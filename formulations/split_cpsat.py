@@ -5,8 +5,9 @@ a small domain (1 … U_i, the most its memory holds), so every quantity that de
 tabulated over that domain and linked with an element constraint — exactly, with no epigraph: both
 passes y^{fb}_i(L) = y^f_i(L) + y^b_i(L) (a pass takes max(h, d) + s·min(h, d), and under ZeRO-2/3
 waits for its collectives: SplitProblem.pass_s), the backward pass y^b_i(L), the overlapped part
-o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step O_i(L) — for a stage with shards each
-the stage's as pricing.by_stage takes it from its rows (SplitProblem.pass_s, hidden_s, dp_s, opt_s).
+o_i·y^b_i(L), the gradient all-reduce D_i(L), the optimizer step O_i(L) — for a stage with shards
+each the stage's as pricing.by_stage takes it from its rows (SplitProblem.pass_s, hidden_s, dp_s,
+opt_s).
 
   (C1) Σ L_i = N                  (C2) y^{fb}_i = table_fb(L_i), y^b_i = table_b(L_i)   (element)
   (C3) τ̂ = max_i τ_i, τ_i = y^{fb}_i + c_i                (C4) T_sync = (m − 1)·τ̂ + Σ_i τ_i
@@ -23,19 +24,19 @@ T_dp the max over every template's stages, plus their split-independent gradient
 w_s = round(p_s·P).
 
 Rounding, and what OPTIMAL means. Times are integers in units of 1/S s, S a power of ten chosen per
-problem: the least that keeps the rounding error below FINE_ENOUGH of REL_TOLERANCE of a lower bound on
-the objective (PlanProblem.lower_bound_s, search.bounds.placed_bound), and never so large that an
-objective value reaches 2^53 (exact in the doubles of CP-SAT's LP); MIN_SCALE … MAX_SCALE. Finer than
-needed only slows CP-SAT: a two-template CVaR problem of 8 layers over 3 scenarios was not proven in
-60 s at 1/S = 1 ns, and at once at 100 ns or 10 ns, with the same answer. Each table entry and constant
-is rounded once (error ≤ ½ unit), so for every split the integer scenario time T̃_s differs from the
-evaluator's T_s by at most (units)
+problem: the least that keeps the rounding error below FINE_ENOUGH of REL_TOLERANCE of a lower bound
+on the objective (PlanProblem.lower_bound_s, search.bounds.placed_bound), and never so large that an
+objective value reaches 2^53 (exact in the doubles of CP-SAT's LP); MIN_SCALE … MAX_SCALE. Finer
+than needed only slows CP-SAT: a two-template CVaR problem of 8 layers over 3 scenarios was not
+proven in 60 s at 1/S = 1 ns, and at once at 100 ns or 10 ns, with the same answer. Each table entry
+and constant is rounded once (error ≤ ½ unit), so for every split the integer scenario time T̃_s
+differs from the evaluator's T_s by at most (units)
 
     E_s = max_j (m_j − 1 + p_j) + max_j p_j + 1
 
-— τ_i sums two rounded terms (y^{fb}_i and c_i: one unit) and (C4) counts m_j − 1 + p_j of them (with
-v chunks per stage, (C1v) L_i = v·K_i and (C4) v·T_pipe = (v·m − 1)·τ̂ + Σ τ_i: (v·m − 1 + p)/v ≤
-m − 1 + p units, and one more for rounding T_pipe down to a whole unit, added to E_s); the
+— τ_i sums two rounded terms (y^{fb}_i and c_i: one unit) and (C4) counts m_j − 1 + p_j of them
+(with v chunks per stage, (C1v) L_i = v·K_i and (C4) v·T_pipe = (v·m − 1)·τ̂ + Σ τ_i: (v·m − 1 +
+p)/v ≤ m − 1 + p units, and one more for rounding T_pipe down to a whole unit, added to E_s); the
 (C5) row of stage i rounds y^b_k and e_k of the stages before it, e_i, o_i·y^b_i and D_i (2i + 2
 halves, at most p_j units); X and T_opt one half each. The objective's weights add a relative error:
 with q_s the integer model's weight of scenario s and c_s the true one (p_s, or p_s/(1 − α) for
@@ -88,24 +89,33 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     flat, flat_max, choices = _build(model, problem, weights, divisor, scale)
     hint = None
     if options.hint is not None and len(options.hint) == len(flat):
-        hint = {var: min(value, top)
-                for var, value, top in zip(flat, options.hint, flat_max, strict=True)}
+        hint = {
+            var: min(value, top)
+            for var, value, top in zip(flat, options.hint, flat_max, strict=True)
+        }
     if options.export_path:  # the exported model carries the hint, as the solved one does
         for var, value in (hint or {}).items():
             model.AddHint(var, value)
-        with atomic_path(options.export_path) as temp:  # a .txt name is written as text, else binary
+        with atomic_path(
+            options.export_path
+        ) as temp:  # a .txt name is written as text, else binary
             model.ExportToFile(str(temp))
         hint = None
     run = backends.get(backend).run(model, options, hint)
     wall = clock() - start
     if run.status == SolveStatus.INFEASIBLE:
-        return SplitSolution(SolveStatus.INFEASIBLE, None, math.inf, math.inf, wall, backend,
-                             run.detail)
+        return SplitSolution(
+            SolveStatus.INFEASIBLE, None, math.inf, math.inf, wall, backend, run.detail
+        )
     errors = [e / scale for e in rounding_error_units(problem)]
     valid = _valid_bound(problem, run.bound, scale, divisor, errors, weights, true_weights)
     model_s = run.objective / divisor / scale if run.objective is not None else None
-    extra = {"scale_units_per_s": scale, "rounding_error_s": max(errors),
-             "rel_tolerance": REL_TOLERANCE, "model_objective_s": model_s}
+    extra = {
+        "scale_units_per_s": scale,
+        "rounding_error_s": max(errors),
+        "rel_tolerance": REL_TOLERANCE,
+        "model_objective_s": model_s,
+    }
     if run.value is None:
         status = SolveStatus.TIMEOUT if run.status == SolveStatus.TIMEOUT else SolveStatus.ERROR
         kept = valid if status == SolveStatus.TIMEOUT else 0.0
@@ -118,10 +128,14 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     if status == SolveStatus.OPTIMAL and objective_s - valid > REL_TOLERANCE * objective_s:
         status = SolveStatus.FEASIBLE
         gap = (objective_s - valid) / objective_s
-        detail += (f"; proven for the integer model, but its rounding leaves the evaluator's "
-                   f"{objective_s:.9g} s {gap:.2e} above the valid bound {valid:.9g} s (more than "
-                   f"{REL_TOLERANCE:g})")
-    return SplitSolution(status, layers, objective_s, valid, wall, backend, detail, extra, recompute=modes)
+        detail += (
+            "; proven for the integer model, but its rounding leaves the evaluator's "
+            f"{objective_s:.9g} s {gap:.2e} above the valid bound {valid:.9g} s (more than "
+            f"{REL_TOLERANCE:g})"
+        )
+    return SplitSolution(
+        status, layers, objective_s, valid, wall, backend, detail, extra, recompute=modes
+    )
 
 
 def _modes(choices: list, run) -> list[str]:
@@ -132,9 +146,13 @@ def _modes(choices: list, run) -> list[str]:
 def rounding_error_units(problem: PlanProblem) -> list[float]:
     """E_s for each scenario: the most the integer model's time of any split can differ from the
     evaluator's, in units of the scale (module docstring)."""
-    return [max(t.micro_batches - 1 + t.depth for t in sc.templates)
-            + max(t.depth for t in sc.templates) + 1.0
-            + (1.0 if any(t.virtual_stages > 1 for t in sc.templates) else 0.0) for sc in problem.scenarios]
+    return [
+        max(t.micro_batches - 1 + t.depth for t in sc.templates)
+        + max(t.depth for t in sc.templates)
+        + 1.0
+        + (1.0 if any(t.virtual_stages > 1 for t in sc.templates) else 0.0)
+        for sc in problem.scenarios
+    ]
 
 
 def _weights(problem: PlanProblem) -> tuple[list[int], int, list[float]]:
@@ -150,8 +168,15 @@ def _weights(problem: PlanProblem) -> tuple[list[int], int, list[float]]:
     return weights, round(P * (1 - problem.alpha)), [p / (1 - problem.alpha) for p in probs]
 
 
-def _valid_bound(problem: PlanProblem, bound: float | None, scale: int, divisor: int,
-                 errors: list[float], weights: list[int], true_weights: list[float]) -> float:
+def _valid_bound(
+    problem: PlanProblem,
+    bound: float | None,
+    scale: int,
+    divisor: int,
+    errors: list[float],
+    weights: list[int],
+    true_weights: list[float],
+) -> float:
     """A bound (seconds) no split beats, from CP-SAT's bound on its integer objective: take off the
     rounding, then divide by the weights' distortion κ (module docstring)."""
     if bound is None or not math.isfinite(bound):
@@ -165,8 +190,9 @@ def _valid_bound(problem: PlanProblem, bound: float | None, scale: int, divisor:
 
 
 def _scale(problem: PlanProblem, weight: int) -> int:
-    """S: the least power of ten whose rounding error E/S is below FINE_ENOUGH·REL_TOLERANCE of a lower
-    bound on the objective, within MIN_SCALE … the largest with weight · ub · S < 2^53 (≤ MAX_SCALE)."""
+    """S: the least power of ten whose rounding error E/S is below FINE_ENOUGH·REL_TOLERANCE of a
+    lower bound on the objective, within MIN_SCALE … the largest with weight · ub · S < 2^53 (≤
+    MAX_SCALE)."""
     ub = max(upper_bound_s(sc) for sc in problem.scenarios)
     errors = rounding_error_units(problem)
     margin = 2 * max(errors) + 4  # what _build adds to the domains
@@ -185,16 +211,23 @@ def _scale(problem: PlanProblem, weight: int) -> int:
 def upper_bound_s(sc) -> float:
     """No split makes a scenario's time exceed this (seconds): the slowest template with every stage
     at its slowest (a pass time is convex in L, so at an end of the domain; under ZeRO-2/3 the
-    largest over every L), then the slowest all-reduce, the exchange and the slowest optimizer step."""
+    largest over every L), then the slowest all-reduce, the exchange and the slowest optimizer
+    step."""
     sync, dp, opt = 0.0, 0.0, 0.0
     for pr in sc.templates:
         top = _top(pr)
         # a pass is convex in L, so at an end of the domain — under ZeRO-2/3 not: every L (and with
         # per-stage recompute in every mode)
         ends = [range(1, top[i] + 1) if pr.tabulated else (1, top[i]) for i in range(pr.depth)]
-        tau = [max(_pass(pr, i, n, "f", r) + _pass(pr, i, n, "b", r) for n in ends[i]
-                   for r in range(len(pr.variants()))) + pr.p2p[i]
-               for i in range(pr.depth)]
+        tau = [
+            max(
+                _pass(pr, i, n, "f", r) + _pass(pr, i, n, "b", r)
+                for n in ends[i]
+                for r in range(len(pr.variants()))
+            )
+            + pr.p2p[i]
+            for i in range(pr.depth)
+        ]
         sync = max(sync, (pr.micro_batches - 1) * max(tau) + sum(tau))
         dp = max([dp] + [pr.dp_s(i, n) for i in range(pr.depth) for n in ends[i]])
         opt = max([opt] + [pr.opt_s(i, n) for i in range(pr.depth) for n in ends[i]])
@@ -209,8 +242,9 @@ def _pass(pr, i: int, n: int, kind: str, mode: int = 0) -> float:
     return pr.pass_s(i, n, kind, mode)
 
 
-def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], divisor: int,
-           scale: int) -> tuple[list, list[int], list]:
+def _build(
+    model: cp_model.CpModel, problem: PlanProblem, weights: list[int], divisor: int, scale: int
+) -> tuple[list, list[int], list]:
     """Variables, (C1)–(C7) and (R); returns the layer variables, their upper bounds and, per stage
     (flat), (its template, its options (n, mode index), its option index k_i)."""
 
@@ -227,7 +261,9 @@ def _build(model: cp_model.CpModel, problem: PlanProblem, weights: list[int], di
         templates.append(vars_j)
         flat += vars_j["L"]
         flat_max += vars_j["max_layers"]
-        choices += [(pr, options, k) for options, k in zip(vars_j["options"], vars_j["index"], strict=True)]
+        choices += [
+            (pr, options, k) for options, k in zip(vars_j["options"], vars_j["index"], strict=True)
+        ]
     if problem.lockstep:  # (C1t): every template runs the first one's split
         for t in templates[1:]:
             for mine, first in zip(t["L"], templates[0]["L"], strict=True):
@@ -278,8 +314,10 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
         for i in range(p):
             chunks = model.NewIntVar(1, max(1, max_layers[i] // v), f"K{tag}_{i}")
             model.Add(L[i] == v * chunks)
-    options = [pr.options(i, max_layers[i]) if pr.mixed else [(n, 0) for n in range(1, max_layers[i] + 1)]
-               for i in range(p)]
+    options = [
+        pr.options(i, max_layers[i]) if pr.mixed else [(n, 0) for n in range(1, max_layers[i] + 1)]
+        for i in range(p)
+    ]
     index = []
     for i, cap in enumerate(pr.max_layers()):
         if cap < 1:  # (C7): the stage cannot hold one layer (its domain starts at 1): no split fits
@@ -301,7 +339,14 @@ def _template(model: cp_model.CpModel, pr, tag: str, top: dict[str, int], u) -> 
         top[name] = max(values)
         return var
 
-    out = {"L": L, "max_layers": max_layers, "index": index, "options": options, "opt": [], "table": table}
+    out = {
+        "L": L,
+        "max_layers": max_layers,
+        "index": index,
+        "options": options,
+        "opt": [],
+        "table": table,
+    }
     if not pr.tabulated:  # ZeRO-2/3 passes hold collectives, which differ per scenario: `_pipeline`
         out.update(_pass_tables(pr, out, tag, u))
     for i in range(p):
@@ -319,7 +364,9 @@ def _pass_tables(pr, t: dict, tag: str, u) -> dict:
         fb_secs = [_pass(pr, i, n, "f", r) + x for (n, r), x in zip(options, b_secs, strict=True)]
         out["yfb"].append(t["table"](f"yfb{tag}_{i}", i, [u(x) for x in fb_secs]))
         out["yb"].append(t["table"](f"yb{tag}_{i}", i, [u(x) for x in b_secs]))
-        out["ob"].append(t["table"](f"ob{tag}_{i}", i, [u(pr.hidden_s(i, n, r)) for n, r in options]))
+        out["ob"].append(
+            t["table"](f"ob{tag}_{i}", i, [u(pr.hidden_s(i, n, r)) for n, r in options])
+        )
     return out
 
 
@@ -329,8 +376,10 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     p = pr.depth
     if pr.tabulated:  # this scenario's ZeRO-2/3 collectives in the passes
         t = {**t, **_pass_tables(pr, t, tag, u)}
-    dp = [t["table"](f"dp{tag}_{i}", i, [u(pr.dp_s(i, n)) for n, _ in t["options"][i]])
-          for i in range(p)]
+    dp = [
+        t["table"](f"dp{tag}_{i}", i, [u(pr.dp_s(i, n)) for n, _ in t["options"][i]])
+        for i in range(p)
+    ]
     tau_vars = []
     for i in range(p):
         tau = model.NewIntVar(0, ub, f"tau{tag}_{i}")
@@ -354,8 +403,14 @@ def _pipeline(model: cp_model.CpModel, pr, t: dict, tag: str, ub: int, u):
     return pipe, terms
 
 
-def _objective(model: cp_model.CpModel, problem: PlanProblem, totals: list, hi: int,
-               weights: list[int], divisor: int) -> None:
+def _objective(
+    model: cp_model.CpModel,
+    problem: PlanProblem,
+    totals: list,
+    hi: int,
+    weights: list[int],
+    divisor: int,
+) -> None:
     """(R) with integer weights: seconds = objective / S / divisor."""
     if problem.objective == "stable":
         model.Minimize(totals[0])
@@ -373,6 +428,10 @@ def _objective(model: cp_model.CpModel, problem: PlanProblem, totals: list, hi: 
         model.Minimize(divisor * eta + sum(w * us for w, us in zip(weights, u, strict=True)))
 
 
-FORMULATION = Formulation("split-cpsat",
-                          "layer split of a skeleton for CP-SAT (element tables, integer time)",
-                          ("cpsat",), solve, __doc__ or "")
+FORMULATION = Formulation(
+    "split-cpsat",
+    "layer split of a skeleton for CP-SAT (element tables, integer time)",
+    ("cpsat",),
+    solve,
+    __doc__ or "",
+)

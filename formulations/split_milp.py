@@ -18,9 +18,9 @@ active, only where the pieces cross inside [1, U_i]), τ̂ ≥ 0 (bottleneck sta
 Each constraint with why it is tight — for every integer split the program's optimum is exactly the
 evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
 
-  (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum
-  (C1v) L_i = v·K_i, K_i ∈ ℤ, K_i ≥ 1  (interleaved 1F1B with v model chunks per stage)
-  (C1t) L_{j,i} = L_{0,i} for every template j  (a uniform layout's templates in lockstep, one split:
+  (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum (C1v) L_i =
+  v·K_i, K_i ∈ ℤ, K_i ≥ 1  (interleaved 1F1B with v model chunks per stage) (C1t) L_{j,i} = L_{0,i}
+  for every template j  (a uniform layout's templates in lockstep, one split:
         PlanProblem.lockstep, hetopt.search.uniform)
   (C2f) y^f_i ≥ P^{f,h}_i(L_i),  y^f_i ≥ P^{f,d}_i(L_i)                        forward pass
         tight: y^f enters only (C3) and (C4), with a positive sign, so lowering it to the larger
@@ -38,27 +38,28 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         (a100-t4-gpt3-1.3b; tests/test_conformance.py). The two upper rows make y^b_i = max(P^{b,h},
         P^{b,d}) for every feasible z_i.
   (C2z) ZeRO-2/3, where a pass waits for its collectives and its time is not affine in L
-        (SplitProblem.pass_s): one binary w_{i,n} per layer count n of stage i's domain,
-        Σ_n w_{i,n} = 1, L_i = Σ_n n·w_{i,n}, y^f_i = Σ_n pass^f_i(n)·w_{i,n} and the same for y^b_i —
+        (SplitProblem.pass_s): one binary w_{i,n} per layer count n of stage i's domain, Σ_n w_{i,n}
+        = 1, L_i = Σ_n n·w_{i,n}, y^f_i = Σ_n pass^f_i(n)·w_{i,n} and the same for y^b_i —
         equalities, so exact in every position (C5 included), in place of (C2f) and (C2b). The
-        collectives cross the network, so under robust objectives y^f, y^b are one pair per scenario.
-        Where every table of a stage is convex over its counts n_1 < n_2 < … (each step no smaller
-        than the one before) and no all-reduce follows (ZeRO-2/3 have none: D_i = 0, so (C5) is
-        T_dp ≥ T_sync and y^b enters the program only through (C3)–(C4), positively), the stage needs
-        no binaries: y ≥ pass(n_k) + (pass(n_{k+1}) − pass(n_k))·(L − n_k)/(n_{k+1} − n_k) for each
-        pair of neighbouring counts — a convex function on integers is the largest of its chords, so
-        the epigraph is exact under minimisation, as in (C2f).
+        collectives cross the network, so under robust objectives y^f, y^b are one pair per
+        scenario. Where every table of a stage is convex over its counts n_1 < n_2 < … (each step no
+        smaller than the one before) and no all-reduce follows (ZeRO-2/3 have none: D_i = 0, so (C5)
+        is T_dp ≥ T_sync and y^b enters the program only through (C3)–(C4), positively), the stage
+        needs no binaries: y ≥ pass(n_k) + (pass(n_{k+1}) − pass(n_k))·(L − n_k)/(n_{k+1} − n_k) for
+        each pair of neighbouring counts — a convex function on integers is the largest of its
+        chords, so the epigraph is exact under minimisation, as in (C2f).
   (C2r) Per-stage recompute (SplitProblem.modes): stage i's passes and memory depend on its mode r
-        too, so the binaries of (C2z) range over its options (n, r) that fit in memory (M^r_i(n) ≤ M̄_i,
-        in place of (C7)): Σ w_{i,n,r} = 1, L_i = Σ n·w_{i,n,r}, y = Σ pass^r_i(n)·w_{i,n,r} —
+        too, so the binaries of (C2z) range over its options (n, r) that fit in memory (M^r_i(n) ≤
+        M̄_i, in place of (C7)): Σ w_{i,n,r} = 1, L_i = Σ n·w_{i,n,r}, y = Σ pass^r_i(n)·w_{i,n,r} —
         equalities, exact as (C2z). The mode is read off the binary that is 1. No chords: the lower
         envelope of several modes' tables need not be convex, and it would not say which mode holds.
-  (C2s) Stages with shards (SplitProblem.rows): a stage takes each part from the row where it is longest
-        and its all-reduce starts once every rank r has run (1 − o_r) of its pass (pricing.by_stage),
-        none of it affine in L: the binaries of (C2z) also give the all-reduce
+  (C2s) Stages with shards (SplitProblem.rows): a stage takes each part from the row where it is
+  longest
+        and its all-reduce starts once every rank r has run (1 − o_r) of its pass
+        (pricing.by_stage), none of it affine in L: the binaries of (C2z) also give the all-reduce
         D_i = Σ D_i(n)·w_{i,n}, its overlapped part o_i·y^b_i = Σ hidden_i(n)·w_{i,n} in (C5), the
-        optimizer step in (C6), and the options are the counts every row holds in memory (for (C7)) —
-        equalities, exact as (C2z); never chords (an all-reduce follows).
+        optimizer step in (C6), and the options are the counts every row holds in memory (for (C7))
+        — equalities, exact as (C2z); never chords (an all-reduce follows).
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
   (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
@@ -117,8 +118,9 @@ per-layer slope)."""
 def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], list]:
     """The program of (C1)–(C7) and (R) for a problem whose times are in the program's unit.
 
-    Returns: the PuLP model, the layer variables L (template after template) and, per stage (flat the
-    same way), its options (n, mode index) and their binaries w — None where the stage has none."""
+    Returns: the PuLP model, the layer variables L (template after template) and, per stage (flat
+    the same way), its options (n, mode index) and their binaries w — None where the stage has
+    none."""
     model = pulp.LpProblem("split", pulp.LpMinimize)
     t_opt = pulp.LpVariable("T_opt", 0)
     flat, per_template, choices = [], [], []
@@ -139,7 +141,11 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], 
         if not pr.mixed and pr.rows is None:  # (C2r), (C2s): the memory is in the options
             add_memory(model, pr, L, tag)
         flat += L
-        choices += [(options, w) for options, w, _ in one_hot] if one_hot is not None else [None] * pr.depth
+        choices += (
+            [(options, w) for options, w, _ in one_hot]
+            if one_hot is not None
+            else [None] * pr.depth
+        )
         per_template.append((L, yf, yb, one_hot))
     if problem.lockstep:  # (C1t)
         for j, (L, *_) in enumerate(per_template[1:], start=1):
@@ -149,7 +155,9 @@ def build(problem: PlanProblem) -> tuple[pulp.LpProblem, list[pulp.LpVariable], 
     for s, sc in enumerate(problem.scenarios):  # one copy of the communication terms per scenario
         t_sync, t_end = pulp.LpVariable(f"T_sync_s{s}", 0), pulp.LpVariable(f"T_dp_s{s}", 0)
         model += t_end >= t_sync, f"C5_drain_s{s}"
-        for j, (pr, (L, yf, yb, one_hot)) in enumerate(zip(sc.templates, per_template, strict=True)):
+        for j, (pr, (L, yf, yb, one_hot)) in enumerate(
+            zip(sc.templates, per_template, strict=True)
+        ):
             tag = f"_t{j}_s{s}"
             if one_hot is not None:
                 yf, yb = pass_variables(pr, tag)
@@ -198,8 +206,10 @@ def _pieces(pr, i: int, kind: str):
     """(slope, intercept) of P^h = h + s·d and P^d = d + s·h of stage i's pass ("f" or "b")."""
     s = pr.serial[i]
     h, d = (pr.host_fwd[i], pr.dev_fwd[i]) if kind == "f" else (pr.host_bwd[i], pr.dev_bwd[i])
-    return ((h.slope + s * d.slope, h.intercept + s * d.intercept),
-            (d.slope + s * h.slope, d.intercept + s * h.intercept))
+    return (
+        (h.slope + s * d.slope, h.intercept + s * d.intercept),
+        (d.slope + s * h.slope, d.intercept + s * h.intercept),
+    )
 
 
 def add_forward_pass(model, pr, L, yf, tag: str) -> None:  # (C2f)
@@ -228,43 +238,65 @@ def add_backward_pass(model, pr, L, yb, top: list[int], tag: str) -> None:  # (C
 
 def pass_variables(pr, tag: str) -> tuple[list, list]:
     """y^f_i and y^b_i of every stage."""
-    return ([pulp.LpVariable(f"yf{tag}_{i}", 0) for i in range(pr.depth)],
-            [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)])
+    return (
+        [pulp.LpVariable(f"yf{tag}_{i}", 0) for i in range(pr.depth)],
+        [pulp.LpVariable(f"yb{tag}_{i}", 0) for i in range(pr.depth)],
+    )
 
 
-def add_layer_choice(model, problem: PlanProblem, j: int, L, top: list[int], tag: str) -> list[tuple]:
-    """(C2z), (C2r) per stage of template j: its options (layer count, mode index) and whether they take
-    binaries w_{i,n,r} (which the stage holds) — per-stage recompute, stages with shards, tables not all
-    convex, or an all-reduce after; returns [(options, [w] or None, each scenario's {"f": pass table, "b":
-    …, with shards also "dp" and "hidden"; the first scenario's also "opt"})]."""
+def add_layer_choice(
+    model, problem: PlanProblem, j: int, L, top: list[int], tag: str
+) -> list[tuple]:
+    """(C2z), (C2r) per stage of template j: its options (layer count, mode index) and whether they
+    take binaries w_{i,n,r} (which the stage holds) — per-stage recompute, stages with shards,
+    tables not all convex, or an all-reduce after; returns [(options, [w] or None, each scenario's
+    {"f": pass table, "b": …, with shards also "dp" and "hidden"; the first scenario's also
+    "opt"})]."""
     pr = problem.base.templates[j]
     out = []
     for i in range(pr.depth):
         options = pr.options(i, top[i])
         counts = [n for n, _ in options]
-        tables = [{kind: [sc.templates[j].pass_s(i, n, kind, r) for n, r in options] for kind in "fb"}
-                  for sc in problem.scenarios]
+        tables = [
+            {kind: [sc.templates[j].pass_s(i, n, kind, r) for n, r in options] for kind in "fb"}
+            for sc in problem.scenarios
+        ]
         if pr.rows is not None:  # (C2s): the all-reduce, its overlap and the optimizer step too
             for sc, t in zip(problem.scenarios, tables, strict=True):
                 t["dp"] = [sc.templates[j].dp_s(i, n) for n, _ in options]
                 t["hidden"] = [sc.templates[j].hidden_s(i, n) for n, _ in options]
             tables[0]["opt"] = [pr.opt_s(i, n) for n, _ in options]
-        # no option at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it infeasible
-        chords = bool(counts) and not pr.mixed and pr.rows is None and len(problem.base.templates) == 1 and all(
-            sc.templates[j].dp[i].slope == 0 and sc.templates[j].dp[i].intercept == 0
-            and convex(table) for sc, t in zip(problem.scenarios, tables, strict=True) for table in t.values())
+        # no option at all (memory holds fewer than v layers): the binaries' Σ = 1 makes it
+        # infeasible
+        chords = (
+            bool(counts)
+            and not pr.mixed
+            and pr.rows is None
+            and len(problem.base.templates) == 1
+            and all(
+                sc.templates[j].dp[i].slope == 0
+                and sc.templates[j].dp[i].intercept == 0
+                and convex(table)
+                for sc, t in zip(problem.scenarios, tables, strict=True)
+                for table in t.values()
+            )
+        )
         if chords:
             out.append((options, None, tables))
             continue
         w = [pulp.LpVariable(f"w{tag}_{i}_{n}_r{r}", cat="Binary") for n, r in options]
         model += pulp.lpSum(w) == 1, f"C2z_one{i}{tag}"
-        model += L[i] == pulp.lpSum(n * x for n, x in zip(counts, w, strict=True)), f"C2z_layers{i}{tag}"
+        model += (
+            L[i] == pulp.lpSum(n * x for n, x in zip(counts, w, strict=True)),
+            f"C2z_layers{i}{tag}",
+        )
         out.append((options, w, tables))
     return out
 
 
 def convex(values: list[float]) -> bool:
-    """Whether each step of `values` (at neighbouring counts) is at least the one before, up to rounding."""
+    """Whether each step of `values` (at neighbouring counts) is at least the one before, up to
+    rounding."""
     steps = [b - a for a, b in itertools.pairwise(values)]
     scale = max(map(abs, values), default=0.0)
     return all(b >= a - 1e-12 * scale for a, b in itertools.pairwise(steps))
@@ -276,7 +308,10 @@ def add_tabulated_passes(model, one_hot, scenario: int, L, yf, yb, tag: str) -> 
         for y, kind in ((yf, "f"), (yb, "b")):
             table = tables[scenario][kind]
             if w is not None:
-                model += y[i] == pulp.lpSum(t * x for t, x in zip(table, w, strict=True)), f"C2z_{kind}{i}{tag}"
+                model += (
+                    y[i] == pulp.lpSum(t * x for t, x in zip(table, w, strict=True)),
+                    f"C2z_{kind}{i}{tag}",
+                )
                 continue
             model += y[i] >= table[0], f"C2z_{kind}{i}_first{tag}"
             for k in range(len(counts) - 1):  # the chords of a convex table
@@ -288,16 +323,23 @@ def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3),
     for i in range(pr.depth):
         model += tau_max >= yf[i] + yb[i] + pr.p2p[i], f"C3_bottleneck{i}{tag}"
     v = pr.virtual_stages  # interleaved: the fill-and-drain term divided by v (pricing.pipe_times)
-    model += t_sync >= (pr.micro_batches - 1 / v) * tau_max + (1 / v) * pulp.lpSum(
-        yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)), f"C4_pipeline{tag}"
+    model += (
+        t_sync
+        >= (pr.micro_batches - 1 / v) * tau_max
+        + (1 / v) * pulp.lpSum(yf[i] + yb[i] + pr.p2p[i] for i in range(pr.depth)),
+        f"C4_pipeline{tag}",
+    )
 
 
-def add_gradient_allreduce(model, pr, L, yb, t_sync, t_dp, tag: str, one_hot=None,
-                           scenario: int = 0) -> None:  # (C5), (C2s)
+def add_gradient_allreduce(
+    model, pr, L, yb, t_sync, t_dp, tag: str, one_hot=None, scenario: int = 0
+) -> None:  # (C5), (C2s)
     chain = 0
     for i in range(pr.depth):
         send = 0.5 * pr.p2p[i] if i > 0 else 0.0
-        if pr.rows is not None:  # stages with shards: the all-reduce and its overlap read off the binaries
+        if (
+            pr.rows is not None
+        ):  # stages with shards: the all-reduce and its overlap read off the binaries
             _, w, tables = one_hot[i]
             allreduce = pulp.lpSum(t * x for t, x in zip(tables[scenario]["dp"], w, strict=True))
             hidden = pulp.lpSum(t * x for t, x in zip(tables[scenario]["hidden"], w, strict=True))
@@ -312,7 +354,10 @@ def add_optimizer(model, pr, L, t_opt, tag: str, one_hot=None) -> None:  # (C6),
     for i in range(pr.depth):
         if pr.rows is not None:
             _, w, tables = one_hot[i]
-            model += t_opt >= pulp.lpSum(t * x for t, x in zip(tables[0]["opt"], w, strict=True)), f"C6_opt{i}{tag}"
+            model += (
+                t_opt >= pulp.lpSum(t * x for t, x in zip(tables[0]["opt"], w, strict=True)),
+                f"C6_opt{i}{tag}",
+            )
             continue
         model += t_opt >= pr.opt[i].slope * L[i] + pr.opt[i].intercept, f"C6_opt{i}{tag}"
 
@@ -338,41 +383,58 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
             write(str(temp))
     hint = None
     if options.hint is not None and len(options.hint) == len(L):
-        hint = {var: min(max(value, var.lowBound), var.upBound)
-                for var, value in zip(L, options.hint, strict=True)}
+        hint = {
+            var: min(max(value, var.lowBound), var.upBound)
+            for var, value in zip(L, options.hint, strict=True)
+        }
     run = backends.get(backend).run(model, options, hint)
     wall = clock() - start
     if run.status == SolveStatus.INFEASIBLE:
-        return SplitSolution(SolveStatus.INFEASIBLE, None, math.inf, math.inf, wall, backend,
-                             run.detail)
+        return SplitSolution(
+            SolveStatus.INFEASIBLE, None, math.inf, math.inf, wall, backend, run.detail
+        )
     bound_s = max(0.0, run.bound / UNIT_PER_S) if run.bound is not None else 0.0
     layers = _split(problem, L, run)
     if layers is None:
         status = SolveStatus.TIMEOUT if run.status == SolveStatus.TIMEOUT else SolveStatus.ERROR
-        detail = run.detail if run.value is None or status == SolveStatus.TIMEOUT else \
-            f"{run.detail}; the solution is not a split of the layers"
+        detail = (
+            run.detail
+            if run.value is None or status == SolveStatus.TIMEOUT
+            else f"{run.detail}; the solution is not a split of the layers"
+        )
         kept = bound_s if status == SolveStatus.TIMEOUT else 0.0
         return SplitSolution(status, None, math.inf, kept, wall, backend, detail)
     modes = _modes(problem, choices, run)
     if modes is None and any(pr.mixed for pr in problem.base.templates):
-        return SplitSolution(SolveStatus.ERROR, None, math.inf, 0.0, wall, backend,
-                             f"{run.detail}; the solution picks no single recompute mode for a stage")
+        return SplitSolution(
+            SolveStatus.ERROR,
+            None,
+            math.inf,
+            0.0,
+            wall,
+            backend,
+            f"{run.detail}; the solution picks no single recompute mode for a stage",
+        )
     objective_s = problem.iteration_time(layers, modes)
     bound_s = min(bound_s, objective_s)  # no split beats one that exists
     status, detail = run.status, run.detail
     if status == SolveStatus.OPTIMAL and objective_s - bound_s > REL_TOLERANCE * objective_s:
         status = SolveStatus.FEASIBLE
         gap = (objective_s - bound_s) / objective_s
-        detail += (f"; the solver's bound {bound_s:.9g} s is {gap:.2e} below the evaluator's "
-                   f"{objective_s:.9g} s (more than {REL_TOLERANCE:g})")
+        detail += (
+            f"; the solver's bound {bound_s:.9g} s is {gap:.2e} below the evaluator's "
+            f"{objective_s:.9g} s (more than {REL_TOLERANCE:g})"
+        )
     model_s = run.objective / UNIT_PER_S if run.objective is not None else None
     extra = {"unit_per_s": UNIT_PER_S, "rel_tolerance": REL_TOLERANCE, "model_objective_s": model_s}
-    return SplitSolution(status, layers, objective_s, bound_s, wall, backend, detail, extra, recompute=modes)
+    return SplitSolution(
+        status, layers, objective_s, bound_s, wall, backend, detail, extra, recompute=modes
+    )
 
 
 def _modes(problem: PlanProblem, choices: list, run) -> list[str] | None:
-    """Each stage's recompute mode from its binaries (C2r), flat; None without per-stage recompute, or
-    where a stage's binaries do not pick one option."""
+    """Each stage's recompute mode from its binaries (C2r), flat; None without per-stage recompute,
+    or where a stage's binaries do not pick one option."""
     if not any(pr.mixed for pr in problem.base.templates):
         return None
     stages = [(pr, i) for pr in problem.base.templates for i in range(pr.depth)]
@@ -397,12 +459,17 @@ def _split(problem: PlanProblem, L: list[pulp.LpVariable], run) -> list[int] | N
     layers = [round(x) for x in values]
     start = 0
     for pr, top in ((pr, domain_top(pr)) for pr in problem.base.templates):
-        part = layers[start:start + pr.depth]
+        part = layers[start : start + pr.depth]
         if sum(part) != pr.layers or any(not 1 <= n <= t for n, t in zip(part, top, strict=True)):
             return None
         start += pr.depth
     return layers
 
 
-FORMULATION = Formulation("split-milp", "layer split of a skeleton as a MILP (PuLP)",
-                          ("cbc", "highs"), solve, __doc__ or "")
+FORMULATION = Formulation(
+    "split-milp",
+    "layer split of a skeleton as a MILP (PuLP)",
+    ("cbc", "highs"),
+    solve,
+    __doc__ or "",
+)

@@ -1,15 +1,15 @@
-"""`hetopt bench`: planners side by side on instances, every plan verified and replayed in the simulator
-under every chosen scenario (DESIGN 7); results as CSV, Markdown and plots.
+"""`hetopt bench`: planners side by side on instances, every plan verified and replayed in the
+simulator under every chosen scenario (DESIGN 7); results as CSV, Markdown and plots.
 
-One row per (instance, planner, scenario): tokens/s and iteration time are the simulator's mean over the
-replayed iterations; search time, status and gap are the planner's. The Markdown puts the best tokens/s
-of each scenario in bold and gives each planner's ratio to hetopt (hetopt's tokens/s ÷ the planner's:
-above 1, hetopt is faster by that factor).
+One row per (instance, planner, scenario): tokens/s and iteration time are the simulator's mean over
+the replayed iterations; search time, status and gap are the planner's. The Markdown puts the best
+tokens/s of each scenario in bold and gives each planner's ratio to hetopt (hetopt's tokens/s ÷ the
+planner's: above 1, hetopt is faster by that factor).
 
-Each (instance, planner) run is independent: `executor="ray"` runs them as Ray tasks side by side (locally
-or across a cluster) and gives the same rows in the same order as the serial sweep. Only what the wall
-clock decides can differ, as it can between two serial sweeps: search times, and the count of skeletons
-solved by an exact search that ran long enough to start its worker processes.
+Each (instance, planner) run is independent: `executor="ray"` runs them as Ray tasks side by side
+(locally or across a cluster) and gives the same rows in the same order as the serial sweep. Only
+what the wall clock decides can differ, as it can between two serial sweeps: search times, and the
+count of skeletons solved by an exact search that ran long enough to start its worker processes.
 """
 
 from __future__ import annotations
@@ -33,14 +33,29 @@ from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
 OUTPUTS = ("results.csv", "results.md", "throughput.png", "search_time.png", "iteration_times.png")
-CSV_FIELDS = ("instance", "gpus", "gpu_types", "planner", "scenario", "probability", "tokens_per_s",
-              "iteration_time_s", "predicted_s", "search_time_s", "status", "gap", "evaluated", "note", "tokens",
-              "switches")
+CSV_FIELDS = (
+    "instance",
+    "gpus",
+    "gpu_types",
+    "planner",
+    "scenario",
+    "probability",
+    "tokens_per_s",
+    "iteration_time_s",
+    "predicted_s",
+    "search_time_s",
+    "status",
+    "gap",
+    "evaluated",
+    "note",
+    "tokens",
+    "switches",
+)
 ROBUST = "expected"
 """The objective of the static robust plan a dynamic instance's bench also runs (`ilp-expected`)."""
 ADAPTIVE = "+replan"
-"""The suffix of the adaptive policy's rows: `ilp+replan` starts from the stable plan, `ilp-expected+replan`
-from the robust one."""
+"""The suffix of the adaptive policy's rows: `ilp+replan` starts from the stable plan,
+`ilp-expected+replan` from the robust one."""
 
 
 @dataclass
@@ -60,8 +75,9 @@ class Row:
     evaluated: int
     note: str = ""
     tokens: float | None = None
-    """Tokens over the horizon (search.horizon_s), replayed whole: the ilp rows of a dynamic instance and its
-    adaptive rows (whose tokens_per_s is this ÷ the horizon, switches' pauses counted)."""
+    """Tokens over the horizon (search.horizon_s), replayed whole: the ilp rows of a dynamic
+    instance and its adaptive rows (whose tokens_per_s is this ÷ the horizon, switches' pauses
+    counted)."""
     switches: int | None = None
     """Switches of plans the adaptive policy made."""
 
@@ -70,14 +86,15 @@ class Row:
 class BenchResult:
     rows: list[Row] = field(default_factory=list)
     samples: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    """(instance, planner) → simulated iteration times over every scenario (for the distributions)."""
+    """(instance, planner) → simulated iteration times over every scenario (for the
+    distributions)."""
     dynamic: set[str] = field(default_factory=set)
     """Instances with bandwidth scenarios."""
 
 
 def output_paths(out: Path) -> tuple[Path, list[Path]]:
-    """The directory and files `--out` stands for: a directory, or (DESIGN 2.4's form) a .csv path whose
-    directory takes the other files."""
+    """The directory and files `--out` stands for: a directory, or (DESIGN 2.4's form) a .csv path
+    whose directory takes the other files."""
     if out.suffix == ".csv":
         directory = out.parent
         return directory, [out, *(directory / name for name in OUTPUTS[1:])]
@@ -90,9 +107,18 @@ def check_outputs(out: Path, force: bool) -> list[Path]:
     check_output_directory(directory, "--out")
     existing = [p for p in paths if p.exists()]
     if existing and not force:
-        raise InputError("--out", [Problem("--out", f"{', '.join(str(p) for p in existing)} already exist; pass "
-                                                    "--force to overwrite them or choose another --out", str(out),
-                                           True)])
+        raise InputError(
+            "--out",
+            [
+                Problem(
+                    "--out",
+                    f"{', '.join(str(p) for p in existing)} already exist; pass --force to "
+                    "overwrite them or choose another --out",
+                    str(out),
+                    True,
+                )
+            ],
+        )
     return paths
 
 
@@ -101,22 +127,45 @@ def check_planners(names: list[str]) -> list[str]:
     Raises: InputError for a name that is neither."""
     for name in names:
         if name not in PLANNERS and name not in ALIASES:
-            raise InputError("--planners", [Problem("--planners", f"unknown planner{did_you_mean(name, PLANNERS)}; "
-                                                                  f"available: {', '.join(PLANNERS)}", name, True)])
+            raise InputError(
+                "--planners",
+                [
+                    Problem(
+                        "--planners",
+                        f"unknown planner{did_you_mean(name, PLANNERS)}; available: "
+                        f"{', '.join(PLANNERS)}",
+                        name,
+                        True,
+                    )
+                ],
+            )
     return list(dict.fromkeys(ALIASES.get(name, name) for name in names))
 
 
-def run_bench(instances: list[Instance], planners: list[str], scenarios: list[str] | None = None,
-              time_limit_s: float = 60.0, iterations: int = 3, seed: int = 0, profiles: Profiles | None = None,
-              progress=None, executor: str = "process", address: str | None = None) -> BenchResult:
-    """Run every planner on every instance, verify each plan and replay it under the chosen scenarios.
+def run_bench(
+    instances: list[Instance],
+    planners: list[str],
+    scenarios: list[str] | None = None,
+    time_limit_s: float = 60.0,
+    iterations: int = 3,
+    seed: int = 0,
+    profiles: Profiles | None = None,
+    progress=None,
+    executor: str = "process",
+    address: str | None = None,
+) -> BenchResult:
+    """Run every planner on every instance, verify each plan and replay it under the chosen
+    scenarios.
 
-    Parameters: instances, planners — the sweep (PLANNERS names); scenarios — names to replay (None: all);
-    time_limit_s — per planner run; iterations — simulated iterations per scenario; seed — of the random
-    planner and the solvers; profiles — calibrated weights; progress — progress(instance, planner), called
-    before each run (with Ray: as each run finishes); executor — `process` (one run after another here) or
-    `ray` (every run a Ray task; a local Ray started for the sweep, or the cluster at `address`).
-    Returns: a BenchResult whose rows are in (instance, planner, scenario) order whatever the executor.
+    Parameters: instances, planners — the sweep (PLANNERS names); scenarios — names to replay (None:
+    all);
+    time_limit_s — per planner run; iterations — simulated iterations per scenario; seed — of the
+    random planner and the solvers; profiles — calibrated weights; progress — progress(instance,
+    planner), called before each run (with Ray: as each run finishes); executor — `process` (one run
+    after another here) or `ray` (every run a Ray task; a local Ray started for the sweep, or the
+    cluster at `address`).
+    Returns: a BenchResult whose rows are in (instance, planner, scenario) order whatever the
+    executor.
     Raises: InputError for an unknown planner, scenario or executor."""
     profiles = profiles or Profiles()
     planners = check_planners(planners)
@@ -137,7 +186,9 @@ def run_bench(instances: list[Instance], planners: list[str], scenarios: list[st
         for inst, name, chosen in runs:
             if progress is not None:
                 progress(inst, name)
-            outcomes.append(plan_and_replay(inst, name, chosen, time_limit_s, iterations, seed, profiles))
+            outcomes.append(
+                plan_and_replay(inst, name, chosen, time_limit_s, iterations, seed, profiles)
+            )
     for rows, samples in outcomes:  # in the serial order, whatever order the runs finished in
         result.rows += rows
         for key, times in samples.items():
@@ -145,16 +196,26 @@ def run_bench(instances: list[Instance], planners: list[str], scenarios: list[st
     return result
 
 
-def plan_and_replay(inst: Instance, planner: str, scenarios, time_limit_s: float, iterations: int, seed: int,
-                    profiles: Profiles) -> tuple[list[Row], dict[tuple[str, str], list[float]]]:
+def plan_and_replay(
+    inst: Instance,
+    planner: str,
+    scenarios,
+    time_limit_s: float,
+    iterations: int,
+    seed: int,
+    profiles: Profiles,
+) -> tuple[list[Row], dict[tuple[str, str], list[float]]]:
     """One run of a bench: the planner's plan, verified and replayed under `scenarios`.
 
-    Returns: its rows (one per scenario) and its simulated iteration times keyed (instance, planner)."""
+    Returns: its rows (one per scenario) and its simulated iteration times keyed (instance,
+    planner)."""
     samples: dict[tuple[str, str], list[float]] = {}
     planned = PLANNERS[planner](inst, time_limit_s, profiles, seed)
     rows = _replay(inst, planned, scenarios, iterations, profiles, samples)
     if planner == EXACT and _dynamic(scenarios):
-        rows += _adaptive_rows(inst, planned, rows, scenarios, time_limit_s, iterations, seed, profiles, samples)
+        rows += _adaptive_rows(
+            inst, planned, rows, scenarios, time_limit_s, iterations, seed, profiles, samples
+        )
     return rows, samples
 
 
@@ -162,11 +223,21 @@ def _dynamic(scenarios) -> bool:
     return len(scenarios) > 1 or any(sc.changes for sc in scenarios)
 
 
-def _adaptive_rows(inst: Instance, stable: PlannerResult, stable_rows: list[Row], scenarios, time_limit_s: float,
-                   iterations: int, seed: int, profiles: Profiles, samples: dict) -> list[Row]:
-    """On an instance with bandwidth scenarios, beside the stable plan (ilp): the robust plan (`ilp-expected`,
-    static) and the adaptive policy from each (hetopt.replan.policy). The two static plans' rows get their
-    tokens over the horizon, replayed whole as the adaptive policy's are, so the four compare."""
+def _adaptive_rows(
+    inst: Instance,
+    stable: PlannerResult,
+    stable_rows: list[Row],
+    scenarios,
+    time_limit_s: float,
+    iterations: int,
+    seed: int,
+    profiles: Profiles,
+    samples: dict,
+) -> list[Row]:
+    """On an instance with bandwidth scenarios, beside the stable plan (ilp): the robust plan
+    (`ilp-expected`, static) and the adaptive policy from each (hetopt.replan.policy). The two
+    static plans' rows get their tokens over the horizon, replayed whole as the adaptive policy's
+    are, so the four compare."""
     from hetopt.baselines.registry import run_hetopt
     from hetopt.replan.policy import Decisions, PolicyOptions, replay_adaptive, run_tokens
 
@@ -181,25 +252,47 @@ def _adaptive_rows(inst: Instance, stable: PlannerResult, stable_rows: list[Row]
         if planned.plan is None:
             continue
         for sc, row in zip((to_horizon[sc.name] for sc in scenarios), rows, strict=True):
-            # the static plan over the horizon by the same segments as the policy's replay: counted alike
-            static = replay_adaptive(inst, planned.plan, sc, horizon_s, options, profiles, adapt=False)
+            # the static plan over the horizon by the same segments as the policy's replay: counted
+            # alike
+            static = replay_adaptive(
+                inst, planned.plan, sc, horizon_s, options, profiles, adapt=False
+            )
             row.tokens = run_tokens(inst, static, horizon_s)
-            run = replay_adaptive(inst, planned.plan, sc, horizon_s, options, profiles, decisions=decisions)
+            run = replay_adaptive(
+                inst, planned.plan, sc, horizon_s, options, profiles, decisions=decisions
+            )
             tokens = run_tokens(inst, run, horizon_s)
-            adaptive.append(Row(**{**asdict(row), "planner": planned.planner + ADAPTIVE,
-                                   "tokens_per_s": tokens / horizon_s,
-                                   "iteration_time_s": float(np.mean(run.iteration_times_s)), "tokens": tokens,
-                                   "switches": len(run.switches),
-                                   "note": f"{len(run.switches)} switches, {run.declined} declined"}))
+            adaptive.append(
+                Row(
+                    **{
+                        **asdict(row),
+                        "planner": planned.planner + ADAPTIVE,
+                        "tokens_per_s": tokens / horizon_s,
+                        "iteration_time_s": float(np.mean(run.iteration_times_s)),
+                        "tokens": tokens,
+                        "switches": len(run.switches),
+                        "note": f"{len(run.switches)} switches, {run.declined} declined",
+                    }
+                )
+            )
     return robust_rows + adaptive
 
 
-def _sweep_on_ray(runs: list, time_limit_s: float, iterations: int, seed: int, profiles: Profiles, progress,
-                  address: str | None) -> list:
-    """Every (instance, planner, scenarios) run as a Ray task; their outcomes in the order of `runs`."""
+def _sweep_on_ray(
+    runs: list,
+    time_limit_s: float,
+    iterations: int,
+    seed: int,
+    profiles: Profiles,
+    progress,
+    address: str | None,
+) -> list:
+    """Every (instance, planner, scenarios) run as a Ray task; their outcomes in the order of
+    `runs`."""
     with ray_session(address) as ray:
-        # the exact planner starts its own worker processes after a while: it asks for the CPUs it will use
-        # (as many as a node has, at most), so a node never runs more solver processes than it has cores
+        # the exact planner starts its own worker processes after a while: it asks for the CPUs it
+        # will use (as many as a node has, at most), so a node never runs more solver processes than
+        # it has cores
         search_cpus = min(default_workers(), ray_cpus_per_node(ray))
         task = ray.remote(plan_and_replay)
         shared = ray.put(profiles)  # once into the object store, not once per task
@@ -207,8 +300,9 @@ def _sweep_on_ray(runs: list, time_limit_s: float, iterations: int, seed: int, p
         pending = {}
         for k, (inst, name, chosen) in enumerate(runs):
             cpus = search_cpus if name == EXACT else 1
-            ref = task.options(num_cpus=cpus).remote(stored[id(inst)], name, chosen, time_limit_s, iterations,
-                                                      seed, shared)
+            ref = task.options(num_cpus=cpus).remote(
+                stored[id(inst)], name, chosen, time_limit_s, iterations, seed, shared
+            )
             pending[ref] = k
         outcomes: list = [None] * len(runs)
         while pending:
@@ -220,15 +314,37 @@ def _sweep_on_ray(runs: list, time_limit_s: float, iterations: int, seed: int, p
         return outcomes
 
 
-def _replay(inst: Instance, planned: PlannerResult, scenarios, iterations: int, profiles: Profiles,
-            samples: dict) -> list[Row]:
-    base = dict(instance=inst.name, gpus=inst.cluster.total_gpus,
-                gpu_types=len({n.gpu for n in inst.cluster.nodes.values()}), planner=planned.planner,
-                search_time_s=planned.search_time_s, status=planned.status, gap=planned.gap,
-                evaluated=planned.evaluated, note=planned.note)
+def _replay(
+    inst: Instance,
+    planned: PlannerResult,
+    scenarios,
+    iterations: int,
+    profiles: Profiles,
+    samples: dict,
+) -> list[Row]:
+    base = dict(
+        instance=inst.name,
+        gpus=inst.cluster.total_gpus,
+        gpu_types=len({n.gpu for n in inst.cluster.nodes.values()}),
+        planner=planned.planner,
+        search_time_s=planned.search_time_s,
+        status=planned.status,
+        gap=planned.gap,
+        evaluated=planned.evaluated,
+        note=planned.note,
+    )
     if planned.plan is None:
-        return [Row(scenario=sc.name, probability=sc.probability, tokens_per_s=None, iteration_time_s=None,
-                    predicted_s=None, **base) for sc in scenarios]
+        return [
+            Row(
+                scenario=sc.name,
+                probability=sc.probability,
+                tokens_per_s=None,
+                iteration_time_s=None,
+                predicted_s=None,
+                **base,
+            )
+            for sc in scenarios
+        ]
     problems = check_plan(inst, planned.plan)
     if problems:  # every planner's plan goes through the independent verifier
         raise AssertionError(f"{planned.planner} returned a plan the verifier rejects: {problems}")
@@ -239,9 +355,16 @@ def _replay(inst: Instance, planned: PlannerResult, scenarios, iterations: int, 
         times = sim.run(sc, iterations).iteration_times_s
         samples.setdefault((inst.name, planned.planner), []).extend(times)
         mean = float(np.mean(times))
-        rows.append(Row(scenario=sc.name, probability=sc.probability,
-                        tokens_per_s=inst.global_batch * inst.seq_len / mean, iteration_time_s=mean,
-                        predicted_s=predicted, **base))
+        rows.append(
+            Row(
+                scenario=sc.name,
+                probability=sc.probability,
+                tokens_per_s=inst.global_batch * inst.seq_len / mean,
+                iteration_time_s=mean,
+                predicted_s=predicted,
+                **base,
+            )
+        )
     return rows
 
 
@@ -251,13 +374,23 @@ def _check_scenarios(instances: list[Instance], scenarios: list[str] | None) -> 
     known = {sc.name for inst in instances for sc in inst.scenarios(60.0)}
     for name in scenarios:
         if name not in known:
-            raise InputError("--scenarios", [Problem("--scenarios", f"no instance has this scenario"
-                                                                    f"{did_you_mean(name, sorted(known))}; they "
-                                                                    f"have: {', '.join(sorted(known))}", name,
-                                                     True)])
+            raise InputError(
+                "--scenarios",
+                [
+                    Problem(
+                        "--scenarios",
+                        f"no instance has this scenario{did_you_mean(name, sorted(known))}; "
+                        f"they have: {', '.join(sorted(known))}",
+                        name,
+                        True,
+                    )
+                ],
+            )
 
 
-# -- outputs ---------------------------------------------------------------------------------------------
+# -- outputs
+# ---------------------------------------------------------------------------------------------
+
 
 def write_outputs(result: BenchResult, out: Path, force: bool = False) -> list[Path]:
     paths = check_outputs(out, force)
@@ -280,7 +413,8 @@ def write_csv(result: BenchResult, path: Path) -> None:
 
 
 def expected_tokens(result: BenchResult) -> dict[tuple[str, str], float | None]:
-    """(instance, planner) → probability-weighted tokens/s over the scenarios (None without a plan)."""
+    """(instance, planner) → probability-weighted tokens/s over the scenarios (None without a
+    plan)."""
     out: dict[tuple[str, str], float | None] = {}
     for row in result.rows:
         key = (row.instance, row.planner)
@@ -292,26 +426,44 @@ def expected_tokens(result: BenchResult) -> dict[tuple[str, str], float | None]:
 
 
 def markdown(result: BenchResult) -> str:
-    lines = ["# hetopt bench", "",
-             "Tokens/s and iteration time are simulated (mean over the replayed iterations, each scenario); "
-             "`vs ilp` is the exact planner's (ilp) tokens/s ÷ the planner's (above 1: ilp is faster by that "
-             "factor). "
-             "The best tokens/s of each scenario is in bold. On an instance with bandwidth scenarios, "
-             f"`{EXACT}-{ROBUST}` is the static robust plan (`--objective {ROBUST}`), and a second table gives "
-             f"the tokens over the horizon of the static plans and of the adaptive policy started from each "
-             f"(`{ADAPTIVE}`, `hetopt simulate --policy replan`), replayed whole, switches' pauses counted (in "
-             f"results.csv the `{ADAPTIVE}` rows' tokens/s are those tokens ÷ the horizon).", ""]
+    lines = [
+        "# hetopt bench",
+        "",
+        "Tokens/s and iteration time are simulated (mean over the replayed iterations, each "
+        "scenario); `vs ilp` is the exact planner's (ilp) tokens/s ÷ the planner's (above 1: ilp "
+        "is faster by that factor). The best tokens/s of each scenario is in bold. On an instance "
+        f"with bandwidth scenarios, `{EXACT}-{ROBUST}` is the static robust plan (`--objective "
+        f"{ROBUST}`), and a second table gives the tokens over the horizon of the static plans and "
+        f"of the adaptive policy started from each (`{ADAPTIVE}`, `hetopt simulate --policy "
+        f"replan`), replayed whole, switches' pauses counted (in results.csv the `{ADAPTIVE}` "
+        "rows' tokens/s are those tokens ÷ the horizon).",
+        "",
+    ]
     expected = expected_tokens(result)
     instances = list(dict.fromkeys(r.instance for r in result.rows))
     for name in instances:
         rows = [r for r in result.rows if r.instance == name]
         scenarios = list(dict.fromkeys(r.scenario for r in rows))
-        best = {sc: max((r.tokens_per_s for r in rows if r.scenario == sc and r.tokens_per_s
-                         and not r.planner.endswith(ADAPTIVE)), default=None) for sc in scenarios}
-        lines += [f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} type{'s' if rows[0].gpu_types > 1 else ''})",
-                  "", "| planner | status | search s | predicted s | "
-                  + " | ".join(f"{sc} tokens/s" for sc in scenarios) + " | vs ilp |",
-                  "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |"]
+        best = {
+            sc: max(
+                (
+                    r.tokens_per_s
+                    for r in rows
+                    if r.scenario == sc and r.tokens_per_s and not r.planner.endswith(ADAPTIVE)
+                ),
+                default=None,
+            )
+            for sc in scenarios
+        }
+        lines += [
+            f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} "
+            f"type{'s' if rows[0].gpu_types > 1 else ''})",
+            "",
+            "| planner | status | search s | predicted s | "
+            + " | ".join(f"{sc} tokens/s" for sc in scenarios)
+            + " | vs ilp |",
+            "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |",
+        ]
         for planner in dict.fromkeys(r.planner for r in rows if not r.planner.endswith(ADAPTIVE)):
             mine = [r for r in rows if r.planner == planner]
             cells = []
@@ -321,14 +473,22 @@ def markdown(result: BenchResult) -> str:
                     cells.append("—")
                 else:
                     text = f"{r.tokens_per_s:,.0f}"
-                    cells.append(f"**{text}**" if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9) else text)
+                    cells.append(
+                        f"**{text}**"
+                        if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9)
+                        else text
+                    )
             ratio = _ratio(expected, name, planner)
-            # an optimal plan's gap is within its proof's tolerance (below 1e-5): shown only when not proven
+            # an optimal plan's gap is within its proof's tolerance (below 1e-5): shown only when
+            # not proven
             shown_gap = mine[0].gap is not None and mine[0].status != "optimal"
             status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if shown_gap else "")
             predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
-            lines.append(f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
-                         + " | ".join(cells) + f" | {ratio} |")
+            lines.append(
+                f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
+                + " | ".join(cells)
+                + f" | {ratio} |"
+            )
         lines.append("")
         lines += _horizon_table(rows, scenarios)
     lines += summary(result)
@@ -336,13 +496,18 @@ def markdown(result: BenchResult) -> str:
 
 
 def _horizon_table(rows: list[Row], scenarios: list[str]) -> list[str]:
-    """Tokens over the horizon of the static and adaptive rows of a dynamic instance, each beside the
-    stable plan's (ilp) in the same scenario."""
+    """Tokens over the horizon of the static and adaptive rows of a dynamic instance, each beside
+    the stable plan's (ilp) in the same scenario."""
     whole = [r for r in rows if r.tokens is not None]
     if not whole:
         return []
-    lines = ["Tokens over the horizon (replayed whole; in brackets, ÷ the static stable plan's; switches):", "",
-             "| planner | " + " | ".join(scenarios) + " |", "| --- | " + " | ".join("---:" for _ in scenarios) + " |"]
+    lines = [
+        "Tokens over the horizon (replayed whole; in brackets, ÷ the static stable plan's; "
+        "switches):",
+        "",
+        "| planner | " + " | ".join(scenarios) + " |",
+        "| --- | " + " | ".join("---:" for _ in scenarios) + " |",
+    ]
     stable = {r.scenario: r.tokens for r in whole if r.planner == EXACT}
     for planner in dict.fromkeys(r.planner for r in whole):
         cells = []
@@ -366,13 +531,19 @@ def _ratio(expected, instance: str, planner: str) -> str:
 
 
 def speedups(result: BenchResult, heterogeneous_only: bool = True) -> dict[str, list[float]]:
-    """Per baseline, hetopt's expected tokens/s ÷ the baseline's on every instance where both have a plan."""
+    """Per baseline, hetopt's expected tokens/s ÷ the baseline's on every instance where both have a
+    plan."""
     expected = expected_tokens(result)
     types = {r.instance: r.gpu_types for r in result.rows}
     out: dict[str, list[float]] = {}
     for (instance, planner), tokens in expected.items():
         ours = expected.get((instance, EXACT))
-        if planner.startswith(EXACT) or not tokens or not ours or (heterogeneous_only and types[instance] < 2):
+        if (
+            planner.startswith(EXACT)
+            or not tokens
+            or not ours
+            or (heterogeneous_only and types[instance] < 2)
+        ):
             continue
         out.setdefault(planner, []).append(ours / tokens)
     return out
@@ -382,13 +553,18 @@ def summary(result: BenchResult) -> list[str]:
     gains = speedups(result)
     if not gains:
         return []
-    lines = ["## hetopt's gain on the heterogeneous instances", "",
-             "| baseline | instances | mean | geometric mean | min | max |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "## hetopt's gain on the heterogeneous instances",
+        "",
+        "| baseline | instances | mean | geometric mean | min | max |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for planner, values in gains.items():
         v = np.array(values)
-        lines.append(f"| {planner} | {len(v)} | {v.mean():.2f}× | {math.exp(np.log(v).mean()):.2f}× | "
-                     f"{v.min():.2f}× | {v.max():.2f}× |")
+        lines.append(
+            f"| {planner} | {len(v)} | {v.mean():.2f}× | {math.exp(np.log(v).mean()):.2f}× | "
+            f"{v.min():.2f}× | {v.max():.2f}× |"
+        )
     return [*lines, ""]
 
 
@@ -406,8 +582,11 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
     plt = _plt()
     expected = expected_tokens(result)
     instances = list(dict.fromkeys(r.instance for r in result.rows))
-    # the adaptive rows count tokens over the horizon, the others over `iterations`: in their own table
-    planners = list(dict.fromkeys(r.planner for r in result.rows if not r.planner.endswith(ADAPTIVE)))
+    # the adaptive rows count tokens over the horizon, the others over `iterations`: in their own
+    # table
+    planners = list(
+        dict.fromkeys(r.planner for r in result.rows if not r.planner.endswith(ADAPTIVE))
+    )
     fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(instances)), 5))
     width = 0.8 / len(planners)
     for k, planner in enumerate(planners):
@@ -415,7 +594,12 @@ def plot_throughput(result: BenchResult, path: Path) -> None:
         for inst in instances:
             ours, mine = expected.get((inst, EXACT)), expected.get((inst, planner))
             values.append(mine / ours if mine and ours else 0.0)
-        ax.bar(np.arange(len(instances)) + (k - (len(planners) - 1) / 2) * width, values, width, label=planner)
+        ax.bar(
+            np.arange(len(instances)) + (k - (len(planners) - 1) / 2) * width,
+            values,
+            width,
+            label=planner,
+        )
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(np.arange(len(instances)), instances, rotation=40, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s relative to hetopt (expected over scenarios)")
@@ -440,8 +624,14 @@ def plot_search_time(result: BenchResult, path: Path) -> None:
             ax.plot(*zip(*points, strict=True), marker="o", linestyle="", label=planner, alpha=0.8)
     refused = [(g, t) for (_, p), (g, t, s) in seen.items() if s == "refused"]
     if refused:
-        ax.scatter(*zip(*refused, strict=True), marker="x", color="black", s=60, label="refused (over budget)",
-                   zorder=3)
+        ax.scatter(
+            *zip(*refused, strict=True),
+            marker="x",
+            color="black",
+            s=60,
+            label="refused (over budget)",
+            zorder=3,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("GPUs in the cluster")
@@ -455,10 +645,13 @@ def plot_search_time(result: BenchResult, path: Path) -> None:
 
 
 def plot_iteration_times(result: BenchResult, path: Path) -> None:
-    """Simulated iteration times of every planner on the instances with dynamic bandwidth scenarios."""
+    """Simulated iteration times of every planner on the instances with dynamic bandwidth
+    scenarios."""
     plt = _plt()
     dynamic = [i for i in dict.fromkeys(r.instance for r in result.rows) if i in result.dynamic]
-    fig, axes = plt.subplots(1, max(1, len(dynamic)), figsize=(max(6, 4.5 * len(dynamic)), 4.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(dynamic)), figsize=(max(6, 4.5 * len(dynamic)), 4.5), squeeze=False
+    )
     for ax, inst in zip(axes[0], dynamic, strict=False):
         planners = [p for (i, p) in result.samples if i == inst]
         ax.boxplot([result.samples[(inst, p)] for p in planners], tick_labels=planners)

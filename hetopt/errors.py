@@ -23,7 +23,8 @@ class ExitCode(IntEnum):
     BAD_INPUT = 2
     """Bad input: the message names the file, the key path, the value and the fix."""
     INTERNAL = 3
-    """A fault in hetopt itself: one line names it (the traceback with --debug); the input is not to blame."""
+    """A fault in hetopt itself: one line names it (the traceback with --debug); the input is not to
+    blame."""
 
 
 EXIT_BAD_INPUT = ExitCode.BAD_INPUT
@@ -67,7 +68,7 @@ class InputError(Exception):
         if len(self.problems) == 1:
             only = self.problems[0]
             if only.path == self.source:  # an option's own problem: name it once
-                return f"{head}{only.render()[len(only.path):]}"
+                return f"{head}{only.render()[len(only.path) :]}"
             return f"{head}: {only.render()}"
         lines = [f"{head}: {len(self.problems)} problems"]
         lines += [f"  - {p.render()}" for p in self.problems]
@@ -87,7 +88,10 @@ def did_you_mean(given: str, choices: Iterable[str], n: int = 3) -> str:
     near = difflib.get_close_matches(given, choices, n=n, cutoff=0.5)
     if not near:
         lowered = {c.lower(): c for c in choices}
-        near = [lowered[c] for c in difflib.get_close_matches(given.lower(), list(lowered), n=n, cutoff=0.5)]
+        near = [
+            lowered[c]
+            for c in difflib.get_close_matches(given.lower(), list(lowered), n=n, cutoff=0.5)
+        ]
     if not near:
         return ""
     return " (did you mean " + " or ".join(f"'{c}'" for c in near) + "?)"
@@ -110,21 +114,30 @@ def _short_repr(value: object, limit: int = 80) -> str:
 
 
 def require_columns(path: str, required: set[str], what: str) -> None:
-    """Bad input (exit 2) unless the CSV file at `path` has every column of `required`; `what` names the
-    file kind and where its columns are shown (e.g. "a collectives CSV ... collectives_achieved.csv")."""
+    """Bad input (exit 2) unless the CSV file at `path` has every column of `required`; `what` names
+    the file kind and where its columns are shown (e.g. "a collectives CSV ...
+    collectives_achieved.csv")."""
     import csv
 
     with open(path, newline="", encoding="utf-8") as fh:
         header = set(next(csv.reader(fh), []))
     missing = sorted(required - header)
     if missing:
-        raise InputError(path, [Problem("columns", f"not {what}: missing {', '.join(missing)}", sorted(header),
-                                        True)])
+        raise InputError(
+            path,
+            [Problem("columns", f"not {what}: missing {', '.join(missing)}", sorted(header), True)],
+        )
 
 
 def check_time_limit(seconds: float, option: str = "--time-limit") -> None:
-    """A time limit is a finite number of seconds above 0 (typer reads "nan" and "inf" as floats, and a
-    solver given either fails inside). Raises: InputError (exit 2)."""
+    """A time limit is a finite number of seconds above 0 (typer reads "nan" and "inf" as floats,
+    and a solver given either fails inside). Raises: InputError (exit 2)."""
     if not (math.isfinite(seconds) and seconds > 0):
-        raise InputError(option, [Problem(option, "must be a positive, finite number of seconds, e.g. 60",
-                                          seconds, True)])
+        raise InputError(
+            option,
+            [
+                Problem(
+                    option, "must be a positive, finite number of seconds, e.g. 60", seconds, True
+                )
+            ],
+        )

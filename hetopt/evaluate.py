@@ -1,8 +1,9 @@
 """Analytic iteration time and memory of any plan (DESIGN 3): the façade over hetopt.cost.
 
-`evaluate` (hetopt.cost.pricing) checks and places a plan, builds its cost features (hetopt.cost.features)
-and prices them. The whole cost model lives in hetopt.cost; this module re-exports the names the planner,
-the simulator and the CLI price with, and nothing in hetopt.cost imports it.
+`evaluate` (hetopt.cost.pricing) checks and places a plan, builds its cost features
+(hetopt.cost.features) and prices them. The whole cost model lives in hetopt.cost; this module
+re-exports the names the planner, the simulator and the CLI price with, and nothing in hetopt.cost
+imports it.
 """
 
 from __future__ import annotations

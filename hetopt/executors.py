@@ -2,15 +2,18 @@
 
 Two executors (DESIGN 2.4, `--executor`):
 
-- `process` (the default; `local` is the same, the name DESIGN 2.4 gives it): spawned worker processes on
+- `process` (the default; `local` is the same, the name DESIGN 2.4 gives it): spawned worker
+  processes on
   this machine (`concurrent.futures.ProcessPoolExecutor`), each given the search's context once.
-- `ray`: Ray actors, each built once with the context (`ray.put` puts it in the object store a single
-  time), and a Ray task per (instance, planner) run of a bench. Without `--address` a private local Ray is
-  started on demand and shut down afterwards; with `--address HOST:PORT` (or `auto`) an existing cluster is
-  joined and left running. Ray is the optional extra `pip install "hetopt[ray]"`.
+- `ray`: Ray actors, each built once with the context (`ray.put` puts it in the object store a
+  single
+  time), and a Ray task per (instance, planner) run of a bench. Without `--address` a private local
+  Ray is started on demand and shut down afterwards; with `--address HOST:PORT` (or `auto`) an
+  existing cluster is joined and left running. Ray is the optional extra `pip install
+  "hetopt[ray]"`.
 
-Both serve the best-first search the same way: a batch of leaves in, their outcomes out in the same order,
-so the search's order, its proof and its answer do not depend on the executor.
+Both serve the best-first search the same way: a batch of leaves in, their outcomes out in the same
+order, so the search's order, its proof and its answer do not depend on the executor.
 """
 
 from __future__ import annotations
@@ -33,52 +36,83 @@ ALIASES = {"local": "process"}
 """DESIGN 2.4 calls this machine's worker processes `local`; both names are accepted."""
 RAY_INSTALL = 'pip install "hetopt[ray]"'
 DEFAULT_LOCAL_WORKERS = 2
-"""Worker processes (or local Ray workers) by default, at most the CPU count: the search's batches are
-small, and more workers mostly solve leaves that a better incumbent would have pruned."""
+"""Worker processes (or local Ray workers) by default, at most the CPU count: the search's batches
+are small, and more workers mostly solve leaves that a better incumbent would have pruned."""
 
 
 def check_executor(executor: str, address: str | None = None) -> str:
     """The executor's canonical name, or bad input (exit 2) that says what to change.
 
-    Parameters: executor — `process`, `local` (= process) or `ray`; address — a Ray cluster's address, only
-    meaningful with `ray`.
+    Parameters: executor — `process`, `local` (= process) or `ray`; address — a Ray cluster's
+    address, only meaningful with `ray`.
     Returns: `process` or `ray`.
-    Raises: InputError for an unknown name, an address without `ray`, or `ray` when Ray is not installed."""
+    Raises: InputError for an unknown name, an address without `ray`, or `ray` when Ray is not
+    installed."""
     name = ALIASES.get(executor, executor)
     if name not in EXECUTORS:
         choices = [*EXECUTORS, *ALIASES]
-        raise InputError("--executor", [Problem("--executor", f"unknown executor{did_you_mean(executor, choices)}; "
-                                                              f"choose one of {', '.join(EXECUTORS)}", executor,
-                                                True)])
+        raise InputError(
+            "--executor",
+            [
+                Problem(
+                    "--executor",
+                    f"unknown executor{did_you_mean(executor, choices)}; choose one of "
+                    f"{', '.join(EXECUTORS)}",
+                    executor,
+                    True,
+                )
+            ],
+        )
     if address is not None and name != "ray":
-        raise InputError("--address", [Problem("--address", "is the address of a Ray cluster; add --executor ray "
-                                                            "or drop --address", address, True)])
+        raise InputError(
+            "--address",
+            [
+                Problem(
+                    "--address",
+                    "is the address of a Ray cluster; add --executor ray or drop --address",
+                    address,
+                    True,
+                )
+            ],
+        )
     if name == "ray":
         try:
             import ray  # noqa: F401  (only whether it imports)
         except ImportError as exc:
-            raise InputError("--executor", [Problem("--executor", f"Ray is not installed here ({exc}); install "
-                                                                  f"the optional extra: {RAY_INSTALL}", executor,
-                                                    True)]) from None
+            raise InputError(
+                "--executor",
+                [
+                    Problem(
+                        "--executor",
+                        f"Ray is not installed here ({exc}); install the optional extra: "
+                        f"{RAY_INSTALL}",
+                        executor,
+                        True,
+                    )
+                ],
+            ) from None
     return name
 
 
 def default_workers() -> int:
-    """Workers on this machine when none are asked for: DEFAULT_LOCAL_WORKERS, at most the CPU count."""
+    """Workers on this machine when none are asked for: DEFAULT_LOCAL_WORKERS, at most the CPU
+    count."""
     return min(DEFAULT_LOCAL_WORKERS, os.cpu_count() or 1)
 
 
-# -- a Ray session ---------------------------------------------------------------------------------------
+# -- a Ray session
+# ---------------------------------------------------------------------------------------
+
 
 @contextmanager
 def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[ModuleType]:
     """Ray, connected for the duration of the block.
 
-    Parameters: address — an existing cluster (`HOST:PORT`, `ray://HOST:PORT` or `auto`); None starts a
-    private local Ray with `num_cpus` CPUs (default: this machine's); num_cpus — ignored with an address
-    (the cluster's nodes declared theirs at `ray start`).
-    Returns: the `ray` module. A session that was already open (a caller's, or inside a Ray task) is used
-    as it is and left open; one started here is shut down at the end of the block."""
+    Parameters: address — an existing cluster (`HOST:PORT`, `ray://HOST:PORT` or `auto`); None
+    starts a private local Ray with `num_cpus` CPUs (default: this machine's); num_cpus — ignored
+    with an address (the cluster's nodes declared theirs at `ray start`).
+    Returns: the `ray` module. A session that was already open (a caller's, or inside a Ray task) is
+    used as it is and left open; one started here is shut down at the end of the block."""
     import ray
 
     if ray.is_initialized():
@@ -87,20 +121,35 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
     if address is not None:
         _check_reachable(address)
     sigterm = keep_sigterm_handler()
-    # Ray's agents outlive a killed hetopt by a minute: a reaper, started before them, ends them (lifeline)
+    # Ray's agents outlive a killed hetopt by a minute: a reaper, started before them, ends them
+    # (lifeline)
     reaper = Reaper() if address is None else None
-    # Ray's C++ crash handler, installed in this driver by ray.init, turns a SIGTERM into an abort with a
-    # stack dump; hetopt handles SIGTERM itself
-    quiet = {"RAY_DISABLE_FAILURE_SIGNAL_HANDLER": os.environ.get("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")}
+    # Ray's C++ crash handler, installed in this driver by ray.init, turns a SIGTERM into an abort
+    # with a stack dump; hetopt handles SIGTERM itself
+    quiet = {
+        "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": os.environ.get(
+            "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1"
+        )
+    }
     try:
         try:
-            # "local", not None: None would silently join whatever RAY_ADDRESS or a `ray start` on this
-            # machine points at; without --address the user asked for a Ray of hetopt's own
-            with environment(quiet), reaper.marking() if reaper is not None else contextlib.nullcontext():
-                ray.init(address=address or "local", num_cpus=None if address else (num_cpus or os.cpu_count()),
-                         include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                         configure_logging=True)
-        except SystemExit as exc:  # a SIGTERM during ray.init meets Ray's driver handler: sys.exit(SIGTERM)
+            # "local", not None: None would silently join whatever RAY_ADDRESS or a `ray start` on
+            # this machine points at; without --address the user asked for a Ray of hetopt's own
+            with (
+                environment(quiet),
+                reaper.marking() if reaper is not None else contextlib.nullcontext(),
+            ):
+                ray.init(
+                    address=address or "local",
+                    num_cpus=None if address else (num_cpus or os.cpu_count()),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                    configure_logging=True,
+                )
+        except (
+            SystemExit
+        ) as exc:  # a SIGTERM during ray.init meets Ray's driver handler: sys.exit(SIGTERM)
             if exc.code == signal.SIGTERM:
                 raise Terminated() from None
             raise
@@ -122,21 +171,38 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
 
 
 def _cannot_join(address: str, exc: Exception) -> InputError:
-    # Ray (2.5x on) starts a head with token authentication whenever ~/.ray/auth_token exists, but sends a
-    # token to an explicit address only when told to: the most likely reason a listening head refuses
-    auth = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else (
-        "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and its token (`ray "
-        "get-auth-token` on the head) in RAY_AUTH_TOKEN")
-    return InputError("--address", [Problem("--address", f"cannot join a Ray cluster there ({exc}){auth}; "
-                                                         "or drop --address for a local Ray", address, True)])
+    # Ray (2.5x on) starts a head with token authentication whenever ~/.ray/auth_token exists, but
+    # sends a token to an explicit address only when told to: the most likely reason a listening
+    # head refuses
+    auth = (
+        ""
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+        else (
+            "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and its token "
+            "(`ray get-auth-token` on the head) in RAY_AUTH_TOKEN"
+        )
+    )
+    return InputError(
+        "--address",
+        [
+            Problem(
+                "--address",
+                f"cannot join a Ray cluster there ({exc}){auth}; or drop --address for a local Ray",
+                address,
+                True,
+            )
+        ],
+    )
 
 
 ADDRESS_PROBE_S = 5.0
-"""How long to try a cluster's HOST:PORT before ray.init: Ray itself retries a wrong address for minutes."""
+"""How long to try a cluster's HOST:PORT before ray.init: Ray itself retries a wrong address for
+minutes."""
 
 
 def _check_reachable(address: str) -> None:
-    """Bad input (exit 2) at once when nothing listens at a HOST:PORT address; other forms (`auto`) pass."""
+    """Bad input (exit 2) at once when nothing listens at a HOST:PORT address; other forms (`auto`)
+    pass."""
     import socket
 
     host, sep, port = address.split("://", 1)[-1].rpartition(":")
@@ -145,18 +211,30 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_PROBE_S).close()
     except OSError as exc:
-        raise InputError("--address", [Problem("--address", f"no Ray cluster answers there ({exc}); start one "
-                                                            "with `ray start --head` and give the HOST:PORT it "
-                                                            "prints, or drop --address for a local Ray", address,
-                                               True)]) from None
+        raise InputError(
+            "--address",
+            [
+                Problem(
+                    "--address",
+                    f"no Ray cluster answers there ({exc}); start one with `ray start --head` "
+                    "and give the HOST:PORT it prints, or drop --address for a local Ray",
+                    address,
+                    True,
+                )
+            ],
+        ) from None
 
 
 def ray_cpus_per_node(ray: ModuleType) -> int:
-    """The most CPUs any live node of the connected cluster has (a task asking for more never starts)."""
-    return max([int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")] or [1])
+    """The most CPUs any live node of the connected cluster has (a task asking for more never
+    starts)."""
+    return max(
+        [int(node["Resources"].get("CPU", 0)) for node in ray.nodes() if node.get("Alive")] or [1]
+    )
 
 
-# -- pools that solve a search's batches -------------------------------------------------------------------
+# -- pools that solve a search's batches
+# -------------------------------------------------------------------
 
 Job = tuple
 """One leaf to solve: the arguments after the context (skeleton, seconds left, incumbent)."""
@@ -174,7 +252,8 @@ class SkeletonPool(Protocol):
         ...
 
     def submit(self, jobs: Sequence[Job]) -> Callable[[], list]:
-        """Start `jobs` and return at once: calling the result waits for their outcomes, in job order."""
+        """Start `jobs` and return at once: calling the result waits for their outcomes, in job
+        order."""
         ...
 
     def close(self) -> None:
@@ -182,17 +261,25 @@ class SkeletonPool(Protocol):
         ...
 
     def abort(self) -> None:
-        """Stop the workers now, their jobs unfinished (Ctrl-C, SIGTERM or an error is on its way out)."""
+        """Stop the workers now, their jobs unfinished (Ctrl-C, SIGTERM or an error is on its way
+        out)."""
         ...
 
 
-def open_pool(executor: str, context: Any, solve: Solve, workers: int | None = None,
-              address: str | None = None) -> SkeletonPool | None:
+def open_pool(
+    executor: str,
+    context: Any,
+    solve: Solve,
+    workers: int | None = None,
+    address: str | None = None,
+) -> SkeletonPool | None:
     """Workers for a search, or None when they would not help (one worker) or cannot start.
 
-    Parameters: executor — `process` or `ray` (see check_executor); context — sent once to each worker;
-    solve — called as solve(context, *job) in the workers; workers — how many (default: DEFAULT_LOCAL_WORKERS
-    on this machine; with a Ray cluster at `address`, one per CPU of the cluster); address — a Ray cluster.
+    Parameters: executor — `process` or `ray` (see check_executor); context — sent once to each
+    worker;
+    solve — called as solve(context, *job) in the workers; workers — how many (default:
+    DEFAULT_LOCAL_WORKERS on this machine; with a Ray cluster at `address`, one per CPU of the
+    cluster); address — a Ray cluster.
     Returns: a SkeletonPool, or None."""
     if executor == "ray":
         return RayPool.open(context, solve, workers, address)
@@ -223,7 +310,8 @@ class ProcessPool:
     def open(cls, context: Any, solve: Solve, workers: int) -> ProcessPool | None:
         main_file = getattr(sys.modules["__main__"], "__file__", None)
         if workers <= 1 or (main_file is not None and not os.path.exists(main_file)):
-            return None  # a spawned worker re-imports __main__, which a script read from stdin cannot be
+            # a spawned worker re-imports __main__, which a script read from stdin cannot be
+            return None
         # each worker ends with this process, however it ends (hetopt.lifeline)
         return cls(OwnedPool(workers, _init_worker, (context, solve)), workers)
 
@@ -242,7 +330,8 @@ class ProcessPool:
 
 
 class _SkeletonActor:
-    """A Ray actor's state: the context, fetched from the object store once when the actor starts."""
+    """A Ray actor's state: the context, fetched from the object store once when the actor
+    starts."""
 
     def __init__(self, context: Any, solve: Solve) -> None:
         self.context, self.solve_fn = context, solve
@@ -252,7 +341,8 @@ class _SkeletonActor:
 
 
 class RayPool:
-    """Ray actors (one CPU each) holding the context; a batch is spread over them as they become free."""
+    """Ray actors (one CPU each) holding the context; a batch is spread over them as they become
+    free."""
 
     def __init__(self, ray: ModuleType, session: ExitStack, actors: list, workers: int) -> None:
         from ray.util import ActorPool
@@ -261,7 +351,9 @@ class RayPool:
         self.pool = ActorPool(actors)
 
     @classmethod
-    def open(cls, context: Any, solve: Solve, workers: int | None, address: str | None) -> RayPool | None:
+    def open(
+        cls, context: Any, solve: Solve, workers: int | None, address: str | None
+    ) -> RayPool | None:
         local = workers if workers is not None else default_workers()
         if address is None and local <= 1:
             return None  # one worker: the search solves in-process, as with the process pool
@@ -270,7 +362,9 @@ class RayPool:
             ray = session.enter_context(ray_session(address, num_cpus=local))
             cpus = int(ray.cluster_resources().get("CPU", 1))
             # each actor holds one CPU: more actors than the cluster has CPUs would wait for ever
-            n = min(workers if workers is not None else (cpus if address is not None else local), cpus)
+            n = min(
+                workers if workers is not None else (cpus if address is not None else local), cpus
+            )
             if n <= 1:
                 session.close()
                 return None

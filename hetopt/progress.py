@@ -34,8 +34,9 @@ class Progress:
             self.live.__enter__()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def stop(self) -> None:
@@ -44,9 +45,9 @@ class Progress:
             self.live.stop()
 
     def update(self, text: str, step: bool = True) -> None:
-        """Show `text`; off a terminal, log it when it is a `step` of the work (a fold fitted, a scenario
-        replayed), else — a count that runs on, as skeletons solved — when its phase (the words before
-        ':') is new or LOG_EVERY_S after the last line."""
+        """Show `text`; off a terminal, log it when it is a `step` of the work (a fold fitted, a
+        scenario replayed), else — a count that runs on, as skeletons solved — when its phase (the
+        words before ':') is new or LOG_EVERY_S after the last line."""
         if self.live is not None:
             self.live.update(text)
             return
@@ -58,5 +59,9 @@ class Progress:
 
     def _log(self, text: str) -> None:
         self.logged_at = time.monotonic()
-        self.console.print(f"[{self.logged_at - self.start:.0f} s] {text}", markup=False, highlight=False,
-                           soft_wrap=True)
+        self.console.print(
+            f"[{self.logged_at - self.start:.0f} s] {text}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -1,1 +1,2 @@
-"""The bundled instances (YAML), shipped inside hetopt as `hetopt.bundled`: `hetopt instances` lists them."""
+"""The bundled instances (YAML), shipped inside hetopt as `hetopt.bundled`: `hetopt instances`
+lists them."""

@@ -17,8 +17,13 @@ CALIBRATION = REPO / "data" / "calibration"
 
 def run_hetopt(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real command line in a fresh process, as a user would."""
-    return subprocess.run([sys.executable, "-m", "hetopt", *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "hetopt", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -27,9 +32,9 @@ def hetopt():
 
 
 def once_per_run(name: str, compute, tmp_path_factory, worker_id: str):
-    """`compute()` once for the whole test run: under pytest-xdist the first worker computes it and leaves
-    it in the run's shared temporary directory under a lock, the others read it (the xdist recipe for a
-    session fixture run once); without workers, computed here."""
+    """`compute()` once for the whole test run: under pytest-xdist the first worker computes it and
+    leaves it in the run's shared temporary directory under a lock, the others read it (the xdist
+    recipe for a session fixture run once); without workers, computed here."""
     if worker_id == "master":
         return compute()
     shared = tmp_path_factory.getbasetemp().parent

@@ -1,4 +1,5 @@
-"""Where things live (issue 11): the whole cost model in hetopt/cost, evaluate.py a façade over it."""
+"""Where things live (issue 11): the whole cost model in hetopt/cost, evaluate.py a façade over
+it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def _imports(path) -> set[str]:
 
 
 def test_nothing_in_the_cost_model_imports_the_evaluate_facade():
-    offenders = {p.name for p in (REPO / "hetopt" / "cost").glob("*.py") if "hetopt.evaluate" in _imports(p)}
+    offenders = {
+        p.name for p in (REPO / "hetopt" / "cost").glob("*.py") if "hetopt.evaluate" in _imports(p)
+    }
     assert not offenders
 
 

@@ -1,7 +1,8 @@
 """The search's bounds (hetopt/search/bounds.py) and tree (hetopt/search/tree.py).
 
-Each bound must hold for every skeleton under the node it keys; `compute_lower_bound` itself is checked
-against every split of sampled skeletons in test_planner.py (bound ≤ the skeleton's optimum)."""
+Each bound must hold for every skeleton under the node it keys; `compute_lower_bound` itself is
+checked against every split of sampled skeletons in test_planner.py (bound ≤ the skeleton's
+optimum)."""
 
 from __future__ import annotations
 
@@ -33,15 +34,30 @@ def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["s2-a100-v100", "s3-two-islands", "s4-three-types", "s6-h100-a100",
-                                  "s9-interleaved", "s10-four-types", "s11-uneven-shares", "s12-zero",
-                                  "s13-recompute-per-stage", "s14-pair-sides", "s15-context-parallel",
-                                  "s16-tp-per-stage"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "s2-a100-v100",
+        "s3-two-islands",
+        "s4-three-types",
+        "s6-h100-a100",
+        "s9-interleaved",
+        "s10-four-types",
+        "s11-uneven-shares",
+        "s12-zero",
+        "s13-recompute-per-stage",
+        "s14-pair-sides",
+        "s15-context-parallel",
+        "s16-tp-per-stage",
+    ],
+)
 def test_every_node_bound_holds_for_every_skeleton_under_it(name):
-    """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each skeleton
-    they key (which is ≤ its optimum); children never key below their parent."""
+    """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each
+    skeleton they key (which is ≤ its optimum); children never key below their parent."""
     inst = load_instance(SMALL / f"{name}.yaml")
-    opts = dataclasses.replace(SearchOptions.from_instance(inst), zero=(1, 2, 3))  # ZeRO-2/3 nodes too
+    opts = dataclasses.replace(
+        SearchOptions.from_instance(inst), zero=(1, 2, 3)
+    )  # ZeRO-2/3 nodes too
     tree = Tree(inst, opts, SearchStats(), Bounds(inst, Profiles()))
     kinds, leaves = set(), 0
     for root in tree.roots():
@@ -49,27 +65,43 @@ def test_every_node_bound_holds_for_every_skeleton_under_it(name):
             leaves += 1
             for node in path:
                 kinds.add(type(node).__name__)
-                assert node.bound <= leaf_bound * (1 + 1e-12) or math.isinf(leaf_bound), (type(node), node.bound,
-                                                                                          leaf_bound)
-            assert all(a.bound <= b.bound for a, b in itertools.pairwise(path))  # keys never fall going down
+                assert node.bound <= leaf_bound * (1 + 1e-12) or math.isinf(leaf_bound), (
+                    type(node),
+                    node.bound,
+                    leaf_bound,
+                )
+            assert all(
+                a.bound <= b.bound for a, b in itertools.pairwise(path)
+            )  # keys never fall going down
     assert leaves > 0
     one_template = {"FamilyNode", "BucketNode", "GroupNode", "SkeletonNode"}
     pairs = {"PairGroupNode", "PairRangeNode", "PairSubgroupNode"}
     triples = {"TripleFamilyNode", "TripleGroupNode", "TripleSharesNode"}
-    # s9 (interleaving), s10 (four classes), s12 (ZeRO) and s13 (per-stage recompute) have no plan of two
-    # or three templates that fits in memory; s16's three-template plans do not fit either
-    several = name not in ("s9-interleaved", "s10-four-types", "s12-zero", "s13-recompute-per-stage")
+    # s9 (interleaving), s10 (four classes), s12 (ZeRO) and s13 (per-stage recompute) have no plan
+    # of two or three templates that fits in memory; s16's three-template plans do not fit either
+    several = name not in (
+        "s9-interleaved",
+        "s10-four-types",
+        "s12-zero",
+        "s13-recompute-per-stage",
+    )
     # s3 keeps to two templates (its search: section)
     assert kinds == one_template | (pairs if several else set()) | (
-        triples if several and name not in ("s3-two-islands", "s16-tp-per-stage") else set())
+        triples if several and name not in ("s3-two-islands", "s16-tp-per-stage") else set()
+    )
 
 
 def test_bounds_of_one_instance_are_not_served_to_another():
-    """Regression (issue 11): module caches keyed by id(inst) served the demo instance dgx-175B's template
-    bound once Python reused the id. Bounds now live on one run's object."""
+    """Regression (issue 11): module caches keyed by id(inst) served the demo instance dgx-175B's
+    template bound once Python reused the id. Bounds now live on one run's object."""
     demo = load_instance(DEMO)
-    seg = next(iter(Tree(demo, SearchOptions.from_instance(demo), SearchStats(),
-                         Bounds(demo, Profiles())).roots()))
+    seg = next(
+        iter(
+            Tree(
+                demo, SearchOptions.from_instance(demo), SearchStats(), Bounds(demo, Profiles())
+            ).roots()
+        )
+    )
     family = seg.family
     want = Bounds(demo, Profiles()).family_bound(family)
     for _ in range(5):
@@ -82,12 +114,12 @@ def test_bounds_of_one_instance_are_not_served_to_another():
         assert Bounds(again, Profiles()).family_bound(family) == pytest.approx(want, rel=1e-15)
 
 
-def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_tight_at_its_vertices():
+def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_tight_at_vertices():
     """region_bound (and region_least, its plain-float twin, equal to it): the least pair bound over
-    R_a, R_b in a box with classes both templates share (R_a·g_a + R_b·g_b ≤ G). It never exceeds the
-    bound at any whole point of the region (where S ≥ λ the pair bound is at least the throughput bound)
-    — so it is finite wherever one fits — and it often reaches their least (a vertex of the real polygon
-    is whole)."""
+    R_a, R_b in a box with classes both templates share (R_a·g_a + R_b·g_b ≤ G). It never exceeds
+    the bound at any whole point of the region (where S ≥ λ the pair bound is at least the
+    throughput bound) — so it is finite wherever one fits — and it often reaches their least (a
+    vertex of the real polygon is whole)."""
     import random
 
     import numpy as np
@@ -101,21 +133,34 @@ def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_ti
         lines = [(lam, lam * rng.uniform(1.0, 6.0)) for lam, _ in lines]  # S ≥ λ
         top = [rng.randint(1, 9) for _ in range(2)]
         low = [rng.randint(1, t) for t in top]
-        shared = [(rng.randint(1, 6), rng.randint(1, 6), rng.randint(2, 40)) for _ in range(rng.randint(0, 3))]
+        shared = [
+            (rng.randint(1, 6), rng.randint(1, 6), rng.randint(2, 40))
+            for _ in range(rng.randint(0, 3))
+        ]
         total = rng.randint(8, 200)
-        sides = [(np.float64(lam), np.float64(s), float(lo), float(hi))
-                 for (lam, s), lo, hi in zip(lines, low, top, strict=True)]
-        bound = float(region_bound(*sides, [tuple(np.float64(x) for x in c) for c in shared], float(total)))
-        plain = region_least(*[(float(lam), float(s), lo, hi) for lam, s, lo, hi in sides], shared, total)
+        sides = [
+            (np.float64(lam), np.float64(s), float(lo), float(hi))
+            for (lam, s), lo, hi in zip(lines, low, top, strict=True)
+        ]
+        bound = float(
+            region_bound(*sides, [tuple(np.float64(x) for x in c) for c in shared], float(total))
+        )
+        plain = region_least(
+            *[(float(lam), float(s), lo, hi) for lam, s, lo, hi in sides], shared, total
+        )
         assert plain == pytest.approx(bound, rel=1e-12) or (math.isinf(plain) and math.isinf(bound))
-        points = [(ra, rb) for ra in range(low[0], top[0] + 1) for rb in range(low[1], top[1] + 1)
-                  if all(ra * ga + rb * gb <= g for ga, gb, g in shared)]
+        points = [
+            (ra, rb)
+            for ra in range(low[0], top[0] + 1)
+            for rb in range(low[1], top[1] + 1)
+            if all(ra * ga + rb * gb <= g for ga, gb, g in shared)
+        ]
         if not points:
             empty += 1
             continue
         least = min(pair_at(lines, p, total) for p in points)
         assert bound <= least * (1 + 1e-12)
         tight += bound >= least * (1 - 1e-9)
-    # measured (seed 7): 189 of the 400 regions hold no whole point, and in 171 of the other 211 the bound
-    # is the least over the whole points (a vertex of the real polygon is whole)
+    # measured (seed 7): 189 of the 400 regions hold no whole point, and in 171 of the other 211 the
+    # bound is the least over the whole points (a vertex of the real polygon is whole)
     assert empty > 0 and tight > 100

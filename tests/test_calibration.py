@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from conftest import CALIBRATION, run_hetopt
 
-from hetopt.cost.calibration import calibrate, cross_validate, errors, fit_theta, load_dataset, predict
+from hetopt.cost.calibration import (
+    calibrate,
+    cross_validate,
+    errors,
+    fit_theta,
+    load_dataset,
+    predict,
+)
 from hetopt.cost.terms import shipped_profiles
 from hetopt.errors import InputError
 
@@ -47,7 +54,8 @@ def test_fitted_parameters_are_physical(theta):
     from hetopt.cost.terms import GEMM, LINK, MEM
 
     w, overlap, serial = weights_of(theta)
-    # efficiencies must lie in (0, 1]; the lower limits only say the fit did not collapse onto a bound
+    # efficiencies must lie in (0, 1]; the lower limits only say the fit did not collapse onto a
+    # bound
     assert 0.3 < 1 / w[GEMM] <= 1 and 0.1 < 1 / w[MEM] <= 1 and 0.1 < 1 / w[LINK] <= 1
     assert 0 <= overlap <= 1 and 0 <= serial <= 1
 
@@ -58,7 +66,9 @@ def test_shipped_profile_is_the_fit_of_the_shipped_data(datasets, theta):
     ours = predict(datasets[0], theta)
     from hetopt.cost.calibration import FITTED
 
-    theirs_theta = np.array([shipped.weights[i] for i in FITTED] + [shipped.dp_overlap, shipped.launch_serial])
+    theirs_theta = np.array(
+        [shipped.weights[i] for i in FITTED] + [shipped.dp_overlap, shipped.launch_serial]
+    )
     assert np.allclose(predict(datasets[0], theirs_theta), ours, rtol=0.02)
     assert shipped.fit[LAYOUTS.name]["cv_mape"] <= 0.08
 
@@ -69,8 +79,12 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path):
     assert result.returncode == 0, result.stderr
     profile = json.loads(out.read_text())
     assert profile["gpu"] == "A100-80GB" and profile["fit"][LAYERS.name]["rows"] == 10
-    assert "] fitting: 10 measurements in 1 data set\n" in result.stderr  # progress, a log line off a terminal
-    evaluated = run_hetopt("evaluate", "demo", "--layout", "tp=2,pp=2,dp=8", "--profile", str(out), "--json")
+    assert (
+        "] fitting: 10 measurements in 1 data set\n" in result.stderr
+    )  # progress, a log line off a terminal
+    evaluated = run_hetopt(
+        "evaluate", "demo", "--layout", "tp=2,pp=2,dp=8", "--profile", str(out), "--json"
+    )
     assert evaluated.returncode == 0, evaluated.stderr
 
 
@@ -82,7 +96,8 @@ def test_unknown_csv_is_bad_input(tmp_path):
 
 
 def test_a_fit_that_does_not_converge_is_an_error_not_an_answer(datasets, monkeypatch):
-    """The fit reads its status in full: evaluations that run out are a clear error (exit 2), not weights."""
+    """The fit reads its status in full: evaluations that run out are a clear error (exit 2), not
+    weights."""
     import hetopt.cost.calibration as calibration
 
     monkeypatch.setattr(calibration, "MAX_EVALUATIONS", 3)

@@ -1,4 +1,5 @@
-"""The GPU catalog and the model presets: complete, sourced, and matching published parameter counts."""
+"""The GPU catalog and the model presets: complete, sourced, and matching published parameter
+counts."""
 
 from __future__ import annotations
 
@@ -11,10 +12,39 @@ from hetopt.cost.flops import layer_forward_flops, layer_params, model_flops_per
 from hetopt.spec.gpus import CATALOG
 from hetopt.spec.presets import PRESETS
 
-REQUIRED_GPUS = ["V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "GH200",
-                 "L4", "L40S", "A10G", "T4", "RTX-3090", "RTX-4090", "MI250X", "MI300X"]
-REQUIRED_PRESETS = ["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b", "gpt2-medium", "llama-7b",
-                    "llama-13b", "llama-30b", "llama-65b", "llama2-70b", "llama3-8b", "llama3-70b"]
+REQUIRED_GPUS = [
+    "V100-16GB",
+    "V100-32GB",
+    "A100-40GB",
+    "A100-80GB",
+    "H100-SXM",
+    "H100-PCIe",
+    "H200",
+    "GH200",
+    "L4",
+    "L40S",
+    "A10G",
+    "T4",
+    "RTX-3090",
+    "RTX-4090",
+    "MI250X",
+    "MI300X",
+]
+REQUIRED_PRESETS = [
+    "gpt3-1.3b",
+    "gpt3-2.7b",
+    "gpt3-6.7b",
+    "gpt3-13b",
+    "gpt3-175b",
+    "gpt2-medium",
+    "llama-7b",
+    "llama-13b",
+    "llama-30b",
+    "llama-65b",
+    "llama2-70b",
+    "llama3-8b",
+    "llama3-70b",
+]
 NUMBERS = ("peak_tflops", "memory_gib", "hbm_gbps", "intra_node_gbps")
 
 
@@ -36,9 +66,17 @@ def test_every_number_is_positive_and_sourced(name):
 def test_generations_are_ordered_as_published():
     # same architecture, more memory: same compute; newer generation: more compute and bandwidth
     assert CATALOG["A100-40GB"].peak_tflops == CATALOG["A100-80GB"].peak_tflops
-    assert CATALOG["V100-32GB"].peak_tflops < CATALOG["A100-80GB"].peak_tflops < CATALOG["H100-SXM"].peak_tflops
+    assert (
+        CATALOG["V100-32GB"].peak_tflops
+        < CATALOG["A100-80GB"].peak_tflops
+        < CATALOG["H100-SXM"].peak_tflops
+    )
     assert CATALOG["H100-SXM"].hbm_gbps < CATALOG["H200"].hbm_gbps
-    assert CATALOG["T4"].intra_node_gbps < CATALOG["L4"].intra_node_gbps < CATALOG["H100-PCIe"].intra_node_gbps
+    assert (
+        CATALOG["T4"].intra_node_gbps
+        < CATALOG["L4"].intra_node_gbps
+        < CATALOG["H100-PCIe"].intra_node_gbps
+    )
 
 
 def test_gpus_command_shows_every_gpu_and_source():
@@ -51,7 +89,10 @@ def test_gpus_command_shows_every_gpu_and_source():
             assert gpu.sources[field].split(":")[0] in result.stdout.replace("\n", " ")
     data = json.loads(run_hetopt("gpus", "--json").stdout)
     assert [g["name"] for g in data["gpus"]] == REQUIRED_GPUS
-    assert all(set(g["sources"]) == set(NUMBERS) | {"family", "tdp_w", "usable_memory_gib"} for g in data["gpus"])
+    assert all(
+        set(g["sources"]) == set(NUMBERS) | {"family", "tdp_w", "usable_memory_gib"}
+        for g in data["gpus"]
+    )
 
 
 def test_presets_are_complete_and_sourced():
@@ -94,8 +135,9 @@ def test_gpt_layer_forward_flops_closed_form(b, s):
 
 
 def test_model_flops_per_token_is_about_six_times_params():
-    # 6·N per token plus attention: 3·4·s·h·L = 12·2048·4096·32 FLOPs per token is 8% of 6N for llama-7b at
-    # s = 2048, less the embedding lookup (3% of N) that does no matrix multiply: about 1.06
+    # 6·N per token plus attention: 3·4·s·h·L = 12·2048·4096·32 FLOPs per token is 8% of 6N for
+    # llama-7b at s = 2048, less the embedding lookup (3% of N) that does no matrix multiply: about
+    # 1.06
     m = PRESETS["llama-7b"]
     ratio = model_flops_per_token(m, 2048) / (6 * total_params(m))
     assert 1.0 < ratio < 1.10

@@ -53,29 +53,101 @@ def tolerance(backend: str) -> float:
 
 SHAPES = {
     # one template over two device classes (4 stages, 32 layers: 4,495 splits)
-    "one-template": ("demo-a100-v100-llama7b", "stable", Skeleton(1, "none", (
-        Template((Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)), 4,
-                 64),))),
+    "one-template": (
+        "demo-a100-v100-llama7b",
+        "stable",
+        Skeleton(
+            1,
+            "none",
+            (
+                Template(
+                    (Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)),
+                    4,
+                    64,
+                ),
+            ),
+        ),
+    ),
     # two templates, the A100 one critical: issue 11's loose MILP (4.5% below the evaluator)
-    "two-templates": ("a100-t4-gpt3-1.3b", "stable", Skeleton(1, "full", (
-        Template((Segment("A100-40GB", "train", 1, 4),), 4, 123),
-        Template((Segment("T4", "infer", 1, 3),), 5, 4)))),
+    "two-templates": (
+        "a100-t4-gpt3-1.3b",
+        "stable",
+        Skeleton(
+            1,
+            "full",
+            (
+                Template((Segment("A100-40GB", "train", 1, 4),), 4, 123),
+                Template((Segment("T4", "infer", 1, 3),), 5, 4),
+            ),
+        ),
+    ),
     # robust objectives over two bandwidth scenarios (a WAN link at 400 or 25 Gbit/s)
-    **{f"robust-{objective}": ("wan-flapping-a100-v100", objective, Skeleton(4, "none", (
-        Template((Segment("A100-80GB", "dc0", 2, 2),), 2, 2),
-        Template((Segment("V100-32GB", "dc1", 2, 4),), 1, 12))))
-       for objective in ("expected", "worst")},
-    "robust-cvar-one-template": ("wan-flapping-a100-v100", "cvar", Skeleton(1, "none", (
-        Template((Segment("A100-80GB", "dc0", 1, 3), Segment("V100-32GB", "dc1", 4, 1)), 2, 32),))),
+    **{
+        f"robust-{objective}": (
+            "wan-flapping-a100-v100",
+            objective,
+            Skeleton(
+                4,
+                "none",
+                (
+                    Template((Segment("A100-80GB", "dc0", 2, 2),), 2, 2),
+                    Template((Segment("V100-32GB", "dc1", 2, 4),), 1, 12),
+                ),
+            ),
+        )
+        for objective in ("expected", "worst")
+    },
+    "robust-cvar-one-template": (
+        "wan-flapping-a100-v100",
+        "cvar",
+        Skeleton(
+            1,
+            "none",
+            (
+                Template(
+                    (Segment("A100-80GB", "dc0", 1, 3), Segment("V100-32GB", "dc1", 4, 1)), 2, 32
+                ),
+            ),
+        ),
+    ),
     # interleaved 1F1B, 2 model chunks per stage: every stage a multiple of 2 layers (C1v)
-    "interleaved": ("demo-a100-v100-llama7b", "stable", Skeleton(1, "none", (
-        Template((Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)), 4,
-                 64),), "replica", 2)),
+    "interleaved": (
+        "demo-a100-v100-llama7b",
+        "stable",
+        Skeleton(
+            1,
+            "none",
+            (
+                Template(
+                    (Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)),
+                    4,
+                    64,
+                ),
+            ),
+            "replica",
+            2,
+        ),
+    ),
     # ZeRO-3 and ZeRO-2 (one robust): passes that wait for their collectives, tabulated (C2z)
-    **{name: ("demo-a100-v100-llama7b", objective, Skeleton(1, "none", (
-        Template((Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)), 4,
-                 16),), zero=zero))
-       for name, objective, zero in (("zero-3", "stable", 3), ("zero-2-robust-worst", "worst", 2))},
+    **{
+        name: (
+            "demo-a100-v100-llama7b",
+            objective,
+            Skeleton(
+                1,
+                "none",
+                (
+                    Template(
+                        (Segment("A100-80GB", "rack0", 2, 2), Segment("V100-32GB", "rack1", 2, 2)),
+                        4,
+                        16,
+                    ),
+                ),
+                zero=zero,
+            ),
+        )
+        for name, objective, zero in (("zero-3", "stable", 3), ("zero-2-robust-worst", "worst", 2))
+    },
 }
 
 
@@ -89,8 +161,11 @@ def brute_force(problem: PlanProblem) -> tuple[float, list[int]]:
     parts = []
     for j, base in enumerate(problem.base.templates):
         top = base.max_layers()
-        splits = [c for c in compositions(base.layers, base.depth) if all(map(int.__le__, c, top))
-                  and not any(n % base.virtual_stages for n in c)]
+        splits = [
+            c
+            for c in compositions(base.layers, base.depth)
+            if all(map(int.__le__, c, top)) and not any(n % base.virtual_stages for n in c)
+        ]
         if not splits:
             return math.inf, []
         pipe, tail = np.empty((n_sc, len(splits))), np.empty((n_sc, len(splits)))
@@ -112,8 +187,12 @@ def brute_force(problem: PlanProblem) -> tuple[float, list[int]]:
             out = np.maximum(out, a[g])
         return out
 
-    times = np.stack([combine(1, s) + combine(2, s) + sc.cross_s + combine(3)
-                      for s, sc in enumerate(problem.scenarios)])
+    times = np.stack(
+        [
+            combine(1, s) + combine(2, s) + sc.cross_s + combine(3)
+            for s, sc in enumerate(problem.scenarios)
+        ]
+    )
     probs = np.array(problem.probabilities).reshape((-1,) + (1,) * len(parts))
     if problem.objective == "stable":
         total = times[0]
@@ -123,8 +202,9 @@ def brute_force(problem: PlanProblem) -> tuple[float, list[int]]:
         total = times.max(axis=0)
     else:  # CVaR: the minimising η is one of the scenario times
         tail_mean = [(probs * np.maximum(0.0, times - eta)).sum(axis=0) for eta in times]
-        total = np.min([eta + t / (1 - problem.alpha)
-                        for eta, t in zip(times, tail_mean, strict=True)], axis=0)
+        total = np.min(
+            [eta + t / (1 - problem.alpha) for eta, t in zip(times, tail_mean, strict=True)], axis=0
+        )
     best = np.unravel_index(np.argmin(total), total.shape)
     split = [n for p, k in zip(parts, best, strict=True) for n in p[0][k]]
     value = float(total[best])
@@ -167,13 +247,15 @@ def check_answer(problem: PlanProblem, sol, best: float, backend: str) -> None:
 @pytest.mark.parametrize("time_limit_s", [60.0, 0.0], ids=["optimal", "zero-time-limit"])
 @pytest.mark.parametrize("formulation,backend", PAIRS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_answers_are_the_evaluators_and_claim_only_proofs(shapes, shape, formulation, backend,
-                                                          time_limit_s):
+def test_answers_are_the_evaluators_and_claim_only_proofs(
+    shapes, shape, formulation, backend, time_limit_s
+):
     """With time, the best split, proven; with none, the solver stops at once (CBC may still hold
     the warm start) and claims no proof it does not have."""
     problem, best, _, hint = shapes[shape]
-    sol = pick(formulation, backend).solve(problem, backend,
-                                           SolveOptions(time_limit_s=time_limit_s, hint=hint))
+    sol = pick(formulation, backend).solve(
+        problem, backend, SolveOptions(time_limit_s=time_limit_s, hint=hint)
+    )
     allowed = (SolveStatus.OPTIMAL,) if time_limit_s else (SolveStatus.TIMEOUT, SolveStatus.OPTIMAL)
     assert sol.status in allowed, sol.detail
     check_answer(problem, sol, best, backend)
@@ -189,8 +271,11 @@ def _stopped_early(monkeypatch, backend: str) -> None:
 
         monkeypatch.setattr(highspy.Highs, "getModelStatus", time_limit)
     elif backend == "cbc":  # the solution file of a stopped CBC, as PuLP reads it: "Optimal", 2
-        monkeypatch.setattr(pulp.PULP_CBC_CMD, "get_status", lambda self, filename: (
-            pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible))
+        monkeypatch.setattr(
+            pulp.PULP_CBC_CMD,
+            "get_status",
+            lambda self, filename: (pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible),
+        )
     else:  # CP-SAT stops at its first solution: FEASIBLE, as after a time limit
         from ortools.sat.python import cp_model
 
@@ -208,8 +293,9 @@ def _stopped_early(monkeypatch, backend: str) -> None:
 def test_a_solver_stopped_early_is_never_optimal(shapes, shape, formulation, backend, monkeypatch):
     problem, best, _, hint = shapes[shape]
     _stopped_early(monkeypatch, backend)
-    sol = pick(formulation, backend).solve(problem, backend,
-                                           SolveOptions(time_limit_s=60, hint=hint))
+    sol = pick(formulation, backend).solve(
+        problem, backend, SolveOptions(time_limit_s=60, hint=hint)
+    )
     assert sol.status in (SolveStatus.TIMEOUT, SolveStatus.FEASIBLE), sol.detail
     assert sol.layers is not None
     check_answer(problem, sol, best, backend)
@@ -217,6 +303,7 @@ def test_a_solver_stopped_early_is_never_optimal(shapes, shape, formulation, bac
 
 # --------------------------------------------------------------------------------------------------
 # The MILP is the evaluator at every split (not only at its optimum)
+
 
 def milp_at(problem: PlanProblem, layers: list[int], backend: str = "highs") -> float:
     """The MILP's optimum (seconds) with its layer counts fixed to `layers`."""
@@ -255,15 +342,17 @@ def test_the_milp_equals_the_evaluator_at_sampled_splits(shapes, shape):
 # --------------------------------------------------------------------------------------------------
 # Random small problems against brute force
 
+
 @st.composite
 def small_problems(draw, lockstep: bool = False) -> PlanProblem:
     """1–2 templates of 1–3 stages over 2–8 layers, 1–3 scenarios, any objective; pass times whose
     and device lines may cross inside the domain, memory that may bind; one template may be ZeRO-2/3
-    (passes that wait for collectives, which differ per scenario; mostly with no all-reduce after them,
-    as in the cost model, which lets split-milp take convex tables' chords) and may run 2 model chunks
-    per stage (interleaved); every template may let each stage pick a recompute mode (per-stage
-    recompute: a "full" copy with more backward work, less memory per layer and perhaps more at one).
-    `lockstep`: two templates of one depth that run one split (PlanProblem.lockstep)."""
+    (passes that wait for collectives, which differ per scenario; mostly with no all-reduce after
+    them, as in the cost model, which lets split-milp take convex tables' chords) and may run 2
+    model chunks per stage (interleaved); every template may let each stage pick a recompute mode
+    (per-stage recompute: a "full" copy with more backward work, less memory per layer and perhaps
+    more at one). `lockstep`: two templates of one depth that run one split
+    (PlanProblem.lockstep)."""
     layers = draw(st.integers(2, 8))
     n_templates = 2 if lockstep else draw(st.integers(1, 2))
     n_sc = draw(st.integers(1, 3))
@@ -282,13 +371,20 @@ def small_problems(draw, lockstep: bool = False) -> PlanProblem:
         stages = range(depth)
         low = 1 if draw(st.booleans()) else -(-layers // depth)  # tight memory, or room for a split
         base = SplitProblem(
-            layers=layers, micro_batches=draw(st.integers(depth, 12)),
+            layers=layers,
+            micro_batches=draw(st.integers(depth, 12)),
             serial=tuple(draw(st.floats(0.0, 1.0)) for _ in stages),
-            host_fwd=tuple(line() for _ in stages), dev_fwd=tuple(line() for _ in stages),
-            host_bwd=tuple(line() for _ in stages), dev_bwd=tuple(line() for _ in stages),
-            p2p=(), dp=(), dp_overlap=tuple(draw(st.floats(0.0, 1.0)) for _ in stages),
-            opt=tuple(line() for _ in stages), mem_gib=tuple(Affine(1.0, 0.0) for _ in stages),
-            mem_limit_gib=tuple(float(draw(st.integers(low, layers))) for _ in stages))
+            host_fwd=tuple(line() for _ in stages),
+            dev_fwd=tuple(line() for _ in stages),
+            host_bwd=tuple(line() for _ in stages),
+            dev_bwd=tuple(line() for _ in stages),
+            p2p=(),
+            dp=(),
+            dp_overlap=tuple(draw(st.floats(0.0, 1.0)) for _ in stages),
+            opt=tuple(line() for _ in stages),
+            mem_gib=tuple(Affine(1.0, 0.0) for _ in stages),
+            mem_limit_gib=tuple(float(draw(st.integers(low, layers))) for _ in stages),
+        )
         if n_templates == 1 and layers % 2 == 0:
             base = replace(base, virtual_stages=draw(st.sampled_from([1, 2])))
         zero = n_templates == 1 and draw(st.booleans())
@@ -297,33 +393,61 @@ def small_problems(draw, lockstep: bool = False) -> PlanProblem:
         variants = [base]
         if mixed:  # recompute: the forward work again in the backward pass, activations freed
             extra = [line() for _ in stages]
-            variants.append(replace(
-                base, dev_bwd=tuple(Affine(d.slope + e.slope, d.intercept + e.intercept)
-                                    for d, e in zip(base.dev_bwd, extra, strict=True)),
-                # less per layer, but one layer's activations kept whole: at one layer it may hold more
-                mem_gib=tuple(Affine(0.5, draw(st.sampled_from([0.0, 0.25, 0.75]))) for _ in stages)))
+            variants.append(
+                replace(
+                    base,
+                    dev_bwd=tuple(
+                        Affine(d.slope + e.slope, d.intercept + e.intercept)
+                        for d, e in zip(base.dev_bwd, extra, strict=True)
+                    ),
+                    # less per layer, but one layer's activations kept whole: at one layer it may
+                    # hold more
+                    mem_gib=tuple(
+                        Affine(0.5, draw(st.sampled_from([0.0, 0.25, 0.75]))) for _ in stages
+                    ),
+                )
+            )
         for s in range(n_sc):  # communication differs per scenario
-            comm = {"zero_fwd": tuple(line() for _ in stages), "zero_bwd": tuple(line() for _ in stages),
-                    "zero_units": units} if zero else {}
+            comm = (
+                {
+                    "zero_fwd": tuple(line() for _ in stages),
+                    "zero_bwd": tuple(line() for _ in stages),
+                    "zero_units": units,
+                }
+                if zero
+                else {}
+            )
             dp = tuple(Affine(0.0, 0.0) if no_allreduce else line() for _ in stages)
             p2p = tuple(draw(t_ms) * 1e-3 for _ in stages)
             each = tuple(replace(v, p2p=p2p, dp=dp, **comm) for v in variants)
-            per_scenario[s].append(replace(each[0], modes=("none", "full"), alternatives=each) if mixed
-                                   else each[0])
+            per_scenario[s].append(
+                replace(each[0], modes=("none", "full"), alternatives=each) if mixed else each[0]
+            )
     weights = [draw(st.integers(1, 10)) for _ in range(n_sc)]
-    scenarios = tuple(ScenarioProblem(tuple(ts), draw(t_ms) * 1e-3 if n_templates > 1 else 0.0)
-                      for ts in per_scenario)
-    return PlanProblem(scenarios, tuple(w / sum(weights) for w in weights), objective, CVAR_ALPHA, lockstep)
+    scenarios = tuple(
+        ScenarioProblem(tuple(ts), draw(t_ms) * 1e-3 if n_templates > 1 else 0.0)
+        for ts in per_scenario
+    )
+    return PlanProblem(
+        scenarios, tuple(w / sum(weights) for w in weights), objective, CVAR_ALPHA, lockstep
+    )
 
 
 def fitting_choices(t: SplitProblem) -> list[tuple[tuple[int, ...], tuple[str, ...] | None]]:
-    """Every (split, each stage's mode) of one template that fits in memory (modes None: one mode)."""
-    splits = [c for c in compositions(t.layers, t.depth) if not any(n % t.virtual_stages for n in c)]
+    """Every (split, each stage's mode) of one template that fits in memory (modes None: one
+    mode)."""
+    splits = [
+        c for c in compositions(t.layers, t.depth) if not any(n % t.virtual_stages for n in c)
+    ]
     if not t.mixed:
         return [(c, None) for c in splits if all(map(int.__le__, c, t.max_layers()))]
     options = [set(t.options(i, t.layers)) for i in range(t.depth)]
-    return [(c, m) for c in splits for m in itertools.product(range(len(t.modes)), repeat=t.depth)
-            if all((n, r) in o for n, r, o in zip(c, m, options, strict=True))]
+    return [
+        (c, m)
+        for c in splits
+        for m in itertools.product(range(len(t.modes)), repeat=t.depth)
+        if all((n, r) in o for n, r, o in zip(c, m, options, strict=True))
+    ]
 
 
 def timed(problem: PlanProblem, choice) -> float:
@@ -331,14 +455,22 @@ def timed(problem: PlanProblem, choice) -> float:
     layers = [n for c, _ in choice for n in c]
     if not problem.base.templates[0].mixed:
         return problem.iteration_time(layers)
-    modes = [t.modes[r] for t, (_, m) in zip(problem.base.templates, choice, strict=True) for r in m]
+    modes = [
+        t.modes[r] for t, (_, m) in zip(problem.base.templates, choice, strict=True) for r in m
+    ]
     return problem.iteration_time(layers, modes)
 
 
 def brute_force_small(problem: PlanProblem) -> float:
     choices = [fitting_choices(t) for t in problem.base.templates]
-    return min((timed(problem, choice) for choice in itertools.product(*choices)
-                if not problem.lockstep or len({tuple(split) for split, _ in choice}) == 1), default=math.inf)
+    return min(
+        (
+            timed(problem, choice)
+            for choice in itertools.product(*choices)
+            if not problem.lockstep or len({tuple(split) for split, _ in choice}) == 1
+        ),
+        default=math.inf,
+    )
 
 
 def solve_on_every_backend(problem: PlanProblem, best: float) -> list:
@@ -356,16 +488,22 @@ def solve_on_every_backend(problem: PlanProblem, best: float) -> list:
     return out
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(small_problems(), st.randoms(use_true_random=False))
 def test_random_small_problems_match_brute_force(problem, rng):
     best = brute_force_small(problem)
     zero = " ZeRO" if problem.base.templates[0].tabulated else ""
     zero += " interleaved" if problem.base.templates[0].virtual_stages > 1 else ""
     zero += " per-stage recompute" if problem.base.templates[0].mixed else ""
-    event(f"{len(problem.base.templates)} template(s){zero}, {problem.objective}, "
-          f"{'infeasible' if math.isinf(best) else 'feasible'}")
+    event(
+        f"{len(problem.base.templates)} template(s){zero}, {problem.objective}, "
+        f"{'infeasible' if math.isinf(best) else 'feasible'}"
+    )
     solve_on_every_backend(problem, best)
     if not math.isinf(best):
         layers = random_split(problem, rng)
@@ -373,23 +511,43 @@ def test_random_small_problems_match_brute_force(problem, rng):
             exact = problem.iteration_time(layers)
         else:  # the MILP picks the modes too: the best fitting mix at this split
             parts = problem.base.split(layers)
-            exact = min((timed(problem, choice) for choice in itertools.product(*(
-                [(c, m) for c, m in fitting_choices(t) if list(c) == part]
-                for t, part in zip(problem.base.templates, parts, strict=True)))), default=math.inf)
+            exact = min(
+                (
+                    timed(problem, choice)
+                    for choice in itertools.product(
+                        *(
+                            [(c, m) for c, m in fitting_choices(t) if list(c) == part]
+                            for t, part in zip(problem.base.templates, parts, strict=True)
+                        )
+                    )
+                ),
+                default=math.inf,
+            )
             if math.isinf(exact):
                 return
         assert milp_at(problem, layers) == pytest.approx(exact, rel=MILP_REL)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(small_problems(lockstep=True))
 def test_templates_in_lockstep_match_brute_force_over_the_splits_they_share(problem):
-    """A uniform layout's templates run one split (PlanProblem.lockstep, (C1t); hetopt.search.uniform):
-    every backend's answer is the evaluator's best over the splits both templates can hold, and says so."""
+    """A uniform layout's templates run one split (PlanProblem.lockstep, (C1t);
+    hetopt.search.uniform): every backend's answer is the evaluator's best over the splits both
+    templates can hold, and says so."""
     best = brute_force_small(problem)
     free = brute_force_small(replace(problem, lockstep=False))
-    event("infeasible" if math.isinf(best) else "tied split slower" if best > free else "tied split as fast")
+    event(
+        "infeasible"
+        if math.isinf(best)
+        else "tied split slower"
+        if best > free
+        else "tied split as fast"
+    )
     for backend, sol in solve_on_every_backend(problem, best):
         first, second = problem.base.split(sol.layers)
         assert first == second, (backend, sol.layers)
@@ -398,13 +556,17 @@ def test_templates_in_lockstep_match_brute_force_over_the_splits_they_share(prob
 def test_robust_brute_force_is_robust_aggregate():
     """The CVaR the brute force minimises is robust.aggregate's (Rockafellar–Uryasev)."""
     times, probs = [3.0, 5.0, 4.0], [0.5, 0.2, 0.3]
-    naive = min(eta + sum(p * max(0.0, t - eta) for p, t in zip(probs, times, strict=True))
-                / (1 - CVAR_ALPHA) for eta in np.linspace(0, 6, 6001))
+    naive = min(
+        eta
+        + sum(p * max(0.0, t - eta) for p, t in zip(probs, times, strict=True)) / (1 - CVAR_ALPHA)
+        for eta in np.linspace(0, 6, 6001)
+    )
     assert aggregate(times, probs, "cvar") == pytest.approx(naive, abs=1e-9)
 
 
 # --------------------------------------------------------------------------------------------------
 # Regressions: issue 11's reproductions
+
 
 def test_regression_a_time_limited_milp_is_not_reported_optimal(shapes):
     """Issue 11.1: PuLP says "Optimal" for a CBC run its time limit stopped; only sol_status says
@@ -453,8 +615,9 @@ def _highs_not_solved(monkeypatch) -> None:
     import highspy
 
     monkeypatch.setattr(highspy.Highs, "run", lambda self: highspy.HighsStatus.kError)
-    monkeypatch.setattr(highspy.Highs, "getModelStatus",
-                        lambda self: highspy.HighsModelStatus.kSolveError)
+    monkeypatch.setattr(
+        highspy.Highs, "getModelStatus", lambda self: highspy.HighsModelStatus.kSolveError
+    )
 
 
 def test_regression_a_failing_backend_hands_the_skeleton_over(shapes, monkeypatch):
@@ -489,8 +652,11 @@ def test_regression_the_search_records_fallbacks_and_json_shows_them(monkeypatch
 def test_every_backend_failing_is_an_error_with_the_solvers_words(monkeypatch):
     for backend in backends.REGISTRY.values():
         words = f"simulated failure of {backend.name}"
-        monkeypatch.setattr(type(backend), "run", lambda self, *a, w=words, **k: RunResult(
-            SolveStatus.ERROR, None, None, w))
+        monkeypatch.setattr(
+            type(backend),
+            "run",
+            lambda self, *a, w=words, **k: RunResult(SolveStatus.ERROR, None, None, w),
+        )
     inst = load_instance("tests/small/s2-a100-v100.yaml")
     result = solve_exact(inst, backend="highs", warm_start=False, workers=1)
     assert result.status == SolveStatus.ERROR and result.plan is None
@@ -504,8 +670,9 @@ def test_regression_cpsat_reports_optimal_only_within_its_rounding(shapes, monke
     optimum, but the answer is FEASIBLE with a bound that holds, not OPTIMAL."""
     problem, best, _, hint = shapes["one-template"]
     monkeypatch.setattr(split_cpsat, "MAX_SCALE", 10**3)
-    sol = pick("split-cpsat", "cpsat").solve(problem, "cpsat",
-                                             SolveOptions(time_limit_s=60, hint=hint))
+    sol = pick("split-cpsat", "cpsat").solve(
+        problem, "cpsat", SolveOptions(time_limit_s=60, hint=hint)
+    )
     assert sol.extra["scale_units_per_s"] == 10**3
     assert sol.extra["rounding_error_s"] >= 63e-3
     assert sol.status == SolveStatus.FEASIBLE and "rounding" in sol.detail
@@ -556,15 +723,20 @@ def test_per_stage_recompute_is_the_evaluator_at_every_sampled_split_and_mix(sha
         layers = random_split(problem, rng)
         modes = [rng.choice(("none", "full")) for _ in layers]
         stages = [(pr, i) for pr in problem.base.templates for i in range(pr.depth)]
-        fits = all((n, pr.modes.index(m)) in pr.options(i, n) for (pr, i), n, m in zip(stages, layers, modes,
-                                                                                      strict=True))
+        fits = all(
+            (n, pr.modes.index(m)) in pr.options(i, n)
+            for (pr, i), n, m in zip(stages, layers, modes, strict=True)
+        )
         exact = problem.iteration_time(layers, modes)
         plan = sk.placed(layers, inst.cluster, modes)
         timed = evaluate(inst, plan)
         assert timed.iteration_time_s == pytest.approx(exact, rel=1e-9), (layers, modes)
         assert timed.fits == fits, (layers, modes)  # the options are the evaluator's memory
         if fits and checked < 6:
-            assert milp_at_modes(problem, layers, modes) == pytest.approx(exact, rel=MILP_REL), (layers, modes)
+            assert milp_at_modes(problem, layers, modes) == pytest.approx(exact, rel=MILP_REL), (
+                layers,
+                modes,
+            )
             checked += 1
     assert checked >= 3
 
@@ -574,13 +746,20 @@ def test_per_stage_recompute_optimum_is_the_best_of_every_split_and_mix(formulat
     """Brute force over every split and every mix of modes of a 4-stage skeleton whose memory binds
     (s13's L4s): each backend's answer is that optimum, proven, with its modes."""
     inst = load_instance(REPO / "tests" / "small" / "s13-recompute-per-stage.yaml")
-    sk = Skeleton(1, "none", (Template((Segment("L4", "r0", 1, 4),), 1, 8),), modes=("none", "full"))
+    sk = Skeleton(
+        1, "none", (Template((Segment("L4", "r0", 1, 4),), 1, 8),), modes=("none", "full")
+    )
     problem = plan_problem(inst, sk, Profiles(), planning_scenarios(inst, "stable"), "stable")
     pr = problem.base.templates[0]
-    best = min((problem.iteration_time(list(c), list(m)), list(c), list(m))
-               for c in compositions(pr.layers, pr.depth)
-               for m in itertools.product(pr.modes, repeat=pr.depth)
-               if all((n, pr.modes.index(x)) in pr.options(i, n) for i, (n, x) in enumerate(zip(c, m, strict=True))))
+    best = min(
+        (problem.iteration_time(list(c), list(m)), list(c), list(m))
+        for c in compositions(pr.layers, pr.depth)
+        for m in itertools.product(pr.modes, repeat=pr.depth)
+        if all(
+            (n, pr.modes.index(x)) in pr.options(i, n)
+            for i, (n, x) in enumerate(zip(c, m, strict=True))
+        )
+    )
     assert len({*best[2]}) == 2  # the optimum mixes the modes
     sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=60))
     assert sol.status == SolveStatus.OPTIMAL, sol.detail

@@ -1,4 +1,5 @@
-"""The cost model: closed forms from the literature, memory cases, evaluate through layouts and plans."""
+"""The cost model: closed forms from the literature, memory cases, evaluate through layouts and
+plans."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ from hetopt.spec.instance import load_instance
 from hetopt.spec.presets import PRESETS
 
 GPT3 = PRESETS["gpt3-175b"]
-EVALUATE_FIELDS = {"iteration_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "fits", "peak_memory_gib",
-                   "memory_limit_gib", "breakdown"}
+EVALUATE_FIELDS = {
+    "iteration_time_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "fits",
+    "peak_memory_gib",
+    "memory_limit_gib",
+    "breakdown",
+}
 BREAKDOWN_FIELDS = {"compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer"}
 
 
@@ -49,11 +58,15 @@ KORTHIKANTI = [
 
 @pytest.mark.parametrize("tp,sp,recompute,expected", KORTHIKANTI)
 def test_activation_bytes_match_korthikanti_table(tp, sp, recompute, expected):
-    assert layer_activation_bytes(GPT3, B, S, tp, sp, "standard", recompute) == pytest.approx(expected)
+    assert layer_activation_bytes(GPT3, B, S, tp, sp, "standard", recompute) == pytest.approx(
+        expected
+    )
 
 
 def test_flash_attention_drops_the_score_term():
-    assert layer_activation_bytes(GPT3, B, S, T, True, "flash", "none") == pytest.approx(S * B * H * 34 / T)
+    assert layer_activation_bytes(GPT3, B, S, T, True, "flash", "none") == pytest.approx(
+        S * B * H * 34 / T
+    )
 
 
 def test_inflight_microbatches_per_schedule():
@@ -79,7 +92,10 @@ def test_evaluate_json_has_every_design_field():
     assert set(data) == EVALUATE_FIELDS and set(data["breakdown"]) == BREAKDOWN_FIELDS
     assert len(data["peak_memory_gib"]) == len(data["memory_limit_gib"]) == 2
     # stage 0 on the A100 rack, stage 1 on the V100 rack; the limit is what a program can allocate
-    assert data["memory_limit_gib"] == [CATALOG["A100-80GB"].usable_memory_gib, CATALOG["V100-32GB"].usable_memory_gib]
+    assert data["memory_limit_gib"] == [
+        CATALOG["A100-80GB"].usable_memory_gib,
+        CATALOG["V100-32GB"].usable_memory_gib,
+    ]
 
 
 def test_breakdown_sums_to_the_iteration_and_rates_agree(demo):
@@ -96,15 +112,19 @@ def test_layout_and_equivalent_plan_give_the_same_time(tmp_path, demo):
     save_plan(plan, tmp_path / "plan.json")
     save_plan(plan.model_copy(update={"placement": []}), tmp_path / "unplaced.json")
     by_layout = json.loads(run_hetopt("evaluate", str(DEMO), "--layout", layout, "--json").stdout)
-    by_plan = json.loads(run_hetopt("evaluate", str(DEMO), "--plan", str(tmp_path / "plan.json"), "--json").stdout)
+    by_plan = json.loads(
+        run_hetopt("evaluate", str(DEMO), "--plan", str(tmp_path / "plan.json"), "--json").stdout
+    )
     placed_by_us = evaluate(demo, plan.model_copy(update={"placement": []}))
     assert by_layout == by_plan
     assert placed_by_us.iteration_time_s == pytest.approx(by_layout["iteration_time_s"])
 
 
 def _two_stage_plan(a100_layers: int) -> Plan:
-    stages = [Stage(layers=a100_layers, gpu="A100-80GB", island="rack0", tp=2),
-              Stage(layers=32 - a100_layers, gpu="V100-32GB", island="rack1", tp=2)]
+    stages = [
+        Stage(layers=a100_layers, gpu="A100-80GB", island="rack0", tp=2),
+        Stage(layers=32 - a100_layers, gpu="V100-32GB", island="rack1", tp=2),
+    ]
     return Plan(micro_batch=1, pipelines=[Pipeline(replicas=8, micro_batches=32, stages=stages)])
 
 
@@ -112,13 +132,16 @@ def test_fast_stage_with_more_layers_beats_the_even_split(demo):
     even = evaluate(demo, _two_stage_plan(16)).iteration_time_s
     times = {n: evaluate(demo, _two_stage_plan(n)).iteration_time_s for n in range(16, 31)}
     best = min(times, key=times.get)
-    # Split by sustained GEMM speed (peak × the profile's large-GEMM efficiency): r = A100/V100 speed puts
-    # 32·r/(1 + r) layers on the A100 stage. The even split leaves 16 layers on the V100 stage instead of
-    # 32/(1 + r), so at best it takes 2/(1 + r) of the even split's time; the LM head and communication on
-    # the V100 stage add to that (0.06 of the even time when this test was written with peaks alone).
+    # Split by sustained GEMM speed (peak × the profile's large-GEMM efficiency): r = A100/V100
+    # speed puts 32·r/(1 + r) layers on the A100 stage. The even split leaves 16 layers on the V100
+    # stage instead of 32/(1 + r), so at best it takes 2/(1 + r) of the even split's time; the LM
+    # head and communication on the V100 stage add to that (0.06 of the even time when this test was
+    # written with peaks alone).
     profiles = Profiles()
-    speed = {g: demo.gpu_types[g].peak_tflops / profiles.for_gpu(demo.gpu_types[g]).w[GEMM]
-             for g in ("A100-80GB", "V100-32GB")}
+    speed = {
+        g: demo.gpu_types[g].peak_tflops / profiles.for_gpu(demo.gpu_types[g]).w[GEMM]
+        for g in ("A100-80GB", "V100-32GB")
+    }
     r = speed["A100-80GB"] / speed["V100-32GB"]
     assert abs(best - 32 * r / (1 + r)) <= 1.5
     assert 2 / (1 + r) < times[best] / even < 2 / (1 + r) + 0.13
@@ -142,8 +165,8 @@ def test_recompute_trades_memory_for_time(demo):
 def test_interleaving_shrinks_the_bubble(demo):
     plain = _eval(demo, "tp=2,pp=4,dp=4,mb=1")
     inter = _eval(demo, "tp=2,pp=4,dp=4,mb=1,vp=2")
-    # (p − 1)/vp of the stage time: half with vp = 2; the tolerance covers the stage time itself growing by
-    # the extra sends every model chunk makes
+    # (p − 1)/vp of the stage time: half with vp = 2; the tolerance covers the stage time itself
+    # growing by the extra sends every model chunk makes
     assert inter.breakdown["bubble"] == pytest.approx(plain.breakdown["bubble"] / 2, rel=0.1)
 
 
@@ -153,7 +176,9 @@ def test_newer_gpus_are_faster_through_derived_profiles(tmp_path):
     data = yaml.safe_load(DEMO.read_text())
     times = {}
     for gpu in ("V100-32GB", "A100-80GB", "H100-SXM"):
-        data["cluster"] = {"nodes": [{"name": "n", "count": 2, "gpu": gpu, "gpus_per_node": 8, "nic_gbps": 1600}]}
+        data["cluster"] = {
+            "nodes": [{"name": "n", "count": 2, "gpu": gpu, "gpus_per_node": 8, "nic_gbps": 1600}]
+        }
         data["scenarios"] = []
         path = tmp_path / f"{gpu}.yaml"
         path.write_text(yaml.safe_dump(data))
@@ -161,13 +186,16 @@ def test_newer_gpus_are_faster_through_derived_profiles(tmp_path):
     assert times["H100-SXM"] < times["A100-80GB"] < times["V100-32GB"]
 
 
-@pytest.mark.parametrize("layout,words", [
-    ("tp=2,pp=2,dp=4", "must equal the cluster's 32 GPUs"),
-    ("tp=3,pp=1,dp=32", "must divide the model's 32 attention heads"),
-    ("tp=1,pp=64,dp=1", "at most one stage per layer"),
-    ("tp=2,pp=2", "required"),
-    ("tp=2,pp=2,dp=8,recompute=most", "must be none, selective or full"),
-])
+@pytest.mark.parametrize(
+    "layout,words",
+    [
+        ("tp=2,pp=2,dp=4", "must equal the cluster's 32 GPUs"),
+        ("tp=3,pp=1,dp=32", "must divide the model's 32 attention heads"),
+        ("tp=1,pp=64,dp=1", "at most one stage per layer"),
+        ("tp=2,pp=2", "required"),
+        ("tp=2,pp=2,dp=8,recompute=most", "must be none, selective or full"),
+    ],
+)
 def test_invalid_layouts_exit_2_with_a_clear_error(layout, words):
     result = run_hetopt("evaluate", str(DEMO), "--layout", layout, "--json")
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
@@ -180,7 +208,11 @@ def test_layouts_file_keeps_order_and_reports_bad_lines(tmp_path):
     result = run_hetopt("evaluate", str(DEMO), "--layouts", str(path), "--json")
     assert result.returncode == 0
     results = json.loads(result.stdout)["results"]
-    assert [r["layout"] for r in results] == ["tp=2,pp=2,dp=8", "tp=3,pp=2,dp=8", "tp=8,pp=1,dp=4,mb=2"]
+    assert [r["layout"] for r in results] == [
+        "tp=2,pp=2,dp=8",
+        "tp=3,pp=2,dp=8",
+        "tp=8,pp=1,dp=4,mb=2",
+    ]
     assert "error" in results[1] and "must divide" in results[1]["error"]
     assert set(results[0]) == EVALUATE_FIELDS | {"layout"}
 
@@ -211,10 +243,11 @@ def test_calibrate_never_overwrites_without_force(tmp_path):
 
 
 def test_the_exchange_between_two_templates_worked_by_hand(demo):
-    """Two templates of 2 replicas × TP 8 (one node each): the exchange is a 2-way ring all-reduce of the
-    model's 16-bit gradients, 2(K−1)/K·G = G bytes each way, over min(2, 2) = 2 node pairs, so G/2 per flow.
-    Both flows of a direction cross the 400 Gbit/s uplink, 200 Gbit/s each, times the η of its fabric (400
-    Gbit/s names none: infiniband by the default rule), plus 10 µs and infiniband's per-step α."""
+    """Two templates of 2 replicas × TP 8 (one node each): the exchange is a 2-way ring all-reduce
+    of the model's 16-bit gradients, 2(K−1)/K·G = G bytes each way, over min(2, 2) = 2 node pairs,
+    so G/2 per flow. Both flows of a direction cross the 400 Gbit/s uplink, 200 Gbit/s each, times
+    the η of its fabric (400 Gbit/s names none: infiniband by the default rule), plus 10 µs and
+    infiniband's per-step α."""
     from hetopt.cost.flops import total_params
     from hetopt.cost.profiles import Profiles
     from hetopt.cost.terms import LAT, NET, STEP
@@ -223,8 +256,16 @@ def test_the_exchange_between_two_templates_worked_by_hand(demo):
 
     a = [Stage(layers=32, gpu="A100-80GB", island="rack0", tp=8)]
     v = [Stage(layers=32, gpu="V100-32GB", island="rack1", tp=8)]
-    plan = place(Plan(micro_batch=2, pipelines=[Pipeline(replicas=2, micro_batches=44, stages=a),
-                                                Pipeline(replicas=2, micro_batches=20, stages=v)]), demo.cluster)
+    plan = place(
+        Plan(
+            micro_batch=2,
+            pipelines=[
+                Pipeline(replicas=2, micro_batches=44, stages=a),
+                Pipeline(replicas=2, micro_batches=20, stages=v),
+            ],
+        ),
+        demo.cluster,
+    )
     f = plan_features(demo, plan)
     grad_bytes = total_params(demo.model) * GRAD_COMM_BYTES
     assert sorted(n for _, _, n in f.cross_flows) == [grad_bytes / 2] * 4
@@ -232,8 +273,17 @@ def test_the_exchange_between_two_templates_worked_by_hand(demo):
     from hetopt.spec import fabrics
 
     ib = fabrics.get("infiniband")
-    by_hand = (grad_bytes / 2 * 8 / (200e9 * ib.eta)) * profile.w[NET] + (10e-6 + ib.alpha_s) * profile.w[LAT] \
+    by_hand = (
+        (grad_bytes / 2 * 8 / (200e9 * ib.eta)) * profile.w[NET]
+        + (10e-6 + ib.alpha_s) * profile.w[LAT]
         + profile.w[STEP]
+    )
     assert cross_seconds(f, Profiles()) == pytest.approx(by_hand, rel=1e-12)
-    one = place(Plan(micro_batch=2, pipelines=[Pipeline(replicas=2, micro_batches=64, stages=a)]), demo.cluster)
-    assert plan_features(demo, one).cross_flows == [] and cross_seconds(plan_features(demo, one), Profiles()) == 0
+    one = place(
+        Plan(micro_batch=2, pipelines=[Pipeline(replicas=2, micro_batches=64, stages=a)]),
+        demo.cluster,
+    )
+    assert (
+        plan_features(demo, one).cross_flows == []
+        and cross_seconds(plan_features(demo, one), Profiles()) == 0
+    )

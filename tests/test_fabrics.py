@@ -1,5 +1,6 @@
-"""The fabric model (hetopt/cost/fabrics.py): every fabric has a profile, the model meets the measured bus
-bandwidths of the collectives CSV, and the evaluator prices slow fabrics below line rate."""
+"""The fabric model (hetopt/cost/fabrics.py): every fabric has a profile, the model meets the
+measured bus bandwidths of the collectives CSV, and the evaluator prices slow fabrics below line
+rate."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ CSV = CALIBRATION / "public" / "collectives_achieved.csv"
 TOLERANCE = 0.15
 """Issue 10: within 15% of the measured bus bandwidth at messages of 64 MiB and more."""
 KNOWN_MISSES = {("efa", 256 * 2**20)}
-"""EFA v4's 256 MiB row (229 GB/s) dips below both neighbours (198 at 128 MiB, 327 at 512 MiB); no α–β line
-follows a dip: the model is 18% above it (reported by `hetopt calibrate --fabrics`)."""
+"""EFA v4's 256 MiB row (229 GB/s) dips below both neighbours (198 at 128 MiB, 327 at 512 MiB); no
+α–β line follows a dip: the model is 18% above it (reported by `hetopt calibrate --fabrics`)."""
 
 
 def test_every_fabric_has_a_profile():
@@ -61,7 +62,8 @@ def test_default_rules():
 
 
 def test_one_gbe_tcp_all_reduce_is_priced_well_above_line_rate():
-    """A 100 MB gradient all-reduce between two nodes over 1 GbE (default fabric of a 1 Gbit/s NIC: tcp)."""
+    """A 100 MB gradient all-reduce between two nodes over 1 GbE (default fabric of a 1 Gbit/s NIC:
+    tcp)."""
     tcp = fabrics.get(fabrics.nic_default(1))
     nbytes = 100e6
     line_rate = nbytes / (1 * comm.GBIT)  # 2(n−1)/n = 1 for two nodes
@@ -69,13 +71,15 @@ def test_one_gbe_tcp_all_reduce_is_priced_well_above_line_rate():
     priced = v[NET] + v[LAT]
     # bytes at tcp's achieved fraction of line rate, plus its per-step latency for the 2 ring steps
     assert priced == pytest.approx(line_rate / tcp.eta + 2 * tcp.alpha_s)
-    # TCP reaches 10 of 12.5 GB/s on 100GbE (the η fitted on collectives_achieved.csv): at least 20% above line rate
+    # TCP reaches 10 of 12.5 GB/s on 100GbE (the η fitted on collectives_achieved.csv): at least 20%
+    # above line rate
     assert priced >= 1.2 * line_rate
 
 
 def test_pcie_only_node_prices_tp_slower_than_before():
-    """Before the fabrics, TP on an RTX-4090 box was bytes / 32 GB/s × the A100 LINK weight (1.5227, the
-    profile shipped before this change); now it is priced on pcie4 (η 0.75) or, without P2P, pcie4_host."""
+    """Before the fabrics, TP on an RTX-4090 box was bytes / 32 GB/s × the A100 LINK weight (1.5227,
+    the profile shipped before this change); now it is priced on pcie4 (η 0.75) or, without P2P,
+    pcie4_host."""
     gpu = CATALOG["RTX-4090"]
     model = PRESETS["llama-7b"]
     w = Profiles().for_gpu(gpu).w
@@ -104,8 +108,16 @@ def test_route_effective_bandwidth_is_the_min_over_edges_of_capacity_times_eta()
 
     inst = load_instance("demo-a100-v100-llama7b")
     cl = inst.cluster
-    a, b = next(n for n in cl.nodes if n.startswith("a100")), next(n for n in cl.nodes if n.startswith("v100"))
+    a, b = (
+        next(n for n in cl.nodes if n.startswith("a100")),
+        next(n for n in cl.nodes if n.startswith("v100")),
+    )
     r = cl.route(a, b)
-    assert r.effective_gbps == pytest.approx(min(g * fabrics.get(f).eta for g, f in
-                                                 zip(r.edge_gbps, r.fabrics, strict=True) if np.isfinite(g)))
+    assert r.effective_gbps == pytest.approx(
+        min(
+            g * fabrics.get(f).eta
+            for g, f in zip(r.edge_gbps, r.fabrics, strict=True)
+            if np.isfinite(g)
+        )
+    )
     assert r.alpha_s == max(fabrics.get(f).alpha_s for f in r.fabrics)

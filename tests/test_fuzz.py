@@ -1,9 +1,10 @@
 """Fuzz: valid instances and plan files mutated at random never give a traceback (issue 13).
 
-Each example mutates a valid document (a key removed or misspelt, a value replaced by one a user or a
-broken script could write) and runs the command line in this process, as `hetopt.cli.main` runs it: the
-exit code must be 0, 1 or 2 — never 3, hetopt's own fault — and a refusal (2) must name the file. In
-process, not in a subprocess each (0.7 s of start-up apiece), so CI runs 2,000 mutations in seconds."""
+Each example mutates a valid document (a key removed or misspelt, a value replaced by one a user or
+a broken script could write) and runs the command line in this process, as `hetopt.cli.main` runs
+it: the exit code must be 0, 1 or 2 — never 3, hetopt's own fault — and a refusal (2) must name the
+file. In process, not in a subprocess each (0.7 s of start-up apiece), so CI runs 2,000 mutations in
+seconds."""
 
 from __future__ import annotations
 
@@ -24,13 +25,41 @@ from hypothesis import strategies as st
 
 from hetopt.cli import main
 
-INSTANCES = [REPO / "instances" / "demo-a100-v100-llama7b.yaml", REPO / "tests" / "small" / "s3-two-islands.yaml",
-             REPO / "instances" / "two-dc-wan-diurnal.yaml", REPO / "tests" / "small" / "s9-interleaved.yaml"]
+INSTANCES = [
+    REPO / "instances" / "demo-a100-v100-llama7b.yaml",
+    REPO / "tests" / "small" / "s3-two-islands.yaml",
+    REPO / "instances" / "two-dc-wan-diurnal.yaml",
+    REPO / "tests" / "small" / "s9-interleaved.yaml",
+]
 PLAN_INSTANCE = "demo-a100-v100-llama7b"
-NASTY = [0, -1, 1, 3, 2**31, 10**12, 1.5, -0.0, 1e308, math.nan, math.inf, -math.inf, "", "x", "A100-80GB", "none",
-         "interleaved", None, True, [], {}, [0], {"a": 1}, [1, 2, 3]]
-"""Values a hand edit or a broken generator writes: zero, negative, huge, fractional, not a number, wrong
-types, empty containers, and names valid elsewhere in the format."""
+NASTY = [
+    0,
+    -1,
+    1,
+    3,
+    2**31,
+    10**12,
+    1.5,
+    -0.0,
+    1e308,
+    math.nan,
+    math.inf,
+    -math.inf,
+    "",
+    "x",
+    "A100-80GB",
+    "none",
+    "interleaved",
+    None,
+    True,
+    [],
+    {},
+    [0],
+    {"a": 1},
+    [1, 2, 3],
+]
+"""Values a hand edit or a broken generator writes: zero, negative, huge, fractional, not a number,
+wrong types, empty containers, and names valid elsewhere in the format."""
 MUTATIONS = int(__import__("os").environ.get("FUZZ_N", 2000))
 """The issue's floor for one CI run (each of the two tests below runs half)."""
 
@@ -89,9 +118,10 @@ def _check(code: int, message: str, path: Path) -> None:
 
 @pytest.fixture(autouse=True)
 def _memory_cap():
-    """Address space capped at what the process has plus 4 GiB while fuzzing: an input that makes hetopt
-    allocate without end is a MemoryError, hence exit 3 and a failing example, not the OOM killer ending
-    the whole CI run (a plan with 10**12 replicas once did, in the placement check)."""
+    """Address space capped at what the process has plus 4 GiB while fuzzing: an input that makes
+    hetopt allocate without end is a MemoryError, hence exit 3 and a failing example, not the OOM
+    killer ending the whole CI run (a plan with 10**12 replicas once did, in the placement
+    check)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     with open("/proc/self/statm") as fh:
         size = int(fh.read().split()[0]) * resource.getpagesize()
@@ -100,8 +130,13 @@ def _memory_cap():
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-FUZZ = settings(max_examples=MUTATIONS // 2, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=MUTATIONS // 2,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @FUZZ
@@ -123,7 +158,9 @@ def _plan() -> dict:
 
     inst = load_instance(PLAN_INSTANCE)  # the plan records its instance, as `solve --out` writes it
     plan = expand_layout(inst, parse_layout("tp=2,pp=2,dp=8"))
-    return plan_json(plan.model_copy(update={"instance": PlannedFor(name=inst.name, **inst.fingerprint())}))
+    return plan_json(
+        plan.model_copy(update={"instance": PlannedFor(name=inst.name, **inst.fingerprint())})
+    )
 
 
 PLAN = _plan()

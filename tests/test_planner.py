@@ -1,5 +1,5 @@
-"""The exact planner: equal optima across formulations × backends and against exhaustive enumeration,
-heterogeneity that pays, and every failure path with its message and exit code."""
+"""The exact planner: equal optima across formulations × backends and against exhaustive
+enumeration, heterogeneity that pays, and every failure path with its message and exit code."""
 
 from __future__ import annotations
 
@@ -24,12 +24,25 @@ from hetopt.verify import check_plan
 SMALL_DIR = Path(__file__).parent / "small"
 SMALL = sorted(SMALL_DIR.glob("*.yaml"))
 BACKENDS = [("split-milp", "cbc"), ("split-milp", "highs"), ("split-cpsat", "cpsat")]
-# Relative: CP-SAT's OPTIMAL holds within the tolerance split_cpsat enforces (its rounding to integer
-# time); the MILP is the evaluator, so its optimum is the exhaustive one up to the solvers' 1e-9 gap.
+# Relative: CP-SAT's OPTIMAL holds within the tolerance split_cpsat enforces (its rounding to
+# integer time); the MILP is the evaluator, so its optimum is the exhaustive one up to the solvers'
+# 1e-9 gap.
 CPSAT_REL = REL_TOLERANCE
 MILP_REL = 1e-9
-SOLVE_FIELDS = {"status", "objective_s", "bound_s", "gap", "solve_time_s", "planner", "formulation", "backend",
-                "plan", "predicted", "verified", "search"}
+SOLVE_FIELDS = {
+    "status",
+    "objective_s",
+    "bound_s",
+    "gap",
+    "solve_time_s",
+    "planner",
+    "formulation",
+    "backend",
+    "plan",
+    "predicted",
+    "verified",
+    "search",
+}
 
 
 def _exhaustive_of(path: Path):
@@ -38,12 +51,16 @@ def _exhaustive_of(path: Path):
 
 @pytest.fixture(scope="session")
 def ground_truth(tmp_path_factory, worker_id):
-    """Every small instance enumerated, two at a time (the suite's largest fixture), once per run."""
+    """Every small instance enumerated, two at a time (the suite's largest fixture), once per
+    run."""
     from hetopt.lifeline import worker_pool
 
     def compute():
         with worker_pool(2) as pool:
-            return {path.stem: truth for path, truth in zip(SMALL, pool.map(_exhaustive_of, SMALL), strict=True)}
+            return {
+                path.stem: truth
+                for path, truth in zip(SMALL, pool.map(_exhaustive_of, SMALL), strict=True)
+            }
 
     return once_per_run("ground_truth", compute, tmp_path_factory, worker_id)
 
@@ -58,14 +75,18 @@ def test_there_are_ten_small_instances_with_one_to_five_types_and_up_to_three_is
 
 @pytest.mark.parametrize("formulation,backend", BACKENDS)
 @pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
-def test_every_formulation_and_backend_matches_exhaustive_enumeration(path, formulation, backend, ground_truth):
+def test_every_formulation_and_backend_matches_exhaustive_enumeration(
+    path, formulation, backend, ground_truth
+):
     inst = load_instance(path)
     truth = ground_truth[path.stem]
     result = solve_exact(inst, formulation, backend, time_limit_s=60)
     assert result.status == SolveStatus.OPTIMAL
     tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
     assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance)
-    assert result.objective_s >= truth.objective_s * (1 - 1e-12)  # no plan beats the exhaustive optimum
+    assert result.objective_s >= truth.objective_s * (
+        1 - 1e-12
+    )  # no plan beats the exhaustive optimum
     assert result.bound_s <= result.objective_s + 1e-12
     assert check_plan(inst, result.plan) == []  # the independent verifier accepts it
     timed = evaluate(inst, result.plan)
@@ -95,14 +116,20 @@ def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, fo
     assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance)
     assert result.objective_s >= truth.objective_s * (1 - 1e-12)
     assert check_plan(inst, result.plan) == []
-    assert evaluate(inst, result.plan).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
+    assert evaluate(inst, result.plan).iteration_time_s == pytest.approx(
+        result.objective_s, rel=1e-9
+    )
 
 
 def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     inst = load_instance(DEMO)
     both = solve_exact(inst, backend="highs", warm_start=False)
-    one_type = solve_exact(inst, backend="highs", options=SearchOptions(max_classes=1, max_templates=1, shards=False),
-                           warm_start=False)  # heuristic seeds would bring plans of both types
+    one_type = solve_exact(
+        inst,
+        backend="highs",
+        options=SearchOptions(max_classes=1, max_templates=1, shards=False),
+        warm_start=False,
+    )  # heuristic seeds would bring plans of both types
     assert both.status == one_type.status == SolveStatus.OPTIMAL
     pipes = both.plan.pipelines
     assert len({s.gpu for p in pipes for s in p.stages}) > 1  # A100 and V100 both work
@@ -116,11 +143,16 @@ def test_the_heterogeneous_optimum_beats_every_single_type_plan():
 
 
 def test_non_uniform_shares_pay_on_the_demo():
-    """Two templates (A100s with 3 micro-batches each, a V100 TP-4 pipeline with 4) beat the best single
-    template (a 2-stage A100 → V100 pipeline): the fast GPUs get more of the batch."""
+    """Two templates (A100s with 3 micro-batches each, a V100 TP-4 pipeline with 4) beat the best
+    single template (a 2-stage A100 → V100 pipeline): the fast GPUs get more of the batch."""
     inst = load_instance(DEMO)
     two = solve_exact(inst, backend="highs", warm_start=False)
-    one = solve_exact(inst, backend="highs", options=SearchOptions(max_templates=1, shards=False), warm_start=False)
+    one = solve_exact(
+        inst,
+        backend="highs",
+        options=SearchOptions(max_templates=1, shards=False),
+        warm_start=False,
+    )
     assert two.status == one.status == SolveStatus.OPTIMAL
     assert len(two.plan.pipelines) == 2 and len(one.plan.pipelines) == 1
     a100, v100 = sorted(two.plan.pipelines, key=lambda p: p.stages[0].gpu)
@@ -146,10 +178,14 @@ def test_solve_json_fields_plan_file_and_verification(tmp_path):
     assert refused.returncode == 2 and "--force" in refused.stderr
 
 
-@pytest.mark.parametrize("backend,suffix", [("highs", ".lp"), ("cbc", ".mps"), ("cpsat", ".pb.txt")])
+@pytest.mark.parametrize(
+    "backend,suffix", [("highs", ".lp"), ("cbc", ".mps"), ("cpsat", ".pb.txt")]
+)
 def test_export_model(tmp_path, backend, suffix):
     target = tmp_path / f"model{suffix}"
-    result = run_hetopt("solve", str(SMALL[0]), "--backend", backend, "--export-model", str(target), "--json")
+    result = run_hetopt(
+        "solve", str(SMALL[0]), "--backend", backend, "--export-model", str(target), "--json"
+    )
     assert result.returncode == 0, result.stderr
     text = target.read_text()
     assert ("C1_layers" in text) if backend != "cpsat" else ("variables" in text)
@@ -158,14 +194,18 @@ def test_export_model(tmp_path, backend, suffix):
 def test_infeasible_instance_says_what_binds(tmp_path):
     data = yaml.safe_load(DEMO.read_text())
     data["model"] = {"preset": "llama-65b"}
-    data["cluster"] = {"nodes": [{"name": "t", "count": 1, "gpu": "T4", "gpus_per_node": 4, "nic_gbps": 50}]}
+    data["cluster"] = {
+        "nodes": [{"name": "t", "count": 1, "gpu": "T4", "gpus_per_node": 4, "nic_gbps": 50}]
+    }
     data["scenarios"] = []
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(data))
     result = run_hetopt("solve", str(path))
     assert result.returncode == 1
-    assert "infeasible: llama-65b (65.3 B parameters) needs at least 1.07 TiB for weights, gradients and " \
-           "optimizer states" in result.stderr
+    assert (
+        "infeasible: llama-65b (65.3 B parameters) needs at least 1.07 TiB for weights, "
+        "gradients and optimizer states" in result.stderr
+    )
     assert "the cluster has 0.06 TiB of GPU memory" in result.stderr
 
 
@@ -182,18 +222,26 @@ def test_timeout_returns_the_warm_start_plan_with_its_gap():
     data = json.loads(result.stdout)
     assert data["status"] == "timeout" and data["plan"] is not None
     assert data["warm_start"]["planner"] in ("amp-like", "proportional")
-    assert data["objective_s"] <= data["warm_start"]["objective_s"]  # never worse than where it started
+    assert (
+        data["objective_s"] <= data["warm_start"]["objective_s"]
+    )  # never worse than where it started
     assert 0 < data["gap"] < 1 and data["bound_s"] < data["objective_s"]
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--backend", "gurobi"], "unknown backend; choose one of cpsat, cbc, highs"),
-    (["--formulation", "split-milp", "--backend", "cpsat"], "split-milp is written for cbc, highs, not cpsat"),
-    (["--formulation", "nope"], "unknown formulation"),
-    (["--objective", "wrost"], "unknown objective (did you mean 'worst'?)"),
-    (["--planner", "greedy"], "unknown planner"),
-    (["--time-limit", "-1"], "must be a positive, finite number of seconds"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--backend", "gurobi"], "unknown backend; choose one of cpsat, cbc, highs"),
+        (
+            ["--formulation", "split-milp", "--backend", "cpsat"],
+            "split-milp is written for cbc, highs, not cpsat",
+        ),
+        (["--formulation", "nope"], "unknown formulation"),
+        (["--objective", "wrost"], "unknown objective (did you mean 'worst'?)"),
+        (["--planner", "greedy"], "unknown planner"),
+        (["--time-limit", "-1"], "must be a positive, finite number of seconds"),
+    ],
+)
 def test_bad_options_exit_2(args, words):
     result = run_hetopt("solve", str(DEMO), *args)
     assert result.returncode == 2 and words in result.stderr, result.stderr
@@ -202,26 +250,38 @@ def test_bad_options_exit_2(args, words):
 
 def test_exhaustive_refuses_a_large_instance():
     result = run_hetopt("solve", str(DEMO), "--planner", "exhaustive")
-    assert result.returncode == 2 and "more than 200,000 plans (the exhaustive budget)" in result.stderr
+    assert (
+        result.returncode == 2
+        and "more than 200,000 plans (the exhaustive budget)" in result.stderr
+    )
 
 
 def test_formulations_and_backends_are_listed():
     forms = json.loads(run_hetopt("formulations", "--json").stdout)["formulations"]
-    assert {f["name"]: f["backends"] for f in forms} == {"split-cpsat": ["cpsat"], "split-milp": ["cbc", "highs"]}
+    assert {f["name"]: f["backends"] for f in forms} == {
+        "split-cpsat": ["cpsat"],
+        "split-milp": ["cbc", "highs"],
+    }
     backends = json.loads(run_hetopt("backends", "--json").stdout)["backends"]
     assert {b["name"] for b in backends if b["usable"]} == {"cpsat", "cbc", "highs"}
 
 
 @pytest.fixture(scope="session")
 def robust_truth(tmp_path_factory, worker_id):
-    """s3-two-islands enumerated under the robust objectives: expected and cvar price the same scenarios,
-    so one pass serves both."""
+    """s3-two-islands enumerated under the robust objectives: expected and cvar price the same
+    scenarios, so one pass serves both."""
     from hetopt.baselines.exhaustive import exhaustive_objectives
 
     inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))
-    return once_per_run("robust_truth", lambda: {**exhaustive_objectives(inst, ("expected", "cvar")),
-                                                 "worst": exhaustive(inst, objective="worst")},
-                        tmp_path_factory, worker_id)
+    return once_per_run(
+        "robust_truth",
+        lambda: {
+            **exhaustive_objectives(inst, ("expected", "cvar")),
+            "worst": exhaustive(inst, objective="worst"),
+        },
+        tmp_path_factory,
+        worker_id,
+    )
 
 
 @pytest.mark.parametrize("objective", ["expected", "worst", "cvar"])
@@ -232,7 +292,10 @@ def test_robust_objectives_match_exhaustive_on_every_backend(objective, robust_t
         result = solve_exact(inst, formulation, backend, objective=objective)
         tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
         assert result.status == SolveStatus.OPTIMAL
-        assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance), (objective, backend)
+        assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance), (
+            objective,
+            backend,
+        )
 
 
 def test_robust_plans_win_where_they_should_in_simulation():
@@ -245,12 +308,16 @@ def test_robust_plans_win_where_they_should_in_simulation():
     for objective in ("stable", "expected", "worst"):
         plan = solve_exact(inst, objective=objective).plan
         times = [Simulation(inst, plan).run(sc).iteration_times_s[0] for sc in scenarios]
-        simulated[objective] = {"worst": max(times),
-                                "expected": sum(p * t for p, t in zip(probabilities, times, strict=True))}
+        simulated[objective] = {
+            "worst": max(times),
+            "expected": sum(p * t for p, t in zip(probabilities, times, strict=True)),
+        }
     # the worst-case plan stays off the flapping WAN link and is faster when it is congested
     assert simulated["worst"]["worst"] < simulated["stable"]["worst"]
     # the expected-time plan has the smallest expected simulated time of the three
-    assert simulated["expected"]["expected"] <= min(v["expected"] for v in simulated.values()) + 1e-9
+    assert (
+        simulated["expected"]["expected"] <= min(v["expected"] for v in simulated.values()) + 1e-9
+    )
 
 
 def test_worker_processes_find_the_same_optimum():
@@ -285,7 +352,9 @@ def test_the_linearised_skeleton_is_the_evaluator_for_every_split():
             cuts = sorted(rng.sample(range(1, inst.model.layers), depth - 1))
             layers += [b - a for a, b in zip([0, *cuts], [*cuts, inst.model.layers], strict=True)]
         placed = sk.placed(layers, inst.cluster)  # in the skeleton's placement order
-        assert problem.iteration_time(layers) == pytest.approx(evaluate(inst, placed).iteration_time_s, rel=1e-12)
+        assert problem.iteration_time(layers) == pytest.approx(
+            evaluate(inst, placed).iteration_time_s, rel=1e-12
+        )
         kinds.add(len(sk.templates))
         checked += 1
     assert kinds == {1, 2}
@@ -299,15 +368,26 @@ def test_micro_batch_shares_of_two_templates_are_every_whole_split():
         for ra in range(1, 7):
             for rb in range(1, 7):
                 for pa, pb in ((1, 1), (2, 1), (3, 2)):
-                    group = PairGroup(1, (Segment("A100-80GB", "r0", 1, pa),), (Segment("V100-32GB", "r0", 1, pb),),
-                                      (ra,), (rb,), ("none",), total)
-                    want = [ma for ma in range(pa, total) if total - ra * ma >= rb * pb and (total - ra * ma) % rb == 0]
+                    group = PairGroup(
+                        1,
+                        (Segment("A100-80GB", "r0", 1, pa),),
+                        (Segment("V100-32GB", "r0", 1, pb),),
+                        (ra,),
+                        (rb,),
+                        ("none",),
+                        total,
+                    )
+                    want = [
+                        ma
+                        for ma in range(pa, total)
+                        if total - ra * ma >= rb * pb and (total - ra * ma) % rb == 0
+                    ]
                     assert list(group.shares(ra, rb)) == want
 
 
 def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
-    """template_fits reads ClassMemory lines off stage_memory; the most layers each stage holds must be
-    what stage_memory itself allows, layer by layer."""
+    """template_fits reads ClassMemory lines off stage_memory; the most layers each stage holds must
+    be what stage_memory itself allows, layer by layer."""
     import random
     from types import SimpleNamespace
 
@@ -317,40 +397,78 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
     from hetopt.search.bounds import Bounds
     from hetopt.search.space import Segment
 
-    inst, profiles, rng = load_instance("instances/scale-256-three-types.yaml"), Profiles(), random.Random(2)
+    inst, profiles, rng = (
+        load_instance("instances/scale-256-three-types.yaml"),
+        Profiles(),
+        random.Random(2),
+    )
     classes = [("H100-SXM", "rack0"), ("A100-80GB", "rack1"), ("V100-32GB", "rack1")]
     for _ in range(60):
-        b, rc, replicas = rng.choice([1, 2]), rng.choice(["none", "selective", "full"]), rng.randint(1, 40)
-        # context parallelism on some (tp·cp GPUs in an 8-GPU node): activations per rank at s/cp tokens
+        b, rc, replicas = (
+            rng.choice([1, 2]),
+            rng.choice(["none", "selective", "full"]),
+            rng.randint(1, 40),
+        )
+        # context parallelism on some (tp·cp GPUs in an 8-GPU node): activations per rank at s/cp
+        # tokens
         tp, cp = rng.choice([(2, 1), (4, 1), (8, 1), (2, 2), (4, 2), (2, 4)])
-        segments = tuple(Segment(g, island, tp, rng.randint(1, 5), cp)
-                         for g, island in rng.sample(classes, rng.randint(1, 3)))
+        segments = tuple(
+            Segment(g, island, tp, rng.randint(1, 5), cp)
+            for g, island in rng.sample(classes, rng.randint(1, 3))
+        )
         stages = [seg for seg in segments for _ in range(seg.stages)]
-        p, plan, total = len(stages), SimpleNamespace(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1), 0
+        p, plan, total = (
+            len(stages),
+            SimpleNamespace(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1),
+            0,
+        )
         for i, seg in enumerate(stages):
             gpu = inst.gpu_types[seg.gpu]
             limit = gpu.usable_memory_gib - profiles.for_gpu(gpu).reserve_gib
             most = 0
             for n in range(1, inst.model.layers + 1):
                 st = SimpleNamespace(layers=n, tp=seg.tp, cp=seg.cp, sp=True, recompute=rc)
-                if stage_memory(inst, plan, p, p, i, st, stage_params(inst.model, n, i == 0, i == p - 1, p),
-                                replicas) / GIB > limit:
+                if (
+                    stage_memory(
+                        inst,
+                        plan,
+                        p,
+                        p,
+                        i,
+                        st,
+                        stage_params(inst.model, n, i == 0, i == p - 1, p),
+                        replicas,
+                    )
+                    / GIB
+                    > limit
+                ):
                     break
                 most = n
             total = -1 if most == 0 or total < 0 else total + most
         assert Bounds(inst, profiles).max_layers_total(b, rc, segments, replicas) == total
 
 
-@pytest.mark.parametrize(("name", "objective"), [("s2-a100-v100", "stable"), ("s4-three-types", "stable"),
-                                                  ("s3-two-islands", "worst"), ("s3-two-islands", "expected"),
-                                                  ("s3-two-islands", "cvar"), ("s9-interleaved", "stable"),
-                                                  ("s12-zero", "stable"), ("s11-uneven-shares", "stable"),
-                                                  ("s14-pair-sides", "stable"), ("s15-context-parallel", "stable"),
-                                                  ("s16-tp-per-stage", "stable")])
+@pytest.mark.parametrize(
+    ("name", "objective"),
+    [
+        ("s2-a100-v100", "stable"),
+        ("s4-three-types", "stable"),
+        ("s3-two-islands", "worst"),
+        ("s3-two-islands", "expected"),
+        ("s3-two-islands", "cvar"),
+        ("s9-interleaved", "stable"),
+        ("s12-zero", "stable"),
+        ("s11-uneven-shares", "stable"),
+        ("s14-pair-sides", "stable"),
+        ("s15-context-parallel", "stable"),
+        ("s16-tp-per-stage", "stable"),
+    ],
+)
 def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
-    """The bounds that order and prune the search never exceed the best split of their skeleton (found
-    here by trying every split), one-template and two-template skeletons alike, and under the robust
-    objectives with the scenario clusters the search gives its bounds; ZeRO-2/3 skeletons too."""
+    """The bounds that order and prune the search never exceed the best split of their skeleton
+    (found here by trying every split), one-template and two-template skeletons alike, and under the
+    robust objectives with the scenario clusters the search gives its bounds; ZeRO-2/3 skeletons
+    too."""
     import dataclasses
     import random
 
@@ -362,7 +480,11 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import SearchStats, enumerate_groups
 
-    inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(3)
+    inst, profiles, rng = (
+        load_instance(Path(__file__).parent / "small" / f"{name}.yaml"),
+        Profiles(),
+        random.Random(3),
+    )
     scenarios = planning_scenarios(inst, objective)
     bounds = Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios])
     opts = SearchOptions.from_instance(inst)
@@ -375,11 +497,23 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
                 problem = plan_problem(inst, sk, profiles, scenarios, objective)
             except InfeasibleError:
                 continue
-            caps = problem.base.max_layers()  # the bounds promise: no split that fits in memory is faster
-            splits = ([n for t in split for n in t]
-                      for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
-            best = min((problem.iteration_time(layers) for layers in splits
-                        if all(n <= c for n, c in zip(layers, caps, strict=True))), default=math.inf)
+            caps = (
+                problem.base.max_layers()
+            )  # the bounds promise: no split that fits in memory is faster
+            splits = (
+                [n for t in split for n in t]
+                for split in itertools.product(
+                    *(compositions(inst.model.layers, d) for d in sk.depths)
+                )
+            )
+            best = min(
+                (
+                    problem.iteration_time(layers)
+                    for layers in splits
+                    if all(n <= c for n, c in zip(layers, caps, strict=True))
+                ),
+                default=math.inf,
+            )
             if not math.isfinite(best):
                 continue
             assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-12)
@@ -389,10 +523,17 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
             zeros.add(sk.zero)
             cps.add(sk.templates[0].segments[0].cp)
             # a class run as two segments at two TP degrees (search.tp_per_stage)
-            split.add(any(len({(g.gpu, g.island) for g in t.segments}) < len(t.segments) for t in sk.templates))
+            split.add(
+                any(
+                    len({(g.gpu, g.island) for g in t.segments}) < len(t.segments)
+                    for t in sk.templates
+                )
+            )
     # s9's and s16's two-template plans do not fit in memory (s9's interleaved skeletons are checked
     # instead); s12's pairs (on its one class, at ZeRO-1) are too few for the sample
-    assert checked == ({1} if name in ("s9-interleaved", "s12-zero", "s16-tp-per-stage") else {1, 2})
+    assert checked == (
+        {1} if name in ("s9-interleaved", "s12-zero", "s16-tp-per-stage") else {1, 2}
+    )
     assert chunks == ({1, 2} if name == "s9-interleaved" else {1})
     # ZeRO-2/3 skeletons' bounds too (s14's sample is two-template groups, over several classes)
     assert zeros == ({1} if name in ("s9-interleaved", "s14-pair-sides") else {1, 2, 3})
@@ -401,13 +542,20 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     assert split == ({False, True} if name == "s16-tp-per-stage" else {False})
 
 
-@pytest.mark.parametrize(("name", "objective"), [("s13-recompute-per-stage", "stable"), ("s6-h100-a100", "stable"),
-                                                  ("s3-two-islands", "expected"), ("s9-interleaved", "stable")])
+@pytest.mark.parametrize(
+    ("name", "objective"),
+    [
+        ("s13-recompute-per-stage", "stable"),
+        ("s6-h100-a100", "stable"),
+        ("s3-two-islands", "expected"),
+        ("s9-interleaved", "stable"),
+    ],
+)
 def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name, objective):
-    """With per-stage recompute a skeleton's bounds take compute at its least-work mode and memory (and
-    stage 0's backward pass beside its all-reduce, `drained_bound`) at its most saving one: none exceeds
-    the best split and mix of modes of the skeleton (every one tried), on sampled skeletons and on those
-    whose bound the drain raised."""
+    """With per-stage recompute a skeleton's bounds take compute at its least-work mode and memory
+    (and stage 0's backward pass beside its all-reduce, `drained_bound`) at its most saving one:
+    none exceeds the best split and mix of modes of the skeleton (every one tried), on sampled
+    skeletons and on those whose bound the drain raised."""
     import dataclasses
     import random
 
@@ -419,16 +567,35 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import SearchStats, enumerate_groups
 
-    inst, profiles, rng = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles(), random.Random(4)
+    inst, profiles, rng = (
+        load_instance(Path(__file__).parent / "small" / f"{name}.yaml"),
+        Profiles(),
+        random.Random(4),
+    )
     scenarios = planning_scenarios(inst, objective)
     bounds = Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios])
-    opts = dataclasses.replace(SearchOptions.from_instance(inst), recompute=("none", "full"), recompute_per_stage=True)
-    skeletons = [sk for group in enumerate_groups(inst, opts, SearchStats()) for sk in group.skeletons()]
+    opts = dataclasses.replace(
+        SearchOptions.from_instance(inst), recompute=("none", "full"), recompute_per_stage=True
+    )
+    skeletons = [
+        sk for group in enumerate_groups(inst, opts, SearchStats()) for sk in group.skeletons()
+    ]
 
     def drained(sk) -> bool:
         total = sum(t.replicas for t in sk.templates)
-        plain = max(bounds.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total,
-                                          t.replicas, 1, sk.memory_modes) for t in sk.templates)
+        plain = max(
+            bounds.pipeline_bound(
+                sk.micro_batch,
+                sk.recompute,
+                t.segments,
+                t.micro_batches,
+                total,
+                t.replicas,
+                1,
+                sk.memory_modes,
+            )
+            for t in sk.templates
+        )
         return math.isfinite(plain) and bounds.compute_lower_bound(sk) > plain * (1 + 1e-9)
 
     raised = [sk for sk in skeletons if drained(sk)]
@@ -440,7 +607,9 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
         except InfeasibleError:
             continue
         stages = [(pr, i) for pr in problem.base.templates for i in range(pr.depth)]
-        options = [{(n, pr.modes[r]) for n, r in pr.options(i, inst.model.layers)} for pr, i in stages]
+        options = [
+            {(n, pr.modes[r]) for n, r in pr.options(i, inst.model.layers)} for pr, i in stages
+        ]
         best = math.inf
         for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)):
             layers = [n for t in split for n in t]
@@ -458,47 +627,91 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
     assert name == "s13-recompute-per-stage" or len(raised) >= 5  # the drain, at the most-work mode
 
 
-def _custom_gpu_instance(tmp_path, memory_gib: float, search: dict, model: dict, gpus: int = 2,
-                         global_batch: int = 3, seq_len: int = 4096, intra_node_gbps: float = 64.0):
-    """A one-node instance of a custom GPU type X (120 TFLOP/s, `memory_gib`), written to tmp_path."""
-    spec = {"name": "custom-x", "model": {**model, "max_seq_len": seq_len},
-            "training": {"seq_len": seq_len, "global_batch": global_batch},
-            "cluster": {"gpus": {"X": {"peak_tflops": 120, "memory_gib": memory_gib, "hbm_gbps": 2400,
-                                       "intra_node_gbps": intra_node_gbps}},
-                        "nodes": [{"name": "a", "count": 1, "gpu": "X", "gpus_per_node": gpus, "island": "r0",
-                                   "nic_gbps": 100}]},
-            "search": search}
+def _custom_gpu_instance(
+    tmp_path,
+    memory_gib: float,
+    search: dict,
+    model: dict,
+    gpus: int = 2,
+    global_batch: int = 3,
+    seq_len: int = 4096,
+    intra_node_gbps: float = 64.0,
+):
+    """A one-node instance of a custom GPU type X (120 TFLOP/s, `memory_gib`), written to
+    tmp_path."""
+    spec = {
+        "name": "custom-x",
+        "model": {**model, "max_seq_len": seq_len},
+        "training": {"seq_len": seq_len, "global_batch": global_batch},
+        "cluster": {
+            "gpus": {
+                "X": {
+                    "peak_tflops": 120,
+                    "memory_gib": memory_gib,
+                    "hbm_gbps": 2400,
+                    "intra_node_gbps": intra_node_gbps,
+                }
+            },
+            "nodes": [
+                {
+                    "name": "a",
+                    "count": 1,
+                    "gpu": "X",
+                    "gpus_per_node": gpus,
+                    "island": "r0",
+                    "nic_gbps": 100,
+                }
+            ],
+        },
+        "search": search,
+    }
     path = tmp_path / "custom-x.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return load_instance(path)
 
 
 def test_per_stage_recompute_keeps_a_stage_that_only_the_least_work_mode_fits(tmp_path):
-    """Regression (review of per-stage recompute): full recompute keeps one layer's activations whole, so
-    at one layer a stage holding one micro-batch needs more memory in `full` than in `none`. The search
-    took every stage's memory at its most saving mode and called this instance infeasible; each stage
-    now holds what any of its modes holds, and the answer is the exhaustive one, [1 none, 1 none]."""
+    """Regression (review of per-stage recompute): full recompute keeps one layer's activations
+    whole, so at one layer a stage holding one micro-batch needs more memory in `full` than in
+    `none`. The search took every stage's memory at its most saving mode and called this instance
+    infeasible; each stage now holds what any of its modes holds, and the answer is the exhaustive
+    one, [1 none, 1 none]."""
     import dataclasses
 
-    inst = _custom_gpu_instance(tmp_path, 17.62, {"tp": [1], "micro_batch": [1], "recompute": ["none", "full"],
-                                                  "max_stages": 2, "max_templates": 1, "recompute_per_stage": True},
-                                {"layers": 2, "hidden": 4096, "heads": 32, "vocab": 128000})
+    inst = _custom_gpu_instance(
+        tmp_path,
+        17.62,
+        {
+            "tp": [1],
+            "micro_batch": [1],
+            "recompute": ["none", "full"],
+            "max_stages": 2,
+            "max_templates": 1,
+            "recompute_per_stage": True,
+        },
+        {"layers": 2, "hidden": 4096, "heads": 32, "vocab": 128000},
+    )
     opts = SearchOptions.from_instance(inst)
     truth = exhaustive(inst, opts)
     assert truth.plan is not None
-    uniform = solve_exact(inst, options=dataclasses.replace(opts, recompute_per_stage=False), time_limit_s=60)
+    uniform = solve_exact(
+        inst, options=dataclasses.replace(opts, recompute_per_stage=False), time_limit_s=60
+    )
     assert uniform.objective_s == pytest.approx(truth.objective_s, rel=MILP_REL)
     for formulation, backend in (("split-milp", "highs"), ("split-cpsat", "cpsat")):
-        mixed = solve_exact(inst, formulation, backend, time_limit_s=60, warm_start=False)  # the space's own
+        mixed = solve_exact(
+            inst, formulation, backend, time_limit_s=60, warm_start=False
+        )  # the space's own
         assert mixed.status == SolveStatus.OPTIMAL, mixed.reason
         assert mixed.objective_s == pytest.approx(truth.objective_s, rel=CPSAT_REL)
         assert mixed.skeleton is not None
 
 
 def test_the_per_stage_tables_bound_holds_where_zero_3_passes_fall_with_layers(tmp_path):
-    """Regression (review): under ZeRO-3 a stage's pass can fall as it holds more layers (its exposed
-    gathers min(P, K)/(L + e) shrink; here a 256k vocabulary on a small model), so the placed bound's
-    per-stage tables take the least over L' ≥ L; before, it exceeded the skeleton's best split and mix."""
+    """Regression (review): under ZeRO-3 a stage's pass can fall as it holds more layers (its
+    exposed gathers min(P, K)/(L + e) shrink; here a 256k vocabulary on a small model), so the
+    placed bound's per-stage tables take the least over L' ≥ L; before, it exceeded the skeleton's
+    best split and mix."""
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.search.bounds import placed_bound
@@ -506,11 +719,24 @@ def test_the_per_stage_tables_bound_holds_where_zero_3_passes_fall_with_layers(t
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import SearchStats, enumerate_groups
 
-    inst = _custom_gpu_instance(tmp_path, 40, {"tp": [1], "micro_batch": [1], "recompute": ["none", "full"],
-                                               "max_stages": 2, "max_templates": 1, "zero": [3],
-                                               "recompute_per_stage": True},
-                                {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 256000}, gpus=4,
-                                global_batch=8, seq_len=1024, intra_node_gbps=160.0)
+    inst = _custom_gpu_instance(
+        tmp_path,
+        40,
+        {
+            "tp": [1],
+            "micro_batch": [1],
+            "recompute": ["none", "full"],
+            "max_stages": 2,
+            "max_templates": 1,
+            "zero": [3],
+            "recompute_per_stage": True,
+        },
+        {"layers": 8, "hidden": 1024, "heads": 16, "vocab": 256000},
+        gpus=4,
+        global_batch=8,
+        seq_len=1024,
+        intra_node_gbps=160.0,
+    )
     scenarios, profiles = planning_scenarios(inst, "stable"), Profiles()
     checked = 0
     for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
@@ -519,20 +745,28 @@ def test_the_per_stage_tables_bound_holds_where_zero_3_passes_fall_with_layers(t
                 continue
             problem = plan_problem(inst, sk, profiles, scenarios, "stable")
             pr = problem.base.templates[0]
-            best = min(problem.iteration_time(list(c), [pr.modes[r] for r in m])
-                       for c in compositions(pr.layers, 2) for m in itertools.product(range(2), repeat=2)
-                       if all((n, r) in pr.options(i, n) for i, (n, r) in enumerate(zip(c, m, strict=True))))
+            best = min(
+                problem.iteration_time(list(c), [pr.modes[r] for r in m])
+                for c in compositions(pr.layers, 2)
+                for m in itertools.product(range(2), repeat=2)
+                if all(
+                    (n, r) in pr.options(i, n) for i, (n, r) in enumerate(zip(c, m, strict=True))
+                )
+            )
             assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
             checked += 1
     assert checked >= 1
 
 
-@pytest.mark.parametrize(("name", "objective"), [("s3-two-islands", "stable"), ("s3-two-islands", "worst"),
-                                                  ("s6-h100-a100", "stable")])
+@pytest.mark.parametrize(
+    ("name", "objective"),
+    [("s3-two-islands", "stable"), ("s3-two-islands", "worst"), ("s6-h100-a100", "stable")],
+)
 def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objective):
-    """Where stage 0's gradient all-reduce must cross nodes, `Bounds.drained_bound` adds its drain to the
-    pipeline bound before placement, and `placed_bound` the placed one: neither may exceed the best split
-    that fits in memory (every split tried), and the test only counts skeletons the drain raised."""
+    """Where stage 0's gradient all-reduce must cross nodes, `Bounds.drained_bound` adds its drain
+    to the pipeline bound before placement, and `placed_bound` the placed one: neither may exceed
+    the best split that fits in memory (every split tried), and the test only counts skeletons the
+    drain raised."""
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
@@ -548,8 +782,12 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
     for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
         for sk in group.skeletons():
             total = sum(t.replicas for t in sk.templates)
-            plain = max(bounds.pipeline_bound(sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total,
-                                              t.replicas) for t in sk.templates)
+            plain = max(
+                bounds.pipeline_bound(
+                    sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total, t.replicas
+                )
+                for t in sk.templates
+            )
             bound = bounds.compute_lower_bound(sk)
             if not math.isfinite(bound) or bound <= plain * (1 + 1e-9):
                 continue
@@ -558,26 +796,41 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
             except InfeasibleError:
                 continue
             caps = problem.base.max_layers()
-            splits = ([n for t in split for n in t]
-                      for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths)))
-            best = min((problem.iteration_time(layers) for layers in splits
-                        if all(n <= c for n, c in zip(layers, caps, strict=True))), default=math.inf)
+            splits = (
+                [n for t in split for n in t]
+                for split in itertools.product(
+                    *(compositions(inst.model.layers, d) for d in sk.depths)
+                )
+            )
+            best = min(
+                (
+                    problem.iteration_time(layers)
+                    for layers in splits
+                    if all(n <= c for n, c in zip(layers, caps, strict=True))
+                ),
+                default=math.inf,
+            )
             assert bound <= best * (1 + 1e-12), sk.describe()
             assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
             raised += 1
-    assert raised >= 10  # measured: the drain raises 82 (s6) to 260 (s3) skeleton bounds, before placement
+    assert (
+        raised >= 10
+    )  # measured: the drain raises 82 (s6) to 260 (s3) skeleton bounds, before placement
 
 
 def test_the_interleaved_schedule_is_searched_and_pays_where_the_bubble_dominates():
-    """s9: 16 layers that need two A100-40GB stages, 4 micro-batches. With search.virtual_stages [1, 2]
-    the optimum runs 2 model chunks per stage (interleaved 1F1B) and beats the best 1F1B plan; every
-    stage holds whole chunks, the verifier accepts it and the evaluator times it as the search did."""
+    """s9: 16 layers that need two A100-40GB stages, 4 micro-batches. With search.virtual_stages [1,
+    2] the optimum runs 2 model chunks per stage (interleaved 1F1B) and beats the best 1F1B plan;
+    every stage holds whole chunks, the verifier accepts it and the evaluator times it as the search
+    did."""
     import dataclasses
 
     inst = load_instance(Path(__file__).parent / "small" / "s9-interleaved.yaml")
     opts = SearchOptions.from_instance(inst)
     assert opts.virtual_stages == (1, 2)
-    plain = solve_exact(inst, options=dataclasses.replace(opts, virtual_stages=(1,)), time_limit_s=60)
+    plain = solve_exact(
+        inst, options=dataclasses.replace(opts, virtual_stages=(1,)), time_limit_s=60
+    )
     chunked = solve_exact(inst, options=opts, time_limit_s=60)
     assert plain.status == chunked.status == SolveStatus.OPTIMAL
     assert plain.plan.virtual_stages == 1
@@ -585,37 +838,46 @@ def test_the_interleaved_schedule_is_searched_and_pays_where_the_bubble_dominate
     assert all(st.layers % 2 == 0 for st in chunked.plan.pipelines[0].stages)
     assert chunked.objective_s < 0.95 * plain.objective_s  # 0.337 s against 0.364 s
     assert check_plan(inst, chunked.plan) == []
-    assert evaluate(inst, chunked.plan).iteration_time_s == pytest.approx(chunked.objective_s, rel=1e-9)
+    assert evaluate(inst, chunked.plan).iteration_time_s == pytest.approx(
+        chunked.objective_s, rel=1e-9
+    )
 
 
 def test_zero_2_and_3_are_searched_and_each_pays_where_memory_binds():
-    """s12: one node of four A100-40GB and a model that crowds a GPU. ZeRO-1 needs TP 2 and two stages;
-    adding ZeRO-2 to the space lets two TP-2 replicas hold the model whole, and adding ZeRO-3 four single
-    GPUs (FSDP over NVLink) — each faster than the space without it. The verifier accepts each plan, the
-    evaluator times it as the search did, and each is proven optimal (test above: = exhaustive)."""
+    """s12: one node of four A100-40GB and a model that crowds a GPU. ZeRO-1 needs TP 2 and two
+    stages; adding ZeRO-2 to the space lets two TP-2 replicas hold the model whole, and adding
+    ZeRO-3 four single GPUs (FSDP over NVLink) — each faster than the space without it. The verifier
+    accepts each plan, the evaluator times it as the search did, and each is proven optimal (test
+    above: = exhaustive)."""
     import dataclasses
 
     inst = load_instance(Path(__file__).parent / "small" / "s12-zero.yaml")
     opts = SearchOptions.from_instance(inst)
     assert opts.zero == (1, 2, 3)
-    results = {z: solve_exact(inst, options=dataclasses.replace(opts, zero=tuple(range(1, z + 1))),
-                              time_limit_s=60) for z in (1, 2, 3)}
+    results = {
+        z: solve_exact(
+            inst, options=dataclasses.replace(opts, zero=tuple(range(1, z + 1))), time_limit_s=60
+        )
+        for z in (1, 2, 3)
+    }
     for z, r in results.items():
         assert r.status == SolveStatus.OPTIMAL
         assert r.plan.zero == z  # each widening of the space is taken
         assert check_plan(inst, r.plan) == []
         assert evaluate(inst, r.plan).iteration_time_s == pytest.approx(r.objective_s, rel=1e-9)
-    # measured: 0.595 s (ZeRO-1, TP 2 × 2 stages), 0.548 s (ZeRO-2, 2 × TP 2), 0.490 s (ZeRO-3, 4 × TP 1)
+    # measured: 0.595 s (ZeRO-1, TP 2 × 2 stages), 0.548 s (ZeRO-2, 2 × TP 2), 0.490 s (ZeRO-3, 4 ×
+    # TP 1)
     assert results[2].objective_s < 0.95 * results[1].objective_s
     assert results[3].objective_s < 0.95 * results[2].objective_s
     assert [len(r.plan.pipelines[0].stages) for r in results.values()] == [2, 1, 1]
 
 
 def test_per_stage_recompute_recomputes_only_where_memory_binds_and_pays():
-    """s13: four L4s at TP 1 and activations of 4,096 tokens. With one recompute mode for the plan, the
-    4-stage pipeline must recompute everywhere (stage 0 holds four micro-batches in flight); per stage,
-    only stage 0 recomputes. Both are the exhaustive optima of their spaces (every mix of modes
-    enumerated), every backend proves the per-stage one, and the verifier and evaluator agree."""
+    """s13: four L4s at TP 1 and activations of 4,096 tokens. With one recompute mode for the plan,
+    the 4-stage pipeline must recompute everywhere (stage 0 holds four micro-batches in flight); per
+    stage, only stage 0 recomputes. Both are the exhaustive optima of their spaces (every mix of
+    modes enumerated), every backend proves the per-stage one, and the verifier and evaluator
+    agree."""
     import dataclasses
 
     inst = load_instance(Path(__file__).parent / "small" / "s13-recompute-per-stage.yaml")
@@ -631,17 +893,24 @@ def test_per_stage_recompute_recomputes_only_where_memory_binds_and_pays():
         assert mixed.status == SolveStatus.OPTIMAL
         tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
         assert mixed.objective_s == pytest.approx(truth[True].objective_s, rel=tolerance)
-        assert [st.recompute for st in mixed.plan.pipelines[0].stages] == ["full", "none", "none", "none"]
+        assert [st.recompute for st in mixed.plan.pipelines[0].stages] == [
+            "full",
+            "none",
+            "none",
+            "none",
+        ]
         assert check_plan(inst, mixed.plan) == []
-        assert evaluate(inst, mixed.plan).iteration_time_s == pytest.approx(mixed.objective_s, rel=1e-9)
+        assert evaluate(inst, mixed.plan).iteration_time_s == pytest.approx(
+            mixed.objective_s, rel=1e-9
+        )
     # measured: 6.984 s against 8.201 s (14.8% faster)
     assert truth[True].objective_s < 0.9 * truth[False].objective_s
 
 
 def test_a_pipeline_over_four_device_classes_is_searched_and_pays():
     """s10: four GPU types of one node each and a model that needs most of their memory. The default
-    space (max_classes 4) holds the pipeline over all four, 19% faster than the best over three; every
-    backend proves it (and matches exhaustive enumeration in the test above)."""
+    space (max_classes 4) holds the pipeline over all four, 19% faster than the best over three;
+    every backend proves it (and matches exhaustive enumeration in the test above)."""
     import dataclasses
 
     inst = load_instance(Path(__file__).parent / "small" / "s10-four-types.yaml")
@@ -655,17 +924,27 @@ def test_a_pipeline_over_four_device_classes_is_searched_and_pays():
     assert four.warm_start is None or not four.warm_start["kept"]
 
 
-@pytest.mark.parametrize("planner", ["megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random"])
+@pytest.mark.parametrize(
+    "planner", ["megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random"]
+)
 def test_solve_runs_each_heuristic_by_name_with_no_bound_claimed(planner):
-    """DESIGN 2.4's `solve --planner megatron|…`: the heuristic's own plan, status `feasible`, its objective
-    the evaluator's, no bound and no gap (nothing is proven), verified and replayed like the exact plan's."""
+    """DESIGN 2.4's `solve --planner megatron|…`: the heuristic's own plan, status `feasible`, its
+    objective the evaluator's, no bound and no gap (nothing is proven), verified and replayed like
+    the exact plan's."""
     from hetopt.baselines.registry import PLANNERS
     from hetopt.evaluate import evaluate
     from hetopt.plan import Plan
     from hetopt.spec.instance import load_instance
 
-    result = run_hetopt("solve", str(SMALL_DIR / "s2-a100-v100.yaml"), "--planner", planner, "--json",
-                        "--time-limit", "20")
+    result = run_hetopt(
+        "solve",
+        str(SMALL_DIR / "s2-a100-v100.yaml"),
+        "--planner",
+        planner,
+        "--json",
+        "--time-limit",
+        "20",
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["status"] == "feasible" and data["planner"] == planner
@@ -674,34 +953,48 @@ def test_solve_runs_each_heuristic_by_name_with_no_bound_claimed(planner):
     theirs = PLANNERS[planner](inst, 20.0).plan
     assert data["objective_s"] == pytest.approx(evaluate(inst, theirs).iteration_time_s, rel=1e-9)
     assert data["predicted"]["iteration_time_s"] == pytest.approx(
-        evaluate(inst, Plan.model_validate(data["plan"])).iteration_time_s, rel=1e-9)
+        evaluate(inst, Plan.model_validate(data["plan"])).iteration_time_s, rel=1e-9
+    )
 
 
 def test_solve_with_a_heuristic_that_finds_no_plan_is_exit_1_with_its_reason():
-    result = run_hetopt("solve", str(SMALL_DIR / "s9-interleaved.yaml"), "--planner", "megatron", "--json")
+    result = run_hetopt(
+        "solve", str(SMALL_DIR / "s9-interleaved.yaml"), "--planner", "megatron", "--json"
+    )
     assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)
-    assert data["status"] == "infeasible" and data["plan"] is None and "megatron found no plan" in data["reason"]
+    assert (
+        data["status"] == "infeasible"
+        and data["plan"] is None
+        and "megatron found no plan" in data["reason"]
+    )
 
 
 def test_a_plan_records_its_instance_and_is_refused_against_another(tmp_path):
-    """A plan file names the instance it was planned for, with a fingerprint of its model, training and
-    cluster (DESIGN 2.4). The demo's plan against GPT-3 6.7B on the same cluster used to 'fit' silently."""
+    """A plan file names the instance it was planned for, with a fingerprint of its model, training
+    and cluster (DESIGN 2.4). The demo's plan against GPT-3 6.7B on the same cluster used to 'fit'
+    silently."""
     out = tmp_path / "plan.json"
     assert run_hetopt("solve", "--out", str(out), "--json").returncode == 0
     recorded = json.loads(out.read_text())["instance"]
-    assert recorded["name"] == "demo-a100-v100-llama7b" and all(len(recorded[k]) == 12
-                                                                 for k in ("model", "training", "cluster"))
+    assert recorded["name"] == "demo-a100-v100-llama7b" and all(
+        len(recorded[k]) == 12 for k in ("model", "training", "cluster")
+    )
     assert run_hetopt("evaluate", str(DEMO), "--plan", str(out)).returncode == 0
     other = tmp_path / "gpt3.yaml"
     other.write_text(DEMO.read_text().replace("preset: llama-7b", "preset: gpt3-6.7b"))
     for command in ("evaluate", "simulate"):
         result = run_hetopt(command, str(other), "--plan", str(out))
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-        assert "planned for instance 'demo-a100-v100-llama7b', whose model differs" in result.stderr, result.stderr
+        assert (
+            "planned for instance 'demo-a100-v100-llama7b', whose model differs" in result.stderr
+        ), result.stderr
     scenarios_changed = tmp_path / "calm.yaml"  # scenarios are not part of what a plan depends on
-    scenarios_changed.write_text(DEMO.read_text().replace("probability: 0.7", "probability: 0.6")
-                                 .replace("probability: 0.3", "probability: 0.4"))
+    scenarios_changed.write_text(
+        DEMO.read_text()
+        .replace("probability: 0.7", "probability: 0.6")
+        .replace("probability: 0.3", "probability: 0.4")
+    )
     assert run_hetopt("evaluate", str(scenarios_changed), "--plan", str(out)).returncode == 0
     anonymous = {k: v for k, v in json.loads(out.read_text()).items() if k != "instance"}
     out.write_text(json.dumps(anonymous))
@@ -709,44 +1002,76 @@ def test_a_plan_records_its_instance_and_is_refused_against_another(tmp_path):
 
 
 def test_memory_headroom_keeps_every_stage_that_far_below_its_gpus_memory():
-    """Without headroom the demo's optimum fills a V100-32GB stage to 30.4 of 31.75 GiB; with 8 GiB kept
-    free every stage stays 8 GiB below its GPU's usable memory, at a cost no lower than the optimum's."""
+    """Without headroom the demo's optimum fills a V100-32GB stage to 30.4 of 31.75 GiB; with 8 GiB
+    kept free every stage stays 8 GiB below its GPU's usable memory, at a cost no lower than the
+    optimum's."""
     from hetopt.spec.gpus import CATALOG
 
     free = json.loads(run_hetopt("solve", "--json").stdout)
     kept = json.loads(run_hetopt("solve", "--memory-headroom", "8", "--json").stdout)
     assert kept["status"] == "optimal" and kept["objective_s"] >= free["objective_s"] - 1e-9
     stages = [st["gpu"] for pipe in kept["plan"]["pipelines"] for st in pipe["stages"]]
-    for gpu, peak, limit in zip(stages, kept["predicted"]["peak_memory_gib"], kept["predicted"]["memory_limit_gib"],
-                                strict=True):
+    for gpu, peak, limit in zip(
+        stages,
+        kept["predicted"]["peak_memory_gib"],
+        kept["predicted"]["memory_limit_gib"],
+        strict=True,
+    ):
         assert limit == pytest.approx(CATALOG[gpu].usable_memory_gib - 8) and peak <= limit
-    assert max(p / lim for p, lim in zip(free["predicted"]["peak_memory_gib"],
-                                         free["predicted"]["memory_limit_gib"], strict=True)) > 0.95
+    assert (
+        max(
+            p / lim
+            for p, lim in zip(
+                free["predicted"]["peak_memory_gib"],
+                free["predicted"]["memory_limit_gib"],
+                strict=True,
+            )
+        )
+        > 0.95
+    )
 
 
-@pytest.mark.parametrize("value,words", [("abc", "give GiB"), ("100%", "below 100%"), ("-1", "give GiB"),
-                                         ("40", "leaves nothing of V100-32GB's 31.75 GiB")])
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("abc", "give GiB"),
+        ("100%", "below 100%"),
+        ("-1", "give GiB"),
+        ("40", "leaves nothing of V100-32GB's 31.75 GiB"),
+    ],
+)
 def test_a_memory_headroom_that_leaves_nothing_or_is_no_number_is_refused(value, words):
     result = run_hetopt("solve", "--memory-headroom", value)
-    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr
+    )
 
 
 def test_one_enumeration_for_objectives_alike_finds_what_one_each_finds(tmp_path):
     from hetopt.baselines.exhaustive import exhaustive_objectives
 
-    spec = yaml.safe_load((SMALL_DIR / "s2-a100-v100.yaml").read_text())  # its V100 node in a second rack
+    spec = yaml.safe_load(
+        (SMALL_DIR / "s2-a100-v100.yaml").read_text()
+    )  # its V100 node in a second rack
     spec["cluster"]["nodes"][1]["island"] = "r1"
     spec["cluster"]["network"] = {"links": [{"a": "r0", "b": "r1", "gbps": 100}]}
-    spec["scenarios"] = [{"name": "calm", "probability": 0.6, "events": []},
-                         {"name": "slow", "probability": 0.4, "events": [{"at_s": 0, "link": ["r0", "r1"],
-                                                                          "gbps": 5}]}]
+    spec["scenarios"] = [
+        {"name": "calm", "probability": 0.6, "events": []},
+        {
+            "name": "slow",
+            "probability": 0.4,
+            "events": [{"at_s": 0, "link": ["r0", "r1"], "gbps": 5}],
+        },
+    ]
     path = tmp_path / "s2-two-racks.yaml"
     path.write_text(yaml.safe_dump(spec))
     inst = load_instance(path)
     both = exhaustive_objectives(inst, ("expected", "cvar"), workers=1)
     for objective in ("expected", "cvar"):
         alone = exhaustive(inst, objective=objective, workers=1)
-        assert both[objective].objective_s == alone.objective_s and both[objective].plan == alone.plan
+        assert (
+            both[objective].objective_s == alone.objective_s and both[objective].plan == alone.plan
+        )
     with pytest.raises(ValueError, match="price different scenarios"):
         exhaustive_objectives(inst, ("expected", "worst"))
 
@@ -758,10 +1083,10 @@ def test_hetopt_is_the_former_name_of_the_exact_planner_in_solve_as_in_bench():
 
 
 def test_two_templates_over_several_classes_are_searched_and_pay():
-    """s14 (search.pair_classes 2): one H100 runs a template of its own beside a template over the other
-    H100 and the A100, with more micro-batches — 10% faster than the best plan of the space without such
-    pairs (both H100s as replicas). Each is proven optimal in its space (the wider one also matches
-    exhaustive enumeration on every backend, above); the verifier accepts it."""
+    """s14 (search.pair_classes 2): one H100 runs a template of its own beside a template over the
+    other H100 and the A100, with more micro-batches — 10% faster than the best plan of the space
+    without such pairs (both H100s as replicas). Each is proven optimal in its space (the wider one
+    also matches exhaustive enumeration on every backend, above); the verifier accepts it."""
     import dataclasses
 
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
@@ -779,7 +1104,8 @@ def test_two_templates_over_several_classes_are_searched_and_pay():
 def test_a_wider_pair_space_starts_from_the_default_spaces_optimum():
     """With search.pair_classes 2 the default space (single-class pairs) is searched first for an
     incumbent (orchestrate.NARROW_SHARE): on s14 the wider search beats it; on s3 (two islands) its
-    optimum is a one-template plan, so the seed is kept — inside the space, with its skeleton, proven."""
+    optimum is a one-template plan, so the seed is kept — inside the space, with its skeleton,
+    proven."""
     import dataclasses
 
     s14 = solve_exact(load_instance(SMALL_DIR / "s14-pair-sides.yaml"), time_limit_s=60)
@@ -787,17 +1113,32 @@ def test_a_wider_pair_space_starts_from_the_default_spaces_optimum():
     # the default space's optimum, 0.3815 s (test above)
     assert s14.warm_start["objective_s"] == pytest.approx(0.3815, abs=1e-4)
     inst = load_instance(SMALL_DIR / "s3-two-islands.yaml")
-    wide = solve_exact(inst, options=dataclasses.replace(SearchOptions.from_instance(inst), pair_classes=2),
-                       time_limit_s=60)
+    wide = solve_exact(
+        inst,
+        options=dataclasses.replace(SearchOptions.from_instance(inst), pair_classes=2),
+        time_limit_s=60,
+    )
     narrow = solve_exact(inst, time_limit_s=60)
-    assert wide.status == SolveStatus.OPTIMAL and wide.objective_s == pytest.approx(narrow.objective_s, rel=1e-12)
-    assert wide.warm_start["kept"] and wide.warm_start["outside_space"] == [] and wide.skeleton is not None
+    assert wide.status == SolveStatus.OPTIMAL and wide.objective_s == pytest.approx(
+        narrow.objective_s, rel=1e-12
+    )
+    assert (
+        wide.warm_start["kept"]
+        and wide.warm_start["outside_space"] == []
+        and wide.skeleton is not None
+    )
 
 
-@pytest.mark.parametrize("name,wider", [("s14-pair-sides", {}), ("s16-tp-per-stage", {}),
-                                        ("s3-two-islands", {"pair_classes": 2, "tp_per_stage": True}),
-                                        ("s17-shards", {"pair_classes": 2, "max_templates": 3}),
-                                        ("s18-three-templates", {"pair_classes": 2, "max_templates": 3})])
+@pytest.mark.parametrize(
+    "name,wider",
+    [
+        ("s14-pair-sides", {}),
+        ("s16-tp-per-stage", {}),
+        ("s3-two-islands", {"pair_classes": 2, "tp_per_stage": True}),
+        ("s17-shards", {"pair_classes": 2, "max_templates": 3}),
+        ("s18-three-templates", {"pair_classes": 2, "max_templates": 3}),
+    ],
+)
 def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
     """With search.pair_classes > 1 or tp_per_stage the search takes the narrowed subspace first
     (pair_classes 1, one TP per class), then only the rest (`SearchOptions.beyond_narrow`): together
@@ -831,42 +1172,71 @@ def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
 
 
 def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_is_not_proven():
-    """The rest of the space is proven only with the narrowed subspace: where that search timed out, or
-    failed on a skeleton, its bound stays the answer's (a gap; timeout, or error with the failure); where it
-    proved its optimum (within CP-SAT's relative tolerance) the rest decides."""
+    """The rest of the space is proven only with the narrowed subspace: where that search timed out,
+    or failed on a skeleton, its bound stays the answer's (a gap; timeout, or error with the
+    failure); where it proved its optimum (within CP-SAT's relative tolerance) the rest decides."""
     from hetopt.search.orchestrate import SearchResult, _Run
     from hetopt.search.space import SearchStats
 
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
     plan = solve_exact(inst, time_limit_s=60).plan
-    cases = [(SolveStatus.TIMEOUT, 0.3, 0.0, [], SolveStatus.TIMEOUT),
-             (SolveStatus.OPTIMAL, 0.4, 0.0, [], SolveStatus.OPTIMAL),
-             (SolveStatus.OPTIMAL, 0.4 * (1 - 5e-6), 1e-5, [], SolveStatus.OPTIMAL),
-             (SolveStatus.FEASIBLE, 0.35, 0.0, ["a skeleton: solver failed"], SolveStatus.FEASIBLE)]
+    cases = [
+        (SolveStatus.TIMEOUT, 0.3, 0.0, [], SolveStatus.TIMEOUT),
+        (SolveStatus.OPTIMAL, 0.4, 0.0, [], SolveStatus.OPTIMAL),
+        (SolveStatus.OPTIMAL, 0.4 * (1 - 5e-6), 1e-5, [], SolveStatus.OPTIMAL),
+        (SolveStatus.FEASIBLE, 0.35, 0.0, ["a skeleton: solver failed"], SolveStatus.FEASIBLE),
+    ]
     for status, bound, tolerance, errors, expected in cases:
         stats = SearchStats(families=3, solved=2)
         run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
-        run.subspace(SearchResult(status, plan, 0.4, bound, 1.0, "split-milp", "highs", 60.0, 0, stats,
-                                  errors=errors, proof_tolerance=tolerance))
+        run.subspace(
+            SearchResult(
+                status,
+                plan,
+                0.4,
+                bound,
+                1.0,
+                "split-milp",
+                "highs",
+                60.0,
+                0,
+                stats,
+                errors=errors,
+                proof_tolerance=tolerance,
+            )
+        )
         run.seed({"planner": "ilp, search.pair_classes 1", "objective_s": 0.4, "plan": plan})
         run.planted = True  # the rest: nothing left open
         answer = run.answer("split-milp", "highs", 0)
         assert answer.status == expected, (status, bound)
         assert answer.bound_s == bound and answer.stats.solved == 2 and answer.stats.families == 3
         assert answer.errors == errors and ("solver failed" in answer.reason) == bool(errors)
-    # a subspace that failed on every skeleton it tried, and a rest with no plan: an error, not infeasible
+    # a subspace that failed on every skeleton it tried, and a rest with no plan: an error, not
+    # infeasible
     run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
-    run.subspace(SearchResult(SolveStatus.ERROR, None, math.inf, 0.35, 1.0, "split-milp", "highs", 60.0, 0,
-                              errors=["a skeleton: solver failed"]))
+    run.subspace(
+        SearchResult(
+            SolveStatus.ERROR,
+            None,
+            math.inf,
+            0.35,
+            1.0,
+            "split-milp",
+            "highs",
+            60.0,
+            0,
+            errors=["a skeleton: solver failed"],
+        )
+    )
     run.planted = True
     answer = run.answer("split-milp", "highs", 0)
     assert answer.status == SolveStatus.ERROR and answer.bound_s == 0.35
 
 
 def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
-    """End to end on s14 (search.pair_classes 2): the subspace's search, here timed out with a bound of
-    0.30 s, seeds the rest's; the rest finds the optimum (0.3435 s) but cannot prove it, and its tree holds
-    only the families beyond the subspace."""
+    """End to end on s14 (search.pair_classes 2): the subspace's search, here timed out with a bound
+    of 0.30 s, seeds the rest's; the rest finds the optimum (0.3435 s) but cannot prove it, and its
+    tree holds only the families beyond the subspace."""
     import dataclasses
 
     from hetopt.search import orchestrate
@@ -875,12 +1245,38 @@ def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
     opts = SearchOptions.from_instance(inst)
     narrow = solve_exact(inst, options=dataclasses.replace(opts, pair_classes=1), time_limit_s=60)
-    timed_out = orchestrate.SearchResult(SolveStatus.TIMEOUT, narrow.plan, narrow.objective_s, 0.30, 1.0,
-                                         "split-milp", "highs", 60.0, 0)
-    seeded = {"planner": "ilp, search.pair_classes 1", "objective_s": narrow.objective_s, "plan": narrow.plan}
+    timed_out = orchestrate.SearchResult(
+        SolveStatus.TIMEOUT,
+        narrow.plan,
+        narrow.objective_s,
+        0.30,
+        1.0,
+        "split-milp",
+        "highs",
+        60.0,
+        0,
+    )
+    seeded = {
+        "planner": "ilp, search.pair_classes 1",
+        "objective_s": narrow.objective_s,
+        "plan": narrow.plan,
+    }
     monkeypatch.setattr(orchestrate, "_narrow_first", lambda *args: (dict(seeded), timed_out))
     result = solve_exact(inst, options=opts, time_limit_s=60)
     assert result.status == SolveStatus.TIMEOUT and result.bound_s == 0.30
-    assert result.objective_s == pytest.approx(0.3435, abs=1e-4) and result.objective_s < narrow.objective_s
-    rest = sum(1 for _ in enumerate_families(inst, dataclasses.replace(opts, beyond_narrow=True), SearchStats()))
-    assert 0 < result.stats.families == rest < sum(1 for _ in enumerate_families(inst, opts, SearchStats()))
+    assert (
+        result.objective_s == pytest.approx(0.3435, abs=1e-4)
+        and result.objective_s < narrow.objective_s
+    )
+    rest = sum(
+        1
+        for _ in enumerate_families(
+            inst, dataclasses.replace(opts, beyond_narrow=True), SearchStats()
+        )
+    )
+    assert (
+        0
+        < result.stats.families
+        == rest
+        < sum(1 for _ in enumerate_families(inst, opts, SearchStats()))
+    )

@@ -1,5 +1,6 @@
-"""A cost profile per GPU type: shipped for every catalog type, GEMM curves that meet the public GEMM data, strict
-profile files, family-derived profiles for custom GPUs, usable memory (issue 10)."""
+"""A cost profile per GPU type: shipped for every catalog type, GEMM curves that meet the public
+GEMM data, strict profile files, family-derived profiles for custom GPUs, usable memory (issue
+10)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,9 @@ def test_t4_sustains_far_less_of_its_peak_than_an_a100():
     rows = read_rows(GEMM_CSV)
 
     def best_large(name: str) -> float:  # measured efficiency of the large kept points
-        return max(r.achieved / r.peak for r in rows[name] if not r.reason and (r.flops or 1e13) > 1e11)
+        return max(
+            r.achieved / r.peak for r in rows[name] if not r.reason and (r.flops or 1e13) > 1e11
+        )
 
     assert best_large("T4") < 0.5 * best_large("A100-80GB")
     shipped = shipped_profiles()
@@ -88,16 +91,20 @@ def test_profile_missing_a_weight_is_an_error_naming_it(tmp_path):
 def test_custom_gpu_with_family_gets_that_familys_efficiency():
     shipped = shipped_profiles()
     t4 = CATALOG["T4"]
-    like_t4 = custom_gpu("MyTuring", t4.peak_tflops, 16, t4.hbm_gbps, t4.intra_node_gbps, "test", "turing",
-                         t4.tdp_w)
+    like_t4 = custom_gpu(
+        "MyTuring", t4.peak_tflops, 16, t4.hbm_gbps, t4.intra_node_gbps, "test", "turing", t4.tdp_w
+    )
     p = Profiles().for_gpu(like_t4)
     assert p.derived and p.family == "turing" and "turing" in p.method
     assert p.weights[GEMM] == pytest.approx(shipped["T4"].weights[GEMM])
     assert p.weights[KERN] == pytest.approx(shipped["T4"].weights[KERN])
     # half the power per TFLOP/s: the power cap lowers η by √2 (gemm_fit.derived_eta)
-    capped = custom_gpu("Capped", t4.peak_tflops, 16, t4.hbm_gbps, t4.intra_node_gbps, "test", "turing", 35)
+    capped = custom_gpu(
+        "Capped", t4.peak_tflops, 16, t4.hbm_gbps, t4.intra_node_gbps, "test", "turing", 35
+    )
     assert 1 / Profiles().for_gpu(capped).weights[GEMM] == pytest.approx(
-        1 / shipped["T4"].weights[GEMM] / np.sqrt(2))
+        1 / shipped["T4"].weights[GEMM] / np.sqrt(2)
+    )
     # no family: nearest calibrated type by peak, and the method says so
     plain = Profiles().for_gpu(custom_gpu("Plain", 60, 16, 2560, 128, "test"))
     assert "no family declared" in plain.method
@@ -105,11 +112,29 @@ def test_custom_gpu_with_family_gets_that_familys_efficiency():
 
 def test_custom_family_in_an_instance_file():
     assert set(get_args(CustomGPU.model_fields["family"].annotation.__args__[0])) == set(FAMILIES)
-    data = {"name": "t", "model": MODEL, "training": {"seq_len": 1024, "global_batch": 8},
-            "cluster": {"gpus": {"MyGPU": {"peak_tflops": 60, "memory_gib": 16, "hbm_gbps": 2560,
-                                           "intra_node_gbps": 128, "family": "turing", "tdp_w": 70}},
-                        "nodes": [{"name": "n", "count": 1, "gpu": "MyGPU", "gpus_per_node": 2, "nic_gbps": 100}]}}
-    inst = instance_from_spec(validate_document(data, "t", InstanceFile, "instance"), "t", Path("."))
+    data = {
+        "name": "t",
+        "model": MODEL,
+        "training": {"seq_len": 1024, "global_batch": 8},
+        "cluster": {
+            "gpus": {
+                "MyGPU": {
+                    "peak_tflops": 60,
+                    "memory_gib": 16,
+                    "hbm_gbps": 2560,
+                    "intra_node_gbps": 128,
+                    "family": "turing",
+                    "tdp_w": 70,
+                }
+            },
+            "nodes": [
+                {"name": "n", "count": 1, "gpu": "MyGPU", "gpus_per_node": 2, "nic_gbps": 100}
+            ],
+        },
+    }
+    inst = instance_from_spec(
+        validate_document(data, "t", InstanceFile, "instance"), "t", Path(".")
+    )
     g = inst.gpu_types["MyGPU"]
     assert g.family == "turing" and g.tdp_w == 70 and g.usable_memory_gib < g.memory_gib
     assert Profiles().for_gpu(g).family == "turing"
@@ -123,9 +148,17 @@ def test_usable_memory_is_below_datasheet_and_sourced():
 
 
 def _layer_time(gpu: str, profiles: Profiles) -> tuple[float, bool, list[float]]:
-    data = {"name": "t", "model": MODEL, "training": {"seq_len": 1024, "global_batch": 8},
-            "cluster": {"nodes": [{"name": "n", "count": 1, "gpu": gpu, "gpus_per_node": 1, "nic_gbps": 100}]}}
-    inst = instance_from_spec(validate_document(data, "t", InstanceFile, "instance"), "t", Path("."))
+    data = {
+        "name": "t",
+        "model": MODEL,
+        "training": {"seq_len": 1024, "global_batch": 8},
+        "cluster": {
+            "nodes": [{"name": "n", "count": 1, "gpu": gpu, "gpus_per_node": 1, "nic_gbps": 100}]
+        },
+    }
+    inst = instance_from_spec(
+        validate_document(data, "t", InstanceFile, "instance"), "t", Path(".")
+    )
     plan = expand_layout(inst, parse_layout("tp=1,pp=1,dp=1,mb=1,recompute=full"), source="t")
     ev = evaluate(inst, plan, profiles)
     return ev.iteration_time_s, ev.fits, ev.memory_limit_gib

@@ -1,6 +1,6 @@
-"""Ray gives the same answers as the process pool: the exact search on a local Ray with 2 workers, a bench
-sweep as Ray tasks, and `hetopt solve --executor ray --json`. Skipped where Ray is not installed (the
-optional extra `pip install "hetopt[ray]"`, not part of `test`)."""
+"""Ray gives the same answers as the process pool: the exact search on a local Ray with 2 workers, a
+bench sweep as Ray tasks, and `hetopt solve --executor ray --json`. Skipped where Ray is not
+installed (the optional extra `pip install "hetopt[ray]"`, not part of `test`)."""
 
 from __future__ import annotations
 
@@ -48,8 +48,13 @@ def test_bench_sweep_as_ray_tasks_gives_the_serial_rows():
     inst = load_instance(SMALL)
     serial = run_bench([inst], ["ilp", "megatron"], iterations=1)
     finished = []
-    on_ray = run_bench([inst], ["ilp", "megatron"], iterations=1, executor="ray",
-                       progress=lambda i, p: finished.append(p))
+    on_ray = run_bench(
+        [inst],
+        ["ilp", "megatron"],
+        iterations=1,
+        executor="ray",
+        progress=lambda i, p: finished.append(p),
+    )
     assert not ray.is_initialized()
     assert sorted(finished) == ["ilp", "megatron"]
 
@@ -62,9 +67,13 @@ def test_bench_sweep_as_ray_tasks_gives_the_serial_rows():
 
 def test_cli_solve_on_ray_prints_one_json_object(process_answer):
     # workers start at once (PARALLEL_AFTER_S = 0), so the small instance really is solved on Ray
-    code = ("import hetopt.search.orchestrate as o; o.PARALLEL_AFTER_S = 0.0; from hetopt.cli import main; "
-            f"main(['solve', {str(SMALL)!r}, '--executor', 'ray', '--json'])")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    code = (
+        "import hetopt.search.orchestrate as o; o.PARALLEL_AFTER_S = 0.0; from hetopt.cli "
+        f"import main; main(['solve', {str(SMALL)!r}, '--executor', 'ray', '--json'])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)  # Ray writes nothing on stdout
     assert out["executor"] == "ray" and out["status"] == "optimal"

@@ -49,6 +49,7 @@ def _demo_with(tmp_path, scenarios=None, **search):
 
 # -- the pricing rules, by hand ----------------------------------------------------------------
 
+
 def test_a_link_flapping_between_400_and_50_is_priced_as_89_gbps():
     # 5 s at 400, 5 s at 50, ... for 60 s: a transfer of B bytes takes B·(1/400 + 1/50)/2 on
     # average, as at 2 / (1/400 + 1/50) = 800/9 = 88.9 Gbit/s; the time average of the bandwidth
@@ -87,11 +88,16 @@ def test_a_drop_for_half_the_horizon_and_the_edges_of_a_trace():
 def test_the_instance_horizon_sets_what_each_objective_prices(tmp_path):
     demo = load_instance(DEMO)
     assert demo.horizon_s == DEFAULT_HORIZON_S == 60.0
-    priced = {objective: {sc.name: _priced(sc.instance.cluster, *UPLINK)
-                          for sc in planning_scenarios(demo, objective)}
-              for objective in ("expected", "worst", "cvar")}
-    assert priced["expected"] == pytest.approx({"calm": 400.0, "congested-uplink": 160.0},
-                                               rel=1e-12)
+    priced = {
+        objective: {
+            sc.name: _priced(sc.instance.cluster, *UPLINK)
+            for sc in planning_scenarios(demo, objective)
+        }
+        for objective in ("expected", "worst", "cvar")
+    }
+    assert priced["expected"] == pytest.approx(
+        {"calm": 400.0, "congested-uplink": 160.0}, rel=1e-12
+    )
     assert priced["cvar"] == priced["expected"]
     assert priced["worst"] == {"calm": 400.0, "congested-uplink": 100.0}
     assert [sc.instance for sc in planning_scenarios(demo, "stable")] == [demo]
@@ -111,12 +117,24 @@ def test_a_horizon_that_is_not_positive_is_bad_input(tmp_path):
 
 # -- one horizon for the planner and the simulator ---------------------------------------------
 
+
 def test_the_planner_prices_the_trace_the_simulator_replays(tmp_path):
-    flap = {"name": "flap", "probability": 0.6, "generator": {
-        "kind": "markov", "link": list(UPLINK), "levels_gbps": [400, 50], "mean_dwell_s": 3,
-        "seed": 5}}
-    calm = {"name": "calm", "probability": 0.4,
-            "events": [{"at_s": 0, "link": list(UPLINK), "gbps": 400}]}
+    flap = {
+        "name": "flap",
+        "probability": 0.6,
+        "generator": {
+            "kind": "markov",
+            "link": list(UPLINK),
+            "levels_gbps": [400, 50],
+            "mean_dwell_s": 3,
+            "seed": 5,
+        },
+    }
+    calm = {
+        "name": "calm",
+        "probability": 0.4,
+        "events": [{"at_s": 0, "link": list(UPLINK), "gbps": 400}],
+    }
     inst = _demo_with(tmp_path, [calm, flap], horizon_s=50)
     # DP over the uplink, about 15 s an iteration
     plan = place(expand_layout(inst, parse_layout("tp=8,pp=1,dp=4")), inst.cluster)
@@ -135,20 +153,26 @@ def test_the_planner_prices_the_trace_the_simulator_replays(tmp_path):
     run = Simulation(inst, plan).run(inst.scenarios(horizon)[1], until_s=horizon)
     trace = run.capacity_trace[UPLINK]
     ends = [t for t, _ in trace[1:]] + [math.inf]
-    seconds_per_gbit = sum((min(end, horizon) - t) / g
-                           for (t, g), end in zip(trace, ends, strict=True) if t < horizon)
+    seconds_per_gbit = sum(
+        (min(end, horizon) - t) / g for (t, g), end in zip(trace, ends, strict=True) if t < horizon
+    )
     lowest = min(g for (t, g), end in zip(trace, ends, strict=True) if t <= horizon and end > t)
     assert len({g for _, g in trace}) == 2  # it did flap inside the horizon
-    priced = {objective: _priced(planning_scenarios(inst, objective)[1].instance.cluster, *UPLINK)
-              for objective in ("expected", "worst")}
+    priced = {
+        objective: _priced(planning_scenarios(inst, objective)[1].instance.cluster, *UPLINK)
+        for objective in ("expected", "worst")
+    }
     assert priced["expected"] == pytest.approx(horizon / seconds_per_gbit, rel=1e-12)
     assert priced["worst"] == lowest == 50.0
 
 
 # -- the acceptance: worst is never more optimistic than the slowest simulated iteration -------
 
-DYNAMIC = sorted(p.stem for p in (REPO / "instances").glob("*.yaml")
-                 if yaml.safe_load(p.read_text()).get("scenarios"))
+DYNAMIC = sorted(
+    p.stem
+    for p in (REPO / "instances").glob("*.yaml")
+    if yaml.safe_load(p.read_text()).get("scenarios")
+)
 
 
 def test_the_bundled_dynamic_instances_are_all_checked():
@@ -163,8 +187,10 @@ def test_worst_is_never_below_the_slowest_simulated_iteration(name):
     result = solve_exact(inst, objective="worst", time_limit_s=3.0, profiles=profiles, workers=1)
     plan = place(result.plan, inst.cluster)
     scenarios = planning_scenarios(inst, "worst")
-    priced = [price(sc.instance, plan, plan_features(sc.instance, plan), profiles).iteration_time_s
-              for sc in scenarios]
+    priced = [
+        price(sc.instance, plan, plan_features(sc.instance, plan), profiles).iteration_time_s
+        for sc in scenarios
+    ]
     predicted = aggregate(priced, [sc.probability for sc in scenarios], "worst")
     # what `hetopt simulate` replays by default
     for replay in simulate(inst, plan, profiles=profiles, workers=1)[0]["scenarios"]:
@@ -178,33 +204,43 @@ def test_each_scenario_priced_for_worst_bounds_its_own_slowest_iteration(tmp_pat
     lowest bandwidth prices the slowest iteration within the simulator's constant-bandwidth
     difference, where the time average of the bandwidth (the rule before) prices it well below."""
     demo = yaml.safe_load(DEMO.read_text())["scenarios"]  # calm 0.7, congested-uplink 0.3
-    flap = {"name": "flap", "probability": 0.3, "generator": {
-        "kind": "markov", "link": list(UPLINK), "levels_gbps": [400, 50], "mean_dwell_s": 5,
-        "seed": 7}}
+    flap = {
+        "name": "flap",
+        "probability": 0.3,
+        "generator": {
+            "kind": "markov",
+            "link": list(UPLINK),
+            "levels_gbps": [400, 50],
+            "mean_dwell_s": 5,
+            "seed": 7,
+        },
+    }
     inst = _demo_with(tmp_path, [{**demo[0], "probability": 0.4}, demo[1], flap])
     plan = place(expand_layout(inst, parse_layout(layout)), inst.cluster)
     replays = {r["name"]: r for r in simulate(inst, plan, workers=1)[0]["scenarios"]}
     horizon = inst.horizon_s
-    for sc, trace in zip(planning_scenarios(inst, "worst"), inst.scenarios(horizon),
-                         strict=True):
+    for sc, trace in zip(planning_scenarios(inst, "worst"), inst.scenarios(horizon), strict=True):
         slowest = replays[sc.name]["iteration_time_s"]["max"]
-        worst = price(sc.instance, plan, plan_features(sc.instance, plan),
-                      Profiles()).iteration_time_s
+        worst = price(
+            sc.instance, plan, plan_features(sc.instance, plan), Profiles()
+        ).iteration_time_s
         assert SLOWEST_SHARE * slowest <= worst <= slowest / SLOWEST_SHARE, sc.name
         if sc.name == "flap":
             # the markov trace sets the link at t = 0, so its changes cover [0, H]
             changes = [(t, g) for t, _, g in trace.changes if t < horizon]
             ends = [t for t, _ in changes[1:]] + [horizon]
-            mean_gbps = sum((end - t) * g
-                            for (t, g), end in zip(changes, ends, strict=True)) / horizon
+            mean_gbps = (
+                sum((end - t) * g for (t, g), end in zip(changes, ends, strict=True)) / horizon
+            )
             averaged = inst.on_network({UPLINK: mean_gbps})
             before = price(averaged, plan, plan_features(averaged, plan), Profiles())
             assert before.iteration_time_s < SLOWEST_SHARE * slowest
 
 
 def test_solve_worst_from_the_command_line_against_its_own_replay():
-    result = run_hetopt("solve", "wan-flapping-a100-v100", "--objective", "worst",
-                        "--time-limit", "3", "--json")
+    result = run_hetopt(
+        "solve", "wan-flapping-a100-v100", "--objective", "worst", "--time-limit", "3", "--json"
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     slowest = max(s["iteration_time_s"]["max"] for s in data["verified"]["scenarios"])

@@ -1,4 +1,5 @@
-"""End-to-end runs (hetopt/cost/runs.py): rows → layouts and measured times, reasons, nothing dropped."""
+"""End-to-end runs (hetopt/cost/runs.py): rows → layouts and measured times, reasons, nothing
+dropped."""
 
 from __future__ import annotations
 
@@ -23,30 +24,77 @@ DATA = CALIBRATION / "public" / "training_throughput_non_a100.csv"
 
 # Row 143 of the public CSV (bigscience gpt2.md, V100 39B), as the CSV has it.
 V100_ROW = {
-    "gpu": "V100", "gpu_variant": "V100 SXM2 32GB (Jean Zay, 4 GPUs/node)", "num_gpus": "32", "num_nodes": "8",
-    "gpus_per_node": "4", "intra_node_fabric": "NVLink2 (4x V100 SXM2)",
-    "inter_node_fabric": "Intel Omni-Path (shared, hypercube)", "framework": "Megatron-LM (2021, GPipe-style PP)",
-    "model": "GPT-2-style 39B", "n_params": "", "n_layers": "48", "hidden": "8192", "ffn_hidden": "32768",
-    "n_heads": "32", "n_kv_heads": "32", "vocab": "", "seq_len": "1024", "global_batch_seqs": "512",
-    "micro_batch": "4", "grad_accum": "128", "tp": "4", "pp": "8", "dp": "1", "cp": "1",
-    "virtual_pp_or_schedule": "", "sharding": "", "precision": "fp16 (mixed)",
+    "gpu": "V100",
+    "gpu_variant": "V100 SXM2 32GB (Jean Zay, 4 GPUs/node)",
+    "num_gpus": "32",
+    "num_nodes": "8",
+    "gpus_per_node": "4",
+    "intra_node_fabric": "NVLink2 (4x V100 SXM2)",
+    "inter_node_fabric": "Intel Omni-Path (shared, hypercube)",
+    "framework": "Megatron-LM (2021, GPipe-style PP)",
+    "model": "GPT-2-style 39B",
+    "n_params": "",
+    "n_layers": "48",
+    "hidden": "8192",
+    "ffn_hidden": "32768",
+    "n_heads": "32",
+    "n_kv_heads": "32",
+    "vocab": "",
+    "seq_len": "1024",
+    "global_batch_seqs": "512",
+    "micro_batch": "4",
+    "grad_accum": "128",
+    "tp": "4",
+    "pp": "8",
+    "dp": "1",
+    "cp": "1",
+    "virtual_pp_or_schedule": "",
+    "sharding": "",
+    "precision": "fp16 (mixed)",
     "activation_recompute": "yes (checkpoint-activations; TFLOPs formula uses factor 4)",
-    "achieved_tflops_per_gpu": "62.3", "tokens_per_s_per_gpu": "", "iteration_time_s": "82",
+    "achieved_tflops_per_gpu": "62.3",
+    "tokens_per_s_per_gpu": "",
+    "iteration_time_s": "82",
     "flops_formula": "model_size_B*4*2*seq*GBS/(time*gpus*1e3)",
-    "source": "bigscience-workshop/bigscience experiments/gpt2.md", "notes": "",
+    "source": "bigscience-workshop/bigscience experiments/gpt2.md",
+    "notes": "",
 }
 
 # Row 2 (llm-foundry MPT-70b on 512 H100): only tokens/s/GPU measured.
 MPT_ROW = {
-    "gpu": "H100", "gpu_variant": "h100_80gb (MosaicML platform; form factor not stated)", "num_gpus": "512",
-    "num_nodes": "64", "gpus_per_node": "8", "intra_node_fabric": "NVLink (8-GPU node)", "inter_node_fabric": "",
-    "framework": "llm-foundry/Composer (PyTorch FSDP)", "model": "MPT-70b", "n_params": "64862437376",
-    "n_layers": "80", "hidden": "8192", "ffn_hidden": "32768", "n_heads": "64", "n_kv_heads": "64",
-    "vocab": "50368", "seq_len": "2048", "global_batch_seqs": "4096", "micro_batch": "8", "grad_accum": "1",
-    "tp": "1", "pp": "1", "dp": "512", "cp": "1", "virtual_pp_or_schedule": "", "sharding": "FSDP FULL_SHARD",
-    "precision": "amp_bf16 (MP mode DEFAULT)", "activation_recompute": "True", "achieved_tflops_per_gpu": "408",
-    "tokens_per_s_per_gpu": "1007", "iteration_time_s": "",
-    "source": "mosaicml/llm-foundry@8c8dd48f7 scripts/train/benchmarking/README.md table 'H100 80GB BF16'",
+    "gpu": "H100",
+    "gpu_variant": "h100_80gb (MosaicML platform; form factor not stated)",
+    "num_gpus": "512",
+    "num_nodes": "64",
+    "gpus_per_node": "8",
+    "intra_node_fabric": "NVLink (8-GPU node)",
+    "inter_node_fabric": "",
+    "framework": "llm-foundry/Composer (PyTorch FSDP)",
+    "model": "MPT-70b",
+    "n_params": "64862437376",
+    "n_layers": "80",
+    "hidden": "8192",
+    "ffn_hidden": "32768",
+    "n_heads": "64",
+    "n_kv_heads": "64",
+    "vocab": "50368",
+    "seq_len": "2048",
+    "global_batch_seqs": "4096",
+    "micro_batch": "8",
+    "grad_accum": "1",
+    "tp": "1",
+    "pp": "1",
+    "dp": "512",
+    "cp": "1",
+    "virtual_pp_or_schedule": "",
+    "sharding": "FSDP FULL_SHARD",
+    "precision": "amp_bf16 (MP mode DEFAULT)",
+    "activation_recompute": "True",
+    "achieved_tflops_per_gpu": "408",
+    "tokens_per_s_per_gpu": "1007",
+    "iteration_time_s": "",
+    "source": "mosaicml/llm-foundry@8c8dd48f7 scripts/train/benchmarking/README.md table 'H100 "
+    "80GB BF16'",
 }
 
 
@@ -60,11 +108,20 @@ def test_iteration_time_row_maps_to_its_layout_and_measured_time():
     inst = run.instance
     assert run.gpu == "V100-32GB" and inst.spec.training.attention == "standard"
     assert inst.spec.training.precision == "fp16"
-    assert (inst.model.layers, inst.model.hidden, inst.model.heads, inst.model.vocab) == (48, 8192, 32, 50257)
+    assert (inst.model.layers, inst.model.hidden, inst.model.heads, inst.model.vocab) == (
+        48,
+        8192,
+        32,
+        50257,
+    )
     assert not inst.model.gated_mlp and inst.model.position_embedding == "learned"
     assert inst.global_batch == 512 and inst.seq_len == 1024
     node = inst.spec.cluster.nodes[0]
-    assert (node.count, node.gpus_per_node, node.nic_gbps) == (8, 4, 400.0)  # Omni-Path 4 × 100 Gbit/s
+    assert (node.count, node.gpus_per_node, node.nic_gbps) == (
+        8,
+        4,
+        400.0,
+    )  # Omni-Path 4 × 100 Gbit/s
     assert run.source == "bigscience gpt2.md"
     predict_runs([run])
     assert run.expressed and run.predicted_s > 0
@@ -80,8 +137,15 @@ def test_tokens_per_second_row_converts_to_iteration_time():
     assert run.gpu == "H100-SXM" and any("form factor" in n for n in run.notes)
     assert run.layout.zero == 3 and run.layout.recompute == "full"
     m = run.instance.model
-    assert m.position_embedding == "rotary" and not m.linear_bias and m.tied_embeddings and not m.gated_mlp
-    assert run.instance.spec.cluster.nodes[0].nic_gbps == 3200.0  # unstated: 8 × 400 Gbit/s, said per row
+    assert (
+        m.position_embedding == "rotary"
+        and not m.linear_bias
+        and m.tied_embeddings
+        and not m.gated_mlp
+    )
+    assert (
+        run.instance.spec.cluster.nodes[0].nic_gbps == 3200.0
+    )  # unstated: 8 × 400 Gbit/s, said per row
     assert any("8×400" in n for n in run.notes)
     # ZeRO-3 (FSDP FULL_SHARD): the evaluator prices it
     predict_runs([run])
@@ -91,7 +155,9 @@ def test_tokens_per_second_row_converts_to_iteration_time():
 def test_fp8_and_context_parallel_rows_carry_their_reasons():
     fp8 = run_from_row({**MPT_ROW, "precision": "amp_fp8 (MP mode DEFAULT)"}, 3)
     assert fp8.reason_category == FP8 and not fp8.expressed
-    cp = run_from_row({**V100_ROW, "cp": "2", "dp": "1", "tp": "2"}, 4)  # tp·pp·dp·cp = 2·8·1·2 = 32 GPUs
+    cp = run_from_row(
+        {**V100_ROW, "cp": "2", "dp": "1", "tp": "2"}, 4
+    )  # tp·pp·dp·cp = 2·8·1·2 = 32 GPUs
     assert cp.reason_category == CP and cp.reasons == ["context parallelism cp>1: cp=2"]
     both = run_from_row({**MPT_ROW, "precision": "fp8", "cp": "2", "dp": "256"}, 5)
     assert [r.split(":")[0] for r in both.reasons] == [FP8, CP]
@@ -105,10 +171,18 @@ def test_gpu_mapping_and_sources():
     gcd = run_from_row({**V100_ROW, "gpu": "MI250X", "gpu_variant": "AMD MI250X GCD"}, 7)
     assert gcd.gpu == "MI250X-GCD"
     assert gcd.instance.gpu_types["MI250X-GCD"].peak_tflops == CATALOG["MI250X"].peak_tflops / 2
-    assert source_key("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md") == \
-        "NVIDIA-NeMo/Megatron-Bridge"
-    assert source_key("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1") == "pytorch/torchtitan"
-    assert source_key("bigscience-workshop/bigscience experiments/tr8-104B.md (sections)") == "bigscience tr8-104B.md"
+    assert (
+        source_key("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md")
+        == "NVIDIA-NeMo/Megatron-Bridge"
+    )
+    assert (
+        source_key("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1")
+        == "pytorch/torchtitan"
+    )
+    assert (
+        source_key("bigscience-workshop/bigscience experiments/tr8-104B.md (sections)")
+        == "bigscience tr8-104B.md"
+    )
 
 
 def test_every_row_is_expressed_or_has_a_reason():
@@ -170,7 +244,9 @@ def test_calibrate_runs_reports_every_gpu_type_with_its_leave_one_source_out_err
     # the fit reproduces the shipped stack table from the same data
     shipped = Profiles().stacks
     for name, stack in report["stacks"].items():
-        assert stack["compute_efficiency"] == pytest.approx(shipped[name].compute_efficiency, abs=2e-3)
+        assert stack["compute_efficiency"] == pytest.approx(
+            shipped[name].compute_efficiency, abs=2e-3
+        )
     assert report["stacks"]["megatron"]["compute_efficiency"] == 1.0
     # V100 rows run Megatron: nothing is fitted for them, so their LOSO error is the plain error
     v100 = report["per_gpu"]["V100-32GB"]

@@ -37,7 +37,13 @@ def test_schema_is_valid_json_schema_and_accepts_the_demo():
 def test_validate_demo_prints_the_summary():
     result = run_hetopt("validate", str(DEMO))
     assert result.returncode == 0, result.stderr
-    for words in ("A100-80GB@rack0", "V100-32GB@rack1", "6.74 B parameters", "GFLOP per token", "valid"):
+    for words in (
+        "A100-80GB@rack0",
+        "V100-32GB@rack1",
+        "6.74 B parameters",
+        "GFLOP per token",
+        "valid",
+    ):
         assert words in result.stdout
 
 
@@ -83,18 +89,25 @@ def _write(tmp_path, data) -> str:
     return str(path)
 
 
-BASE = {"name": "x", "training": {"global_batch": 8},
-        "cluster": {"nodes": [{"name": "n", "count": 1, "gpu": "A100-80GB", "nic_gbps": 100}]}}
+BASE = {
+    "name": "x",
+    "training": {"global_batch": 8},
+    "cluster": {"nodes": [{"name": "n", "count": 1, "gpu": "A100-80GB", "nic_gbps": 100}]},
+}
 
 
 def test_explicit_fields_override_the_preset(tmp_path):
-    inst = load_instance(_write(tmp_path, {**BASE, "model": {"preset": "llama-7b", "layers": 16, "heads": 64}}))
+    inst = load_instance(
+        _write(tmp_path, {**BASE, "model": {"preset": "llama-7b", "layers": 16, "heads": 64}})
+    )
     assert inst.model.layers == 16 and inst.model.hidden == 4096
     assert inst.model.kv_heads == 64  # a multi-head preset stays multi-head
     assert inst.model.name == "llama-7b (modified)"
     gqa = load_instance(_write(tmp_path, {**BASE, "model": {"preset": "llama2-70b", "heads": 32}}))
     assert gqa.model.kv_heads == 8  # a grouped-query preset keeps its kv heads
-    assert load_instance(_write(tmp_path, {**BASE, "model": {"preset": "llama2-70b"}})).seq_len == 4096
+    assert (
+        load_instance(_write(tmp_path, {**BASE, "model": {"preset": "llama2-70b"}})).seq_len == 4096
+    )
 
 
 def test_custom_model_defaults(tmp_path):
@@ -106,9 +119,17 @@ def test_custom_model_defaults(tmp_path):
 
 def test_custom_gpu_is_usable_and_sourced(tmp_path):
     data = {**BASE, "model": {"preset": "llama-7b"}}
-    data["cluster"] = {"gpus": {"MyGPU": {"peak_tflops": 120, "memory_gib": 24, "hbm_gbps": 7200,
-                                          "intra_node_gbps": 512}},
-                       "nodes": [{"name": "n", "count": 2, "gpu": "MyGPU", "nic_gbps": 100}]}
+    data["cluster"] = {
+        "gpus": {
+            "MyGPU": {
+                "peak_tflops": 120,
+                "memory_gib": 24,
+                "hbm_gbps": 7200,
+                "intra_node_gbps": 512,
+            }
+        },
+        "nodes": [{"name": "n", "count": 2, "gpu": "MyGPU", "nic_gbps": 100}],
+    }
     inst = load_instance(_write(tmp_path, data))
     assert inst.gpu_types["MyGPU"].memory_gib == 24
     assert "cluster.gpus.MyGPU" in inst.gpu_types["MyGPU"].sources["hbm_gbps"]
@@ -118,21 +139,51 @@ def test_custom_gpu_is_usable_and_sourced(tmp_path):
 def test_every_generator_kind_parses(tmp_path):
     (tmp_path / "trace.csv").write_text("at_s,a,b,gbps\n0,r0,r1,100\n10,r0,r1,50\n")
     data = {**BASE, "model": {"preset": "llama-7b"}}
-    data["cluster"] = {"nodes": [{"name": "p", "count": 1, "gpu": "L4", "island": "r0", "nic_gbps": 100},
-                                 {"name": "q", "count": 1, "gpu": "L4", "island": "r1", "nic_gbps": 100}],
-                       "network": {"links": [{"a": "r0", "b": "r1", "gbps": 100}]}}
+    data["cluster"] = {
+        "nodes": [
+            {"name": "p", "count": 1, "gpu": "L4", "island": "r0", "nic_gbps": 100},
+            {"name": "q", "count": 1, "gpu": "L4", "island": "r1", "nic_gbps": 100},
+        ],
+        "network": {"links": [{"a": "r0", "b": "r1", "gbps": 100}]},
+    }
     link = ["r1", "r0"]  # either order names the link
     data["scenarios"] = [
-        {"name": "s", "probability": 0.25, "generator": {"kind": "step", "link": link, "low_gbps": 10, "at_s": 5,
-                                                          "until_s": 9}},
-        {"name": "m", "probability": 0.25, "generator": {"kind": "markov", "link": link, "levels_gbps": [100, 20],
-                                                          "mean_dwell_s": 3, "seed": 7}},
-        {"name": "d", "probability": 0.25, "generator": {"kind": "diurnal", "link": link, "mean_gbps": 60,
-                                                          "amplitude_gbps": 30, "period_s": 3600}},
+        {
+            "name": "s",
+            "probability": 0.25,
+            "generator": {"kind": "step", "link": link, "low_gbps": 10, "at_s": 5, "until_s": 9},
+        },
+        {
+            "name": "m",
+            "probability": 0.25,
+            "generator": {
+                "kind": "markov",
+                "link": link,
+                "levels_gbps": [100, 20],
+                "mean_dwell_s": 3,
+                "seed": 7,
+            },
+        },
+        {
+            "name": "d",
+            "probability": 0.25,
+            "generator": {
+                "kind": "diurnal",
+                "link": link,
+                "mean_gbps": 60,
+                "amplitude_gbps": 30,
+                "period_s": 3600,
+            },
+        },
         {"name": "t", "probability": 0.25, "generator": {"kind": "trace", "path": "trace.csv"}},
     ]
     inst = load_instance(_write(tmp_path, data))
-    assert [sc.generator.kind for sc in inst.spec.scenarios] == ["step", "markov", "diurnal", "trace"]
+    assert [sc.generator.kind for sc in inst.spec.scenarios] == [
+        "step",
+        "markov",
+        "diurnal",
+        "trace",
+    ]
     data["scenarios"][3]["generator"]["path"] = "missing.csv"
     with pytest.raises(InputError, match=r"scenarios\[3\].generator.path"):
         load_instance(_write(tmp_path, data))

@@ -1,5 +1,5 @@
-"""The discrete-event simulator: hand-worked timelines, max-min fair flows, dynamic links, agreement with
-the analytic evaluator, traces and plots."""
+"""The discrete-event simulator: hand-worked timelines, max-min fair flows, dynamic links, agreement
+with the analytic evaluator, traces and plots."""
 
 from __future__ import annotations
 
@@ -22,15 +22,24 @@ from hetopt.spec.scenarios import BandwidthScenario
 STABLE = BandwidthScenario("stable", 1.0, ())
 
 
-# -- hand-worked pipeline timelines ------------------------------------------------------------------------
+# -- hand-worked pipeline timelines
+# ------------------------------------------------------------------------
+
 
 def _pipeline_sim(tmp_path, fwd, bwd, micro_batches, schedule="1f1b", vp=1):
-    """4 stages on one node with the given per-stage forward/backward times and free communication."""
+    """4 stages on one node with the given per-stage forward/backward times and free
+    communication."""
     p = len(fwd)
-    data = {"name": "hand", "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000},
-            "training": {"seq_len": 128, "global_batch": micro_batches},
-            "cluster": {"nodes": [{"name": "n", "count": 1, "gpu": "A100-80GB", "gpus_per_node": p,
-                                   "nic_gbps": 100}]}}
+    data = {
+        "name": "hand",
+        "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000},
+        "training": {"seq_len": 128, "global_batch": micro_batches},
+        "cluster": {
+            "nodes": [
+                {"name": "n", "count": 1, "gpu": "A100-80GB", "gpus_per_node": p, "nic_gbps": 100}
+            ]
+        },
+    }
     path = tmp_path / "hand.yaml"
     path.write_text(yaml.safe_dump(data))
     inst = load_instance(path)
@@ -45,7 +54,8 @@ def _pipeline_sim(tmp_path, fwd, bwd, micro_batches, schedule="1f1b", vp=1):
 
 
 def _reference_schedule(fwd, bwd, m, schedule, vp=1):
-    """An independent list scheduler: every op starts when its device is free and its input is there."""
+    """An independent list scheduler: every op starts when its device is free and its input is
+    there."""
     p = len(fwd)
     orders = {d: device_ops(schedule, p, m, d, vp) for d in range(p)}
     done, free, pos = {}, dict.fromkeys(range(p), 0.0), dict.fromkeys(range(p), 0)
@@ -56,8 +66,13 @@ def _reference_schedule(fwd, bwd, m, schedule, vp=1):
             while pos[d] < len(orders[d]):
                 kind, chunk, mb = orders[d][pos[d]]
                 v = chunk * p + d
-                need = ("F", v - 1, mb) if kind == "F" and v > 0 else \
-                       ("B", v + 1, mb) if kind == "B" and v < p * vp - 1 else None
+                need = (
+                    ("F", v - 1, mb)
+                    if kind == "F" and v > 0
+                    else ("B", v + 1, mb)
+                    if kind == "B" and v < p * vp - 1
+                    else None
+                )
                 if need is not None and need not in done:
                     break
                 start = max(free[d], done.get(need, 0.0))
@@ -92,11 +107,13 @@ def test_heterogeneous_stage_times_match_an_independent_scheduler(tmp_path, sche
     result = sim.run(STABLE, record=True)
     expected, ends = _reference_schedule(fwd, bwd, 8, schedule)
     assert result.iteration_times_s[0] == pytest.approx(expected)
-    ours = {(r.name[0], r.device[2], int(r.name[1:])): r.end_s for r in result.records if r.kind in "FB"}
+    ours = {
+        (r.name[0], r.device[2], int(r.name[1:])): r.end_s for r in result.records if r.kind in "FB"
+    }
     assert ours == pytest.approx(ends)
-    # The analytic model's closed form Σ τ + (m − 1)·max τ (DESIGN 3) is exact for uniform stages and an
-    # upper bound otherwise: with the bottleneck in the middle, part of the fill and drain through the
-    # faster stages hides behind it (1F1B: 65 s exact vs 69 s; GPipe: the same bound).
+    # The analytic model's closed form Σ τ + (m − 1)·max τ (DESIGN 3) is exact for uniform stages
+    # and an upper bound otherwise: with the bottleneck in the middle, part of the fill and drain
+    # through the faster stages hides behind it (1F1B: 65 s exact vs 69 s; GPipe: the same bound).
     tau = [f + b for f, b in zip(fwd, bwd, strict=True)]
     assert expected <= sum(tau) + 7 * max(tau) + 1e-9
 
@@ -104,14 +121,20 @@ def test_heterogeneous_stage_times_match_an_independent_scheduler(tmp_path, sche
 def test_interleaving_shrinks_the_bubble_as_the_formula_says(tmp_path):
     f, b, p, m, vp = 1.0, 2.0, 4, 8, 2
     plain = _pipeline_sim(tmp_path, [f] * p, [b] * p, m).run(STABLE).iteration_times_s[0]
-    inter = _pipeline_sim(tmp_path, [f] * p, [b] * p, m, "interleaved", vp).run(STABLE).iteration_times_s[0]
+    inter = (
+        _pipeline_sim(tmp_path, [f] * p, [b] * p, m, "interleaved", vp)
+        .run(STABLE)
+        .iteration_times_s[0]
+    )
     # Narayanan et al. 2021: bubble (p − 1)(f + b) shrinks to (p − 1)(f + b)/vp
     assert plain == pytest.approx(m * (f + b) + (p - 1) * (f + b))
     assert inter == pytest.approx(m * (f + b) + (p - 1) * (f + b) / vp)
     assert inter == pytest.approx(_reference_schedule([f] * p, [b] * p, m, "interleaved", vp)[0])
 
 
-# -- the network -----------------------------------------------------------------------------------------
+# -- the network
+# -----------------------------------------------------------------------------------------
+
 
 def _drain(net: Network) -> dict[str, float]:
     finished = {}
@@ -138,7 +161,9 @@ def test_three_flows_max_min_fair_finish_times():
 
 
 def test_max_min_gives_the_bottlenecked_flow_its_share_and_the_rest_to_the_other():
-    rates = max_min_rates([(("a", "b"),), (("a", "b"), ("b", "c"))], {("a", "b"): 10.0, ("b", "c"): 2.0})
+    rates = max_min_rates(
+        [(("a", "b"),), (("a", "b"), ("b", "c"))], {("a", "b"): 10.0, ("b", "c"): 2.0}
+    )
     assert rates == pytest.approx([8.0, 2.0])
 
 
@@ -150,10 +175,17 @@ def test_a_flow_whose_link_halves_mid_transfer():
     assert net.bytes_on[("a", "b")] == pytest.approx(100.0)
 
 
-# -- against the analytic model ------------------------------------------------------------------------------
+# -- against the analytic model
+# ------------------------------------------------------------------------------
 
-LAYOUTS = ["tp=2,pp=2,dp=8,mb=1", "tp=4,pp=4,dp=2,mb=1", "tp=1,pp=4,dp=8,mb=2,recompute=full",
-           "tp=2,pp=4,dp=4,mb=1,vp=2", "tp=8,pp=1,dp=4", "tp=2,pp=2,dp=8,schedule=gpipe"]
+LAYOUTS = [
+    "tp=2,pp=2,dp=8,mb=1",
+    "tp=4,pp=4,dp=2,mb=1",
+    "tp=1,pp=4,dp=8,mb=2,recompute=full",
+    "tp=2,pp=4,dp=4,mb=1,vp=2",
+    "tp=8,pp=1,dp=4",
+    "tp=2,pp=2,dp=8,schedule=gpipe",
+]
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +194,10 @@ def demo():
 
 
 def _hetero_plan():
-    stages = [Stage(layers=22, gpu="A100-80GB", island="rack0", tp=2),
-              Stage(layers=10, gpu="V100-32GB", island="rack1", tp=2)]
+    stages = [
+        Stage(layers=22, gpu="A100-80GB", island="rack0", tp=2),
+        Stage(layers=10, gpu="V100-32GB", island="rack1", tp=2),
+    ]
     return Plan(micro_batch=1, pipelines=[Pipeline(replicas=8, micro_batches=32, stages=stages)])
 
 
@@ -172,18 +206,20 @@ def test_simulation_agrees_with_the_analytic_model_at_constant_bandwidth(demo, l
     plan = _hetero_plan() if layout == "hetero" else expand_layout(demo, parse_layout(layout))
     analytic = evaluate(demo, plan).iteration_time_s
     simulated = Simulation(demo, plan).run(STABLE).iteration_times_s[0]
-    # The simulator sees what the analytic model does not: interleaving's sends contend, so the simulation
-    # is never faster and at most 3% slower. Measured ratios (2026-12-02): 1.0000 for every layout but the
-    # interleaved one, 1.0025 (they were 1.0004 to 1.0074 while the replay started each gradient all-reduce
-    # only after the last backward, not dp_overlap into it). The 0.1% below 1 allows for the closed form
-    # over-counting the fill and drain of unequal stages (see the heterogeneous timeline test).
+    # The simulator sees what the analytic model does not: interleaving's sends contend, so the
+    # simulation is never faster and at most 3% slower. Measured ratios (2026-12-02): 1.0000 for
+    # every layout but the interleaved one, 1.0025 (they were 1.0004 to 1.0074 while the replay
+    # started each gradient all-reduce only after the last backward, not dp_overlap into it). The
+    # 0.1% below 1 allows for the closed form over-counting the fill and drain of unequal stages
+    # (see the heterogeneous timeline test).
     assert analytic * 0.999 <= simulated <= analytic * 1.03
 
 
 def test_the_gradient_all_reduce_starts_dp_overlap_into_the_last_backward(demo):
-    """tp=8,pp=1,dp=4: the ring of stage 0 crosses the racks; its flows start when every replica is the
-    calibrated dp_overlap fraction into its last backward pass — before that pass ends — and the replay
-    takes the evaluator's time (it ran 0.4% longer when the all-reduce waited for the pass's end)."""
+    """tp=8,pp=1,dp=4: the ring of stage 0 crosses the racks; its flows start when every replica is
+    the calibrated dp_overlap fraction into its last backward pass — before that pass ends — and the
+    replay takes the evaluator's time (it ran 0.4% longer when the all-reduce waited for the pass's
+    end)."""
     plan = expand_layout(demo, parse_layout("tp=8,pp=1,dp=4"))
     sim = Simulation(demo, plan)
     result = sim.run(STABLE, record=True)
@@ -192,22 +228,28 @@ def test_the_gradient_all_reduce_starts_dp_overlap_into_the_last_backward(demo):
         if rec.kind == "B":
             last_b[rec.device] = max(last_b.get(rec.device, (0.0, 0.0)), (rec.end_s, rec.start_s))
     (end_s, start_s), overlap = max(last_b.values()), sim.overlap[0][0]
-    ring = [rec for rec in result.records if rec.kind == "dp" and rec.start_s > start_s]  # the last pass's
+    ring = [
+        rec for rec in result.records if rec.kind == "dp" and rec.start_s > start_s
+    ]  # the last pass's
     assert ring and overlap > 0
     assert ring[0].start_s == pytest.approx(end_s - overlap * (end_s - start_s), rel=1e-9)
     # the record was booked at that time before too; the iteration's end shows when its flows ran
-    assert result.iteration_times_s[0] == pytest.approx(evaluate(demo, plan).iteration_time_s, rel=1e-9)
+    assert result.iteration_times_s[0] == pytest.approx(
+        evaluate(demo, plan).iteration_time_s, rel=1e-9
+    )
 
 
 def test_halving_the_uplink_during_the_dp_all_reduce_costs_what_its_traffic_explains(demo):
-    plan = expand_layout(demo, parse_layout("tp=8,pp=1,dp=4"))  # no pipeline sends; DP ring crosses racks
+    plan = expand_layout(
+        demo, parse_layout("tp=8,pp=1,dp=4")
+    )  # no pipeline sends; DP ring crosses racks
     sim = Simulation(demo, plan)
     stable = sim.run(STABLE)
     halved = sim.run(BandwidthScenario("halved", 1.0, ((0.0, ("rack0", "rack1"), 200.0),)))
     uplink_bytes = stable.link_bytes[("island:rack0", "island:rack1")]
     assert uplink_bytes == pytest.approx(halved.link_bytes[("island:rack0", "island:rack1")])
-    # The ring's flow across the uplink ran at 400 Gbit/s and now at 200, each times the link fabric's η
-    # (hetopt/cost/fabrics.py): it takes bytes·8/(400e9·η) longer.
+    # The ring's flow across the uplink ran at 400 Gbit/s and now at 200, each times the link
+    # fabric's η (hetopt/cost/fabrics.py): it takes bytes·8/(400e9·η) longer.
     eta = demo.cluster.graph.edges["island:rack0", "island:rack1"]["eta"]
     expected_delay = uplink_bytes * 8 / (200e9 * eta) - uplink_bytes * 8 / (400e9 * eta)
     delay = halved.iteration_times_s[0] - stable.iteration_times_s[0]
@@ -217,16 +259,34 @@ def test_halving_the_uplink_during_the_dp_all_reduce_costs_what_its_traffic_expl
 def test_several_templates_with_different_micro_batch_counts(demo):
     a = [Stage(layers=32, gpu="A100-80GB", island="rack0", tp=8)]
     v = [Stage(layers=32, gpu="V100-32GB", island="rack1", tp=8)]
-    plan = Plan(micro_batch=2, pipelines=[Pipeline(replicas=2, micro_batches=44, stages=a),
-                                          Pipeline(replicas=2, micro_batches=20, stages=v)])
+    plan = Plan(
+        micro_batch=2,
+        pipelines=[
+            Pipeline(replicas=2, micro_batches=44, stages=a),
+            Pipeline(replicas=2, micro_batches=20, stages=v),
+        ],
+    )
     result = Simulation(demo, plan).run(STABLE)
-    assert result.iteration_times_s[0] == pytest.approx(evaluate(demo, plan).iteration_time_s, rel=0.03)
+    assert result.iteration_times_s[0] == pytest.approx(
+        evaluate(demo, plan).iteration_time_s, rel=0.03
+    )
 
 
 def test_same_seed_same_result_and_markov_trace_is_seeded(tmp_path):
     data = yaml.safe_load(DEMO.read_text())
-    data["scenarios"] = [{"name": "flap", "probability": 1.0, "generator": {
-        "kind": "markov", "link": ["rack0", "rack1"], "levels_gbps": [400, 50], "mean_dwell_s": 2, "seed": 7}}]
+    data["scenarios"] = [
+        {
+            "name": "flap",
+            "probability": 1.0,
+            "generator": {
+                "kind": "markov",
+                "link": ["rack0", "rack1"],
+                "levels_gbps": [400, 50],
+                "mean_dwell_s": 2,
+                "seed": 7,
+            },
+        }
+    ]
     path = tmp_path / "flap.yaml"
     path.write_text(yaml.safe_dump(data))
     inst = load_instance(path)
@@ -239,18 +299,38 @@ def test_same_seed_same_result_and_markov_trace_is_seeded(tmp_path):
     assert load_instance(path).scenarios(100)[0].changes != inst.scenarios(100)[0].changes
 
 
-# -- the command -----------------------------------------------------------------------------------------
+# -- the command
+# -----------------------------------------------------------------------------------------
+
 
 def test_simulate_command_json_trace_and_plot(tmp_path):
     trace, plot = tmp_path / "trace.json", tmp_path / "timeline.png"
-    result = run_hetopt("simulate", str(DEMO), "--layout", "tp=2,pp=4,dp=4", "--iterations", "2",
-                        "--trace", str(trace), "--plot", str(plot), "--json")
+    result = run_hetopt(
+        "simulate",
+        str(DEMO),
+        "--layout",
+        "tp=2,pp=4,dp=4",
+        "--iterations",
+        "2",
+        "--trace",
+        str(trace),
+        "--plot",
+        str(plot),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert [s["name"] for s in data["scenarios"]] == ["calm", "congested-uplink"]
     for sc in data["scenarios"]:
-        assert set(sc) >= {"name", "probability", "iteration_time_s", "tokens_per_s", "link_utilization",
-                           "gpu_busy", "peak_memory_gib"}
+        assert set(sc) >= {
+            "name",
+            "probability",
+            "iteration_time_s",
+            "tokens_per_s",
+            "link_utilization",
+            "gpu_busy",
+            "peak_memory_gib",
+        }
         assert set(sc["iteration_time_s"]) == {"mean", "p50", "p90", "max"}
     calm, congested = data["scenarios"]
     assert congested["iteration_time_s"]["max"] > calm["iteration_time_s"]["max"]
@@ -267,7 +347,9 @@ def test_simulate_unknown_scenario_is_bad_input():
     assert result.returncode == 2 and "did you mean 'calm'" in result.stderr
 
 
-# -- bounded replays (issue 13) ----------------------------------------------------------------------------
+# -- bounded replays (issue 13)
+# ----------------------------------------------------------------------------
+
 
 def _big_batch(tmp_path, global_batch: int):
     data = yaml.safe_load(DEMO.read_text())
@@ -277,15 +359,21 @@ def _big_batch(tmp_path, global_batch: int):
     return load_instance(path)
 
 
-@pytest.mark.parametrize("layout,rel", [
-    ("tp=2,pp=4,dp=4,mb=2,vp=2,schedule=interleaved", 1e-9),  # samples in whole groups of stages
-    # the optimum, A100 ‖ V100→V100 with 49 and 60 micro-batches: the templates' flows share NICs, and
-    # meet at other moments in a sample than in the whole replay (0.16% apart)
-    (None, 0.01),
-])
+@pytest.mark.parametrize(
+    "layout,rel",
+    [
+        (
+            "tp=2,pp=4,dp=4,mb=2,vp=2,schedule=interleaved",
+            1e-9,
+        ),  # samples in whole groups of stages
+        # the optimum, A100 ‖ V100→V100 with 49 and 60 micro-batches: the templates' flows share
+        # NICs, and meet at other moments in a sample than in the whole replay (0.16% apart)
+        (None, 0.01),
+    ],
+)
 def test_a_sampled_iteration_is_the_whole_replays_time(tmp_path, monkeypatch, layout, rel):
-    """Each template's last pass ends linearly later with its micro-batches, so two samples extrapolate to
-    the whole replay's iteration time at constant bandwidth."""
+    """Each template's last pass ends linearly later with its micro-batches, so two samples
+    extrapolate to the whole replay's iteration time at constant bandwidth."""
     import hetopt.sim.engine as engine
     from hetopt.search.orchestrate import solve_exact
 
@@ -297,11 +385,15 @@ def test_a_sampled_iteration_is_the_whole_replays_time(tmp_path, monkeypatch, la
     for scenario in (STABLE, halved):
         whole = sim.run(scenario)
         assert whole.sampled is None and whole.cut is None
-        monkeypatch.setattr(engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4)
+        monkeypatch.setattr(
+            engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4
+        )
         sampled = sim.run(scenario)
         monkeypatch.undo()
         small, large = sampled.sampled["micro_batches"]
-        assert all(s < m for s, m in zip(large, sampled.sampled["of"], strict=True)), sampled.sampled
+        assert all(s < m for s, m in zip(large, sampled.sampled["of"], strict=True)), (
+            sampled.sampled
+        )
         assert [2 * s for s in small] == large
         assert sampled.iteration_times_s[0] == pytest.approx(whole.iteration_times_s[0], rel=rel)
 
@@ -319,8 +411,17 @@ def test_a_replay_stops_at_its_pass_budget_and_says_so(monkeypatch):
 
 
 def test_simulate_keeps_to_its_time_limit_and_logs_progress_off_a_terminal():
-    result = run_hetopt("simulate", str(DEMO), "--layout", "tp=2,pp=2,dp=8", "--iterations", "100000",
-                        "--time-limit", "2", "--json")
+    result = run_hetopt(
+        "simulate",
+        str(DEMO),
+        "--layout",
+        "tp=2,pp=2,dp=8",
+        "--iterations",
+        "100000",
+        "--time-limit",
+        "2",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     scenarios = json.loads(result.stdout)["scenarios"]
     assert all(sc["cut"] == "time limit" and 1 <= sc["iterations"] < 100_000 for sc in scenarios)
@@ -329,36 +430,45 @@ def test_simulate_keeps_to_its_time_limit_and_logs_progress_off_a_terminal():
 
 
 def test_simulate_refuses_more_iterations_than_it_replays():
-    result = run_hetopt("simulate", str(DEMO), "--layout", "tp=1,pp=1,dp=32", "--iterations", "100001")
+    result = run_hetopt(
+        "simulate", str(DEMO), "--layout", "tp=1,pp=1,dp=32", "--iterations", "100001"
+    )
     assert result.returncode == 2 and "--iterations" in result.stderr and "100000" in result.stderr
 
 
 def test_an_outage_holds_the_transfers_across_the_link_until_it_comes_back():
-    """The link is down (0 Gbit/s) from 5 s to 15 s. tp=8,pp=1,dp=4 on the demo reaches its exchange of
-    gradients between racks at about 14.4 s, so the first iteration sends it from 15 s on and ends as long
-    after 15 s as the exchange and the optimizer take; the second iteration is as at constant bandwidth."""
+    """The link is down (0 Gbit/s) from 5 s to 15 s. tp=8,pp=1,dp=4 on the demo reaches its exchange
+    of gradients between racks at about 14.4 s, so the first iteration sends it from 15 s on and
+    ends as long after 15 s as the exchange and the optimizer take; the second iteration is as at
+    constant bandwidth."""
     demo = load_instance(DEMO)
     sim = Simulation(demo, expand_layout(demo, parse_layout("tp=8,pp=1,dp=4")))
     stable = sim.run(STABLE, record=True)
     exchange = next(r for r in stable.records if r.name == "exchange between templates")
     assert 5 < exchange.start_s < 15
-    outage = BandwidthScenario("outage", 1.0, ((5.0, ("rack0", "rack1"), 0.0), (15.0, ("rack0", "rack1"), 400.0)))
+    outage = BandwidthScenario(
+        "outage", 1.0, ((5.0, ("rack0", "rack1"), 0.0), (15.0, ("rack0", "rack1"), 400.0))
+    )
     times = sim.run(outage, iterations=2).iteration_times_s
-    assert times[0] == pytest.approx(15.0 + stable.iteration_times_s[0] - exchange.start_s, rel=1e-9)
+    assert times[0] == pytest.approx(
+        15.0 + stable.iteration_times_s[0] - exchange.start_s, rel=1e-9
+    )
     assert times[1] == pytest.approx(stable.iteration_times_s[0], rel=1e-9)
 
 
 def test_a_sampled_iteration_waits_out_an_outage_once(tmp_path, monkeypatch):
-    """Both samples run at the bandwidth of t = 0 (a change only the larger sample met would be multiplied by
-    the extrapolation: a 1 s outage cost 22 s); the scenario then acts on the whole iteration as phases. A
-    1 s outage of a link the pipeline crosses costs the sampled iteration 1 s; halving the link for 10 s
-    costs what the evaluator says the slower phase costs. Asked for
+    """Both samples run at the bandwidth of t = 0 (a change only the larger sample met would be
+    multiplied by the extrapolation: a 1 s outage cost 22 s); the scenario then acts on the whole
+    iteration as phases. A 1 s outage of a link the pipeline crosses costs the sampled iteration 1
+    s; halving the link for 10 s costs what the evaluator says the slower phase costs. Asked for
     more iterations than one, the result says it is one sampled iteration."""
     import hetopt.sim.engine as engine
 
     inst = _big_batch(tmp_path, 4096)
     sim = Simulation(inst, expand_layout(inst, parse_layout("tp=8,pp=4,dp=1")))
-    monkeypatch.setattr(engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4)
+    monkeypatch.setattr(
+        engine, "SAMPLE_PASSES", sim.passes([p.micro_batches for p in sim.plan.pipelines]) // 4
+    )
     link = ("rack0", "rack1")
     steady = sim.run(STABLE).iteration_times_s[0]
     blip = BandwidthScenario("blip", 1.0, ((3.0, link, 0.0), (4.0, link, 400.0)))
@@ -368,7 +478,9 @@ def test_a_sampled_iteration_waits_out_an_outage_once(tmp_path, monkeypatch):
     assert sampled.cut == "sampled"
     halved = BandwidthScenario("halved", 1.0, ((3.0, link, 200.0), (13.0, link, 400.0)))
     slow = sim._price_at({link: 200.0}) / sim._price_at({link: 400.0})  # the evaluator's slow-down
-    assert sim.run(halved).iteration_times_s[0] == pytest.approx(steady + 10.0 * (1 - 1 / slow), rel=1e-9)
+    assert sim.run(halved).iteration_times_s[0] == pytest.approx(
+        steady + 10.0 * (1 - 1 / slow), rel=1e-9
+    )
 
 
 def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, monkeypatch):
@@ -381,16 +493,23 @@ def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, m
     monkeypatch.setattr(engine, "MAX_SAMPLE_PASSES", 100)
     result, _ = simulate(inst, plan, "calm", workers=1)
     sc = result["scenarios"][0]
-    assert sc["sampled"] == {"method": "analytic", "of": [p.micro_batches for p in plan.pipelines],
-                             "reason": "too large even to sample"}
-    assert sc["iteration_time_s"]["mean"] == pytest.approx(evaluate(inst, plan).iteration_time_s, rel=1e-12)
-    assert sc["gpu_busy"] == [] and sc["link_utilization"] == {}  # nothing replayed, nothing measured
+    assert sc["sampled"] == {
+        "method": "analytic",
+        "of": [p.micro_batches for p in plan.pipelines],
+        "reason": "too large even to sample",
+    }
+    assert sc["iteration_time_s"]["mean"] == pytest.approx(
+        evaluate(inst, plan).iteration_time_s, rel=1e-12
+    )
+    assert (
+        sc["gpu_busy"] == [] and sc["link_utilization"] == {}
+    )  # nothing replayed, nothing measured
 
 
 def test_a_replay_the_deadline_interrupts_before_one_iteration_is_priced_and_says_so(monkeypatch):
-    """Many flows make an iteration slow to replay however few its passes (the 8,192-GPU instance without
-    its search narrowing: 58 s for one): the deadline is looked at inside an iteration too, and the
-    evaluator prices what was not replayed."""
+    """Many flows make an iteration slow to replay however few its passes (the 8,192-GPU instance
+    without its search narrowing: 58 s for one): the deadline is looked at inside an iteration too,
+    and the evaluator prices what was not replayed."""
     import time
 
     import hetopt.sim.engine as engine
@@ -400,5 +519,7 @@ def test_a_replay_the_deadline_interrupts_before_one_iteration_is_priced_and_say
     monkeypatch.setattr(engine, "DEADLINE_EVERY", 1)
     result = Simulation(demo, plan).run(STABLE, iterations=3, deadline=time.time())
     assert result.cut == "time limit" and result.sampled["method"] == "analytic"
-    assert result.iteration_times_s == [pytest.approx(evaluate(demo, plan).iteration_time_s, rel=1e-12)]
+    assert result.iteration_times_s == [
+        pytest.approx(evaluate(demo, plan).iteration_time_s, rel=1e-12)
+    ]
     assert "time limit" in result.sampled["reason"]

@@ -1,5 +1,6 @@
-"""Framework stacks (hetopt/cost/stacks.py): `training.framework` scales device compute, the same in the
-evaluator, the planner's linearisation and the simulator; the efficiency fit and its leave-one-source-out."""
+"""Framework stacks (hetopt/cost/stacks.py): `training.framework` scales device compute, the same in
+the evaluator, the planner's linearisation and the simulator; the efficiency fit and its
+leave-one-source-out."""
 
 from __future__ import annotations
 
@@ -42,21 +43,30 @@ def test_fsdp_divides_device_compute_and_nothing_else(tmp_path):
     mega, fsdp = profiles.for_gpu(gpu).w, profiles.for_gpu(gpu, "fsdp").w
     for t in range(N_TERMS):
         assert fsdp[t] == pytest.approx(mega[t] / eff if t in COMPUTE_TERMS else mega[t], rel=1e-12)
-    # Four A100 (tiny instance s1): the compute part of the breakdown is exactly 1/ε as long, TP unchanged
+    # Four A100 (tiny instance s1): the compute part of the breakdown is exactly 1/ε as long, TP
+    # unchanged
     evals = {}
     for framework in FRAMEWORKS:
         path = tmp_path / f"s1-{framework}.yaml"
-        path.write_text((SMALL / "s1-a100x4.yaml").read_text().replace(
-            "training: {", f"training: {{framework: {framework}, ", 1))
+        path.write_text(
+            (SMALL / "s1-a100x4.yaml")
+            .read_text()
+            .replace("training: {", f"training: {{framework: {framework}, ", 1)
+        )
         inst = load_instance(path)
-        evals[framework] = evaluate(inst, expand_layout(inst, Layout(tp=2, pp=2, dp=1, mb=1, recompute="none")),
-                                    profiles)
+        evals[framework] = evaluate(
+            inst, expand_layout(inst, Layout(tp=2, pp=2, dp=1, mb=1, recompute="none")), profiles
+        )
     ev_m, ev_f = evals["megatron"], evals["fsdp"]
     # the device seconds of the passes scale by exactly 1/ε; host time (launches) and TP do not
-    feats = plan_features(inst, expand_layout(inst, Layout(tp=2, pp=2, dp=1, mb=1, recompute="none")))
+    feats = plan_features(
+        inst, expand_layout(inst, Layout(tp=2, pp=2, dp=1, mb=1, recompute="none"))
+    )
     host_m, dev_m = host_device(feats.templates[0][:, :2], profiles.for_gpu(gpu).w)
     host_f, dev_f = host_device(feats.templates[0][:, :2], profiles.for_gpu(gpu, "fsdp").w)
-    assert dev_f == pytest.approx(dev_m / eff, rel=1e-12) and host_f == pytest.approx(host_m, rel=1e-12)
+    assert dev_f == pytest.approx(dev_m / eff, rel=1e-12) and host_f == pytest.approx(
+        host_m, rel=1e-12
+    )
     assert ev_m.breakdown["compute"] < ev_f.breakdown["compute"] <= ev_m.breakdown["compute"] / eff
     assert ev_f.breakdown["tp_comm"] == pytest.approx(ev_m.breakdown["tp_comm"], rel=1e-9)
     assert ev_f.iteration_time_s > ev_m.iteration_time_s
@@ -85,8 +95,9 @@ def test_the_linearised_skeleton_is_the_evaluator_under_fsdp(tmp_path):
             cuts = sorted(rng.sample(range(1, inst.model.layers), depth - 1))
             layers += [b - a for a, b in zip([0, *cuts], [*cuts, inst.model.layers], strict=True)]
         placed = sk.placed(layers, inst.cluster)
-        assert problem.iteration_time(layers) == pytest.approx(evaluate(inst, placed, profiles).iteration_time_s,
-                                                               rel=1e-12)
+        assert problem.iteration_time(layers) == pytest.approx(
+            evaluate(inst, placed, profiles).iteration_time_s, rel=1e-12
+        )
         checked += 1
     assert checked >= 10
 
@@ -117,4 +128,8 @@ def test_an_unknown_framework_is_exit_2_naming_the_choices(tmp_path):
     path.write_text(DEMO.read_text().replace("training:\n", "training:\n  framework: jax\n", 1))
     result = run_hetopt("solve", str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "training.framework" in result.stderr and "fsdp" in result.stderr and "megatron" in result.stderr
+    assert (
+        "training.framework" in result.stderr
+        and "fsdp" in result.stderr
+        and "megatron" in result.stderr
+    )

@@ -1,5 +1,5 @@
-"""Three pipeline templates side by side (issue 12; search.max_templates: 3): the space, its bound, and an
-instance where the optimum needs all three."""
+"""Three pipeline templates side by side (issue 12; search.max_templates: 3): the space, its bound,
+and an instance where the optimum needs all three."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ from hetopt.cost.terms import LINK
 from hetopt.evaluate import evaluate
 from hetopt.search.bounds import Bounds
 from hetopt.search.orchestrate import solve_exact
-from hetopt.search.space import SearchOptions, SearchStats, Template, class_runs, outside_space, side_templates
+from hetopt.search.space import (
+    SearchOptions,
+    SearchStats,
+    Template,
+    class_runs,
+    outside_space,
+    side_templates,
+)
 from hetopt.search.tree import TripleShares
 from hetopt.search.triples import triple_families, triple_groups
 from hetopt.search.uniform import lockstep_layout
@@ -33,8 +40,8 @@ def s18():
 def test_every_triple_is_a_point_of_its_space_and_its_bound_holds(s18):
     """Each skeleton of s18's triple group (one H100, one A100, one V100: 253 ways to share the 24
     micro-batches) is a plan of the space with max_templates 3 and of no narrower one; the group's
-    throughput bound, and the bound at its one replica count, are at most the best of them (each template
-    holds every layer: one split)."""
+    throughput bound, and the bound at its one replica count, are at most the best of them (each
+    template holds every layer: one split)."""
     opts = SearchOptions.from_instance(s18)
     (group,) = list(triple_groups(s18, opts, SearchStats()))
     narrow = dataclasses.replace(opts, max_templates=2)
@@ -44,12 +51,15 @@ def test_every_triple_is_a_point_of_its_space_and_its_bound_holds(s18):
         assert outside_space(s18, plan, opts) == []
         # equal shares are also Megatron's pp = 1 layout over the three GPUs (hetopt.search.uniform)
         uniform = lockstep_layout(s18, plan, narrow) is not None
-        assert outside_space(s18, plan, narrow) == ([] if uniform else ["3 templates (the space: at most 2)"])
+        assert outside_space(s18, plan, narrow) == (
+            [] if uniform else ["3 templates (the space: at most 2)"]
+        )
         uniforms += uniform
         ev = evaluate(s18, plan)
         if ev.fits:
             best = min(best, ev.iteration_time_s)
-    # one GPU per class: R = (1, 1, 1), and m_a + m_b + m_c = 24 with each ≥ 1 in C(23, 2) = 253 ways
+    # one GPU per class: R = (1, 1, 1), and m_a + m_b + m_c = 24 with each ≥ 1 in C(23, 2) = 253
+    # ways
     assert group.size == 253 and list(group.replica_counts()) == [(1, 1, 1)]
     assert uniforms == 1  # m = 8 each
     bounds = Bounds(s18, Profiles())
@@ -57,27 +67,37 @@ def test_every_triple_is_a_point_of_its_space_and_its_bound_holds(s18):
 
 
 def test_three_templates_pay_on_s18(s18):
-    """Each GPU type a template of its own with its own share — H100 10, A100 9, V100 5 micro-batches of
-    2 sequences — is proven optimal at 0.13418 s, 17.7% faster than the best plan of two templates or one
-    (0.16300 s, the space's optimum with max_templates 2)."""
+    """Each GPU type a template of its own with its own share — H100 10, A100 9, V100 5
+    micro-batches of 2 sequences — is proven optimal at 0.13418 s, 17.7% faster than the best plan
+    of two templates or one (0.16300 s, the space's optimum with max_templates 2)."""
     three = solve_exact(s18, backend="highs", time_limit_s=60, warm_start=False)
-    two = solve_exact(s18, backend="highs", time_limit_s=60, warm_start=False,
-                      options=dataclasses.replace(SearchOptions.from_instance(s18), max_templates=2))
+    two = solve_exact(
+        s18,
+        backend="highs",
+        time_limit_s=60,
+        warm_start=False,
+        options=dataclasses.replace(SearchOptions.from_instance(s18), max_templates=2),
+    )
     assert three.status == two.status == "optimal"
     shares = sorted((p.stages[0].gpu, p.micro_batches) for p in three.plan.pipelines)
     assert shares == [("A100-80GB", 9), ("H100-SXM", 10), ("V100-32GB", 5)]
-    # both figures are the exhaustive enumeration's (tests/test_planner.py checks the first on every backend)
+    # both figures are the exhaustive enumeration's (tests/test_planner.py checks the first on every
+    # backend)
     assert three.objective_s == pytest.approx(0.134181110, rel=1e-8)
     assert two.objective_s == pytest.approx(0.163000, rel=1e-4)
     assert len(two.plan.pipelines) <= 2
 
 
 def test_three_templates_outside_the_triples_are_named(s18):
-    """Regression (read-through): with pair_classes 2 and recompute_per_stage, a plan of three templates
-    with a side over two classes, or with two recompute modes, was a point of the space by the pair rules
-    though no triple skeleton holds it; now the rule is named."""
-    opts = dataclasses.replace(SearchOptions.from_instance(s18), pair_classes=2, recompute_per_stage=True,
-                               recompute=("none", "full"))
+    """Regression (read-through): with pair_classes 2 and recompute_per_stage, a plan of three
+    templates with a side over two classes, or with two recompute modes, was a point of the space by
+    the pair rules though no triple skeleton holds it; now the rule is named."""
+    opts = dataclasses.replace(
+        SearchOptions.from_instance(s18),
+        pair_classes=2,
+        recompute_per_stage=True,
+        recompute=("none", "full"),
+    )
     (group,) = list(triple_groups(s18, opts, SearchStats()))
     sk = next(group.skeletons())
     plan = sk.plan([s18.model.layers] * 3)
@@ -85,17 +105,29 @@ def test_three_templates_outside_the_triples_are_named(s18):
     mixed = sk.plan([s18.model.layers] * 3, ["none", "full", "none"])
     assert any("one recompute mode for the plan" in w for w in outside_space(s18, mixed, opts))
     a100 = plan.pipelines[1].stages[0]
-    two = plan.model_copy(update={"pipelines": [plan.pipelines[0].model_copy(update={"stages": [
-        plan.pipelines[0].stages[0].model_copy(update={"layers": 2}), a100.model_copy(update={"layers": 2})]}),
-        *plan.pipelines[1:]]})
+    two = plan.model_copy(
+        update={
+            "pipelines": [
+                plan.pipelines[0].model_copy(
+                    update={
+                        "stages": [
+                            plan.pipelines[0].stages[0].model_copy(update={"layers": 2}),
+                            a100.model_copy(update={"layers": 2}),
+                        ]
+                    }
+                ),
+                *plan.pipelines[1:],
+            ]
+        }
+    )
     assert any("three templates of one class" in w for w in outside_space(s18, two, opts))
 
 
 def test_every_triple_skeletons_bound_holds_and_the_share_bounds_are_its(s18):
-    """Each skeleton of s18's group: `compute_lower_bound` (now with the ring exchange of three templates)
-    is at most its evaluated time (one split: each template holds every layer). At the group's replica
-    counts the shares' least bound (`TripleShares.least`) is at most each skeleton's bound, and the caps
-    at a threshold make exactly the skeletons whose bound lies below it."""
+    """Each skeleton of s18's group: `compute_lower_bound` (now with the ring exchange of three
+    templates) is at most its evaluated time (one split: each template holds every layer). At the
+    group's replica counts the shares' least bound (`TripleShares.least`) is at most each skeleton's
+    bound, and the caps at a threshold make exactly the skeletons whose bound lies below it."""
     opts = SearchOptions.from_instance(s18)
     (group,) = list(triple_groups(s18, opts, SearchStats()))
     bounds = Bounds(s18, Profiles())
@@ -117,21 +149,30 @@ def test_every_triple_skeletons_bound_holds_and_the_share_bounds_are_its(s18):
 
 
 def test_a_box_of_replica_counts_bounds_each_of_its_points():
-    """three-generations (8 GPUs of each type): for each group of one template per class at TP 1 and one
-    stage, `triple_bound` over a box of replica counts is at most its bound at each point of the box, and
-    each point's at most its skeletons' (`compute_lower_bound`) at the point's first share."""
-    inst = load_instance(Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml")
+    """three-generations (8 GPUs of each type): for each group of one template per class at TP 1 and
+    one stage, `triple_bound` over a box of replica counts is at most its bound at each point of the
+    box, and each point's at most its skeletons' (`compute_lower_bound`) at the point's first
+    share."""
+    inst = load_instance(
+        Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml"
+    )
     opts = SearchOptions.from_instance(inst)
     bounds = Bounds(inst, Profiles())
-    groups = [g for g in triple_groups(inst, opts, SearchStats())
-              if g.micro_batch == 8 and all(seg.stages == 1 and seg.tp == 1 for side in g.sides for seg in side)
-              and len({side[0].gpu for side in g.sides}) == 3]
+    groups = [
+        g
+        for g in triple_groups(inst, opts, SearchStats())
+        if g.micro_batch == 8
+        and all(seg.stages == 1 and seg.tp == 1 for side in g.sides for seg in side)
+        and len({side[0].gpu for side in g.sides}) == 3
+    ]
     assert len(groups) == 1
     (g,) = groups
     assert g.tops == (8, 8, 8)
     for lowest, top in (((1, 1, 1), (8, 8, 8)), ((2, 5, 3), (4, 8, 6)), ((8, 8, 1), (8, 8, 8))):
         box = bounds.triple_bound(g, lowest, top)
-        for point in itertools.product(*(range(lo, hi + 1) for lo, hi in zip(lowest, top, strict=True))):
+        for point in itertools.product(
+            *(range(lo, hi + 1) for lo, hi in zip(lowest, top, strict=True))
+        ):
             here = bounds.triple_replicas_bound(g, point)
             assert box <= here * (1 + 1e-12)
             first = next(g.skeletons_at(point), None)
@@ -140,11 +181,13 @@ def test_a_box_of_replica_counts_bounds_each_of_its_points():
 
 
 def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
-    """three-generations with max_templates 3: the families' groups are exactly the multisets of three
-    single-class side templates (each once, as `itertools.combinations_with_replacement` lists them) that
-    take a micro-batch per stage and fit; and each family's throughput bound ≤ its table's entries ≤ the
-    bound of the group at that entry (`Bounds.triple_bound`)."""
-    inst = load_instance(Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml")
+    """three-generations with max_templates 3: the families' groups are exactly the multisets of
+    three single-class side templates (each once, as `itertools.combinations_with_replacement` lists
+    them) that take a micro-batch per stage and fit; and each family's throughput bound ≤ its
+    table's entries ≤ the bound of the group at that entry (`Bounds.triple_bound`)."""
+    inst = load_instance(
+        Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml"
+    )
     opts = dataclasses.replace(SearchOptions.from_instance(inst), micro_batch=(8,), tp=(1, 2))
     bounds = Bounds(inst, Profiles())
     listed = []
@@ -159,7 +202,11 @@ def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
                 assert table[picks] <= bounds.triple_bound(group) * (1 + 1e-12)
     classes = list(inst.cluster.device_classes.values())
     cap = min(opts.max_stages, inst.model.layers)
-    sides = [t for order, tps in class_runs(inst, opts, classes, 1) for t in side_templates(order, tps, cap)]
+    sides = [
+        t
+        for order, tps in class_runs(inst, opts, classes, 1)
+        for t in side_templates(order, tps, cap)
+    ]
     total = inst.global_batch // 8
     expected = []
     for picked in itertools.combinations_with_replacement(sides, 3):
@@ -178,17 +225,25 @@ def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
 
 @pytest.mark.parametrize("link", [1.0, 2.0, 10.0])
 def test_the_ring_bound_holds_whatever_the_link_weight(link):
-    """Regression (review): s22's two templates on node k exchange inside it, the third over the network.
-    The evaluator prices only the flow of most raw seconds (features.slowest_transfer) with one template's
-    weights, so the slowest pair's `exchange_s` is no bound when the LINK weight is far above NET's; the
-    ring bound now takes the least pair's, or the weights' least times the slowest raw hop. Every triple
-    skeleton's bound ≤ its time, and the search's optimum is exhaustive enumeration's (0.077829 s at
-    LINK 10, three templates; the broken bound gave 0.107 s with two)."""
+    """Regression (review): s22's two templates on node k exchange inside it, the third over the
+    network. The evaluator prices only the flow of most raw seconds (features.slowest_transfer) with
+    one template's weights, so the slowest pair's `exchange_s` is no bound when the LINK weight is
+    far above NET's; the ring bound now takes the least pair's, or the weights' least times the
+    slowest raw hop. Every triple skeleton's bound ≤ its time, and the search's optimum is
+    exhaustive enumeration's (0.077829 s at LINK 10, three templates; the broken bound gave 0.107 s
+    with two)."""
     inst = load_instance(Path(__file__).parent / "small" / "s22-ring-link.yaml")
     gpu = inst.gpu_types["slowlink"]
     base = Profiles().for_gpu(gpu)
-    profiles = Profiles([dataclasses.replace(base, gpu="slowlink", weights=tuple(
-        link if i == LINK else w for i, w in enumerate(base.weights)))])
+    profiles = Profiles(
+        [
+            dataclasses.replace(
+                base,
+                gpu="slowlink",
+                weights=tuple(link if i == LINK else w for i, w in enumerate(base.weights)),
+            )
+        ]
+    )
     opts = SearchOptions.from_instance(inst)
     bounds = Bounds(inst, profiles)
     for sk in (sk for g in triple_groups(inst, opts, SearchStats()) for sk in g.skeletons()):
@@ -196,22 +251,35 @@ def test_the_ring_bound_holds_whatever_the_link_weight(link):
         assert bounds.compute_lower_bound(sk) <= ev.iteration_time_s * (1 + 1e-9)
     if link == 10.0:
         best = exhaustive(inst, opts, profiles=profiles, workers=1)
-        found = solve_exact(inst, backend="highs", time_limit_s=60, options=opts, profiles=profiles,
-                            warm_start=False)
+        found = solve_exact(
+            inst,
+            backend="highs",
+            time_limit_s=60,
+            options=opts,
+            profiles=profiles,
+            warm_start=False,
+        )
         assert found.status == "optimal"
         assert found.objective_s == pytest.approx(best.objective_s, rel=1e-9)
-        assert best.objective_s == pytest.approx(0.0778291, rel=1e-5) and len(best.plan.pipelines) == 3
+        assert (
+            best.objective_s == pytest.approx(0.0778291, rel=1e-5) and len(best.plan.pipelines) == 3
+        )
 
 
 def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
     """`Bounds.triple_reach` prunes a box of replica counts where its templates cannot take the M
     micro-batches below a level (the box's most per template, two on one class within its GPUs). On
-    three-generations (groups of up to two stages per template, micro-batch 8, TP 1 or 2, two on one class
-    among them): wherever the shares' least bound at a point (`TripleShares.least`) lies below a level,
-    the reach at the point, over the group's whole box and over a box around the point is at least M;
-    and the drained bounds it is built on rise with the replicas and the micro-batches."""
-    inst = load_instance(Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml")
-    opts = dataclasses.replace(SearchOptions.from_instance(inst), micro_batch=(8,), tp=(1, 2), max_stages=2)
+    three-generations (groups of up to two stages per template, micro-batch 8, TP 1 or 2, two on one
+    class among them): wherever the shares' least bound at a point (`TripleShares.least`) lies below
+    a level, the reach at the point, over the group's whole box and over a box around the point is
+    at least M; and the drained bounds it is built on rise with the replicas and the
+    micro-batches."""
+    inst = load_instance(
+        Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml"
+    )
+    opts = dataclasses.replace(
+        SearchOptions.from_instance(inst), micro_batch=(8,), tp=(1, 2), max_stages=2
+    )
     bounds = Bounds(inst, Profiles())
     groups = list(triple_groups(inst, opts, SearchStats()))
     shared = [g for g in groups if len({(side[0].gpu, side[0].island) for side in g.sides}) < 3]
@@ -222,10 +290,21 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
         for side in g.sides:
             for rc in g.recompute_options:
                 depth = sum(seg.stages for seg in side)
-                grid = [[bounds.drained_bound(g.micro_batch, rc, Template(side, r, m), total, 1, g.zero, (rc,))
-                         for m in range(depth, depth + 12)] for r in range(1, 9)]
-                assert all(a <= b for row in grid for a, b in itertools.pairwise(row))  # rises with m
-                assert all(a <= b for col in zip(*grid, strict=True) for a, b in itertools.pairwise(col))  # and R
+                grid = [
+                    [
+                        bounds.drained_bound(
+                            g.micro_batch, rc, Template(side, r, m), total, 1, g.zero, (rc,)
+                        )
+                        for m in range(depth, depth + 12)
+                    ]
+                    for r in range(1, 9)
+                ]
+                assert all(
+                    a <= b for row in grid for a, b in itertools.pairwise(row)
+                )  # rises with m
+                assert all(
+                    a <= b for col in zip(*grid, strict=True) for a, b in itertools.pairwise(col)
+                )  # and R
         for point in g.replica_counts():
             for rc in g.recompute_options:
                 least = TripleShares(bounds, g, point, rc).least()
@@ -233,8 +312,10 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
                     continue
                 for level in (least * 1.0001, least * 1.05, least * 1.3):
                     checked += 1
-                    around = (tuple(max(1, r - 1) for r in point), tuple(min(t, r + 2) for r, t in
-                                                                          zip(point, g.tops, strict=True)))
+                    around = (
+                        tuple(max(1, r - 1) for r in point),
+                        tuple(min(t, r + 2) for r, t in zip(point, g.tops, strict=True)),
+                    )
                     for box in ((point, point), ((1, 1, 1), g.tops), around):
                         assert bounds.triple_reach(g, *box, level) >= total
                 pruned += bounds.triple_reach(g, point, point, least * 0.999) < total
@@ -242,8 +323,9 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
 
 
 def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
-    """`_class_reach` against brute force: the most Σ_j takes_j(R_j) over the replica counts of a box whose
-    GPUs fit the class, for one, two and three templates on it (random takes, widths and boxes)."""
+    """`_class_reach` against brute force: the most Σ_j takes_j(R_j) over the replica counts of a
+    box whose GPUs fit the class, for one, two and three templates on it (random takes, widths and
+    boxes)."""
     import random
 
     import numpy as np
@@ -256,9 +338,16 @@ def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
         gpus = rng.randint(4, 40)
         widths = [rng.choice((1, 2, 4)) for _ in range(n)]
         lowest = [rng.randint(1, 4) for _ in range(n)]
-        takes = [np.array([rng.randint(-50, 60) for _ in range(rng.randint(1, 8))]) for _ in range(n)]
-        best = -(2 ** 40)
-        for counts in itertools.product(*(range(low, low + len(t)) for low, t in zip(lowest, takes, strict=True))):
+        takes = [
+            np.array([rng.randint(-50, 60) for _ in range(rng.randint(1, 8))]) for _ in range(n)
+        ]
+        best = -(2**40)
+        for counts in itertools.product(
+            *(range(low, low + len(t)) for low, t in zip(lowest, takes, strict=True))
+        ):
             if n == 1 or sum(r * w for r, w in zip(counts, widths, strict=True)) <= gpus:
-                best = max(best, sum(int(t[r - low]) for t, r, low in zip(takes, counts, lowest, strict=True)))
+                best = max(
+                    best,
+                    sum(int(t[r - low]) for t, r, low in zip(takes, counts, lowest, strict=True)),
+                )
         assert _class_reach(takes, lowest, widths, gpus) == best

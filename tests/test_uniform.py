@@ -1,5 +1,5 @@
-"""Uniform layouts in the plan space (hetopt.search.uniform): Megatron-LM's (tp, pp, dp) over every GPU, its
-replicas' templates in lockstep — one layer split for all of them."""
+"""Uniform layouts in the plan space (hetopt.search.uniform): Megatron-LM's (tp, pp, dp) over every
+GPU, its replicas' templates in lockstep — one layer split for all of them."""
 
 from __future__ import annotations
 
@@ -26,40 +26,62 @@ BACKENDS = [("split-milp", "cbc"), ("split-milp", "highs"), ("split-cpsat", "cps
 
 def test_with_two_stages_the_optimum_is_a_uniform_layout_in_lockstep_and_pays():
     """s19 (max_stages 2): the exhaustive optimum is Megatron's pp=2, dp=2 layout, (A100 → H100) ‖
-    (A100 → H200), 2 layers on the A100s and 6 on the Hoppers in both, 0.5573 s; the best plan without
-    uniform layouts runs each GPU type as a template of its own (three templates: the A100s data-parallel
-    with 5 micro-batches each, the H100 and the H200 with 11), 0.5660 s; with at most two templates
-    (max_templates 2) both Hoppers as one pipeline, 0.6892 s. Every backend proves the first."""
+    (A100 → H200), 2 layers on the A100s and 6 on the Hoppers in both, 0.5573 s; the best plan
+    without uniform layouts runs each GPU type as a template of its own (three templates: the A100s
+    data-parallel with 5 micro-batches each, the H100 and the H200 with 11), 0.5660 s; with at most
+    two templates (max_templates 2) both Hoppers as one pipeline, 0.6892 s. Every backend proves the
+    first."""
     inst = load_instance(SMALL / "s19-uniform-layout.yaml")
     opts = SearchOptions.from_instance(inst)
     best = exhaustive(inst, opts)
     without = exhaustive(inst, dataclasses.replace(opts, uniform_layouts=False))
     assert best.objective_s == pytest.approx(0.5573, abs=1e-4)
     assert without.objective_s == pytest.approx(0.5660, abs=1e-4)
-    assert sorted((p.replicas, p.micro_batches) for p in without.plan.pipelines) == [(1, 11), (1, 11), (2, 5)]
+    assert sorted((p.replicas, p.micro_batches) for p in without.plan.pipelines) == [
+        (1, 11),
+        (1, 11),
+        (2, 5),
+    ]
     pairs = exhaustive(inst, dataclasses.replace(opts, uniform_layouts=False, max_templates=2))
     assert pairs.objective_s == pytest.approx(0.6892, abs=1e-4)
     pipes = best.plan.pipelines
-    assert sorted([st.gpu for st in p.stages] for p in pipes) == [["A100-80GB", "H100-SXM"], ["A100-80GB", "H200"]]
+    assert sorted([st.gpu for st in p.stages] for p in pipes) == [
+        ["A100-80GB", "H100-SXM"],
+        ["A100-80GB", "H200"],
+    ]
     assert [[st.layers for st in p.stages] for p in pipes] == [[2, 6], [2, 6]]
-    assert lockstep_layout(inst, best.plan, opts) is not None and outside_space(inst, best.plan, opts) == []
+    assert (
+        lockstep_layout(inst, best.plan, opts) is not None
+        and outside_space(inst, best.plan, opts) == []
+    )
     assert outside_space(inst, best.plan, dataclasses.replace(opts, uniform_layouts=False)) != []
     for formulation, backend in BACKENDS:
         result = solve_exact(inst, formulation, backend, time_limit_s=60, warm_start=False)
         assert result.status == SolveStatus.OPTIMAL, backend
         assert result.objective_s == pytest.approx(best.objective_s, rel=1e-5), backend
         assert check_plan(inst, result.plan) == []
-        assert evaluate(inst, result.plan).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
+        assert evaluate(inst, result.plan).iteration_time_s == pytest.approx(
+            result.objective_s, rel=1e-9
+        )
         assert len({tuple(st.layers for st in p.stages) for p in result.plan.pipelines}) == 1
 
 
-@pytest.mark.parametrize("name", ["s10-four-types", "s14-pair-sides", "s19-uniform-layout", "s20-megatron-order",
-                                  "s21-crossed-lockstep"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "s10-four-types",
+        "s14-pair-sides",
+        "s19-uniform-layout",
+        "s20-megatron-order",
+        "s21-crossed-lockstep",
+    ],
+)
 def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_share(name):
-    """Skeleton by skeleton, every backend's optimum of a uniform layout's templates is the evaluator's best
-    over the one split they share (not over one split each), and the search's bounds (the skeleton's, its
-    placed program's) lie below it; the layouts the families hold are not listed again (one-template
-    layouts, pairs of one class a side); skeletons are listed once."""
+    """Skeleton by skeleton, every backend's optimum of a uniform layout's templates is the
+    evaluator's best over the one split they share (not over one split each), and the search's
+    bounds (the skeleton's, its placed program's) lie below it; the layouts the families hold are
+    not listed again (one-template layouts, pairs of one class a side); skeletons are listed
+    once."""
     inst, profiles = load_instance(SMALL / f"{name}.yaml"), Profiles()
     opts, bounds = SearchOptions.from_instance(inst), Bounds(inst, profiles)
     skeletons = list(lockstep_skeletons(inst, opts, SearchStats()))
@@ -77,9 +99,11 @@ def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_s
         problem = plan_problem(inst, sk, profiles, scenarios, "stable")
         assert problem.lower_bound_s <= best * (1 + 1e-9)
         assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-9)
-        # s21 crosses its templates, (A100 → H100) ‖ (H100 → A100): one split binds (0.769 s against 0.525 s
-        # for each template at its own split; the best tied split is 0.868 s)
-        crossed = bounds.lockstep_bound(sk) > 1.2 * bounds.compute_lower_bound(dataclasses.replace(sk, lockstep=False))
+        # s21 crosses its templates, (A100 → H100) ‖ (H100 → A100): one split binds (0.769 s against
+        # 0.525 s for each template at its own split; the best tied split is 0.868 s)
+        crossed = bounds.lockstep_bound(sk) > 1.2 * bounds.compute_lower_bound(
+            dataclasses.replace(sk, lockstep=False)
+        )
         assert crossed == (name == "s21-crossed-lockstep"), sk.describe()
         for formulation, backend in BACKENDS:
             sol = pick(formulation, backend).solve(problem, backend, SolveOptions(time_limit_s=30))
@@ -92,9 +116,10 @@ def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_s
 
 
 def test_a_layout_of_one_template_with_a_class_twice_is_searched_and_a_point(tmp_path):
-    """Node groups declared A100, V100, A100: Megatron's pp = 3 layout is one template A100 → V100 → A100,
-    outside the families (a class in two runs), so a lockstep skeleton of one template holds it, and
-    outside_space says it is a point; the exact search and exhaustive enumeration agree on the instance."""
+    """Node groups declared A100, V100, A100: Megatron's pp = 3 layout is one template A100 → V100 →
+    A100, outside the families (a class in two runs), so a lockstep skeleton of one template holds
+    it, and outside_space says it is a point; the exact search and exhaustive enumeration agree on
+    the instance."""
     path = tmp_path / "aba.yaml"
     path.write_text("""name: aba
 model: {layers: 6, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
@@ -109,13 +134,18 @@ search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
     inst = load_instance(path)
     opts = SearchOptions.from_instance(inst)
     ones = [sk for sk in lockstep_skeletons(inst, opts, SearchStats()) if len(sk.templates) == 1]
-    assert [sk.order for sk in ones] == ["megatron", "replica"]  # one replica: one of hetopt's orders
+    assert [sk.order for sk in ones] == [
+        "megatron",
+        "replica",
+    ]  # one replica: one of hetopt's orders
     sk = ones[0]
     assert [seg.gpu for seg in sk.templates[0].segments] == ["A100-80GB", "V100-32GB", "A100-80GB"]
     plan = sk.plan([2, 2, 2])
     assert outside_space(inst, plan, opts) == []
-    assert any("more than one run" in why
-               for why in outside_space(inst, plan, dataclasses.replace(opts, uniform_layouts=False)))
+    assert any(
+        "more than one run" in why
+        for why in outside_space(inst, plan, dataclasses.replace(opts, uniform_layouts=False))
+    )
     truth = exhaustive(inst, opts)
     result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
     assert result.status == SolveStatus.OPTIMAL
@@ -123,26 +153,39 @@ search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
 
 
 def test_a_layout_in_megatrons_own_rank_order_is_searched():
-    """s20: Megatron's pp = 3 layout in its own rank order (hetopt.placement.megatron_placed) puts both
-    templates' stages on shared nodes, and the gradient exchange between them stays inside the nodes:
-    0.5903 s, where hetopt's replica- and stage-major orders give each template a node, 0.6382 s. The
-    search finds it (the best plan without uniform layouts: 0.7381 s), and megatron's own plan at the
-    optimum's split, placed by expand_layout, times the same."""
+    """s20: Megatron's pp = 3 layout in its own rank order (hetopt.placement.megatron_placed) puts
+    both templates' stages on shared nodes, and the gradient exchange between them stays inside the
+    nodes: 0.5903 s, where hetopt's replica- and stage-major orders give each template a node,
+    0.6382 s. The search finds it (the best plan without uniform layouts: 0.7381 s), and megatron's
+    own plan at the optimum's split, placed by expand_layout, times the same."""
     from hetopt.baselines.uniform import with_layers
     from hetopt.layout import Layout, expand_layout
 
     inst = load_instance(SMALL / "s20-megatron-order.yaml")
     opts = SearchOptions.from_instance(inst)
-    times = {sk.order: min(evaluate(inst, sk.placed(sk.joined([c]), inst.cluster)).iteration_time_s
-                           for c in compositions(inst.model.layers, 3))
-             for sk in lockstep_skeletons(inst, opts, SearchStats()) if sk.depth == 6}
+    times = {
+        sk.order: min(
+            evaluate(inst, sk.placed(sk.joined([c]), inst.cluster)).iteration_time_s
+            for c in compositions(inst.model.layers, 3)
+        )
+        for sk in lockstep_skeletons(inst, opts, SearchStats())
+        if sk.depth == 6
+    }
     assert times["megatron"] == pytest.approx(0.5903, abs=1e-4)
     assert times["replica"] == times["stage"] == pytest.approx(0.6382, abs=1e-4)
     result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
-    assert result.status == SolveStatus.OPTIMAL and result.objective_s == pytest.approx(times["megatron"], rel=1e-9)
+    assert result.status == SolveStatus.OPTIMAL and result.objective_s == pytest.approx(
+        times["megatron"], rel=1e-9
+    )
     layers = [st.layers for st in result.plan.pipelines[0].stages]
     megatron = with_layers(expand_layout(inst, Layout(tp=1, pp=3, dp=2)), layers)
     assert evaluate(inst, megatron).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
-    without = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False,
-                          options=dataclasses.replace(opts, uniform_layouts=False))
+    without = solve_exact(
+        inst,
+        "split-milp",
+        "highs",
+        time_limit_s=60,
+        warm_start=False,
+        options=dataclasses.replace(opts, uniform_layouts=False),
+    )
     assert without.objective_s == pytest.approx(0.7381, abs=1e-4)

@@ -1,7 +1,7 @@
 """Output that reads at 80 columns (issue 13): no line wider, no cell cut short with '…'.
 
-The commands run in one process started with COLUMNS=80 (rich reads the width when the console is made),
-each through `hetopt.cli.main` as the command line runs it."""
+The commands run in one process started with COLUMNS=80 (rich reads the width when the console is
+made), each through `hetopt.cli.main` as the command line runs it."""
 
 from __future__ import annotations
 
@@ -43,8 +43,14 @@ print(json.dumps(outputs))
 
 def test_every_command_fits_80_columns_uncut():
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    result = subprocess.run([sys.executable, "-c", RUN_EACH, json.dumps(COMMANDS)], capture_output=True, text=True,
-                            cwd=REPO, timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_EACH, json.dumps(COMMANDS)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     for name, (code, text) in json.loads(result.stdout.splitlines()[-1]).items():
         assert code == 0, (name, result.stderr)

@@ -266,8 +266,13 @@ def _type(prop: dict, paths: dict[str, str]) -> str:
     if kind == "object" and "patternProperties" in prop:
         values = " or ".join(_type(v, paths) for v in prop["patternProperties"].values())
         return f"map from a name to {values}"
-    names = {"string": "string", "number": "number", "integer": "integer", "boolean": "boolean",
-             "object": "object"}
+    names = {
+        "string": "string",
+        "number": "number",
+        "integer": "integer",
+        "boolean": "boolean",
+        "object": "object",
+    }
     text = names.get(kind, str(kind or "any"))
     if kind == "string" and "pattern" in prop:
         text = "name"
@@ -320,7 +325,7 @@ def schema_reference() -> str:
         "",
         "Unknown keys are errors in every section.",
         "A *name* is 1 to 64 letters, digits, `_`, `.` or `-`.",
-        "Integers are strict: `8.5` or `\"8\"` is not a count.",
+        'Integers are strict: `8.5` or `"8"` is not a count.',
         "",
         "## Top level {#top-level}",
         "",

@@ -1,6 +1,6 @@
-"""What every planner returns, and the pieces the heuristic planners share: uniform layouts (listed by the
-plan space, hetopt.search.uniform), sub-clusters, and timing a candidate plan with the one cost model (after
-the independent verifier)."""
+"""What every planner returns, and the pieces the heuristic planners share: uniform layouts (listed
+by the plan space, hetopt.search.uniform), sub-clusters, and timing a candidate plan with the one
+cost model (after the independent verifier)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ class PlannerResult:
     planner: str
     plan: Plan | None
     objective_s: float
-    """Predicted iteration time of the plan (the evaluator, stable bandwidths); inf without a plan."""
+    """Predicted iteration time of the plan (the evaluator, stable bandwidths); inf without a
+    plan."""
     search_time_s: float
     status: str
-    """optimal (proven), timeout (best found, with its gap), heuristic (no proof), infeasible, refused."""
+    """optimal (proven), timeout (best found, with its gap), heuristic (no proof), infeasible,
+    refused."""
     gap: float | None = None
     evaluated: int = 0
     """Candidate plans the planner timed."""
@@ -38,11 +40,11 @@ class PlannerResult:
 
 
 class Candidates:
-    """The best verified, fitting plan among those a heuristic tries, under a time budget, among the points
-    of the instance's search space: a plan outside it (`outside_space`: more templates or device classes
-    than `search:` allows, an option it leaves out) is not a candidate. So a heuristic's plan is always one
-    the exact search covers — its bound proves the heuristic no better — and a user's narrowing of the
-    space binds every planner alike."""
+    """The best verified, fitting plan among those a heuristic tries, under a time budget, among the
+    points of the instance's search space: a plan outside it (`outside_space`: more templates or
+    device classes than `search:` allows, an option it leaves out) is not a candidate. So a
+    heuristic's plan is always one the exact search covers — its bound proves the heuristic no
+    better — and a user's narrowing of the space binds every planner alike."""
 
     def __init__(self, inst: Instance, profiles: Profiles, time_limit_s: float) -> None:
         self.inst, self.profiles = inst, profiles
@@ -56,24 +58,29 @@ class Candidates:
         self.best_s = math.inf
         self.evaluated = 0
         self.last: Evaluation | None = None
-        """The evaluation of the plan last offered (None where it was refused or could not be placed)."""
+        """The evaluation of the plan last offered (None where it was refused or could not be
+        placed)."""
 
     @property
     def out_of_time(self) -> bool:
         return clock() > self.deadline
 
     def offer(self, plan: Plan, inst: Instance | None = None) -> float:
-        """Time `plan` (verified and placed on the real cluster) if it is a point of the search space;
-        keep it if it fits and is the fastest. Returns its iteration time, seconds (inf where it is outside
-        the space, refused or does not fit)."""
+        """Time `plan` (verified and placed on the real cluster) if it is a point of the search
+        space; keep it if it fits and is the fastest. Returns its iteration time, seconds (inf where
+        it is outside the space, refused or does not fit)."""
         self.last = None
         if why := outside_space(self.inst, plan, self.options, self.profiles):
             self.outside += 1
             self.outside_why = self.outside_why or why
             return math.inf
         try:
-            plan = place(plan, self.inst.cluster, self.options.placements[0])  # search.placement's first
-            ev = evaluate(self.inst, plan, self.profiles)  # runs the verifier first: a rejected plan raises
+            plan = place(
+                plan, self.inst.cluster, self.options.placements[0]
+            )  # search.placement's first
+            ev = evaluate(
+                self.inst, plan, self.profiles
+            )  # runs the verifier first: a rejected plan raises
         except (InfeasibleError, InputError):
             return math.inf
         self.evaluated += 1
@@ -86,17 +93,30 @@ class Candidates:
         status = "heuristic" if self.best is not None else "infeasible"
         if self.best is None and self.outside and not self.evaluated:
             note = (f"{note}; " if note else "") + (
-                f"every candidate plan ({self.outside}) lies outside the instance's search space, e.g. "
-                f"{self.outside_why[0]}: widen its `search:` section to admit them")
+                f"every candidate plan ({self.outside}) lies outside the instance's search "
+                f"space, e.g. {self.outside_why[0]}: widen its `search:` section to admit them"
+            )
         elif self.best is None and not note:
             note = "no candidate plan fits in memory"
         extra = {"plans_outside_space": self.outside} if self.outside else {}
-        return PlannerResult(planner, self.best, self.best_s, clock() - self.start, status, None, self.evaluated,
-                             note, extra)
+        return PlannerResult(
+            planner,
+            self.best,
+            self.best_s,
+            clock() - self.start,
+            status,
+            None,
+            self.evaluated,
+            note,
+            extra,
+        )
 
 
-def layout_plans(inst: Instance, options: SearchOptions, cands: Candidates) -> Iterator[tuple[Layout, Plan]]:
-    """Every uniform layout over all of `inst`'s GPUs that can be laid out, with its plan, while time lasts."""
+def layout_plans(
+    inst: Instance, options: SearchOptions, cands: Candidates
+) -> Iterator[tuple[Layout, Plan]]:
+    """Every uniform layout over all of `inst`'s GPUs that can be laid out, with its plan, while
+    time lasts."""
     for layout in uniform_layouts(inst, inst.cluster.total_gpus, options, max_tp(inst)):
         if cands.out_of_time:
             return
@@ -106,9 +126,10 @@ def layout_plans(inst: Instance, options: SearchOptions, cands: Candidates) -> I
 
 
 def sub_instance(inst: Instance, gpu: str | None = None, as_gpu: str | None = None) -> Instance:
-    """The instance on the nodes of one GPU type only (`gpu`), or with every GPU replaced by `as_gpu`
-    (the view of a planner that assumes a homogeneous cluster). Node names stay the same, so a plan laid
-    out on the view is a plan on the real cluster. Scenarios are dropped: the views are timed stable."""
+    """The instance on the nodes of one GPU type only (`gpu`), or with every GPU replaced by
+    `as_gpu` (the view of a planner that assumes a homogeneous cluster). Node names stay the same,
+    so a plan laid out on the view is a plan on the real cluster. Scenarios are dropped: the views
+    are timed stable."""
     spec = inst.spec.model_copy(deep=True)
     nodes = [n for n in spec.cluster.nodes if gpu is None or n.gpu == gpu]
     if as_gpu is not None:

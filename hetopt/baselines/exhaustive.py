@@ -1,12 +1,12 @@
-"""The exhaustive planner: every plan of the plan space, timed by the evaluator — the ground truth the
-exact planner must match on small instances.
+"""The exhaustive planner: every plan of the plan space, timed by the evaluator — the ground truth
+the exact planner must match on small instances.
 
-It shares the plan space (hetopt.search.space) but nothing of the search: no bounds, no linearisation,
-no integer programs. Every skeleton is placed; every split of the layers into the stages of each of its
-templates (each ≥ 1; one for all of them in lockstep) — and, with per-stage recompute, every assignment of
-modes to its stages — is built as a plan and priced by the evaluator's own features; plans that do not fit
-are skipped.
-Refused beyond `budget` plans, with a message saying how many it would take.
+It shares the plan space (hetopt.search.space) but nothing of the search: no bounds, no
+linearisation, no integer programs. Every skeleton is placed; every split of the layers into the
+stages of each of its templates (each ≥ 1; one for all of them in lockstep) — and, with per-stage
+recompute, every assignment of modes to its stages — is built as a plan and priced by the
+evaluator's own features; plans that do not fit are skipped. Refused beyond `budget` plans, with a
+message saying how many it would take.
 """
 
 from __future__ import annotations
@@ -42,25 +42,36 @@ def compositions(total: int, parts: int):
         yield [b - a for a, b in zip((0, *cuts), (*cuts, total), strict=True)]
 
 
-def exhaustive(inst: Instance, options: SearchOptions | None = None, profiles: Profiles | None = None,
-               budget: int = DEFAULT_BUDGET, objective: str = "stable",
-               workers: int | None = None) -> ExhaustiveResult:
+def exhaustive(
+    inst: Instance,
+    options: SearchOptions | None = None,
+    profiles: Profiles | None = None,
+    budget: int = DEFAULT_BUDGET,
+    objective: str = "stable",
+    workers: int | None = None,
+) -> ExhaustiveResult:
     """Every plan of the space priced by the evaluator; the best that fits.
 
-    Parameters: inst — the instance; options — the plan space (default: the instance's search section);
-    profiles — calibrated weights; budget — refuse spaces of more plans than this; objective — one of
-    hetopt.search.robust.OBJECTIVES; workers — processes to price in (default: up to 4 from
+    Parameters: inst — the instance; options — the plan space (default: the instance's search
+    section);
+    profiles — calibrated weights; budget — refuse spaces of more plans than this; objective — one
+    of hetopt.search.robust.OBJECTIVES; workers — processes to price in (default: up to 4 from
     PARALLEL_FROM_PRICINGS on, else 1).
     Returns: the best plan (None if none fits), its objective, and how many plans were priced.
     Raises: InputError when the space exceeds the budget."""
     return exhaustive_objectives(inst, (objective,), options, profiles, budget, workers)[objective]
 
 
-def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: SearchOptions | None = None,
-                          profiles: Profiles | None = None, budget: int = DEFAULT_BUDGET,
-                          workers: int | None = None) -> dict[str, ExhaustiveResult]:
-    """`exhaustive` for several objectives that price the same planning scenarios (expected and cvar), in
-    one pass: each plan is priced once and aggregated per objective.
+def exhaustive_objectives(
+    inst: Instance,
+    objectives: tuple[str, ...],
+    options: SearchOptions | None = None,
+    profiles: Profiles | None = None,
+    budget: int = DEFAULT_BUDGET,
+    workers: int | None = None,
+) -> dict[str, ExhaustiveResult]:
+    """`exhaustive` for several objectives that price the same planning scenarios (expected and
+    cvar), in one pass: each plan is priced once and aggregated per objective.
 
     Returns: objective → its ExhaustiveResult. Raises: InputError when the space exceeds the budget;
     ValueError for objectives that price different scenarios."""
@@ -74,17 +85,30 @@ def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: 
     skeletons, size = [], 0
     for sk in enumerate_skeletons(inst, options, stats, profiles):
         skeletons.append(sk)
-        size += math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.split_depths) \
+        size += (
+            math.prod(math.comb(inst.model.layers - 1, d - 1) for d in sk.split_depths)
             * max(1, len(sk.modes)) ** sk.depth
+        )
         if size > budget:  # counting the rest would take as long as the refusal saves
-            raise InputError("--planner exhaustive", [Problem(
-                "planner", f"the plan space has more than {budget:,} plans (the exhaustive budget) — "
-                           f"{size:,} in its first {len(skeletons):,} skeletons alone; use --planner ilp, or "
-                           f"narrow the instance's search section", size, True)])
+            raise InputError(
+                "--planner exhaustive",
+                [
+                    Problem(
+                        "planner",
+                        f"the plan space has more than {budget:,} plans (the exhaustive budget) "
+                        f"— {size:,} in its first {len(skeletons):,} skeletons alone; use "
+                        "--planner ilp, or narrow the instance's search section",
+                        size,
+                        True,
+                    )
+                ],
+            )
     n = max(1, min(_workers(size * len(scenarios), workers), len(skeletons)))
     # dealt round-robin, as skeletons' plan counts differ widely; each keeps its skeletons' order
-    jobs = [(inst, list(enumerate(skeletons))[k::n], scenarios, probabilities, objectives, profiles)
-            for k in range(n)]
+    jobs = [
+        (inst, list(enumerate(skeletons))[k::n], scenarios, probabilities, objectives, profiles)
+        for k in range(n)
+    ]
     if len(jobs) > 1:
         from hetopt.lifeline import worker_pool
 
@@ -104,8 +128,8 @@ def exhaustive_objectives(inst: Instance, objectives: tuple[str, ...], options: 
 
 
 PARALLEL_FROM_PRICINGS = 30_000
-"""From this many evaluator calls (plans × scenarios, about 0.3 ms each) the space is priced in worker
-processes, each taking every n-th skeleton: starting a worker costs about 1.5 s."""
+"""From this many evaluator calls (plans × scenarios, about 0.3 ms each) the space is priced in
+worker processes, each taking every n-th skeleton: starting a worker costs about 1.5 s."""
 
 
 def _workers(pricings: int, workers: int | None) -> int:
@@ -117,8 +141,8 @@ def _workers(pricings: int, workers: int | None) -> int:
 
 
 def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
-    """The best fitting plan of some numbered skeletons per objective: ([(its skeleton's number, objective
-    s, plan) per objective], plans priced, skeletons not placed)."""
+    """The best fitting plan of some numbered skeletons per objective: ([(its skeleton's number,
+    objective s, plan) per objective], plans priced, skeletons not placed)."""
     inst, skeletons, scenarios, probabilities, objectives, profiles = job
     best: list[tuple[float, float, Plan | None]] = [(math.inf, math.inf, None)] * len(objectives)
     evaluated, unplaced = 0, 0
@@ -129,13 +153,18 @@ def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
             unplaced += 1
             continue
         mixes = list(itertools.product(sk.modes, repeat=sk.depth)) if sk.modes else [None]
-        for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.split_depths)):
+        for split in itertools.product(
+            *(compositions(inst.model.layers, d) for d in sk.split_depths)
+        ):
             layers = sk.joined(split)
             if any(n % sk.virtual_stages for n in layers):
                 continue  # interleaved: every stage holds whole model chunks
             for modes in mixes:
                 plan = sk.plan(layers, modes).model_copy(update={"placement": placement})
-                evs = [price(sc.instance, plan, plan_features(sc.instance, plan), profiles) for sc in scenarios]
+                evs = [
+                    price(sc.instance, plan, plan_features(sc.instance, plan), profiles)
+                    for sc in scenarios
+                ]
                 evaluated += 1
                 if not evs[0].fits:
                     continue

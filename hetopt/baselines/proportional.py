@@ -1,12 +1,15 @@
-"""`proportional`: Metis-style rules of proportion (Um et al., ATC 2024, in spirit): no search over splits.
+"""`proportional`: Metis-style rules of proportion (Um et al., ATC 2024, in spirit): no search over
+splits.
 
-Two shapes, every TP degree, micro-batch size and recompute mode of the search space, the best one timed:
-- one template across every device class (the search.max_classes fastest types where there are more),
+Two shapes, every TP degree, micro-batch size and recompute mode of the search space, the best one
+timed:
+- one template across every device class (the search.max_classes fastest types where there are
+  more),
   fastest type first, each replica taking ⌊G_k / (t·R)⌋ stages of class k (all GPUs busy), layers in
   proportion to each stage's speed (within what its memory holds);
 - one template per device class (its replicas use all its GPUs, as few stages as memory allows; the
-  search.max_templates of most throughput where there are more), micro-batch shares in proportion to each
-  template's throughput, layers even within a template.
+  search.max_templates of most throughput where there are more), micro-batch shares in proportion to
+  each template's throughput, layers even within a template.
 Its plans are points of the search space (`Candidates` times no other).
 """
 
@@ -23,14 +26,21 @@ from hetopt.search.space import SearchOptions, Segment, Skeleton, Template, tp_o
 from hetopt.spec.instance import Instance
 
 
-def proportional(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
-                 ) -> PlannerResult:
+def proportional(
+    inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
+) -> PlannerResult:
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
-    classes = sorted(inst.cluster.device_classes.values(), key=lambda dc: -inst.gpu_types[dc.gpu].peak_tflops)
-    spanned = classes[:options.max_classes]  # one template spans at most max_classes classes: the fastest
-    total_mb_of = {b: inst.global_batch // b for b in options.micro_batch if inst.global_batch % b == 0}
+    classes = sorted(
+        inst.cluster.device_classes.values(), key=lambda dc: -inst.gpu_types[dc.gpu].peak_tflops
+    )
+    spanned = classes[
+        : options.max_classes
+    ]  # one template spans at most max_classes classes: the fastest
+    total_mb_of = {
+        b: inst.global_batch // b for b in options.micro_batch if inst.global_batch % b == 0
+    }
     for b, total_mb in total_mb_of.items():
         for rc in options.recompute:
             for tp in options.tp:
@@ -55,7 +65,9 @@ def one_template(inst, profiles, options, classes, b, rc, tp, total_mb):
         depth = sum(stages)
         if depth > min(options.max_stages, inst.model.layers) or total_mb // r < depth:
             continue
-        segments = tuple(Segment(dc.gpu, dc.island, tp, n) for dc, n in zip(classes, stages, strict=True))
+        segments = tuple(
+            Segment(dc.gpu, dc.island, tp, n) for dc, n in zip(classes, stages, strict=True)
+        )
         sk = Skeleton(b, rc, (Template(segments, r, total_mb // r),))
         try:
             problem = split_problem(inst, sk, profiles)
@@ -68,31 +80,56 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
     layers = inst.model.layers
     bounds = Bounds(inst, profiles)
     shapes = []
-    for dc in classes:  # the fewest stages that hold the model (ZeRO counted over this class's replicas only)
-        depth = next((n for n in range(1, min(options.max_stages, layers) + 1)
-                      if dc.gpus // (tp * n) >= 1 and bounds.max_layers_total(
-                          b, rc, (Segment(dc.gpu, dc.island, tp, n),), dc.gpus // (tp * n)) >= layers),
-                     None)
+    for dc in (
+        classes
+    ):  # the fewest stages that hold the model (ZeRO counted over this class's replicas only)
+        depth = next(
+            (
+                n
+                for n in range(1, min(options.max_stages, layers) + 1)
+                if dc.gpus // (tp * n) >= 1
+                and bounds.max_layers_total(
+                    b, rc, (Segment(dc.gpu, dc.island, tp, n),), dc.gpus // (tp * n)
+                )
+                >= layers
+            ),
+            None,
+        )
         if depth is None:
             continue
         r = dc.gpus // (tp * depth)
         a, c = bounds.stage_line(dc.gpu, tp, b, rc, False, False)
-        shapes.append((dc, depth, r, r / (a * layers / depth + c)))  # replicas × micro-batches per second
+        shapes.append(
+            (dc, depth, r, r / (a * layers / depth + c))
+        )  # replicas × micro-batches per second
     if not shapes:
         return None
-    shapes = sorted(shapes, key=lambda s: -s[3])[:options.max_templates]  # the space's most templates
+    shapes = sorted(shapes, key=lambda s: -s[3])[
+        : options.max_templates
+    ]  # the space's most templates
     rate = sum(s[3] for s in shapes)
     shares = [max(s[1], int(total_mb * s[3] / rate / s[2])) for s in shapes]
     # fix the rounding so that Σ R_j·m_j = M, on the fastest template, if it can absorb it
     rest = total_mb - sum(s[2] * m for s, m in zip(shapes, shares, strict=True))
     fastest = max(range(len(shapes)), key=lambda j: shapes[j][3] / shapes[j][2])
-    if rest % shapes[fastest][2] or shares[fastest] + rest // shapes[fastest][2] < shapes[fastest][1]:
+    if (
+        rest % shapes[fastest][2]
+        or shares[fastest] + rest // shapes[fastest][2] < shapes[fastest][1]
+    ):
         return None
     shares[fastest] += rest // shapes[fastest][2]
     pipelines = []
     for (dc, depth, r, _), m in zip(shapes, shares, strict=True):
         base, extra = divmod(layers, depth)
-        stages = [Stage(layers=base + (1 if i < extra else 0), gpu=dc.gpu, island=dc.island, tp=tp, recompute=rc)
-                  for i in range(depth)]
+        stages = [
+            Stage(
+                layers=base + (1 if i < extra else 0),
+                gpu=dc.gpu,
+                island=dc.island,
+                tp=tp,
+                recompute=rc,
+            )
+            for i in range(depth)
+        ]
         pipelines.append(Pipeline(replicas=r, micro_batches=m, stages=stages))
     return Plan(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1, pipelines=pipelines)

@@ -1,13 +1,17 @@
 """Planners built on homogeneous layouts (tp, pp, dp, micro-batch, recompute), as most systems plan.
 
-- `megatron`: the best uniform layout over every GPU, chosen as Megatron-LM's user would on a cluster it
-  takes to be homogeneous — every GPU the slowest one present (the least peak, then the least memory) —
-  with layers split evenly. The chosen layout is then timed on the real cluster.
-- `fastest-subset`: the best uniform layout on the GPUs of one type only, for the type that does best:
+- `megatron`: the best uniform layout over every GPU, chosen as Megatron-LM's user would on a
+  cluster it
+  takes to be homogeneous — every GPU the slowest one present (the least peak, then the least
+  memory) — with layers split evenly. The chosen layout is then timed on the real cluster.
+- `fastest-subset`: the best uniform layout on the GPUs of one type only, for the type that does
+  best:
   heterogeneity avoided by leaving the other GPUs idle.
-- `amp-like`: uniform layouts over every GPU, timed on the real cluster, each with a heterogeneity-aware
+- `amp-like`: uniform layouts over every GPU, timed on the real cluster, each with a
+  heterogeneity-aware
   layer split (AMP, Li et al. NeurIPS 2022): dynamic programming over the stages for the split that
-  minimises the slowest stage, each stage costed on the slowest GPU type that serves it in any replica.
+  minimises the slowest stage, each stage costed on the slowest GPU type that serves it in any
+  replica.
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ import math
 
 import numpy as np
 
-from hetopt.baselines.common import Candidates, PlannerResult, layout_plan, layout_plans, sub_instance
+from hetopt.baselines.common import (
+    Candidates,
+    PlannerResult,
+    layout_plan,
+    layout_plans,
+    sub_instance,
+)
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
 from hetopt.plan import Plan
@@ -25,8 +35,9 @@ from hetopt.search.space import SearchOptions
 from hetopt.spec.instance import Instance
 
 
-def megatron(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
-             ) -> PlannerResult:
+def megatron(
+    inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
+) -> PlannerResult:
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     slowest = min(inst.gpu_types.values(), key=lambda g: (g.peak_tflops, g.memory_gib))
@@ -45,8 +56,9 @@ def megatron(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | No
     return cands.result("megatron", f"the cluster seen as {inst.cluster.total_gpus}×{slowest.name}")
 
 
-def fastest_subset(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
-                   ) -> PlannerResult:
+def fastest_subset(
+    inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
+) -> PlannerResult:
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
@@ -54,11 +66,14 @@ def fastest_subset(inst: Instance, time_limit_s: float = 60.0, profiles: Profile
         for _, plan in layout_plans(sub_instance(inst, gpu=gpu), options, cands):
             cands.offer(plan)
     best = cands.best  # no fitting plan: the common note ("no candidate plan fits in memory")
-    return cands.result("fastest-subset", f"only the {best.pipelines[0].stages[0].gpu} GPUs" if best else "")
+    return cands.result(
+        "fastest-subset", f"only the {best.pipelines[0].stages[0].gpu} GPUs" if best else ""
+    )
 
 
-def amp_like(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
-             ) -> PlannerResult:
+def amp_like(
+    inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
+) -> PlannerResult:
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
@@ -71,9 +86,10 @@ def amp_like(inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | No
 
 
 def min_max_split(inst: Instance, profiles: Profiles, plan: Plan) -> list[int] | None:
-    """The layer split (one for every replica, as a uniform layout has) minimising the slowest stage's
-    compute time, by dynamic programming: best[i][n] = min over k of max(best[i−1][n−k], τ_i(k)), where
-    τ_i(k) = max over the templates of stage i's time with k layers (a·k + c lines of the cost model)."""
+    """The layer split (one for every replica, as a uniform layout has) minimising the slowest
+    stage's compute time, by dynamic programming: best[i][n] = min over k of max(best[i−1][n−k],
+    τ_i(k)), where τ_i(k) = max over the templates of stage i's time with k layers (a·k + c lines of
+    the cost model)."""
     p = len(plan.pipelines[0].stages)
     n_layers = inst.model.layers
     if p > n_layers:
@@ -84,7 +100,9 @@ def min_max_split(inst: Instance, profiles: Profiles, plan: Plan) -> list[int] |
     for i in range(p):
         for pipe in plan.pipelines:
             st = pipe.stages[i]
-            a, c = bounds.stage_line(st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1, st.cp)
+            a, c = bounds.stage_line(
+                st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1, st.cp
+            )
             tau[i] = np.maximum(tau[i], a * np.arange(n_layers + 1) + c)
     best = np.full(n_layers + 1, np.inf)
     best[0] = 0.0
@@ -105,7 +123,15 @@ def min_max_split(inst: Instance, profiles: Profiles, plan: Plan) -> list[int] |
 
 
 def with_layers(plan: Plan, layers: list[int]) -> Plan:
-    pipelines = [pipe.model_copy(update={"stages": [st.model_copy(update={"layers": n})
-                                                    for st, n in zip(pipe.stages, layers, strict=True)]})
-                 for pipe in plan.pipelines]
+    pipelines = [
+        pipe.model_copy(
+            update={
+                "stages": [
+                    st.model_copy(update={"layers": n})
+                    for st, n in zip(pipe.stages, layers, strict=True)
+                ]
+            }
+        )
+        for pipe in plan.pipelines
+    ]
     return plan.model_copy(update={"pipelines": pipelines})

@@ -1,19 +1,22 @@
 """Fitting the cost-model weights of one GPU type to measurements, through the very same cost model.
 
 Two kinds of CSV (see data/calibration/README.md) are understood by their columns:
-- layout runs: one row per measured training iteration (gpus, global_batch, micro_batch, hidden, heads,
+- layout runs: one row per measured training iteration (gpus, global_batch, micro_batch, hidden,
+  heads,
   layers, seq_len, tp, dp, pp, iter_time_ms, activation_recompute, pipeline_schedule);
 - layer times: forward and backward time of one transformer layer (model, heads, hidden, layers, tp,
   micro_batch, seq_len, vocab, config, layer_fwd_ms, layer_bwd_ms).
 
-Each row becomes an instance and a plan; `evaluate.plan_features` turns it into cost features once; the
-fit then prices the features with trial weights — the evaluator's own `pipe_times` and `dp_finish` — and
-minimises the relative error by bounded least squares (scipy). Each data set weighs the same in the fit
-(residuals scaled by 1/√rows). Accuracy is reported as k-fold cross-validated error.
+Each row becomes an instance and a plan; `evaluate.plan_features` turns it into cost features once;
+the fit then prices the features with trial weights — the evaluator's own `pipe_times` and
+`dp_finish` — and minimises the relative error by bounded least squares (scipy). Each data set
+weighs the same in the fit (residuals scaled by 1/√rows). Accuracy is reported as k-fold
+cross-validated error.
 
-Assumptions about the runs, from their sources: GPT models with the GPT-2 vocabulary (50257) and learned
-positions, 16-bit mixed precision, standard (non-flash) attention — the Megatron-DeepSpeed and Megatron-LM
-versions of 2022 — no sequence parallelism unless the configuration says so, no ZeRO in the layout runs.
+Assumptions about the runs, from their sources: GPT models with the GPT-2 vocabulary (50257) and
+learned positions, 16-bit mixed precision, standard (non-flash) attention — the Megatron-DeepSpeed
+and Megatron-LM versions of 2022 — no sequence parallelism unless the configuration says so, no ZeRO
+in the layout runs.
 """
 
 from __future__ import annotations
@@ -29,7 +32,22 @@ import numpy as np
 from hetopt.cost.attention import attention_weight
 from hetopt.cost.features import BWD, BWD_TP, FWD, FWD_TP, N_PARTS, OPT, plan_features, stage_work
 from hetopt.cost.pricing import dp_finish, pipe_times, price_parts
-from hetopt.cost.terms import ATTN, GEMM, ITER, KERN, LAT, LINK, MB, MEM, N_TERMS, NET, PASS, STEP, TERMS, CostParams
+from hetopt.cost.terms import (
+    ATTN,
+    GEMM,
+    ITER,
+    KERN,
+    LAT,
+    LINK,
+    MB,
+    MEM,
+    N_TERMS,
+    NET,
+    PASS,
+    STEP,
+    TERMS,
+    CostParams,
+)
 from hetopt.errors import InputError, Problem
 from hetopt.layout import Layout, expand_layout
 from hetopt.spec.gpus import CATALOG
@@ -38,9 +56,29 @@ from hetopt.spec.load import validate_document
 from hetopt.spec.schema import InstanceFile
 
 GPT2_VOCAB = 50257
-LAYOUT_COLUMNS = {"gpus", "global_batch", "micro_batch", "hidden", "heads", "layers", "seq_len", "tp", "dp", "pp",
-                  "iter_time_ms"}
-LAYER_COLUMNS = {"heads", "hidden", "tp", "micro_batch", "seq_len", "config", "layer_fwd_ms", "layer_bwd_ms"}
+LAYOUT_COLUMNS = {
+    "gpus",
+    "global_batch",
+    "micro_batch",
+    "hidden",
+    "heads",
+    "layers",
+    "seq_len",
+    "tp",
+    "dp",
+    "pp",
+    "iter_time_ms",
+}
+LAYER_COLUMNS = {
+    "heads",
+    "hidden",
+    "tp",
+    "micro_batch",
+    "seq_len",
+    "config",
+    "layer_fwd_ms",
+    "layer_bwd_ms",
+}
 
 # Fitted weights and their bounds: efficiencies in (0, 1] (weights ≥ 1), latencies ≥ 0.
 FITTED = (GEMM, KERN, MEM, LINK, STEP, PASS, MB, ITER)
@@ -49,9 +87,11 @@ LOWER = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 UPPER = np.array([20.0, 1e-3, 50.0, 20.0, 1e-3, 1e-2, 0.1, 1.0, 1.0, 1.0])
 START = np.array([1.5, 5e-6, 2.0, 1.5, 5e-6, 5e-5, 1e-3, 1e-2, 0.0, 0.2])
 SCALE = np.array([1.0, 1e-5, 1.0, 1.0, 1e-5, 1e-4, 1e-3, 1e-3, 1.0, 1.0])
-"""Typical magnitudes of the parameters: the solver steps in these units (it converges in tens of steps)."""
+"""Typical magnitudes of the parameters: the solver steps in these units (it converges in tens of
+steps)."""
 FIXED = {NET: 1.0, LAT: 1.0}
-"""No multi-node runs in the data: network efficiency stays at the line rate; latency is physical."""
+"""No multi-node runs in the data: network efficiency stays at the line rate; latency is
+physical."""
 
 
 @dataclass
@@ -66,12 +106,20 @@ class DataSet:
     mask: np.ndarray = field(default_factory=lambda: np.zeros(0))
     micro_batches: np.ndarray = field(default_factory=lambda: np.zeros(0))
     family: str = ""
-    """The GPU's architecture family: flash attention's weight follows its GEMM weight (cost.attention)."""
+    """The GPU's architecture family: flash attention's weight follows its GEMM weight
+    (cost.attention)."""
 
     def subset(self, index: np.ndarray) -> DataSet:
-        return DataSet(self.name, self.kind, self.measured_s[index], [self.labels[i] for i in index],
-                       self.features[index], self.mask[index] if self.mask.size else self.mask,
-                       self.micro_batches[index] if self.micro_batches.size else self.micro_batches, self.family)
+        return DataSet(
+            self.name,
+            self.kind,
+            self.measured_s[index],
+            [self.labels[i] for i in index],
+            self.features[index],
+            self.mask[index] if self.mask.size else self.mask,
+            self.micro_batches[index] if self.micro_batches.size else self.micro_batches,
+            self.family,
+        )
 
 
 def weights_of(theta: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -95,7 +143,9 @@ def predict(ds: DataSet, theta: np.ndarray) -> np.ndarray:
     return t_dp + np.where(ds.mask, times[..., OPT], 0.0).max(axis=-1)
 
 
-# -- reading ---------------------------------------------------------------------------------------------
+# -- reading
+# ---------------------------------------------------------------------------------------------
+
 
 def load_dataset(path: str | Path, gpu: str) -> DataSet:
     path = Path(path)
@@ -111,14 +161,41 @@ def load_dataset(path: str | Path, gpu: str) -> DataSet:
         return replace(_layout_dataset(path, rows, gpu), family=family)
     if columns >= LAYER_COLUMNS:
         return replace(_layer_dataset(path, rows, gpu), family=family)
-    raise InputError(str(path), [Problem("", f"unknown columns; a layout-runs file needs {sorted(LAYOUT_COLUMNS)}, a "
-                                             f"layer-times file {sorted(LAYER_COLUMNS)}", sorted(columns), True)])
+    raise InputError(
+        str(path),
+        [
+            Problem(
+                "",
+                f"unknown columns; a layout-runs file needs {sorted(LAYOUT_COLUMNS)}, a "
+                f"layer-times file {sorted(LAYER_COLUMNS)}",
+                sorted(columns),
+                True,
+            )
+        ],
+    )
 
 
-def _instance(gpu: str, gpus: int, hidden: int, heads: int, layers: int, seq_len: int, vocab: int,
-              global_batch: int, source: str, kv_heads: int | None = None, ffn_hidden: int | None = None,
-              gated: bool = False):
-    model = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "max_seq_len": seq_len}
+def _instance(
+    gpu: str,
+    gpus: int,
+    hidden: int,
+    heads: int,
+    layers: int,
+    seq_len: int,
+    vocab: int,
+    global_batch: int,
+    source: str,
+    kv_heads: int | None = None,
+    ffn_hidden: int | None = None,
+    gated: bool = False,
+):
+    model = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "vocab": vocab,
+        "max_seq_len": seq_len,
+    }
     if kv_heads is not None:
         model["kv_heads"] = kv_heads
     if ffn_hidden is not None:
@@ -128,8 +205,17 @@ def _instance(gpu: str, gpus: int, hidden: int, heads: int, layers: int, seq_len
     data = {
         "name": "calibration",
         "model": model,
-        "training": {"seq_len": seq_len, "global_batch": global_batch, "precision": "fp16", "attention": "standard"},
-        "cluster": {"nodes": [{"name": "node", "count": 1, "gpu": gpu, "gpus_per_node": gpus, "nic_gbps": 200}]},
+        "training": {
+            "seq_len": seq_len,
+            "global_batch": global_batch,
+            "precision": "fp16",
+            "attention": "standard",
+        },
+        "cluster": {
+            "nodes": [
+                {"name": "node", "count": 1, "gpu": gpu, "gpus_per_node": gpus, "nic_gbps": 200}
+            ]
+        },
     }
     spec = validate_document(data, source, InstanceFile, "instance")
     return instance_from_spec(spec, source, Path("."))
@@ -148,43 +234,83 @@ def _layout_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
             t_ms = float(r["iter_time_ms"])
         except ValueError as exc:
             raise InputError(str(path), [Problem(f"line {n}", f"not a number ({exc})")]) from None
-        inst = _instance(gpu, v["gpus"], v["hidden"], v["heads"], v["layers"], v["seq_len"], GPT2_VOCAB,
-                         v["global_batch"], f"{path}:{n}")
+        inst = _instance(
+            gpu,
+            v["gpus"],
+            v["hidden"],
+            v["heads"],
+            v["layers"],
+            v["seq_len"],
+            GPT2_VOCAB,
+            v["global_batch"],
+            f"{path}:{n}",
+        )
         schedule = r.get("pipeline_schedule", "1f1b").lower()
-        layout = Layout(tp=v["tp"], pp=v["pp"], dp=v["dp"], mb=v["micro_batch"],
-                        recompute=_recompute_of(r.get("activation_recompute", "none")), sp=False, zero=0,
-                        schedule="gpipe" if schedule == "gpipe" else "1f1b")
+        layout = Layout(
+            tp=v["tp"],
+            pp=v["pp"],
+            dp=v["dp"],
+            mb=v["micro_batch"],
+            recompute=_recompute_of(r.get("activation_recompute", "none")),
+            sp=False,
+            zero=0,
+            schedule="gpipe" if schedule == "gpipe" else "1f1b",
+        )
         plan = expand_layout(inst, layout, source=f"{path}:{n}")
         f = plan_features(inst, plan)
         feats.append(f.templates[0])
         mbs.append(f.micro_batches[0])
         measured.append(t_ms / 1e3)
-        labels.append(f"h={v['hidden']} L={v['layers']} {layout.tp}/{layout.pp}/{layout.dp} mb={layout.mb} "
-                      f"gb={v['global_batch']}")
+        labels.append(
+            f"h={v['hidden']} L={v['layers']} {layout.tp}/{layout.pp}/{layout.dp} "
+            f"mb={layout.mb} gb={v['global_batch']}"
+        )
     stages = max(a.shape[0] for a in feats)
     padded = np.zeros((len(feats), stages, N_PARTS, N_TERMS))
     mask = np.zeros((len(feats), stages), dtype=bool)
     for i, a in enumerate(feats):
         padded[i, : a.shape[0]] = a
         mask[i, : a.shape[0]] = True
-    return DataSet(path.name, "layout", np.array(measured), labels, padded, mask, np.array(mbs, dtype=float))
+    return DataSet(
+        path.name, "layout", np.array(measured), labels, padded, mask, np.array(mbs, dtype=float)
+    )
 
 
 def _layer_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
-    """Layer times; optional columns (as benchmarks/measure_device.py writes them) say the layer's kind:
-    `attention` (standard unless stated), `kv_heads`, `ffn_hidden`, `gated_mlp`."""
+    """Layer times; optional columns (as benchmarks/measure_device.py writes them) say the layer's
+    kind: `attention` (standard unless stated), `kv_heads`, `ffn_hidden`, `gated_mlp`."""
     feats, measured, labels = [], [], []
     for r in rows:
-        inst = _instance(gpu, int(r["tp"]), int(r["hidden"]), int(r["heads"]), int(r.get("layers", 1)),
-                         int(r["seq_len"]), int(r.get("vocab", GPT2_VOCAB)), int(r["micro_batch"]), str(path),
-                         kv_heads=int(r.get("kv_heads") or r["heads"]),
-                         ffn_hidden=int(r.get("ffn_hidden") or 4 * int(r["hidden"])),
-                         gated=str(r.get("gated_mlp", "")).lower() == "true")
+        inst = _instance(
+            gpu,
+            int(r["tp"]),
+            int(r["hidden"]),
+            int(r["heads"]),
+            int(r.get("layers", 1)),
+            int(r["seq_len"]),
+            int(r.get("vocab", GPT2_VOCAB)),
+            int(r["micro_batch"]),
+            str(path),
+            kv_heads=int(r.get("kv_heads") or r["heads"]),
+            ffn_hidden=int(r.get("ffn_hidden") or 4 * int(r["hidden"])),
+            gated=str(r.get("gated_mlp", "")).lower() == "true",
+        )
         config = r["config"].lower()
         sp = "sequence" in config
         attention = r.get("attention") or "standard"
-        work = stage_work(inst.model, inst.gpu_types[gpu], int(r["micro_batch"]), int(r["seq_len"]), int(r["tp"]),
-                          sp, attention, _recompute_of(config), 1, False, False).copy()
+        work = stage_work(
+            inst.model,
+            inst.gpu_types[gpu],
+            int(r["micro_batch"]),
+            int(r["seq_len"]),
+            int(r["tp"]),
+            sp,
+            attention,
+            _recompute_of(config),
+            1,
+            False,
+            False,
+        ).copy()
         work[:, MB] = 0.0  # one layer, not a whole micro-batch pass
         for compute, tp in ((FWD, FWD_TP), (BWD, BWD_TP)):  # each measured pass in the FWD slots
             row = np.zeros((N_PARTS, N_TERMS))
@@ -196,32 +322,53 @@ def _layer_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
     return DataSet(path.name, "layer", np.array(measured), labels, np.array(feats))
 
 
-# -- fitting ---------------------------------------------------------------------------------------------
+# -- fitting
+# ---------------------------------------------------------------------------------------------
 
-# The fit stops when a step changes the cost or the parameters by less than this fraction. The measured
-# times scatter by percents, so 1e-6 is far below what the data can tell apart; at SciPy's default 1e-8
-# the non-smooth max() terms of the pipeline model kept a 4/5 subset of the A100 layouts stepping until
-# 2,000 evaluations ran out, to a cost equal to the 1e-6 stop's in its first 6 digits.
+# The fit stops when a step changes the cost or the parameters by less than this fraction. The
+# measured times scatter by percents, so 1e-6 is far below what the data can tell apart; at SciPy's
+# default 1e-8 the non-smooth max() terms of the pipeline model kept a 4/5 subset of the A100
+# layouts stepping until 2,000 evaluations ran out, to a cost equal to the 1e-6 stop's in its first
+# 6 digits.
 FIT_TOLERANCE = 1e-6
 MAX_EVALUATIONS = 2000
 
 
 def fit_theta(datasets: list[DataSet]) -> np.ndarray:
     """Least-squares fit of θ (FITTED weights, dp_overlap, launch_serial) to the data sets' relative
-    errors, each data set weighted equally. Raises InputError (exit 2) when the fit does not converge."""
+    errors, each data set weighted equally. Raises InputError (exit 2) when the fit does not
+    converge."""
     from scipy.optimize import least_squares
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        parts = [(predict(ds, theta) - ds.measured_s) / ds.measured_s / np.sqrt(len(ds.measured_s))
-                 for ds in datasets]
+        parts = [
+            (predict(ds, theta) - ds.measured_s) / ds.measured_s / np.sqrt(len(ds.measured_s))
+            for ds in datasets
+        ]
         return np.concatenate(parts)
 
-    result = least_squares(residuals, START, bounds=(LOWER, UPPER), x_scale=SCALE, method="trf",
-                           max_nfev=MAX_EVALUATIONS, ftol=FIT_TOLERANCE, xtol=FIT_TOLERANCE)
+    result = least_squares(
+        residuals,
+        START,
+        bounds=(LOWER, UPPER),
+        x_scale=SCALE,
+        method="trf",
+        max_nfev=MAX_EVALUATIONS,
+        ftol=FIT_TOLERANCE,
+        xtol=FIT_TOLERANCE,
+    )
     if result.status <= 0:  # 0: the evaluations ran out; −1: bad input to the solver
-        raise InputError(", ".join(ds.name for ds in datasets), [Problem(
-            "", f"the calibration fit did not converge in {MAX_EVALUATIONS} evaluations ({result.message}); "
-                "check the rows for measured times that contradict one another, or add rows")])
+        raise InputError(
+            ", ".join(ds.name for ds in datasets),
+            [
+                Problem(
+                    "",
+                    f"the calibration fit did not converge in {MAX_EVALUATIONS} evaluations "
+                    f"({result.message}); check the rows for measured times that contradict one "
+                    "another, or add rows",
+                )
+            ],
+        )
     return result.x
 
 
@@ -230,28 +377,46 @@ def errors(ds: DataSet, theta: np.ndarray) -> dict:
 
     pred = predict(ds, theta)
     rel = (pred - ds.measured_s) / ds.measured_s
-    out = {"rows": len(rel), "mape": float(np.mean(np.abs(rel))), "max_error": float(np.max(np.abs(rel)))}
+    out = {
+        "rows": len(rel),
+        "mape": float(np.mean(np.abs(rel))),
+        "max_error": float(np.max(np.abs(rel))),
+    }
     if len(rel) > 2:
         out["spearman"] = float(spearmanr(pred, ds.measured_s).statistic)
     if ds.kind == "layer":
-        out["per_row"] = {label: {"measured_ms": m * 1e3, "predicted_ms": p * 1e3, "error": e}
-                          for label, m, p, e in zip(ds.labels, ds.measured_s, pred, rel, strict=True)}
+        out["per_row"] = {
+            label: {"measured_ms": m * 1e3, "predicted_ms": p * 1e3, "error": e}
+            for label, m, p, e in zip(ds.labels, ds.measured_s, pred, rel, strict=True)
+        }
     return out
 
 
-def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0,
-                   progress: Callable[[int], None] | None = None) -> dict[str, dict]:
-    """k-fold CV: every layout data set is split into folds; small layer-time sets stay in every fit.
-    progress(k) is called after fold k (1-based) is fitted."""
+def cross_validate(
+    datasets: list[DataSet],
+    folds: int = 5,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, dict]:
+    """k-fold CV: every layout data set is split into folds; small layer-time sets stay in every
+    fit. progress(k) is called after fold k (1-based) is fitted."""
     rng = np.random.default_rng(seed)
-    splits = {ds.name: np.array_split(rng.permutation(len(ds.measured_s)), folds) for ds in datasets
-              if ds.kind == "layout"}
+    splits = {
+        ds.name: np.array_split(rng.permutation(len(ds.measured_s)), folds)
+        for ds in datasets
+        if ds.kind == "layout"
+    }
     held: dict[str, list[np.ndarray]] = {name: [] for name in splits}
-    predicted: dict[str, np.ndarray] = {name: np.zeros(len(d.measured_s)) for d in datasets
-                                        for name in [d.name] if name in splits}
+    predicted: dict[str, np.ndarray] = {
+        name: np.zeros(len(d.measured_s)) for d in datasets for name in [d.name] if name in splits
+    }
     for k in range(folds):
-        train = [ds.subset(np.setdiff1d(np.arange(len(ds.measured_s)), splits[ds.name][k]))
-                 if ds.name in splits else ds for ds in datasets]
+        train = [
+            ds.subset(np.setdiff1d(np.arange(len(ds.measured_s)), splits[ds.name][k]))
+            if ds.name in splits
+            else ds
+            for ds in datasets
+        ]
         theta = fit_theta(train)
         for ds in datasets:
             if ds.name in splits:
@@ -264,18 +429,24 @@ def cross_validate(datasets: list[DataSet], folds: int = 5, seed: int = 0,
     for ds in datasets:
         if ds.name in splits:
             rel = (predicted[ds.name] - ds.measured_s) / ds.measured_s
-            report[ds.name] = {"folds": folds, "cv_mape": float(np.mean(np.abs(rel))),
-                               "cv_max_error": float(np.max(np.abs(rel)))}
+            report[ds.name] = {
+                "folds": folds,
+                "cv_mape": float(np.mean(np.abs(rel))),
+                "cv_max_error": float(np.max(np.abs(rel))),
+            }
     return report
 
 
-def calibrate(paths: list[str | Path], gpu: str, folds: int = 5,
-              progress: Callable[[str], None] | None = None) -> CostParams:
+def calibrate(
+    paths: list[str | Path], gpu: str, folds: int = 5, progress: Callable[[str], None] | None = None
+) -> CostParams:
     """Fit the weights of `gpu` on the given CSV files; the result carries its fit report.
 
-    Parameters: paths — the CSV files; gpu — the catalog type measured; folds — cross-validation folds;
+    Parameters: paths — the CSV files; gpu — the catalog type measured; folds — cross-validation
+    folds;
     progress — progress(what is being done) before the fit and after each fold.
-    Returns: the fitted CostParams. Raises: InputError for bad data or a fit that does not converge."""
+    Returns: the fitted CostParams. Raises: InputError for bad data or a fit that does not
+    converge."""
     tell = progress or (lambda text: None)
     datasets = [load_dataset(p, gpu) for p in paths]
     sets = f"{len(datasets)} data set{'s' if len(datasets) != 1 else ''}"
@@ -284,12 +455,25 @@ def calibrate(paths: list[str | Path], gpu: str, folds: int = 5,
     w, overlap, serial = weights_of(theta)
     family = CATALOG[gpu].family if gpu in CATALOG else ""
     w[ATTN], _ = attention_weight(family, w[GEMM])
-    cv = cross_validate(datasets, folds, progress=lambda k: tell(f"cross-validating: fold {k} of {folds} fitted")) \
-        if any(ds.kind == "layout" for ds in datasets) else {}
+    cv = (
+        cross_validate(
+            datasets,
+            folds,
+            progress=lambda k: tell(f"cross-validating: fold {k} of {folds} fitted"),
+        )
+        if any(ds.kind == "layout" for ds in datasets)
+        else {}
+    )
     report = {ds.name: {**errors(ds, theta), **cv.get(ds.name, {})} for ds in datasets}
     return CostParams(
-        gpu=gpu, weights=tuple(float(x) for x in w), dp_overlap=overlap, launch_serial=serial,
-        source="; ".join(Path(p).name for p in paths), date=dt.date.today().isoformat(),
-        method=f"least-squares fit of {', '.join(TERMS[i] for i in FITTED)}, dp_overlap and launch_serial on "
-               "measured runs through hetopt's cost model (relative error, each data set weighted equally)",
-        fit=report)
+        gpu=gpu,
+        weights=tuple(float(x) for x in w),
+        dp_overlap=overlap,
+        launch_serial=serial,
+        source="; ".join(Path(p).name for p in paths),
+        date=dt.date.today().isoformat(),
+        method=f"least-squares fit of {', '.join(TERMS[i] for i in FITTED)}, dp_overlap and "
+        "launch_serial on measured runs through hetopt's cost model (relative error, each data set "
+        "weighted equally)",
+        fit=report,
+    )

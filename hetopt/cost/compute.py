@@ -1,25 +1,25 @@
 """Compute-cost features of one stage's work per micro-batch (DESIGN 3).
 
-GEMM work is FLOPs at the GPU's peak (priced by the calibrated GEMM efficiency) plus one fixed cost per
-GEMM kernel (small per-GPU matrices run far below peak: a GEMM of F FLOPs takes F/(peak·η) + t_kernel, so
-its efficiency is η·F/(F + t_kernel·peak·η) — the calibrated function of the per-GPU matrix shapes).
-Memory-bound work (norms, softmax, dropout, activation functions, residual adds) is priced by bytes at the
-HBM bandwidth: a forward pass writes the activations it stores (memory.layer_activation_bytes without
-recompute) and the backward pass reads them and writes their gradients, twice the bytes.
-Backward GEMMs cost twice the forward (input and weight gradients). Full recompute adds one forward;
-selective recompute adds the attention core.
+GEMM work is FLOPs at the GPU's peak (priced by the calibrated GEMM efficiency) plus one fixed cost
+per GEMM kernel (small per-GPU matrices run far below peak: a GEMM of F FLOPs takes F/(peak·η) +
+t_kernel, so its efficiency is η·F/(F + t_kernel·peak·η) — the calibrated function of the per-GPU
+matrix shapes). Memory-bound work (norms, softmax, dropout, activation functions, residual adds) is
+priced by bytes at the HBM bandwidth: a forward pass writes the activations it stores
+(memory.layer_activation_bytes without recompute) and the backward pass reads them and writes their
+gradients, twice the bytes. Backward GEMMs cost twice the forward (input and weight gradients). Full
+recompute adds one forward; selective recompute adds the attention core.
 
-Context parallelism (cp ranks, Megatron-LM's --context-parallel-size) splits the sequence: every rank runs
-the projections, MLP, norms, head and embedding on its s/cp tokens, and the attention core of its queries
-against the whole sequence — 1/cp of the core's FLOPs with the causal load balancing Megatron-LM uses (each
-rank holds chunks i and 2cp − 1 − i), in cp blocks, one kernel each. Its communication (`cp_comm_per_pass`)
-gathers every rank's keys and values.
+Context parallelism (cp ranks, Megatron-LM's --context-parallel-size) splits the sequence: every
+rank runs the projections, MLP, norms, head and embedding on its s/cp tokens, and the attention core
+of its queries against the whole sequence — 1/cp of the core's FLOPs with the causal load balancing
+Megatron-LM uses (each rank holds chunks i and 2cp − 1 − i), in cp blocks, one kernel each. Its
+communication (`cp_comm_per_pass`) gathers every rank's keys and values.
 
-The attention core (scores QKᵀ and context PV) depends on the kernel. Standard attention runs it as batched
-GEMMs over the whole s×s matrix (GEMM term, backward 2×). Flash attention (Dao 2022/2023) is one fused kernel
-with its own efficiency (ATTN term): it skips the masked half of a causal LM's s×s matrix, and its backward
-recomputes the scores, 5 matmuls against the forward's 2 — 2.5× the forward's FLOPs, the count
-flash-attention's own benchmarks use.
+The attention core (scores QKᵀ and context PV) depends on the kernel. Standard attention runs it as
+batched GEMMs over the whole s×s matrix (GEMM term, backward 2×). Flash attention (Dao 2022/2023) is
+one fused kernel with its own efficiency (ATTN term): it skips the masked half of a causal LM's s×s
+matrix, and its backward recomputes the scores, 5 matmuls against the forward's 2 — 2.5× the
+forward's FLOPs, the count flash-attention's own benchmarks use.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ CROSS_ENTROPY_PASSES_BWD = 2
 CAUSAL_FRACTION = 0.5
 """A causal LM's mask hides half of the s×s scores; flash attention skips those blocks."""
 FLASH_BACKWARD_FLOPS = 2.5
-"""Flash attention's backward recomputes the scores: 5 s×s matmuls against the forward's 2 (Dao 2023, §3.1)."""
+"""Flash attention's backward recomputes the scores: 5 s×s matmuls against the forward's 2 (Dao
+2023, §3.1)."""
 ADAM_BYTES_PER_PARAM = 30.0
-"""Optimizer step: read the fp32 gradient (4), read and write fp32 master, m and v (24), write bf16 weight (2)."""
+"""Optimizer step: read the fp32 gradient (4), read and write fp32 master, m and v (24), write bf16
+weight (2)."""
 
 
 @dataclass(frozen=True)
@@ -84,14 +86,14 @@ def attention_core_flops(x: LayerShape) -> float:
 
 
 def attention_kernels(x: LayerShape) -> int:
-    """Kernels of the attention core per forward: one fused (flash) or two GEMMs, once per block of keys
-    and values a context-parallel rank sees (cp)."""
+    """Kernels of the attention core per forward: one fused (flash) or two GEMMs, once per block of
+    keys and values a context-parallel rank sees (cp)."""
     return (1 if x.attention == "flash" else 2) * x.cp
 
 
 def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
-    """The attention core of one layer's pass on one GPU of a TP group (its heads are split over TP, its
-    queries over CP)."""
+    """The attention core of one layer's pass on one GPU of a TP group (its heads are split over TP,
+    its queries over CP)."""
     flops = attention_core_flops(x) / (x.tp * x.cp)
     kernels = attention_kernels(x) * (2 if backward else 1)
     if x.attention == "standard":
@@ -104,10 +106,16 @@ def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.nd
 
 def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """The projections' and MLP's GEMMs and the memory-bound work of one layer's forward."""
-    local = LayerShape(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention)  # this rank's tokens
+    local = LayerShape(
+        x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention
+    )  # this rank's tokens
     dense = layer_forward_flops(x.model, x.micro_batch, x.tokens) - attention_core_flops(local)
-    stored = layer_activation_bytes(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none")
-    return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)  # QKV, output projection, MLP up(+gate), MLP down
+    stored = layer_activation_bytes(
+        x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none"
+    )
+    return _gemm(dense / x.tp, 4, gpu) + _mem(
+        stored, gpu
+    )  # QKV, output projection, MLP up(+gate), MLP down
 
 
 def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
@@ -126,7 +134,8 @@ def layer_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
 
 
 def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
-    """Extra forward work done in backward: the whole layer (full) or its attention core (selective)."""
+    """Extra forward work done in backward: the whole layer (full) or its attention core
+    (selective)."""
     if recompute == "full":
         return layer_forward(x, gpu)
     if recompute == "selective" and x.attention == "standard":
@@ -143,12 +152,13 @@ def tp_comm_per_pass(x: LayerShape, intra) -> np.ndarray:
 
 
 def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray:
-    """Context parallelism's exchange per layer: every rank gathers the keys and values of the other cp − 1
-    (2·b·(s/cp)·kv_width/tp 16-bit values each; grouped-query attention sends only the kv heads), and the
-    backward pass gathers them again and reduce-scatters their gradients (twice the forward). Priced as
-    the collective it is (Megatron-LM's `all_gather` CP communication), not overlapped with the attention
-    blocks (its `p2p` ring hides some of it: this is the most it exposes). 0 without CP. An all-gather is
-    priced by the buffer it fills (cp shares: each rank receives cp − 1 of them)."""
+    """Context parallelism's exchange per layer: every rank gathers the keys and values of the other
+    cp − 1 (2·b·(s/cp)·kv_width/tp 16-bit values each; grouped-query attention sends only the kv
+    heads), and the backward pass gathers them again and reduce-scatters their gradients (twice the
+    forward). Priced as the collective it is (Megatron-LM's `all_gather` CP communication), not
+    overlapped with the attention blocks (its `p2p` ring hides some of it: this is the most it
+    exposes). 0 without CP. An all-gather is priced by the buffer it fills (cp shares: each rank
+    receives cp − 1 of them)."""
     if x.cp <= 1:
         return zeros()
     rank_bytes = ACT_BYTES * x.micro_batch * x.tokens * 2 * kv_width(x.model) / x.tp
@@ -158,18 +168,21 @@ def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray
 def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """LM head GEMM (vocabulary-parallel) and the fp32 softmax cross-entropy."""
     logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
-    return (_gemm(head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 1, gpu)
-            + _mem(CROSS_ENTROPY_PASSES_FWD * logits, gpu))
+    return _gemm(head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 1, gpu) + _mem(
+        CROSS_ENTROPY_PASSES_FWD * logits, gpu
+    )
 
 
 def head_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
-    return (_gemm(2 * head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 2, gpu)
-            + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu))
+    return _gemm(2 * head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 2, gpu) + _mem(
+        CROSS_ENTROPY_PASSES_BWD * logits, gpu
+    )
 
 
 def head_tp_comm(x: LayerShape, intra) -> np.ndarray:
-    """Vocabulary-parallel cross-entropy: three all-reduces of one fp32 per token (max, sum, target)."""
+    """Vocabulary-parallel cross-entropy: three all-reduces of one fp32 per token (max, sum,
+    target)."""
     return 3 * comm.collective("all_reduce", 4.0 * x.micro_batch * x.tokens, x.tp, intra)
 
 

@@ -1,11 +1,12 @@
-"""Cost features of a placed plan (DESIGN 3): everything the iteration time depends on that calibration
-does not fit — FLOPs, bytes, kernel and collective-step counts per stage, per `Part` — and peak memory.
+"""Cost features of a placed plan (DESIGN 3): everything the iteration time depends on that
+calibration does not fit — FLOPs, bytes, kernel and collective-step counts per stage, per `Part` —
+and peak memory.
 
 `plan_features` turns a placed plan into, per template, an array (stages, N_PARTS, N_TERMS) that
 hetopt.cost.pricing prices with each stage's calibrated weights: work per micro-batch of every stage
-(`stage_work`: layers, embedding, head, recompute and TP collectives), the point-to-point sends it makes,
-its gradient all-reduce (sharing NICs with the rings beside it), the optimizer step, ZeRO-2/3 collectives
-per pass, and the templates' gradient exchange (`cross_template_exchange`).
+(`stage_work`: layers, embedding, head, recompute and TP collectives), the point-to-point sends it
+makes, its gradient all-reduce (sharing NICs with the rings beside it), the optimizer step, ZeRO-2/3
+collectives per pass, and the templates' gradient exchange (`cross_template_exchange`).
 """
 
 from __future__ import annotations
@@ -39,22 +40,27 @@ from hetopt.spec.instance import Instance
 from hetopt.spec.presets import ModelArch
 
 GRAD_COMM_BYTES = 2.0
-"""Gradients are reduced in 16 bits (Megatron-core's default grad_reduce_in_fp32=False; DeepSpeed fp16)."""
+"""Gradients are reduced in 16 bits (Megatron-core's default grad_reduce_in_fp32=False; DeepSpeed
+fp16)."""
 FP32_BYTES = 4.0
 
 
 def grad_comm_bytes(inst: Instance) -> float:
-    """Bytes per gradient in the data-parallel reduction: `training.grad_reduce_dtype` fp32 (Megatron's
-    --grad-reduce-in-fp32, DeepSpeed's fp32 all-reduce) sends 4, the default 16 bits GRAD_COMM_BYTES."""
+    """Bytes per gradient in the data-parallel reduction: `training.grad_reduce_dtype` fp32
+    (Megatron's --grad-reduce-in-fp32, DeepSpeed's fp32 all-reduce) sends 4, the default 16 bits
+    GRAD_COMM_BYTES."""
     return FP32_BYTES if inst.spec.training.grad_reduce_dtype == "fp32" else GRAD_COMM_BYTES
 
-class Part(IntEnum):
-    """The named rows of a stage's cost: features (N_PARTS, N_TERMS) and priced seconds (N_PARTS,) per stage.
 
-    FWD, BWD — one micro-batch's forward and backward compute (recompute in BWD); FWD_TP, BWD_TP — what
-    their tensor-parallel (and exposed ZeRO-2/3) collectives add; P2P — the point-to-point sends per
-    micro-batch; DP — the gradient all-reduce per iteration; OPT — the optimizer step per iteration.
-    Arrays stay arrays (batched pricing and calibration need them); index them by these names."""
+class Part(IntEnum):
+    """The named rows of a stage's cost: features (N_PARTS, N_TERMS) and priced seconds (N_PARTS,)
+    per stage.
+
+    FWD, BWD — one micro-batch's forward and backward compute (recompute in BWD); FWD_TP, BWD_TP —
+    what their tensor-parallel (and exposed ZeRO-2/3) collectives add; P2P — the point-to-point
+    sends per micro-batch; DP — the gradient all-reduce per iteration; OPT — the optimizer step per
+    iteration. Arrays stay arrays (batched pricing and calibration need them); index them by these
+    names."""
 
     FWD = 0
     BWD = 1
@@ -69,12 +75,10 @@ FWD, BWD, FWD_TP, BWD_TP, P2P, DP, OPT = Part
 N_PARTS = len(Part)
 
 
-
-
 @dataclass
 class PlanFeatures:
-    """Cost features of a placed plan: per template an array (rows, N_PARTS, N_TERMS), a row per stage —
-    or per shard of a stage with shards (`stage_of`)."""
+    """Cost features of a placed plan: per template an array (rows, N_PARTS, N_TERMS), a row per
+    stage — or per shard of a stage with shards (`stage_of`)."""
 
     templates: list[np.ndarray]
     micro_batches: list[int]
@@ -87,7 +91,8 @@ class PlanFeatures:
     cross_flows: list[tuple[str, str, float]] = field(default_factory=list)
     """Its flows: (source node, destination node, bytes), all running at once."""
     zero_passes: list[np.ndarray] = field(default_factory=list)
-    """ZeRO-2/3 collectives per micro-batch, per template (stages, 2, N_TERMS): forward, backward pass."""
+    """ZeRO-2/3 collectives per micro-batch, per template (stages, 2, N_TERMS): forward, backward
+    pass."""
     zero_units: list[list[int]] = field(default_factory=list)
     """Units (layers, embedding, head) each stage gathers or reduces one by one under ZeRO-2/3."""
     stage_of: list[list[int]] = field(default_factory=list)
@@ -98,16 +103,31 @@ class PlanFeatures:
         return len(self.stage_of[j]) != len(set(self.stage_of[j]))
 
 
-# -- features -------------------------------------------------------------------------------------------
+# -- features
+# -------------------------------------------------------------------------------------------
+
 
 @lru_cache(maxsize=65536)
-def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, tp: int, sp: bool,
-                attention: str, recompute: str, layers: int, first: bool, last: bool, intra=None,
-                cp: int = 1) -> np.ndarray:
-    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP collectives
-    over `intra` (the stage's intra-node Route, or a comm.Span when its TP group spans nodes; default the
-    GPU's catalog interconnect); with context parallelism `cp` > 1 the work of one of its ranks and the
-    CP exchange (over `intra`: CP stays inside a node) beside the TP collectives."""
+def stage_work(
+    model: ModelArch,
+    gpu: GPUType,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sp: bool,
+    attention: str,
+    recompute: str,
+    layers: int,
+    first: bool,
+    last: bool,
+    intra=None,
+    cp: int = 1,
+) -> np.ndarray:
+    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP
+    collectives over `intra` (the stage's intra-node Route, or a comm.Span when its TP group spans
+    nodes; default the GPU's catalog interconnect); with context parallelism `cp` > 1 the work of
+    one of its ranks and the CP exchange (over `intra`: CP stays inside a node) beside the TP
+    collectives."""
     x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention, cp)
     intra = intra or intra_route(gpu)
     fwd = layers * cc.layer_forward(x, gpu)
@@ -116,8 +136,11 @@ def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, t
     cp_fwd = cc.cp_comm_per_pass(x, intra)
     # full recompute runs the forward's collectives again in the backward pass
     fwd_tp = layers * (tp_pass + cp_fwd)
-    bwd_tp = layers * (tp_pass * (2 if recompute == "full" else 1) + cc.cp_comm_per_pass(x, intra, True)
-                       + (cp_fwd if recompute == "full" else 0.0))
+    bwd_tp = layers * (
+        tp_pass * (2 if recompute == "full" else 1)
+        + cc.cp_comm_per_pass(x, intra, True)
+        + (cp_fwd if recompute == "full" else 0.0)
+    )
     if first:
         fwd = fwd + cc.embedding_forward(x, gpu)
         bwd = bwd + 2 * cc.embedding_forward(x, gpu)
@@ -132,17 +155,22 @@ def stage_work(model: ModelArch, gpu: GPUType, micro_batch: int, seq_len: int, t
 
 
 def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
-    """Cost features of a placed plan: one row per stage, or, for a stage with shards, one row per shard
-    (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says whose),
-    on `inst`'s network."""
+    """Cost features of a placed plan: one row per stage, or, for a stage with shards, one row per
+    shard (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says
+    whose), on `inst`'s network."""
     m, s, b = inst.model, inst.seq_len, plan.micro_batch
     attention = inst.spec.training.attention
     cluster = inst.cluster
     nodes_of = stage_nodes(plan)
-    ranks_at = rank_nodes(plan) if any(st.shards for pipe in plan.pipelines for st in pipe.stages) else {}
+    ranks_at = (
+        rank_nodes(plan) if any(st.shards for pipe in plan.pipelines for st in pipe.stages) else {}
+    )
     # every data-parallel rank's node of each stage, all replicas (one per replica without shards)
-    everyone = {(j, i): [n for nodes in ranks_at[(j, i)] for n in nodes] if st.shards else nodes_of[(j, i)]
-                for j, pipe in enumerate(plan.pipelines) for i, st in enumerate(pipe.stages)}
+    everyone = {
+        (j, i): [n for nodes in ranks_at[(j, i)] for n in nodes] if st.shards else nodes_of[(j, i)]
+        for j, pipe in enumerate(plan.pipelines)
+        for i, st in enumerate(pipe.stages)
+    }
     sequence_bytes = cc.ACT_BYTES * s * m.hidden  # activations (or their gradients) of one sequence
     replicas_total = plan.replicas
     templates, gpus, memory, stage_of = [], [], [], []
@@ -153,7 +181,9 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
     vp = plan.virtual_stages
     for j, pipe in enumerate(plan.pipelines):
         p = len(pipe.stages)
-        rows = [(i, k, sh) for i, st in enumerate(pipe.stages) for k, sh in enumerate(st.ranks_of(b))]
+        rows = [
+            (i, k, sh) for i, st in enumerate(pipe.stages) for k, sh in enumerate(st.ranks_of(b))
+        ]
         arr = np.zeros((len(rows), N_PARTS, N_TERMS))
         z_arr = np.zeros((len(rows), 2, N_TERMS))
         t_gpus, t_mem, z_units = [], [], []
@@ -163,43 +193,95 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
             gpu = inst.gpu_types[sh.gpu]
             first, last = i == 0, i == p - 1
             # this shard's ranks' nodes (all replicas), and the nodes its sends leave from
-            mine = [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)] if st.shards \
+            mine = (
+                [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)]
+                if st.shards
                 else nodes_of[(j, i)]
+            )
             sources = set(mine) if st.shards else None
-            # TP collectives inside the stage's nodes, or over the network when its TP group spans nodes
+            # TP collectives inside the stage's nodes, or over the network when its TP group spans
+            # nodes
             tp_path = spans.get((j, i)) or cluster.slowest_intra(list(dict.fromkeys(mine)))
-            arr[row, :4] = stage_work(m, gpu, sh.sequences, s, st.tp, st.sp, attention, st.recompute, st.layers,
-                                      first, last, tp_path, st.cp)
-            # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
-            # model chunk; with interleaving the last stage also passes activations on to the first stage's
-            # next chunk, and the first stage passes gradients back to the last (vp − 1 times each).
-            # Each of the tp·cp ranks sends its share (CP: its part of the sequence); every rank sends the
-            # sequences it holds to the ranks of the neighbouring stage that hold them.
+            arr[row, :4] = stage_work(
+                m,
+                gpu,
+                sh.sequences,
+                s,
+                st.tp,
+                st.sp,
+                attention,
+                st.recompute,
+                st.layers,
+                first,
+                last,
+                tp_path,
+                st.cp,
+            )
+            # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once
+            # per model chunk; with interleaving the last stage also passes activations on to the
+            # first stage's next chunk, and the first stage passes gradients back to the last (vp −
+            # 1 times each). Each of the tp·cp ranks sends its share (CP: its part of the sequence);
+            # every rank sends the sequences it holds to the ranks of the neighbouring stage that
+            # hold them.
             for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
                 if times:
                     if (i, way) not in sends:
-                        sends[(i, way)] = boundary_sends(plan, j, i, (i + way) % p, nodes_of, ranks_at,
-                                                         sequence_bytes)
-                    arr[row, P2P] += times * send_features(cluster, sends[(i, way)], st.width, sources)
+                        sends[(i, way)] = boundary_sends(
+                            plan, j, i, (i + way) % p, nodes_of, ranks_at, sequence_bytes
+                        )
+                    arr[row, P2P] += times * send_features(
+                        cluster, sends[(i, way)], st.width, sources
+                    )
             params = stage_params(m, st.layers, first, last, p)
             columns = nic_columns(cluster, mine, st.tp)
-            # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks each
-            # (Megatron-LM's DP×CP group)
+            # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks
+            # each (Megatron-LM's DP×CP group)
             every = everyone[(j, i)]
             dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
-            arr[row, DP] = _dp_collective("all_reduce", cluster, dp_ranks, dp_nodes, params / st.tp * grad_bytes,
-                                          columns, ring_load)
-            group = (replicas_total - pipe.replicas + len(every)) * st.cp  # ZeRO-1: one shard per DP rank
+            arr[row, DP] = _dp_collective(
+                "all_reduce",
+                cluster,
+                dp_ranks,
+                dp_nodes,
+                params / st.tp * grad_bytes,
+                columns,
+                ring_load,
+            )
+            group = (
+                replicas_total - pipe.replicas + len(every)
+            ) * st.cp  # ZeRO-1: one shard per DP rank
             shard = group if plan.zero else 1
             arr[row, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[row, OPT, ITER] = 1
             if plan.zero >= 2:
-                zero_stage(arr[row], z_arr[row], plan.zero, cluster, dp_ranks, dp_nodes, params / st.tp,
-                           grad_bytes, columns, gpu, ring_load)
+                zero_stage(
+                    arr[row],
+                    z_arr[row],
+                    plan.zero,
+                    cluster,
+                    dp_ranks,
+                    dp_nodes,
+                    params / st.tp,
+                    grad_bytes,
+                    columns,
+                    gpu,
+                    ring_load,
+                )
             z_units.append(st.layers + first + last)
             t_gpus.append(gpu)
-            t_mem.append(stage_memory(inst, plan, pipe.micro_batches, p, i, st, params,
-                                      replicas_total - pipe.replicas + len(every), sh.sequences))
+            t_mem.append(
+                stage_memory(
+                    inst,
+                    plan,
+                    pipe.micro_batches,
+                    p,
+                    i,
+                    st,
+                    params,
+                    replicas_total - pipe.replicas + len(every),
+                    sh.sequences,
+                )
+            )
         templates.append(arr)
         gpus.append(t_gpus)
         memory.append(t_mem)
@@ -207,12 +289,23 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
         zero_units.append(z_units)
         stage_of.append([i for i, _, _ in rows])
     cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * grad_bytes)
-    return PlanFeatures(templates, [pp.micro_batches for pp in plan.pipelines], gpus, plan.virtual_stages, memory,
-                        cross, flows, zero_passes if plan.zero >= 2 else [], zero_units, stage_of)
+    return PlanFeatures(
+        templates,
+        [pp.micro_batches for pp in plan.pipelines],
+        gpus,
+        plan.virtual_stages,
+        memory,
+        cross,
+        flows,
+        zero_passes if plan.zero >= 2 else [],
+        zero_units,
+        stage_of,
+    )
 
 
 def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
-    """(template, stage) → the node of each replica (of its first data-parallel rank, with shards)."""
+    """(template, stage) → the node of each replica (of its first data-parallel rank, with
+    shards)."""
     out: dict[tuple[int, int], list[str]] = {}
     for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica)):
         if e.rank == 0:
@@ -221,7 +314,8 @@ def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
 
 
 def rank_nodes(plan: Plan) -> dict[tuple[int, int], list[list[str]]]:
-    """(template, stage) → per replica, the node of each of the stage's data-parallel ranks in rank order."""
+    """(template, stage) → per replica, the node of each of the stage's data-parallel ranks in rank
+    order."""
     out: dict[tuple[int, int], list[list[str]]] = {}
     for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica, e.rank)):
         per_replica = out.setdefault((e.pipeline, e.stage), [])
@@ -240,8 +334,8 @@ def shard_ranks(st, k: int) -> range:
 
 
 def rank_sequences(st, micro_batch: int) -> list[tuple[int, int]]:
-    """The sequences [first, end) of a micro-batch that each data-parallel rank of a stage runs, in rank
-    order: the shards' ranks take consecutive runs of `sequences` each."""
+    """The sequences [first, end) of a micro-batch that each data-parallel rank of a stage runs, in
+    rank order: the shards' ranks take consecutive runs of `sequences` each."""
     out, at = [], 0
     for sh in st.ranks_of(micro_batch):
         for _ in range(sh.ranks):
@@ -250,8 +344,9 @@ def rank_sequences(st, micro_batch: int) -> list[tuple[int, int]]:
     return out
 
 
-def boundary_sends(plan: Plan, j: int, i: int, to: int, nodes_of, ranks_at, sequence_bytes: float
-                   ) -> list[tuple[str, str, float]]:
+def boundary_sends(
+    plan: Plan, j: int, i: int, to: int, nodes_of, ranks_at, sequence_bytes: float
+) -> list[tuple[str, str, float]]:
     """Every send of one micro-batch from stage i to stage `to` of template j, all replicas: one per
     replica (the whole micro-batch) between stages without shards, else `reshard_sends`."""
     stages = plan.pipelines[j].stages
@@ -261,12 +356,19 @@ def boundary_sends(plan: Plan, j: int, i: int, to: int, nodes_of, ranks_at, sequ
     return reshard_sends(plan, j, i, to, ranks_at, sequence_bytes)
 
 
-def reshard_sends(plan: Plan, j: int, i: int, to: int, ranks_at, sequence_bytes: float,
-                  replicas: range | None = None) -> list[tuple[str, str, float]]:
-    """Every send of one micro-batch's activations (or gradients) from stage i to stage `to` of template j,
-    in all replicas at once (or in `replicas`): (source node, destination node, bytes) for each pair of
-    ranks whose sequences overlap, `sequence_bytes` per sequence — one send per replica when neither stage
-    has shards."""
+def reshard_sends(
+    plan: Plan,
+    j: int,
+    i: int,
+    to: int,
+    ranks_at,
+    sequence_bytes: float,
+    replicas: range | None = None,
+) -> list[tuple[str, str, float]]:
+    """Every send of one micro-batch's activations (or gradients) from stage i to stage `to` of
+    template j, in all replicas at once (or in `replicas`): (source node, destination node, bytes)
+    for each pair of ranks whose sequences overlap, `sequence_bytes` per sequence — one send per
+    replica when neither stage has shards."""
     pipe = plan.pipelines[j]
     src = rank_sequences(pipe.stages[i], plan.micro_batch)
     dst = rank_sequences(pipe.stages[to], plan.micro_batch)
@@ -279,23 +381,29 @@ def reshard_sends(plan: Plan, j: int, i: int, to: int, ranks_at, sequence_bytes:
     return out
 
 
-def p2p_features(cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int) -> np.ndarray:
-    """One activation (or gradient) send across a stage boundary, `nbytes` from each replica's node in
-    `src_nodes` to its node in `dst_nodes`: the slowest replica's (`send_features`)."""
-    return send_features(cluster, [(a, b, nbytes) for a, b in zip(src_nodes, dst_nodes, strict=True)], tp)
+def p2p_features(
+    cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int
+) -> np.ndarray:
+    """One activation (or gradient) send across a stage boundary, `nbytes` from each replica's node
+    in `src_nodes` to its node in `dst_nodes`: the slowest replica's (`send_features`)."""
+    return send_features(
+        cluster, [(a, b, nbytes) for a, b in zip(src_nodes, dst_nodes, strict=True)], tp
+    )
 
 
-def send_features(cluster, sends: list[tuple[str, str, float]], tp: int, sources: set[str] | None = None
-                  ) -> np.ndarray:
-    """Features of the slowest of concurrent sends (source node, destination node, bytes) — of those from
-    `sources` when given, all of them sharing the links.
+def send_features(
+    cluster, sends: list[tuple[str, str, float]], tp: int, sources: set[str] | None = None
+) -> np.ndarray:
+    """Features of the slowest of concurrent sends (source node, destination node, bytes) — of those
+    from `sources` when given, all of them sharing the links.
 
-    Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its own
-    link, across nodes all shares go through the node's bottleneck. The replicas of a template cross the
-    same boundary at about the same time (1F1B runs them in lockstep), so flows in the same direction on
-    one link share it: a send of b bytes over a link that carries B bytes of such sends in all ends when
-    the link has carried all B — it runs at b/B of the link (max-min shares, which the simulator gives
-    them, leave a link busy until its last byte; with equal sends that is 1/n of it each).
+    Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its
+    own link, across nodes all shares go through the node's bottleneck. The replicas of a template
+    cross the same boundary at about the same time (1F1B runs them in lockstep), so flows in the
+    same direction on one link share it: a send of b bytes over a link that carries B bytes of such
+    sends in all ends when the link has carried all B — it runs at b/B of the link (max-min shares,
+    which the simulator gives them, leave a link busy until its last byte; with equal sends that is
+    1/n of it each).
     """
     pairs = Counter(sends)
     routes = {key: cluster.route(key[0], key[1]) for key in pairs}
@@ -310,20 +418,30 @@ def send_features(cluster, sends: list[tuple[str, str, float]], tp: int, sources
         if route.intra_node:
             return route, key[2] / tp, route.effective_gbps
         # c / (B / b): exactly c / n for n equal sends
-        return route, key[2], min(c / (carried[e] / key[2]) for e, c in zip(route.edges, route.edge_effective,
-                                                                              strict=True))
+        return (
+            route,
+            key[2],
+            min(
+                c / (carried[e] / key[2])
+                for e, c in zip(route.edges, route.edge_effective, strict=True)
+            ),
+        )
 
     def seconds(item) -> float:
         route, nbytes, gbps = item
         return nbytes / (gbps * comm.GBIT) + route.latency_us * 1e-6 + route.alpha_s
 
-    route, nbytes, gbps = max((send(key) for key in pairs if sources is None or key[0] in sources), key=seconds)
-    return comm.transfer(nbytes, gbps, route.intra_node, latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s)
+    route, nbytes, gbps = max(
+        (send(key) for key in pairs if sources is None or key[0] in sources), key=seconds
+    )
+    return comm.transfer(
+        nbytes, gbps, route.intra_node, latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s
+    )
 
 
 def shared_gbps(route, load: Counter) -> float:
-    """A flow's bandwidth along `route` when `load[e]` flows share each link e evenly (their max-min fair
-    share when all run at once); inside a node, the node's interconnect."""
+    """A flow's bandwidth along `route` when `load[e]` flows share each link e evenly (their max-min
+    fair share when all run at once); inside a node, the node's interconnect."""
     if route.intra_node:
         return route.effective_gbps
     return min(c / max(1, load[e]) for e, c in zip(route.edges, route.edge_effective, strict=True))
@@ -331,20 +449,31 @@ def shared_gbps(route, load: Counter) -> float:
 
 def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
     """Features of the slowest of concurrent sends (route, bytes) sharing links as `load` counts."""
+
     def seconds(send) -> float:
         route, nbytes = send
-        return nbytes / (shared_gbps(route, load) * comm.GBIT) + route.latency_us * 1e-6 + route.alpha_s
+        return (
+            nbytes / (shared_gbps(route, load) * comm.GBIT)
+            + route.latency_us * 1e-6
+            + route.alpha_s
+        )
 
     route, nbytes = max(sends, key=seconds)
-    return comm.transfer(nbytes, shared_gbps(route, load), route.intra_node, latency_s=route.latency_us * 1e-6,
-                         alpha_s=route.alpha_s)
+    return comm.transfer(
+        nbytes,
+        shared_gbps(route, load),
+        route.intra_node,
+        latency_s=route.latency_us * 1e-6,
+        alpha_s=route.alpha_s,
+    )
 
 
 def dp_ring_load(cluster, plan: Plan, everyone) -> Counter:
-    """How many gradient rings cross each link (directed graph edge). The stages' all-reduces run at about
-    the same time — at the end of the iteration, within one backward chain of each other — so rings that
-    share a NIC or an island link share its bandwidth (the simulator's max-min shares, to first order).
-    `everyone`: (template, stage) → the node of each of its data-parallel ranks, all replicas."""
+    """How many gradient rings cross each link (directed graph edge). The stages' all-reduces run at
+    about the same time — at the end of the iteration, within one backward chain of each other — so
+    rings that share a NIC or an island link share its bandwidth (the simulator's max-min shares, to
+    first order). `everyone`: (template, stage) → the node of each of its data-parallel ranks, all
+    replicas."""
     load: Counter = Counter()
     for j, pipe in enumerate(plan.pipelines):
         for i in range(len(pipe.stages)):
@@ -355,11 +484,19 @@ def dp_ring_load(cluster, plan: Plan, everyone) -> Counter:
     return load
 
 
-def _dp_collective(kind: str, cluster, replicas: int, nodes: list[str], rank_bytes: float, columns: int,
-                   load: Counter) -> np.ndarray:
-    """A collective (`all_reduce`, or `reduce_scatter`/`all_gather`: the same cost) of `rank_bytes` per rank
-    among a stage's replicas (`nodes`: one per replica): inside one node on its interconnect, else
-    hierarchical, ringing over the distinct nodes; `load`: rings per link (`dp_ring_load`)."""
+def _dp_collective(
+    kind: str,
+    cluster,
+    replicas: int,
+    nodes: list[str],
+    rank_bytes: float,
+    columns: int,
+    load: Counter,
+) -> np.ndarray:
+    """A collective (`all_reduce`, or `reduce_scatter`/`all_gather`: the same cost) of `rank_bytes`
+    per rank among a stage's replicas (`nodes`: one per replica): inside one node on its
+    interconnect, else hierarchical, ringing over the distinct nodes; `load`: rings per link
+    (`dp_ring_load`)."""
     if replicas <= 1:
         return np.zeros(N_TERMS)
     distinct = list(dict.fromkeys(nodes))
@@ -367,23 +504,36 @@ def _dp_collective(kind: str, cluster, replicas: int, nodes: list[str], rank_byt
     if len(distinct) == 1:
         return comm.collective(kind, rank_bytes, replicas, intra)
     ring = [cluster.route(a, b) for a, b in pairwise([*distinct, distinct[0]])]
-    span = comm.Span(max(Counter(nodes).values()), len(distinct), min(shared_gbps(r, load) for r in ring),
-                     max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring), intra, columns)
+    span = comm.Span(
+        max(Counter(nodes).values()),
+        len(distinct),
+        min(shared_gbps(r, load) for r in ring),
+        max(r.latency_us for r in ring) * 1e-6,
+        max(r.alpha_s for r in ring),
+        intra,
+        columns,
+    )
     return comm.collective(kind, rank_bytes, replicas, span)
 
 
 def template_nodes(plan: Plan, template: int) -> list[str]:
     """The distinct nodes a template's replicas use, in placement order."""
-    return list(dict.fromkeys(node for e in sorted(plan.placement, key=lambda e: (e.replica, e.stage))
-                              if e.pipeline == template for node, _ in e.members))
+    return list(
+        dict.fromkeys(
+            node
+            for e in sorted(plan.placement, key=lambda e: (e.replica, e.stage))
+            if e.pipeline == template
+            for node, _ in e.members
+        )
+    )
 
 
 def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
     """Second level of the gradient reduction with K ≥ 2 templates: a ring all-reduce of the model's
-    `grad_bytes` among the templates (each sends 2(K−1)/K of it to the next). A hop from template j to
-    j + 1 is spread evenly over pairs of their nodes (as many as the smaller template has), so it uses
-    every NIC it can; flows sharing a link split it (as in `p2p_features`). Returns the features of the
-    slowest flow and the flows themselves."""
+    `grad_bytes` among the templates (each sends 2(K−1)/K of it to the next). A hop from template j
+    to j + 1 is spread evenly over pairs of their nodes (as many as the smaller template has), so it
+    uses every NIC it can; flows sharing a link split it (as in `p2p_features`). Returns the
+    features of the slowest flow and the flows themselves."""
     k = len(plan.pipelines)
     if k < 2:
         return np.zeros(N_TERMS), []
@@ -393,49 +543,74 @@ def cross_template_exchange(cluster, plan: Plan, nodes_of, grad_bytes: float):
     for j in range(k):
         src, dst = nodes[j], nodes[(j + 1) % k]
         channels = min(len(src), len(dst))
-        flows += [(a, b, volume / channels) for a, b in zip(src[:channels], dst[:channels], strict=True)]
+        flows += [
+            (a, b, volume / channels) for a, b in zip(src[:channels], dst[:channels], strict=True)
+        ]
     routes = [cluster.route(a, b) for a, b, _ in flows]
     load: Counter = Counter(e for r in routes for e in r.edges)
-    return slowest_transfer([(r, nbytes) for r, (_, _, nbytes) in zip(routes, flows, strict=True)], load), flows
+    return slowest_transfer(
+        [(r, nbytes) for r, (_, _, nbytes) in zip(routes, flows, strict=True)], load
+    ), flows
 
 
-def stage_memory(inst: Instance, plan: Plan, micro_batches: int, stages: int, i: int, st, params: float,
-                 replicas: int, sequences: int | None = None) -> float:
-    """Peak bytes of stage i (of `stages`) of a template; `plan` gives the micro-batch size, schedule,
-    virtual stages and ZeRO stage; `replicas` is every data-parallel rank of the stage in the plan (ZeRO-1
-    shards over all); `sequences` what one rank runs of each micro-batch (default all of it)."""
+def stage_memory(
+    inst: Instance,
+    plan: Plan,
+    micro_batches: int,
+    stages: int,
+    i: int,
+    st,
+    params: float,
+    replicas: int,
+    sequences: int | None = None,
+) -> float:
+    """Peak bytes of stage i (of `stages`) of a template; `plan` gives the micro-batch size,
+    schedule, virtual stages and ZeRO stage; `replicas` is every data-parallel rank of the stage in
+    the plan (ZeRO-1 shards over all); `sequences` what one rank runs of each micro-batch (default
+    all of it)."""
     m, s = inst.model, inst.seq_len // st.cp  # s: this CP rank's tokens
     b = plan.micro_batch if sequences is None else sequences
     attention = inst.spec.training.attention
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
-    if st.recompute == "full" and st.layers:  # the layer being recomputed holds its full activations in backward
+    if (
+        st.recompute == "full" and st.layers
+    ):  # the layer being recomputed holds its full activations in backward
         activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
     if i == stages - 1:
         activations += head_activation_bytes(m, b, s, st.tp)
     working = 0.0
     if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
-        working = zero_working_bytes(largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp,
-                                     plan.zero)
+        working = zero_working_bytes(
+            largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp, plan.zero
+        )
     return model_state_bytes(params, st.tp, replicas * st.cp, plan.zero) + working + activations
 
 
-# -- TP across nodes, ZeRO-2/3 ---------------------------------------------------------------------------
+# -- TP across nodes, ZeRO-2/3
+# ---------------------------------------------------------------------------
+
 
 def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], comm.Span]:
-    """(template, stage) → the span of its TP groups, for stages placed over several nodes. The replicas of
-    a stage may sit on nodes with different NICs: the narrowest ring sets the pace (1F1B runs them in
-    lockstep). Each group has its nodes to itself (whole nodes), so no other TP group shares their NICs."""
+    """(template, stage) → the span of its TP groups, for stages placed over several nodes. The
+    replicas of a stage may sit on nodes with different NICs: the narrowest ring sets the pace (1F1B
+    runs them in lockstep). Each group has its nodes to itself (whole nodes), so no other TP group
+    shares their NICs."""
     out: dict[tuple[int, int], comm.Span] = {}
     for e in plan.placement:
         if not e.more_nodes:
             continue
         nodes = [node for node, _ in e.members]
         ring = [cluster.route(a, b) for a, b in pairwise([*nodes, nodes[0]])]
-        span = comm.Span(len(e.gpus), len(nodes), min(r.effective_gbps for r in ring),
-                         max(r.latency_us for r in ring) * 1e-6, max(r.alpha_s for r in ring),
-                         cluster.slowest_intra(nodes))
+        span = comm.Span(
+            len(e.gpus),
+            len(nodes),
+            min(r.effective_gbps for r in ring),
+            max(r.latency_us for r in ring) * 1e-6,
+            max(r.alpha_s for r in ring),
+            cluster.slowest_intra(nodes),
+        )
         key = (e.pipeline, e.stage)
         if key not in out or span.inter_gbps < out[key].inter_gbps:
             out[key] = span
@@ -443,24 +618,42 @@ def tp_spans(cluster, plan: Plan) -> dict[tuple[int, int], comm.Span]:
 
 
 def nic_columns(cluster, nodes: list[str], tp: int) -> int:
-    """TP ranks of a stage on one node, each with its own data-parallel group through that node's NIC:
-    the TP degree, or the GPUs of a node when the group spans nodes (the other nodes' NICs carry the rest)."""
+    """TP ranks of a stage on one node, each with its own data-parallel group through that node's
+    NIC: the TP degree, or the GPUs of a node when the group spans nodes (the other nodes' NICs
+    carry the rest)."""
     return min(tp, cluster.nodes[nodes[0]].gpus)
 
 
-def zero_stage(row: np.ndarray, passes: np.ndarray, zero: int, cluster, replicas: int, nodes: list[str],
-               params_per_gpu: float, grad_bytes: float, columns: int, gpu: GPUType, load: Counter) -> None:
-    """ZeRO-2/3 collectives of one stage over its data-parallel group (the template's replicas), written into
-    its feature `row` (N_PARTS, N_TERMS) and its per-micro-batch `passes` (forward, backward).
+def zero_stage(
+    row: np.ndarray,
+    passes: np.ndarray,
+    zero: int,
+    cluster,
+    replicas: int,
+    nodes: list[str],
+    params_per_gpu: float,
+    grad_bytes: float,
+    columns: int,
+    gpu: GPUType,
+    load: Counter,
+) -> None:
+    """ZeRO-2/3 collectives of one stage over its data-parallel group (the template's replicas),
+    written into its feature `row` (N_PARTS, N_TERMS) and its per-micro-batch `passes` (forward,
+    backward).
 
-    Assumptions (stated, as real runs differ): gradients are reduce-scattered after every micro-batch's
-    backward, so that only the 1/N_d shard of them is kept (DeepSpeed ZeRO-2 reduces at every micro-step;
-    FSDP without no_sync); ZeRO-3 (FSDP FULL_SHARD, reshard after forward) all-gathers the 16-bit weights
-    in every forward and again in every backward. ZeRO-2 all-gathers the updated 16-bit weights once, after
-    the optimizer step (in OPT); ZeRO-3 needs no such gather. Neither has an end-of-iteration all-reduce.
-    With one micro-batch, ZeRO-2 moves what ZeRO-1's all-reduce does (reduce-scatter + all-gather)."""
-    gather = _dp_collective("all_gather", cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, load)
-    scatter = _dp_collective("reduce_scatter", cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, load)
+    Assumptions (stated, as real runs differ): gradients are reduce-scattered after every
+    micro-batch's backward, so that only the 1/N_d shard of them is kept (DeepSpeed ZeRO-2 reduces
+    at every micro-step; FSDP without no_sync); ZeRO-3 (FSDP FULL_SHARD, reshard after forward)
+    all-gathers the 16-bit weights in every forward and again in every backward. ZeRO-2 all-gathers
+    the updated 16-bit weights once, after the optimizer step (in OPT); ZeRO-3 needs no such gather.
+    Neither has an end-of-iteration all-reduce. With one micro-batch, ZeRO-2 moves what ZeRO-1's
+    all-reduce does (reduce-scatter + all-gather)."""
+    gather = _dp_collective(
+        "all_gather", cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, load
+    )
+    scatter = _dp_collective(
+        "reduce_scatter", cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, load
+    )
     row[DP] = 0.0
     passes[1] = scatter
     if zero >= 3:

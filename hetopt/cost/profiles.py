@@ -1,15 +1,16 @@
 """Which calibrated parameters price which GPU type.
 
-Every catalog type has a shipped profile (hetopt/cost/profiles/<GPU>.json: GEMM curve fitted per type, the rest
-from the A100-80GB fit; see cost/gemm_fit.py); a profile given with --profile (fitted with `hetopt calibrate`
-or measured with `hetopt calibrate --measure`) replaces it. A custom GPU type that names its `family` derives
-from that family's measured types (gemm_fit.derive_from_family: their mean efficiency, scaled by its power per
-peak TFLOP/s). A custom type without a family derives from the calibrated type nearest in published peak
-tensor throughput (log ratio), and its method says so: it keeps that type's efficiencies and fixed latencies,
-while the cost features scale with its own published peak FLOP/s, HBM and link bandwidths.
+Every catalog type has a shipped profile (hetopt/cost/profiles/<GPU>.json: GEMM curve fitted per
+type, the rest from the A100-80GB fit; see cost/gemm_fit.py); a profile given with --profile (fitted
+with `hetopt calibrate` or measured with `hetopt calibrate --measure`) replaces it. A custom GPU
+type that names its `family` derives from that family's measured types (gemm_fit.derive_from_family:
+their mean efficiency, scaled by its power per peak TFLOP/s). A custom type without a family derives
+from the calibrated type nearest in published peak tensor throughput (log ratio), and its method
+says so: it keeps that type's efficiencies and fixed latencies, while the cost features scale with
+its own published peak FLOP/s, HBM and link bandwidths.
 
-The instance's `training.framework` then divides the device-compute weights by that stack's fitted compute
-efficiency (cost/stacks.py; 1 for megatron, the stack the profiles were fitted on).
+The instance's `training.framework` then divides the device-compute weights by that stack's fitted
+compute efficiency (cost/stacks.py; 1 for megatron, the stack the profiles were fitted on).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from hetopt.spec.gpus import CATALOG, GPUType
 
 
 class Profiles:
-    def __init__(self, extra: list[CostParams] | None = None, stacks: dict[str, Stack] | None = None) -> None:
+    def __init__(
+        self, extra: list[CostParams] | None = None, stacks: dict[str, Stack] | None = None
+    ) -> None:
         self.calibrated: dict[str, CostParams] = shipped_profiles()
         for params in extra or []:
             self.calibrated[params.gpu] = params
@@ -43,8 +46,11 @@ class Profiles:
         key = (gpu.name, framework)
         if key not in self._stacked:
             w = scale_weights(base.w, eff)
-            self._stacked[key] = replace(base, weights=tuple(float(x) for x in w),
-                                         method=f"{base.method}; device compute / {eff:.3f} ({framework} stack)")
+            self._stacked[key] = replace(
+                base,
+                weights=tuple(float(x) for x in w),
+                method=f"{base.method}; device compute / {eff:.3f} ({framework} stack)",
+            )
         return self._stacked[key]
 
     def _base(self, gpu: GPUType) -> CostParams:
@@ -66,9 +72,15 @@ class Profiles:
 
         nearest = min(self.calibrated, key=distance)
         base = self.calibrated[nearest]
-        return replace(base, gpu=gpu.name, derived=True, fit={},
-                       method=f"no family declared: derived from {nearest}, the calibrated type nearest in peak "
-                              f"TFLOP/s ({base.method}); efficiencies and latencies of {nearest}, peaks of {gpu.name}")
+        return replace(
+            base,
+            gpu=gpu.name,
+            derived=True,
+            fit={},
+            method=f"no family declared: derived from {nearest}, the calibrated type nearest in "
+            f"peak TFLOP/s ({base.method}); efficiencies and latencies of {nearest}, peaks of "
+            f"{gpu.name}",
+        )
 
 
 def load_profile_file(path: str | Path) -> CostParams:

@@ -1,14 +1,15 @@
-"""Framework stacks: how fast a training framework runs the same device work as the stack the GPU profiles
-were fitted on.
+"""Framework stacks: how fast a training framework runs the same device work as the stack the GPU
+profiles were fitted on.
 
-Every GPU profile prices compute as a fused Megatron stack runs it: the A100 weights were fitted end to end on
-Megatron-DeepSpeed (vTrain) and Megatron layer times (Korthikanti 2022), the other types' GEMM curves on
-cuBLAS microbenchmarks. A PyTorch-FSDP stack (torchtitan, llm-foundry, plain FSDP) runs the same FLOPs
-slower: eager elementwise kernels, FSDP's unsharding and resharding around every block, NCCL kernels that
-share the SMs with the overlapped compute, host synchronisation. Its `compute_efficiency` ε divides the
-device-compute weights (GEMM, KERN, MEM, ATTN) of every GPU type: compute time / ε; communication keeps
-its fabric model. ε is fitted on end-to-end runs of that stack (`fit_efficiency`; `hetopt calibrate --runs`
-reports it with leave-one-source-out), and is 1 for Megatron by construction.
+Every GPU profile prices compute as a fused Megatron stack runs it: the A100 weights were fitted end
+to end on Megatron-DeepSpeed (vTrain) and Megatron layer times (Korthikanti 2022), the other types'
+GEMM curves on cuBLAS microbenchmarks. A PyTorch-FSDP stack (torchtitan, llm-foundry, plain FSDP)
+runs the same FLOPs slower: eager elementwise kernels, FSDP's unsharding and resharding around every
+block, NCCL kernels that share the SMs with the overlapped compute, host synchronisation. Its
+`compute_efficiency` ε divides the device-compute weights (GEMM, KERN, MEM, ATTN) of every GPU type:
+compute time / ε; communication keeps its fabric model. ε is fitted on end-to-end runs of that stack
+(`fit_efficiency`; `hetopt calibrate --runs` reports it with leave-one-source-out), and is 1 for
+Megatron by construction.
 
 Instances choose the stack with `training.framework` (default megatron).
 """
@@ -41,15 +42,22 @@ class Stack:
     fit: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"compute_efficiency": self.compute_efficiency, "source": self.source, "fit": self.fit}
+        return {
+            "compute_efficiency": self.compute_efficiency,
+            "source": self.source,
+            "fit": self.fit,
+        }
 
 
 def shipped_stacks() -> dict[str, Stack]:
-    """The stack table shipped with the package (hetopt/cost/profiles/stacks.json); megatron is 1."""
+    """The stack table shipped with the package (hetopt/cost/profiles/stacks.json); megatron is
+    1."""
     text = resources.files("hetopt.cost").joinpath("profiles", FILE).read_text(encoding="utf-8")
     data = json.loads(text)["stacks"]
-    stacks = {name: Stack(name, float(v["compute_efficiency"]), v.get("source", ""), v.get("fit", {}))
-              for name, v in data.items()}
+    stacks = {
+        name: Stack(name, float(v["compute_efficiency"]), v.get("source", ""), v.get("fit", {}))
+        for name, v in data.items()
+    }
     missing = [f for f in FRAMEWORKS if f not in stacks]
     if missing:
         raise ValueError(f"hetopt/cost/profiles/{FILE} lacks the stack(s) {', '.join(missing)}")
@@ -63,9 +71,11 @@ def scale_weights(w: np.ndarray, efficiency: float) -> np.ndarray:
     return out
 
 
-def fit_efficiency(predict: Callable[[float], np.ndarray], measured_s: np.ndarray) -> tuple[float, dict]:
-    """ε minimising the mean absolute relative error of `predict(ε)` (predicted seconds per row) against
-    `measured_s`; returns ε and the fit's rows, MAPE and median predicted/measured."""
+def fit_efficiency(
+    predict: Callable[[float], np.ndarray], measured_s: np.ndarray
+) -> tuple[float, dict]:
+    """ε minimising the mean absolute relative error of `predict(ε)` (predicted seconds per row)
+    against `measured_s`; returns ε and the fit's rows, MAPE and median predicted/measured."""
     measured_s = np.asarray(measured_s, dtype=float)
 
     def mape(eff: float) -> float:
@@ -74,16 +84,22 @@ def fit_efficiency(predict: Callable[[float], np.ndarray], measured_s: np.ndarra
     res = minimize_scalar(mape, bounds=EFFICIENCY_BOUNDS, method="bounded", options={"xatol": 1e-4})
     eff = float(res.x)
     ratio = predict(eff) / measured_s
-    return eff, {"rows": int(measured_s.size), "mape": float(np.mean(np.abs(ratio - 1))),
-                 "median_ratio": float(np.median(ratio))}
+    return eff, {
+        "rows": int(measured_s.size),
+        "mape": float(np.mean(np.abs(ratio - 1))),
+        "median_ratio": float(np.median(ratio)),
+    }
 
 
 def save_stacks(stacks: dict[str, Stack], path, data: list[str]) -> None:
     """Write the stack table (`hetopt calibrate --runs CSV --out FILE`)."""
     import datetime as dt
 
-    doc = {"date": dt.date.today().isoformat(),
-           "method": "hetopt calibrate --runs: per stack, the compute efficiency minimising the mean relative "
-                     "error of predicted iteration times on that stack's end-to-end rows",
-           "data": data, "stacks": {name: s.to_json() for name, s in stacks.items()}}
+    doc = {
+        "date": dt.date.today().isoformat(),
+        "method": "hetopt calibrate --runs: per stack, the compute efficiency minimising the "
+        "mean relative error of predicted iteration times on that stack's end-to-end rows",
+        "data": data,
+        "stacks": {name: s.to_json() for name, s in stacks.items()},
+    }
     write_text(path, json.dumps(doc, indent=2) + "\n")

@@ -1,18 +1,19 @@
 """A rank map run for real on the CPU: `python -m hetopt.export.dryrun rankmap.json`.
 
-One process per global rank, torch.distributed over gloo. Every rank builds the process groups its entry names
-(tensor, context and data parallel; each group made once, by every rank, in one order) and checks each by an
-all-reduce of the members' ranks. Then one training step of a tiny transformer runs through the pipeline as
-the map lays it out: each replica's micro-batches (its share of one global batch, in replica order), each
-stage its layers (`first_layer`, `layers`; the embedding on the first stage, the head and the loss on the
-last), activations sent to `pp_next` and gradients back to `pp_prev`, then the gradients all-reduced in each
-`grad_group`. Before any process starts, `consistency` checks the map on its own (every GPU once, groups alike
-from each member's side, neighbours paired). Each rank compares the loss and its parameters' gradients with
-one process computing the same step on the whole batch: they must agree to `TOLERANCE`.
+One process per global rank, torch.distributed over gloo. Every rank builds the process groups its
+entry names (tensor, context and data parallel; each group made once, by every rank, in one order)
+and checks each by an all-reduce of the members' ranks. Then one training step of a tiny transformer
+runs through the pipeline as the map lays it out: each replica's micro-batches (its share of one
+global batch, in replica order), each stage its layers (`first_layer`, `layers`; the embedding on
+the first stage, the head and the loss on the last), activations sent to `pp_next` and gradients
+back to `pp_prev`, then the gradients all-reduced in each `grad_group`. Before any process starts,
+`consistency` checks the map on its own (every GPU once, groups alike from each member's side,
+neighbours paired). Each rank compares the loss and its parameters' gradients with one process
+computing the same step on the whole batch: they must agree to `TOLERANCE`.
 
-It checks the map (one template, TP and CP of 1: the tiny model is not sharded) — that the groups are what
-they say, the neighbours send and receive in step, the layers cover the model once and the micro-batches the
-batch once — not a launcher. torch is needed (the `measure` extra).
+It checks the map (one template, TP and CP of 1: the tiny model is not sharded) — that the groups
+are what they say, the neighbours send and receive in step, the layers cover the model once and the
+micro-batches the batch once — not a launcher. torch is needed (the `measure` extra).
 """
 
 from __future__ import annotations
@@ -27,19 +28,23 @@ from pathlib import Path
 WAIT_S = 60
 """Seconds a rank waits for a peer (process-group start, a send, a collective) before it fails."""
 TOLERANCE = 1e-5
-"""Largest absolute difference allowed between a rank's loss or gradient and the single process's."""
+"""Largest absolute difference allowed between a rank's loss or gradient and the single
+process's."""
 HIDDEN, HEADS, VOCAB, SEQ = 16, 2, 32, 8
 """The tiny transformer: hidden size, attention heads, vocabulary and sequence length."""
 
 
 def _model(layers: int):
-    """The whole tiny model, the same on every rank (seeded): embedding, `layers` encoder layers, head."""
+    """The whole tiny model, the same on every rank (seeded): embedding, `layers` encoder layers,
+    head."""
     import torch
 
     torch.manual_seed(1234)
     embedding = torch.nn.Embedding(VOCAB, HIDDEN)
-    blocks = torch.nn.ModuleList(torch.nn.TransformerEncoderLayer(HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0,
-                                                                  batch_first=True) for _ in range(layers))
+    blocks = torch.nn.ModuleList(
+        torch.nn.TransformerEncoderLayer(HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0, batch_first=True)
+        for _ in range(layers)
+    )
     head = torch.nn.Linear(HIDDEN, VOCAB)
     return embedding, blocks, head
 
@@ -64,7 +69,9 @@ def _reference(layers: int, sequences: int) -> tuple[float, dict]:
     loss = torch.nn.functional.cross_entropy(head(x).reshape(-1, VOCAB), targets.reshape(-1))
     loss.backward()
     grads = {f"embedding.{n}": p.grad for n, p in embedding.named_parameters()}
-    grads |= {f"blocks.{i}.{n}": p.grad for i, b in enumerate(blocks) for n, p in b.named_parameters()}
+    grads |= {
+        f"blocks.{i}.{n}": p.grad for i, b in enumerate(blocks) for n, p in b.named_parameters()
+    }
     grads |= {f"head.{n}": p.grad for n, p in head.named_parameters()}
     return float(loss.detach()), grads
 
@@ -78,12 +85,14 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
     torch.set_num_threads(1)  # one process per rank on however few cores
     world = rankmap["world_size"]
     # a send or collective nobody answers fails after WAIT_S rather than gloo's 30 minutes
-    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=WAIT_S))
+    dist.init_process_group(
+        "gloo", init_method=address, rank=rank, world_size=world, timeout=timedelta(seconds=WAIT_S)
+    )
     me = rankmap["ranks"][rank]
     found: dict = {"rank": rank}
     try:
-        # every group once, made by every rank in one order (torch.distributed needs all to call new_group)
+        # every group once, made by every rank in one order (torch.distributed needs all to call
+        # new_group)
         groups: dict[tuple, object] = {}
         for r in rankmap["ranks"]:
             for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
@@ -96,14 +105,20 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
             total = torch.tensor([float(rank)])
             dist.all_reduce(total, group=groups[members])
             found["groups_ok"] &= int(total.item()) == sum(members) and rank in members
-        layers = sum(r["layers"] for r in rankmap["ranks"] if r["replica"] == 0 and r["dp_rank"] == 0
-                     and r["tp_rank"] == 0 and r["cp_rank"] == 0)
+        layers = sum(
+            r["layers"]
+            for r in rankmap["ranks"]
+            if r["replica"] == 0 and r["dp_rank"] == 0 and r["tp_rank"] == 0 and r["cp_rank"] == 0
+        )
         replicas = len(me["dp_group"])
         batch = me["sequences"] * me["micro_batches"] * replicas
         embedding, blocks, head = _model(layers)
-        mine = list(blocks)[me["first_layer"]:me["first_layer"] + me["layers"]]
-        params = {f"blocks.{me['first_layer'] + i}.{n}": p for i, b in enumerate(mine)
-                  for n, p in b.named_parameters()}
+        mine = list(blocks)[me["first_layer"] : me["first_layer"] + me["layers"]]
+        params = {
+            f"blocks.{me['first_layer'] + i}.{n}": p
+            for i, b in enumerate(mine)
+            for n, p in b.named_parameters()
+        }
         if me["embedding"]:
             params |= {f"embedding.{n}": p for n, p in embedding.named_parameters()}
         if me["head"]:
@@ -125,8 +140,12 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
             for block in mine:
                 x = block(x)
             if me["head"]:
-                loss = torch.nn.functional.cross_entropy(head(x).reshape(-1, VOCAB), targets[rows].reshape(-1))
-                loss = loss / (me["micro_batches"] * replicas)  # each micro-batch's share of the batch mean
+                loss = torch.nn.functional.cross_entropy(
+                    head(x).reshape(-1, VOCAB), targets[rows].reshape(-1)
+                )
+                loss = loss / (
+                    me["micro_batches"] * replicas
+                )  # each micro-batch's share of the batch mean
                 total_loss += loss.detach()
                 loss.backward()
             else:
@@ -140,11 +159,16 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
         for p in params.values():
             dist.all_reduce(p.grad, group=dp)
         ref_loss, ref_grads = _reference(layers, batch)
-        found["grad_error"] = max(float((p.grad - ref_grads[name]).abs().max()) for name, p in params.items())
+        found["grad_error"] = max(
+            float((p.grad - ref_grads[name]).abs().max()) for name, p in params.items()
+        )
         found["parameters"] = len(params)
         if me["head"]:
             dist.all_reduce(total_loss, group=dp)
-            found["loss"], found["loss_error"] = float(total_loss), abs(float(total_loss) - ref_loss)
+            found["loss"], found["loss_error"] = (
+                float(total_loss),
+                abs(float(total_loss) - ref_loss),
+            )
     except Exception as exc:  # reported to the parent, which says which rank failed
         found["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -161,13 +185,16 @@ def check(rankmap: dict) -> dict:
 
     ranks = rankmap["ranks"]
     problems = []
-    if len({r["template"] for r in ranks}) > 1 or any(r["tp_group"] != [r["rank"]] or r["cp_group"] != [r["rank"]]
-                                                      for r in ranks):
+    if len({r["template"] for r in ranks}) > 1 or any(
+        r["tp_group"] != [r["rank"]] or r["cp_group"] != [r["rank"]] for r in ranks
+    ):
         problems.append("the dry run takes one template at TP and CP 1")
     if any(len(r["pp_prev"]) > 1 or len(r["pp_next"]) > 1 for r in ranks):
         problems.append("the dry run takes stages without shards")
     if any(len(r.get("chunks", [[]])) > 1 for r in ranks):
-        problems.append("the dry run takes one model chunk per stage (1F1B, not the interleaved schedule)")
+        problems.append(
+            "the dry run takes one model chunk per stage (1F1B, not the interleaved schedule)"
+        )
     problems += consistency(rankmap)
     if problems:
         return {"ok": False, "ranks": [], "problems": problems}
@@ -176,30 +203,45 @@ def check(rankmap: dict) -> dict:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as results:
         try:
-            mp.start_processes(_rank, args=(rankmap, f"tcp://127.0.0.1:{port}", results), nprocs=len(ranks),
-                               join=True, start_method="spawn")
+            mp.start_processes(
+                _rank,
+                args=(rankmap, f"tcp://127.0.0.1:{port}", results),
+                nprocs=len(ranks),
+                join=True,
+                start_method="spawn",
+            )
         except mp.ProcessRaisedException as exc:
             problems.append(f"a rank failed: {str(exc).strip().splitlines()[-1]}")
         except mp.ProcessExitedException as exc:
             problems.append(f"rank {exc.error_index} exited with code {exc.exit_code}")
-        found = [json.loads(Path(results, f"{r}.json").read_text()) if Path(results, f"{r}.json").exists()
-                 else {"rank": r, "error": "no result (the process ended first)"} for r in range(len(ranks))]
+        found = [
+            json.loads(Path(results, f"{r}.json").read_text())
+            if Path(results, f"{r}.json").exists()
+            else {"rank": r, "error": "no result (the process ended first)"}
+            for r in range(len(ranks))
+        ]
     for f in found:
         if "error" in f:
             problems.append(f"rank {f['rank']}: {f['error']}")
         elif not f["groups_ok"]:
             problems.append(f"rank {f['rank']}: a process group is not the one the map names")
-        elif not (f["grad_error"] <= TOLERANCE and f.get("loss_error", 0.0) <= TOLERANCE):  # NaN fails too
-            problems.append(f"rank {f['rank']}: gradients {f['grad_error']:.2e}, loss "
-                            f"{f.get('loss_error', 0.0):.2e} from the single process")
-    covered = sum(f.get("parameters", 0) for f, r in zip(found, ranks, strict=True) if r["dp_rank"] == 0)
+        elif not (
+            f["grad_error"] <= TOLERANCE and f.get("loss_error", 0.0) <= TOLERANCE
+        ):  # NaN fails too
+            problems.append(
+                f"rank {f['rank']}: gradients {f['grad_error']:.2e}, loss "
+                f"{f.get('loss_error', 0.0):.2e} from the single process"
+            )
+    covered = sum(
+        f.get("parameters", 0) for f, r in zip(found, ranks, strict=True) if r["dp_rank"] == 0
+    )
     return {"ok": not problems, "ranks": found, "problems": problems, "parameters_checked": covered}
 
 
 def consistency(rankmap: dict) -> list[str]:
-    """What a map gets wrong without running it: each GPU of one node once, local ranks and GPUs as its
-    node's entry lists them, every group the same from each member's side, pp_prev and pp_next naming the
-    same pairs, ranks numbered 0…world−1."""
+    """What a map gets wrong without running it: each GPU of one node once, local ranks and GPUs as
+    its node's entry lists them, every group the same from each member's side, pp_prev and pp_next
+    naming the same pairs, ranks numbered 0…world−1."""
     ranks, problems = rankmap["ranks"], []
     if [r["rank"] for r in ranks] != list(range(rankmap["world_size"])):
         problems.append("ranks are not numbered 0 to world_size − 1 in order")
@@ -208,18 +250,30 @@ def consistency(rankmap: dict) -> list[str]:
     seen = set()
     for r in ranks:
         node = nodes.get(r["node"])
-        if node is None or r["local_rank"] >= len(node["gpus"]) or node["gpus"][r["local_rank"]] != r["gpu"]:
-            problems.append(f"rank {r['rank']}: node {r['node']}, local rank {r['local_rank']} and GPU {r['gpu']} "
-                            "disagree with the map's nodes")
+        if (
+            node is None
+            or r["local_rank"] >= len(node["gpus"])
+            or node["gpus"][r["local_rank"]] != r["gpu"]
+        ):
+            problems.append(
+                f"rank {r['rank']}: node {r['node']}, local rank {r['local_rank']} and GPU "
+                f"{r['gpu']} disagree with the map's nodes"
+            )
         if (r["node"], r["gpu"]) in seen:
             problems.append(f"rank {r['rank']}: GPU {r['gpu']} of {r['node']} has another rank too")
         seen.add((r["node"], r["gpu"]))
         for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
-            if r["rank"] not in r[key] or any(sorted(ranks[o][key]) != sorted(r[key]) for o in r[key]):
-                problems.append(f"rank {r['rank']}: its {key} is not the same from each member's side")
+            if r["rank"] not in r[key] or any(
+                sorted(ranks[o][key]) != sorted(r[key]) for o in r[key]
+            ):
+                problems.append(
+                    f"rank {r['rank']}: its {key} is not the same from each member's side"
+                )
         for other in r["pp_next"]:
             if r["rank"] not in ranks[other]["pp_prev"]:
-                problems.append(f"rank {r['rank']} sends to {other}, whose pp_prev does not name it")
+                problems.append(
+                    f"rank {r['rank']} sends to {other}, whose pp_prev does not name it"
+                )
     return problems
 
 
@@ -231,8 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rankmap = json.loads(Path(args[0]).read_text())
     except (OSError, ValueError) as exc:
-        print(f"error: {args[0]}: cannot read a rank map ({exc}); give the rankmap.json `hetopt export` wrote",
-              file=sys.stderr)
+        print(
+            f"error: {args[0]}: cannot read a rank map ({exc}); give the rankmap.json `hetopt "
+            "export` wrote",
+            file=sys.stderr,
+        )
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = check(rankmap)

@@ -1,16 +1,16 @@
-"""A plan as the stock launchers take it: Megatron-LM's arguments (and megatron-core's configuration),
-DeepSpeed's config JSON and hostfile, torchrun's launch lines — and what keeps a launcher from running a
-plan as it is (`blockers`).
+"""A plan as the stock launchers take it: Megatron-LM's arguments (and megatron-core's
+configuration), DeepSpeed's config JSON and hostfile, torchrun's launch lines — and what keeps a
+launcher from running a plan as it is (`blockers`).
 
 Megatron-LM runs one pipeline template: every stage at one TP and CP degree, its replicas alike, one
-recompute mode; the uneven layer split goes in through `--pipeline-model-parallel-layout` (megatron-core's
-`PipelineParallelLayerLayout`: "E" the embedding, "t" a transformer layer, "L" the loss, "|" between
-stages, rows in virtual-stage-major order for the interleaved schedule). ZeRO-1 is its distributed
-optimizer, ZeRO-3 Megatron-FSDP (`--use-megatron-fsdp`, sharding optim_grads_params); it has no ZeRO-2.
-DeepSpeed's pipeline engine runs one template without tensor or context parallelism (those need
-Megatron-DeepSpeed), ZeRO-0/1 only with
-pipelining, its own 1F1B schedule, one activation-checkpoint interval; its `PipelineModule` takes the layer
-boundaries (`parts`) this module writes beside the config.
+recompute mode; the uneven layer split goes in through `--pipeline-model-parallel-layout`
+(megatron-core's `PipelineParallelLayerLayout`: "E" the embedding, "t" a transformer layer, "L" the
+loss, "|" between stages, rows in virtual-stage-major order for the interleaved schedule). ZeRO-1 is
+its distributed optimizer, ZeRO-3 Megatron-FSDP (`--use-megatron-fsdp`, sharding
+optim_grads_params); it has no ZeRO-2. DeepSpeed's pipeline engine runs one template without tensor
+or context parallelism (those need Megatron-DeepSpeed), ZeRO-0/1 only with pipelining, its own 1F1B
+schedule, one activation-checkpoint interval; its `PipelineModule` takes the layer boundaries
+(`parts`) this module writes beside the config.
 """
 
 from __future__ import annotations
@@ -30,35 +30,49 @@ MASTER_PORT = 29500
 def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]:
     """What keeps `launcher` (megatron or deepspeed) from running `plan` as it is; [] when it can.
 
-    Parameters: plan — a plan; launcher — megatron or deepspeed; order — the rank map's order (Megatron
-    needs one of its own). Returns: one line per blocking feature."""
+    Parameters: plan — a plan; launcher — megatron or deepspeed; order — the rank map's order
+    (Megatron needs one of its own). Returns: one line per blocking feature."""
     out = []
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
     if len(plan.pipelines) > 1:
-        out.append(f"{len(plan.pipelines)} pipeline templates with their own micro-batch shares ({launcher} runs "
-                   "one template: its replicas alike)")
+        out.append(
+            f"{len(plan.pipelines)} pipeline templates with their own micro-batch shares "
+            f"({launcher} runs one template: its replicas alike)"
+        )
     if any(st.shards for st in stages):
-        out.append(f"stages with shards (data-parallel ranks of several GPU types inside a stage; {launcher} "
-                   "gives every stage the same data-parallel width)")
+        out.append(
+            "stages with shards (data-parallel ranks of several GPU types inside a stage; "
+            f"{launcher} gives every stage the same data-parallel width)"
+        )
     if len({st.recompute for st in stages}) > 1:
         out.append(f"a recompute mode per stage ({launcher} takes one for the model)")
     if launcher == "megatron":
         if len({(st.tp, st.cp) for st in stages}) > 1:
             out.append("stages at different TP or CP degrees (Megatron-LM takes one of each)")
         if plan.zero == 2:
-            out.append("ZeRO-2 (Megatron-LM has the distributed optimizer, ZeRO-1, and Megatron-FSDP, ZeRO-3)")
+            out.append(
+                "ZeRO-2 (Megatron-LM has the distributed optimizer, ZeRO-1, and Megatron-FSDP, "
+                "ZeRO-3)"
+            )
         if plan.schedule == "gpipe":
             out.append("the GPipe schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
         if order == "node" and not out:
-            out.append("a placement whose nodes hold ranks out of Megatron's order (tp-cp-dp-pp or "
-                       "tp-cp-pp-dp): the rank map still runs it")
+            out.append(
+                "a placement whose nodes hold ranks out of Megatron's order (tp-cp-dp-pp or "
+                "tp-cp-pp-dp): the rank map still runs it"
+            )
         if order == "tp-cp-pp-dp" and any(st.cp > 1 for st in stages):
-            out.append("context parallelism with replicas placed replica by replica (Megatron-LM's "
-                       "--use-tp-pp-dp-mapping takes no CP): place stage by stage (search.placement: [stage])")
+            out.append(
+                "context parallelism with replicas placed replica by replica (Megatron-LM's "
+                "--use-tp-pp-dp-mapping takes no CP): place stage by stage (search.placement: "
+                "[stage])"
+            )
     else:
         if any(st.tp > 1 or st.cp > 1 for st in stages):
-            out.append("tensor or context parallelism (DeepSpeed's pipeline engine has neither: "
-                       "Megatron-DeepSpeed)")
+            out.append(
+                "tensor or context parallelism (DeepSpeed's pipeline engine has neither: "
+                "Megatron-DeepSpeed)"
+            )
         if plan.zero >= 2:
             out.append(f"ZeRO-{plan.zero} (DeepSpeed's pipeline engine runs ZeRO-0/1 only)")
         if plan.schedule == "interleaved":
@@ -66,16 +80,18 @@ def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]
         if any(st.recompute == "selective" for st in stages):
             out.append("selective recompute (DeepSpeed's pipeline checkpoints whole layers)")
         if order != "tp-cp-dp-pp" and not out:
-            out.append("a placement whose nodes hold ranks out of DeepSpeed's order (its pipe-data topology: "
-                       "the same stage of every copy together): place stage by stage (search.placement: "
-                       "[stage])")
+            out.append(
+                "a placement whose nodes hold ranks out of DeepSpeed's order (its pipe-data "
+                "topology: the same stage of every copy together): place stage by stage "
+                "(search.placement: [stage])"
+            )
     return out
 
 
 def layout_string(plan: Plan) -> str:
-    """Megatron's --pipeline-model-parallel-layout of a one-template plan: each stage's layers as "t"s,
-    "E" before the first, "L" after the last; with v virtual stages each stage's layers cut into v equal
-    chunks, rows in virtual-stage-major order (chunk c of stage i is row c·p + i)."""
+    """Megatron's --pipeline-model-parallel-layout of a one-template plan: each stage's layers as
+    "t"s, "E" before the first, "L" after the last; with v virtual stages each stage's layers cut
+    into v equal chunks, rows in virtual-stage-major order (chunk c of stage i is row c·p + i)."""
     stages = plan.pipelines[0].stages
     v, p = plan.virtual_stages, len(stages)
     rows = ["t" * (stages[i].layers // v) for c in range(v) for i in range(p)]
@@ -91,27 +107,47 @@ def megatron_config(inst: Instance, plan: Plan) -> dict:
     Returns: {"transformer": {...}, "ddp": {...}, "batch": {...}}."""
     m, st, pipe = inst.model, plan.pipelines[0].stages[0], plan.pipelines[0]
     transformer = {
-        "num_layers": m.layers, "hidden_size": m.hidden, "num_attention_heads": m.heads,
-        "num_query_groups": m.kv_heads, "ffn_hidden_size": m.ffn_hidden, "gated_linear_unit": m.gated_mlp,
-        "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm", "add_bias_linear": m.linear_bias,
-        "tensor_model_parallel_size": st.tp, "pipeline_model_parallel_size": len(pipe.stages),
-        "context_parallel_size": st.cp, "sequence_parallel": st.sp and st.tp > 1,
-        "bf16": inst.spec.training.precision == "bf16", "fp16": inst.spec.training.precision == "fp16",
-        "params_dtype": inst.spec.training.precision, "pipeline_dtype": inst.spec.training.precision,
+        "num_layers": m.layers,
+        "hidden_size": m.hidden,
+        "num_attention_heads": m.heads,
+        "num_query_groups": m.kv_heads,
+        "ffn_hidden_size": m.ffn_hidden,
+        "gated_linear_unit": m.gated_mlp,
+        "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
+        "add_bias_linear": m.linear_bias,
+        "tensor_model_parallel_size": st.tp,
+        "pipeline_model_parallel_size": len(pipe.stages),
+        "context_parallel_size": st.cp,
+        "sequence_parallel": st.sp and st.tp > 1,
+        "bf16": inst.spec.training.precision == "bf16",
+        "fp16": inst.spec.training.precision == "fp16",
+        "params_dtype": inst.spec.training.precision,
+        "pipeline_dtype": inst.spec.training.precision,
     }
     if len(pipe.stages) > 1 or plan.virtual_stages > 1:
         transformer["pipeline_model_parallel_layout"] = layout_string(plan)
     if plan.virtual_stages > 1:
         transformer["virtual_pipeline_model_parallel_size"] = plan.virtual_stages
     if st.recompute == "full":
-        transformer |= {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        transformer |= {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
     elif st.recompute == "selective":
         transformer["recompute_granularity"] = "selective"
-    ddp = {"use_distributed_optimizer": plan.zero == 1, "use_megatron_fsdp": plan.zero == 3,
-           "data_parallel_sharding_strategy": "optim_grads_params" if plan.zero == 3 else "no_shard",
-           "grad_reduce_in_fp32": inst.spec.training.grad_reduce_dtype == "fp32"}
-    batch = {"micro_batch_size": plan.micro_batch, "global_batch_size": inst.spec.training.global_batch,
-             "seq_length": inst.seq_len, "data_parallel_size": pipe.replicas}
+    ddp = {
+        "use_distributed_optimizer": plan.zero == 1,
+        "use_megatron_fsdp": plan.zero == 3,
+        "data_parallel_sharding_strategy": "optim_grads_params" if plan.zero == 3 else "no_shard",
+        "grad_reduce_in_fp32": inst.spec.training.grad_reduce_dtype == "fp32",
+    }
+    batch = {
+        "micro_batch_size": plan.micro_batch,
+        "global_batch_size": inst.spec.training.global_batch,
+        "seq_length": inst.seq_len,
+        "data_parallel_size": pipe.replicas,
+    }
     return {"transformer": transformer, "ddp": ddp, "batch": batch}
 
 
@@ -119,13 +155,31 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
     """Megatron-LM's command-line arguments (pretrain_gpt.py) for a plan it can run."""
     cfg = megatron_config(inst, plan)
     t, b = cfg["transformer"], cfg["batch"]
-    args = ["--num-layers", t["num_layers"], "--hidden-size", t["hidden_size"],
-            "--num-attention-heads", t["num_attention_heads"], "--ffn-hidden-size", t["ffn_hidden_size"],
-            "--seq-length", b["seq_length"], "--max-position-embeddings", inst.model.max_seq_len,
-            "--micro-batch-size", b["micro_batch_size"], "--global-batch-size", b["global_batch_size"],
-            "--tensor-model-parallel-size", t["tensor_model_parallel_size"],
-            "--pipeline-model-parallel-size", t["pipeline_model_parallel_size"],
-            "--context-parallel-size", t["context_parallel_size"], f"--{inst.spec.training.precision}"]
+    args = [
+        "--num-layers",
+        t["num_layers"],
+        "--hidden-size",
+        t["hidden_size"],
+        "--num-attention-heads",
+        t["num_attention_heads"],
+        "--ffn-hidden-size",
+        t["ffn_hidden_size"],
+        "--seq-length",
+        b["seq_length"],
+        "--max-position-embeddings",
+        inst.model.max_seq_len,
+        "--micro-batch-size",
+        b["micro_batch_size"],
+        "--global-batch-size",
+        b["global_batch_size"],
+        "--tensor-model-parallel-size",
+        t["tensor_model_parallel_size"],
+        "--pipeline-model-parallel-size",
+        t["pipeline_model_parallel_size"],
+        "--context-parallel-size",
+        t["context_parallel_size"],
+        f"--{inst.spec.training.precision}",
+    ]
     if t["num_query_groups"] != t["num_attention_heads"]:
         args += ["--group-query-attention", "--num-query-groups", t["num_query_groups"]]
     if t["gated_linear_unit"]:
@@ -162,9 +216,9 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
 
 
 def deepspeed_config(inst: Instance, plan: Plan) -> dict:
-    """DeepSpeed's config JSON for a one-template plan: batch sizes (train_batch_size = micro-batch ×
-    gradient accumulation × data-parallel width, as DeepSpeed checks), ZeRO stage, precision, the pipeline
-    section and activation checkpointing."""
+    """DeepSpeed's config JSON for a one-template plan: batch sizes (train_batch_size = micro-batch
+    × gradient accumulation × data-parallel width, as DeepSpeed checks), ZeRO stage, precision, the
+    pipeline section and activation checkpointing."""
     pipe = plan.pipelines[0]
     precision = inst.spec.training.precision
     cfg = {
@@ -173,8 +227,11 @@ def deepspeed_config(inst: Instance, plan: Plan) -> dict:
         "gradient_accumulation_steps": pipe.micro_batches,
         "zero_optimization": {"stage": plan.zero},
         precision: {"enabled": True},
-        "pipeline": {"stages": len(pipe.stages), "partition": "uniform",
-                     "activation_checkpoint_interval": 1 if pipe.stages[0].recompute == "full" else 0},
+        "pipeline": {
+            "stages": len(pipe.stages),
+            "partition": "uniform",
+            "activation_checkpoint_interval": 1 if pipe.stages[0].recompute == "full" else 0,
+        },
     }
     if inst.spec.training.grad_reduce_dtype == "fp32":
         cfg["communication_data_type"] = "fp32"
@@ -182,9 +239,10 @@ def deepspeed_config(inst: Instance, plan: Plan) -> dict:
 
 
 def pipeline_parts(plan: Plan) -> list[int]:
-    """DeepSpeed PipelineModule's `parts` for the plan's split, over its layer specs [embedding, each
-    transformer layer, head]: stage i holds specs parts[i]…parts[i+1]−1 (the embedding on the first
-    stage, the head on the last). Set them in place of its own partition (`_partition_layers`)."""
+    """DeepSpeed PipelineModule's `parts` for the plan's split, over its layer specs [embedding,
+    each transformer layer, head]: stage i holds specs parts[i]…parts[i+1]−1 (the embedding on the
+    first stage, the head on the last). Set them in place of its own partition
+    (`_partition_layers`)."""
     parts = [0, 1]  # the embedding
     for st in plan.pipelines[0].stages:
         parts.append(parts[-1] + st.layers)
@@ -198,25 +256,37 @@ def hostfile(rm: RankMap) -> str:
 
 
 def torchrun_lines(rm: RankMap, script: str = "train.py") -> list[str]:
-    """One launch line per node, in node-rank order: its GPUs (CUDA_VISIBLE_DEVICES, in local-rank order),
-    --nnodes/--node-rank/--nproc-per-node and the rendezvous at rank 0's node; the rank map travels as
-    HETOPT_RANKMAP."""
+    """One launch line per node, in node-rank order: its GPUs (CUDA_VISIBLE_DEVICES, in local-rank
+    order), --nnodes/--node-rank/--nproc-per-node and the rendezvous at rank 0's node; the rank map
+    travels as HETOPT_RANKMAP."""
     out = []
     for n in rm.nodes:
         env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, n['gpus']))} HETOPT_RANKMAP=rankmap.json"
-        out.append(f"# on {n['name']}\n{env} torchrun --nnodes={len(rm.nodes)} --node-rank={n['node_rank']} "
-                   f"--nproc-per-node={n['nproc']} --master-addr={shlex.quote(rm.master)} "
-                   f"--master-port={MASTER_PORT} {script}")
+        out.append(
+            f"# on {n['name']}\n{env} torchrun --nnodes={len(rm.nodes)} "
+            f"--node-rank={n['node_rank']} --nproc-per-node={n['nproc']} "
+            f"--master-addr={shlex.quote(rm.master)} --master-port={MASTER_PORT} {script}"
+        )
     return out
 
 
 def rank_env(rm: RankMap) -> list[dict]:
-    """The environment each rank runs with under those lines (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR and MASTER_PORT; the node's line sets CUDA_VISIBLE_DEVICES and HETOPT_RANKMAP)."""
+    """The environment each rank runs with under those lines (torchrun sets RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the node's line sets CUDA_VISIBLE_DEVICES and
+    HETOPT_RANKMAP)."""
     visible = {n["name"]: ",".join(map(str, n["gpus"])) for n in rm.nodes}
-    return [{"RANK": r.rank, "LOCAL_RANK": r.local_rank, "WORLD_SIZE": rm.world_size, "MASTER_ADDR": rm.master,
-             "MASTER_PORT": MASTER_PORT, "CUDA_VISIBLE_DEVICES": visible[r.node], "HETOPT_RANKMAP": "rankmap.json"}
-            for r in rm.ranks]
+    return [
+        {
+            "RANK": r.rank,
+            "LOCAL_RANK": r.local_rank,
+            "WORLD_SIZE": rm.world_size,
+            "MASTER_ADDR": rm.master,
+            "MASTER_PORT": MASTER_PORT,
+            "CUDA_VISIBLE_DEVICES": visible[r.node],
+            "HETOPT_RANKMAP": "rankmap.json",
+        }
+        for r in rm.ranks
+    ]
 
 
 def dumps(data) -> str:

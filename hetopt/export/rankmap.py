@@ -1,12 +1,14 @@
-"""The rank map of a placed plan: one entry per global rank — its node and GPU, its place in the plan
-(template, replica, stage, data-parallel, tensor and context ranks), its layers and micro-batches, and the
-process groups it belongs to. The contract for a custom runtime (README, "Exporting a plan").
+"""The rank map of a placed plan: one entry per global rank — its node and GPU, its place in the
+plan (template, replica, stage, data-parallel, tensor and context ranks), its layers and
+micro-batches, and the process groups it belongs to. The contract for a custom runtime (README,
+"Exporting a plan").
 
-Global ranks are contiguous per node (as torchrun numbers them: the ranks of node_rank r follow those of
-the nodes before it). Within that, they follow Megatron-LM's order where the placement allows it — tensor
-rank fastest, then context, data-parallel and pipeline rank (`tp-cp-dp-pp`, Megatron's default), or
-`tp-cp-pp-dp` (Megatron's `--use-tp-pp-dp-mapping`), templates one after the other — so that the same
-ranks serve Megatron's own groups; otherwise the nodes' order and each node's GPUs (`node`).
+Global ranks are contiguous per node (as torchrun numbers them: the ranks of node_rank r follow
+those of the nodes before it). Within that, they follow Megatron-LM's order where the placement
+allows it — tensor rank fastest, then context, data-parallel and pipeline rank (`tp-cp-dp-pp`,
+Megatron's default), or `tp-cp-pp-dp` (Megatron's `--use-tp-pp-dp-mapping`), templates one after the
+other — so that the same ranks serve Megatron's own groups; otherwise the nodes' order and each
+node's GPUs (`node`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from hetopt.plan import Plan
 from hetopt.spec.instance import Instance
 
 ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp", "node")
-"""The rank orders tried, in turn: Megatron's default, Megatron's --use-tp-pp-dp-mapping, the nodes'."""
+"""The rank orders tried, in turn: Megatron's default, Megatron's --use-tp-pp-dp-mapping, the
+nodes'."""
 
 
 @dataclass
@@ -47,8 +50,9 @@ class Rank:
     """The first transformer layer the stage holds (0-based)."""
     layers: int
     chunks: list[list[int]]
-    """[first layer, layers] of each of the stage's model chunks: one, or with the interleaved schedule v
-    of them, chunk c of stage i being the (c·p + i)-th block of the model (Megatron's virtual stages)."""
+    """[first layer, layers] of each of the stage's model chunks: one, or with the interleaved
+    schedule v of them, chunk c of stage i being the (c·p + i)-th block of the model (Megatron's
+    virtual stages)."""
     embedding: bool
     """Whether the stage holds the input embedding (the first stage)."""
     head: bool
@@ -61,19 +65,20 @@ class Rank:
     tp_group: list[int] = field(default_factory=list)
     cp_group: list[int] = field(default_factory=list)
     dp_group: list[int] = field(default_factory=list)
-    """Its data-parallel group (Megatron's dp group): the same stage, tensor and context rank in every copy
-    of the template."""
+    """Its data-parallel group (Megatron's dp group): the same stage, tensor and context rank in
+    every copy of the template."""
     grad_group: list[int] = field(default_factory=list)
-    """The ranks that all-reduce its gradients: its data-parallel group times its context-parallel group
-    (context ranks hold the same weights; Megatron's dp-cp group); the dp group where CP is 1."""
+    """The ranks that all-reduce its gradients: its data-parallel group times its context-parallel
+    group (context ranks hold the same weights; Megatron's dp-cp group); the dp group where CP is
+    1."""
     pp_prev: list[int] = field(default_factory=list)
-    """The ranks of the previous stage of its replica it receives activations from: the same tp and cp
-    rank, or where the two stages' degrees differ those equal to it modulo the smaller degree (so that
-    pp_next and pp_prev name the same pairs); several where that stage has shards."""
+    """The ranks of the previous stage of its replica it receives activations from: the same tp and
+    cp rank, or where the two stages' degrees differ those equal to it modulo the smaller degree (so
+    that pp_next and pp_prev name the same pairs); several where that stage has shards."""
     pp_next: list[int] = field(default_factory=list)
     exchange_group: list[int] = field(default_factory=list)
-    """With several templates: the ranks of the other templates whose layers overlap this rank's (their
-    gradients of those layers are summed across templates)."""
+    """With several templates: the ranks of the other templates whose layers overlap this rank's
+    (their gradients of those layers are summed across templates)."""
 
 
 @dataclass
@@ -85,12 +90,19 @@ class RankMap:
     master: str
     """The node of rank 0 (torchrun's --master-addr)."""
     nodes: list[dict]
-    """Per node in node_rank order: name, node_rank, nproc (its processes), gpus (CUDA_VISIBLE_DEVICES)."""
+    """Per node in node_rank order: name, node_rank, nproc (its processes), gpus
+    (CUDA_VISIBLE_DEVICES)."""
     ranks: list[Rank]
 
     def to_json(self) -> dict:
-        return {"instance": self.instance, "order": self.order, "world_size": self.world_size,
-                "master": self.master, "nodes": self.nodes, "ranks": [asdict(r) for r in self.ranks]}
+        return {
+            "instance": self.instance,
+            "order": self.order,
+            "world_size": self.world_size,
+            "master": self.master,
+            "nodes": self.nodes,
+            "ranks": [asdict(r) for r in self.ranks],
+        }
 
 
 @dataclass(frozen=True)
@@ -109,15 +121,25 @@ class _Slot:
 
 
 def slots(plan: Plan) -> list[_Slot]:
-    """Every GPU of the placed plan with its coordinates: a stage's GPUs are its TP group's (tensor rank
-    fastest), cp times over."""
+    """Every GPU of the placed plan with its coordinates: a stage's GPUs are its TP group's (tensor
+    rank fastest), cp times over."""
     out = []
     for entry in plan.placement:
         stage = plan.pipelines[entry.pipeline].stages[entry.stage]
         gpus = [(node, g) for node, local in entry.members for g in local]
         for k, (node, g) in enumerate(gpus):
-            out.append(_Slot(entry.pipeline, entry.replica, entry.stage, entry.rank, k % stage.tp, k // stage.tp,
-                             node, g))
+            out.append(
+                _Slot(
+                    entry.pipeline,
+                    entry.replica,
+                    entry.stage,
+                    entry.rank,
+                    k % stage.tp,
+                    k // stage.tp,
+                    node,
+                    g,
+                )
+            )
     return out
 
 
@@ -132,7 +154,8 @@ def _key(plan: Plan, slot: _Slot, order: str, label: dict[tuple[int, int], int])
 
 
 def _contiguous(ordered: list[_Slot]) -> bool:
-    """Whether each node's slots are one run of the order (torchrun numbers a node's ranks together)."""
+    """Whether each node's slots are one run of the order (torchrun numbers a node's ranks
+    together)."""
     seen, last = set(), None
     for s in ordered:
         if s.node != last:
@@ -151,17 +174,31 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
     every = slots(plan)
     node_index = {name: i for i, name in enumerate(inst.cluster.nodes)}
     uniform = all(st.dp_ranks == 1 for pipe in plan.pipelines for st in pipe.stages)
-    # replicas are interchangeable: as placed, or numbered by where their first stage sits (which brings
-    # a node's replicas together where the placement interleaved them)
-    first = {(s.template, s.replica): (node_index[s.node], s.gpu) for s in reversed(every) if s.stage == 0}
+    # replicas are interchangeable: as placed, or numbered by where their first stage sits (which
+    # brings a node's replicas together where the placement interleaved them)
+    first = {
+        (s.template, s.replica): (node_index[s.node], s.gpu)
+        for s in reversed(every)
+        if s.stage == 0
+    }
     by_place = sorted(first, key=lambda k: (k[0], first[k]))
-    labels = [{key: key[1] for key in first},
-              {key: sum(1 for k in by_place[:i] if k[0] == key[0]) for i, key in enumerate(by_place)}]
+    labels = [
+        {key: key[1] for key in first},
+        {key: sum(1 for k in by_place[:i] if k[0] == key[0]) for i, key in enumerate(by_place)},
+    ]
     ordered, label = sorted(every, key=lambda s: (node_index[s.node], s.gpu)), labels[0]
     order = "node"
     for tried in ORDERS[:-1] if uniform else ():
-        found = next(((o, lb) for lb in labels if _contiguous(
-            o := sorted(every, key=lambda s, o=tried, lb=lb: _key(plan, s, o, lb)))), None)
+        found = next(
+            (
+                (o, lb)
+                for lb in labels
+                if _contiguous(
+                    o := sorted(every, key=lambda s, o=tried, lb=lb: _key(plan, s, o, lb))
+                )
+            ),
+            None,
+        )
         if found is not None:
             (ordered, label), order = found, tried
             break
@@ -175,7 +212,9 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
         nodes[node_rank[s.node]]["nproc"] += 1
         nodes[node_rank[s.node]]["gpus"].append(s.gpu)
     chunks = _chunks(plan)
-    by_coord = {(s.template, s.replica, s.stage, s.shard, s.tp_rank, s.cp_rank): at[s] for s in ordered}
+    by_coord = {
+        (s.template, s.replica, s.stage, s.shard, s.tp_rank, s.cp_rank): at[s] for s in ordered
+    }
     ranks = []
     for s in ordered:
         pipe = plan.pipelines[s.template]
@@ -183,13 +222,31 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
         shard = stage.ranks_of(plan.micro_batch)
         flat = [sh for sh in shard for _ in range(sh.ranks)]
         mine, local = chunks[s.template][s.stage], nodes[node_rank[s.node]]["gpus"].index(s.gpu)
-        ranks.append(Rank(
-            rank=at[s], node=s.node, node_rank=node_rank[s.node], local_rank=local, gpu=s.gpu,
-            gpu_type=flat[s.shard].gpu, template=s.template, replica=s.replica, stage=s.stage,
-            stages=len(pipe.stages), dp_rank=s.replica * stage.dp_ranks + s.shard, tp_rank=s.tp_rank,
-            cp_rank=s.cp_rank, first_layer=mine[0][0], layers=stage.layers, chunks=mine, embedding=s.stage == 0,
-            head=s.stage == len(pipe.stages) - 1, sequences=flat[s.shard].sequences,
-            micro_batches=pipe.micro_batches, recompute=stage.recompute))
+        ranks.append(
+            Rank(
+                rank=at[s],
+                node=s.node,
+                node_rank=node_rank[s.node],
+                local_rank=local,
+                gpu=s.gpu,
+                gpu_type=flat[s.shard].gpu,
+                template=s.template,
+                replica=s.replica,
+                stage=s.stage,
+                stages=len(pipe.stages),
+                dp_rank=s.replica * stage.dp_ranks + s.shard,
+                tp_rank=s.tp_rank,
+                cp_rank=s.cp_rank,
+                first_layer=mine[0][0],
+                layers=stage.layers,
+                chunks=mine,
+                embedding=s.stage == 0,
+                head=s.stage == len(pipe.stages) - 1,
+                sequences=flat[s.shard].sequences,
+                micro_batches=pipe.micro_batches,
+                recompute=stage.recompute,
+            )
+        )
     shared: dict = {}
     for r in ranks:
         groups(plan, r, by_coord, ranks, shared)
@@ -198,8 +255,8 @@ def rank_map(inst: Instance, plan: Plan) -> RankMap:
 
 def _chunks(plan: Plan) -> list[list[list[list[int]]]]:
     """Per template and stage, its chunks' [first layer, layers]: the stages in order, or (v virtual
-    stages) each stage's layers cut into v equal chunks laid out chunk-major as Megatron's interleaved
-    schedule does (hetopt.export.launchers.layout_string)."""
+    stages) each stage's layers cut into v equal chunks laid out chunk-major as Megatron's
+    interleaved schedule does (hetopt.export.launchers.layout_string)."""
     out = []
     for pipe in plan.pipelines:
         v = plan.virtual_stages if len(plan.pipelines) == 1 else 1
@@ -213,38 +270,69 @@ def _chunks(plan: Plan) -> list[list[list[list[int]]]]:
     return out
 
 
-def groups(plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank], shared: dict | None = None) -> None:
-    """Fill in `r`'s process groups from the coordinates of every rank. `shared` keeps the groups every
-    replica of a stage has alike (data-parallel, gradient, exchange), built once for all of them: a map of n
-    ranks takes O(n), not O(n × replicas)."""
+def groups(
+    plan: Plan, r: Rank, by_coord: dict, ranks: list[Rank], shared: dict | None = None
+) -> None:
+    """Fill in `r`'s process groups from the coordinates of every rank. `shared` keeps the groups
+    every replica of a stage has alike (data-parallel, gradient, exchange), built once for all of
+    them: a map of n ranks takes O(n), not O(n × replicas)."""
     shared = {} if shared is None else shared
     pipe = plan.pipelines[r.template]
     stage = pipe.stages[r.stage]
     shard = r.dp_rank % stage.dp_ranks
-    r.tp_group = [by_coord[(r.template, r.replica, r.stage, shard, t, r.cp_rank)] for t in range(stage.tp)]
-    r.cp_group = [by_coord[(r.template, r.replica, r.stage, shard, r.tp_rank, c)] for c in range(stage.cp)]
+    r.tp_group = [
+        by_coord[(r.template, r.replica, r.stage, shard, t, r.cp_rank)] for t in range(stage.tp)
+    ]
+    r.cp_group = [
+        by_coord[(r.template, r.replica, r.stage, shard, r.tp_rank, c)] for c in range(stage.cp)
+    ]
     key = (r.template, r.stage, r.tp_rank, r.cp_rank)
     if ("dp", *key) not in shared:
-        shared[("dp", *key)] = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, r.cp_rank)]
-                                for rep in range(pipe.replicas) for k in range(stage.dp_ranks)]
+        shared[("dp", *key)] = [
+            by_coord[(r.template, rep, r.stage, k, r.tp_rank, r.cp_rank)]
+            for rep in range(pipe.replicas)
+            for k in range(stage.dp_ranks)
+        ]
     if ("grad", *key[:3]) not in shared:
-        shared[("grad", *key[:3])] = [by_coord[(r.template, rep, r.stage, k, r.tp_rank, c)]
-                                      for rep in range(pipe.replicas) for k in range(stage.dp_ranks)
-                                      for c in range(stage.cp)]
+        shared[("grad", *key[:3])] = [
+            by_coord[(r.template, rep, r.stage, k, r.tp_rank, c)]
+            for rep in range(pipe.replicas)
+            for k in range(stage.dp_ranks)
+            for c in range(stage.cp)
+        ]
     r.dp_group, r.grad_group = list(shared[("dp", *key)]), list(shared[("grad", *key[:3])])
     for step, name in ((-1, "pp_prev"), (1, "pp_next")):
         other = r.stage + step
         if 0 <= other < len(pipe.stages):
             nb = pipe.stages[other]
-            # the neighbour's tensor (context) ranks that match this one's modulo the smaller degree: the same
-            # pairs seen from either side, where the two stages' degrees differ
-            tps = [u for u in range(nb.tp) if u % min(nb.tp, stage.tp) == r.tp_rank % min(nb.tp, stage.tp)]
-            cps = [c for c in range(nb.cp) if c % min(nb.cp, stage.cp) == r.cp_rank % min(nb.cp, stage.cp)]
-            setattr(r, name, [by_coord[(r.template, r.replica, other, k, u, c)]
-                              for k in range(nb.dp_ranks) for u in tps for c in cps])
+            # the neighbour's tensor (context) ranks that match this one's modulo the smaller
+            # degree: the same pairs seen from either side, where the two stages' degrees differ
+            tps = [
+                u
+                for u in range(nb.tp)
+                if u % min(nb.tp, stage.tp) == r.tp_rank % min(nb.tp, stage.tp)
+            ]
+            cps = [
+                c
+                for c in range(nb.cp)
+                if c % min(nb.cp, stage.cp) == r.cp_rank % min(nb.cp, stage.cp)
+            ]
+            setattr(
+                r,
+                name,
+                [
+                    by_coord[(r.template, r.replica, other, k, u, c)]
+                    for k in range(nb.dp_ranks)
+                    for u in tps
+                    for c in cps
+                ],
+            )
     if len(plan.pipelines) > 1:
         lo, hi = r.first_layer, r.first_layer + r.layers
         if ("exchange", r.template, lo, hi) not in shared:
-            shared[("exchange", r.template, lo, hi)] = [o.rank for o in ranks if o.template != r.template
-                                                        and o.first_layer < hi and lo < o.first_layer + o.layers]
+            shared[("exchange", r.template, lo, hi)] = [
+                o.rank
+                for o in ranks
+                if o.template != r.template and o.first_layer < hi and lo < o.first_layer + o.layers
+            ]
         r.exchange_group = list(shared[("exchange", r.template, lo, hi)])

@@ -1,12 +1,12 @@
 """`hetopt solve --runnable megatron|deepspeed`: the plan space a stock launcher runs as it is.
 
-The instance's own `search:` section narrowed to what `hetopt.export.launchers.blockers` lets through:
-one pipeline template (`max_templates: 1`), every stage at one TP degree (`uniform_tp`), one recompute
-mode, no stages with shards, no uniform layouts over several templates; Megatron-LM without ZeRO-2,
-its replicas placed stage by stage (`placement: [stage]`: ranks in Megatron's own order);
-DeepSpeed's pipeline engine without tensor or context parallelism, interleaving, ZeRO-2/3 or selective
-recompute, placed stage by stage too (its pipe-data topology). The
-heuristics and the search then keep to it alike (hetopt.baselines.common.Candidates).
+The instance's own `search:` section narrowed to what `hetopt.export.launchers.blockers` lets
+through: one pipeline template (`max_templates: 1`), every stage at one TP degree (`uniform_tp`),
+one recompute mode, no stages with shards, no uniform layouts over several templates; Megatron-LM
+without ZeRO-2, its replicas placed stage by stage (`placement: [stage]`: ranks in Megatron's own
+order); DeepSpeed's pipeline engine without tensor or context parallelism, interleaving, ZeRO-2/3 or
+selective recompute, placed stage by stage too (its pipe-data topology). The heuristics and the
+search then keep to it alike (hetopt.baselines.common.Candidates).
 """
 
 from __future__ import annotations
@@ -26,17 +26,42 @@ def runnable_instance(inst: Instance, launcher: str) -> Instance:
     Returns: the narrowed instance (its model, training and cluster unchanged, so its plans are the
     instance's). Raises: InputError (exit 2) for another launcher."""
     if launcher not in LAUNCHERS:
-        raise InputError("--runnable", [Problem("--runnable", f"unknown launcher{did_you_mean(launcher, LAUNCHERS)}; "
-                                                "use one of " + ", ".join(LAUNCHERS), launcher, True)])
+        raise InputError(
+            "--runnable",
+            [
+                Problem(
+                    "--runnable",
+                    f"unknown launcher{did_you_mean(launcher, LAUNCHERS)}; use one "
+                    "of " + ", ".join(LAUNCHERS),
+                    launcher,
+                    True,
+                )
+            ],
+        )
     s = inst.spec.search
     zero = s.zero or [1]
-    update: dict = {"max_templates": 1, "pair_classes": 1, "uniform_tp": True, "tp_per_stage": False,
-                    "recompute_per_stage": False, "shards": False, "uniform_layouts": False}
-    if launcher == "megatron":  # its ranks stage-major (tp-cp-dp-pp): the same stage of replicas together
+    update: dict = {
+        "max_templates": 1,
+        "pair_classes": 1,
+        "uniform_tp": True,
+        "tp_per_stage": False,
+        "recompute_per_stage": False,
+        "shards": False,
+        "uniform_layouts": False,
+    }
+    if (
+        launcher == "megatron"
+    ):  # its ranks stage-major (tp-cp-dp-pp): the same stage of replicas together
         update |= {"zero": [z for z in zero if z != 2] or [1], "placement": ["stage"]}
     else:
-        update |= {"tp": [1], "cp": [1], "virtual_stages": [1], "zero": [z for z in zero if z <= 1] or [1],
-                   "placement": ["stage"], "recompute": [rc for rc in (s.recompute or ["none", "full"])
-                                                         if rc != "selective"] or ["none"]}
+        update |= {
+            "tp": [1],
+            "cp": [1],
+            "virtual_stages": [1],
+            "zero": [z for z in zero if z <= 1] or [1],
+            "placement": ["stage"],
+            "recompute": [rc for rc in (s.recompute or ["none", "full"]) if rc != "selective"]
+            or ["none"],
+        }
     search = s.model_copy(update=update)
     return replace(inst, spec=inst.spec.model_copy(update={"search": search}))

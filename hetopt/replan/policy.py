@@ -1,29 +1,31 @@
 """The adaptive policy (issue 15): a replay that re-plans when the bandwidth changes.
 
-The replay starts with the given plan at t = 0 and runs iterations back to back under the scenario, as
-`hetopt simulate` does (hetopt.sim.engine). A change of the network at t_c is seen at t_c + the
-detection delay; between iterations (the one running then ends first), the policy asks about the network
-as last seen (every link at its level after the latest change seen) what `hetopt replan` answers: the
-running plan's time, the best plan found (the neighbourhood; with `search: full` the whole space too) and
-the migration (hetopt.replan.best_under, hetopt.replan.migration). With the expected dwell D of that
-network it switches iff D exceeds the break-even time (hetopt.replan.decide). A switch stops training for
-M = migration + restart seconds; then the new plan runs. A network it has already judged is not asked
-about again unless the level outlasts the dwell expected of it (below), nor one with a link down (no plan
-runs across it). Nothing is searched where the restart alone outlasts the dwell (no plan can pay back).
+The replay starts with the given plan at t = 0 and runs iterations back to back under the scenario,
+as `hetopt simulate` does (hetopt.sim.engine). A change of the network at t_c is seen at t_c + the
+detection delay; between iterations (the one running then ends first), the policy asks about the
+network as last seen (every link at its level after the latest change seen) what `hetopt replan`
+answers: the running plan's time, the best plan found (the neighbourhood; with `search: full` the
+whole space too) and the migration (hetopt.replan.best_under, hetopt.replan.migration). With the
+expected dwell D of that network it switches iff D exceeds the break-even time
+(hetopt.replan.decide). A switch stops training for M = migration + restart seconds; then the new
+plan runs. A network it has already judged is not asked about again unless the level outlasts the
+dwell expected of it (below), nor one with a link down (no plan runs across it). Nothing is searched
+where the restart alone outlasts the dwell (no plan can pay back).
 
-Tokens count over the horizon H (`search.horizon_s`): each iteration its tokens times the share of it
-inside [0, H]; a switch's M counts none (`tokens_within`). So D is taken as at most the rest of the
-horizon: a switch never pays after it.
+Tokens count over the horizon H (`search.horizon_s`): each iteration its tokens times the share of
+it inside [0, H]; a switch's M counts none (`tokens_within`). So D is taken as at most the rest of
+the horizon: a switch never pays after it.
 
-The expected dwell reads nothing of the scenario's future: `replan.dwell_s` where the instance gives it;
-else a Markov scenario's mean_dwell_s (its dwells are exponential, so the expected rest of a dwell is the
-mean whatever has passed) or a diurnal one's step_s; else, from the changes seen so far, the mean time
-between them or the time the level has already lasted, whichever is longer (a level that has lasted T is
-expected to last about T more: a decision to stay is asked again once the level has lasted its break-even
-time, the estimate having grown past it); else the rest of the horizon (a first change is taken to last).
+The expected dwell reads nothing of the scenario's future: `replan.dwell_s` where the instance gives
+it; else a Markov scenario's mean_dwell_s (its dwells are exponential, so the expected rest of a
+dwell is the mean whatever has passed) or a diurnal one's step_s; else, from the changes seen so
+far, the mean time between them or the time the level has already lasted, whichever is longer (a
+level that has lasted T is expected to last about T more: a decision to stay is asked again once the
+level has lasted its break-even time, the estimate having grown past it); else the rest of the
+horizon (a first change is taken to last).
 
-`adapt=False` replays the plan throughout by the same segments: the static policy, its tokens counted
-alike.
+`adapt=False` replays the plan throughout by the same segments: the static policy, its tokens
+counted alike.
 """
 
 from __future__ import annotations
@@ -52,8 +54,17 @@ def check_policy(policy: str) -> str:
     from hetopt.errors import InputError, Problem, did_you_mean
 
     if policy not in POLICIES:
-        raise InputError("--policy", [Problem("--policy", f"unknown policy{did_you_mean(policy, POLICIES)}; give "
-                                                          f"{' or '.join(POLICIES)}", policy, True)])
+        raise InputError(
+            "--policy",
+            [
+                Problem(
+                    "--policy",
+                    f"unknown policy{did_you_mean(policy, POLICIES)}; give {' or '.join(POLICIES)}",
+                    policy,
+                    True,
+                )
+            ],
+        )
     return policy
 
 
@@ -100,11 +111,20 @@ class Switch:
         return self.migration.time_s + self.restart_s
 
     def to_json(self) -> dict:
-        return {"at_s": self.at_s, "change_s": self.change_s, "network_gbps": self.network_gbps,
-                "old_s": self.old_s, "new_s": self.new_s, "found_by": self.found_by,
-                "migration_s": self.migration.time_s, "migration_bytes": self.migration.total_bytes,
-                "restart_s": self.restart_s, "dwell_s": self.dwell_s, "break_even_s": self.break_even_s,
-                "plan": self.plan}
+        return {
+            "at_s": self.at_s,
+            "change_s": self.change_s,
+            "network_gbps": self.network_gbps,
+            "old_s": self.old_s,
+            "new_s": self.new_s,
+            "found_by": self.found_by,
+            "migration_s": self.migration.time_s,
+            "migration_bytes": self.migration.total_bytes,
+            "restart_s": self.restart_s,
+            "dwell_s": self.dwell_s,
+            "break_even_s": self.break_even_s,
+            "plan": self.plan,
+        }
 
 
 @dataclass
@@ -142,21 +162,26 @@ class Decisions:
         """Whether this network has been searched for this running plan (`ask` answers at once)."""
         return self._key(running, levels) in self.known
 
-    def ask(self, running: Plan, levels: dict[tuple[str, str], float], time_limit_s: float | None = None):
-        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`, the searches
-        within time_limit_s together (default the options')."""
+    def ask(
+        self, running: Plan, levels: dict[tuple[str, str], float], time_limit_s: float | None = None
+    ):
+        """(running plan's s, best plan, its s, found_by, migration) on the network at `levels`, the
+        searches within time_limit_s together (default the options')."""
         key = self._key(running, levels)
         if key not in self.known:
             changed = self.inst.on_network(levels)
             limit_s = self.options.time_limit_s if time_limit_s is None else time_limit_s
-            current_s, plan, new_s, found_by = best_under(changed, running, self.profiles, self.options.full,
-                                                          limit_s, workers=1)
+            current_s, plan, new_s, found_by = best_under(
+                changed, running, self.profiles, self.options.full, limit_s, workers=1
+            )
             moved = migration(changed, running, plan, self.profiles)
             self.known[key] = (current_s, plan, new_s, found_by, moved)
         return self.known[key]
 
 
-def change_moments(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...]) -> list[float]:
+def change_moments(
+    nominal: dict[tuple[str, str], float], changes: tuple[Change, ...]
+) -> list[float]:
     """The times the network differs from just before (every change at one instant applied)."""
     moments, levels = [], dict(nominal)
     for at in sorted({c[0] for c in changes}):
@@ -168,22 +193,31 @@ def change_moments(nominal: dict[tuple[str, str], float], changes: tuple[Change,
 
 
 def shifted(scenario: BandwidthScenario, t0: float) -> BandwidthScenario:
-    """The scenario seen from t0 on: the levels in force at t0 at time 0, later changes t0 earlier."""
+    """The scenario seen from t0 on: the levels in force at t0 at time 0, later changes t0
+    earlier."""
     level: dict = {}
     for at, link, gbps in scenario.changes:
         if at <= t0:
             level[link] = gbps
     later = tuple((at - t0, link, gbps) for at, link, gbps in scenario.changes if at > t0)
-    return BandwidthScenario(scenario.name, scenario.probability,
-                             tuple((0.0, link, gbps) for link, gbps in level.items()) + later)
+    return BandwidthScenario(
+        scenario.name,
+        scenario.probability,
+        tuple((0.0, link, gbps) for link, gbps in level.items()) + later,
+    )
 
 
-def tokens_within(starts_s: list[float], times_s: list[float], tokens_per_iteration: float,
-                  horizon_s: float, resume_s: float = 0.0) -> float:
-    """Tokens processed in [0, horizon_s]: each iteration's tokens times its share inside the window. A
-    replay that ends before horizon_s (one iteration of a bandwidth that never changes, a replay cut short)
-    goes on at its last iteration's rate from its end, or from resume_s where that is later (a switch's
-    pause after the last iteration counts no tokens)."""
+def tokens_within(
+    starts_s: list[float],
+    times_s: list[float],
+    tokens_per_iteration: float,
+    horizon_s: float,
+    resume_s: float = 0.0,
+) -> float:
+    """Tokens processed in [0, horizon_s]: each iteration's tokens times its share inside the
+    window. A replay that ends before horizon_s (one iteration of a bandwidth that never changes, a
+    replay cut short) goes on at its last iteration's rate from its end, or from resume_s where that
+    is later (a switch's pause after the last iteration counts no tokens)."""
     total, end = 0.0, resume_s
     for start, t in zip(starts_s, times_s, strict=True):
         inside = min(start + t, horizon_s) - start
@@ -195,14 +229,20 @@ def tokens_within(starts_s: list[float], times_s: list[float], tokens_per_iterat
     return total
 
 
-def expected_dwell(inst: Instance, scenario: str, options: PolicyOptions, seen: list[float], now_s: float,
-                   horizon_s: float) -> tuple[float, bool]:
+def expected_dwell(
+    inst: Instance,
+    scenario: str,
+    options: PolicyOptions,
+    seen: list[float],
+    now_s: float,
+    horizon_s: float,
+) -> tuple[float, bool]:
     """Seconds the network just seen is expected to last (module docstring), at most the rest of the
     horizon (only tokens inside it count); `seen` are the change moments seen so far.
 
-    Returns: (seconds, whether the estimate grows as the level lasts — estimated from the changes seen, a
-    level that has lasted T is expected to last about T more — so that a decision to stay is asked again
-    once the level has lasted the break-even time)."""
+    Returns: (seconds, whether the estimate grows as the level lasts — estimated from the changes
+    seen, a level that has lasted T is expected to last about T more — so that a decision to stay is
+    asked again once the level has lasted the break-even time)."""
     rest = max(horizon_s - now_s, 0.0)
     if options.dwell_s is not None:
         return min(options.dwell_s, rest), False
@@ -218,27 +258,39 @@ def expected_dwell(inst: Instance, scenario: str, options: PolicyOptions, seen: 
     return rest, False
 
 
-def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, horizon_s: float,
-                    options: PolicyOptions, profiles: Profiles | None = None, record: bool = False,
-                    deadline: float | None = None, decisions: Decisions | None = None,
-                    adapt: bool = True) -> AdaptiveRun:
+def replay_adaptive(
+    inst: Instance,
+    plan: Plan,
+    scenario: BandwidthScenario,
+    horizon_s: float,
+    options: PolicyOptions,
+    profiles: Profiles | None = None,
+    record: bool = False,
+    deadline: float | None = None,
+    decisions: Decisions | None = None,
+    adapt: bool = True,
+) -> AdaptiveRun:
     """Replay `plan` from t = 0 to the horizon under `scenario`, re-planning at each change seen.
 
     Parameters: inst — the instance; plan — the plan running at t = 0; scenario — the capacity trace
-    (generated to at least the horizon); horizon_s — no iteration starts at or after it; options — the
-    policy's settings; profiles — calibration; record — keep every operation (trace, plot); deadline — a
-    `time.time()` after which no further segment or search starts (the run's `cut` says so; a change seen
-    after it is not searched); decisions — searches kept from other replays of the same instance; adapt —
-    False replays the plan throughout by the same segments (the static policy, counted alike: a sampled
-    iteration is priced per bandwidth phase, not extrapolated over the horizon).
+    (generated to at least the horizon); horizon_s — no iteration starts at or after it; options —
+    the policy's settings; profiles — calibration; record — keep every operation (trace, plot);
+    deadline — a `time.time()` after which no further segment or search starts (the run's `cut` says
+    so; a change seen after it is not searched); decisions — searches kept from other replays of the
+    same instance; adapt — False replays the plan throughout by the same segments (the static
+    policy, counted alike: a sampled iteration is priced per bandwidth phase, not extrapolated over
+    the horizon).
     Returns: the AdaptiveRun."""
     import time
 
     profiles = profiles or Profiles()
     decisions = decisions or Decisions(inst, profiles, options)
     nominal = inst.nominal_gbps
-    changes = tuple(sorted(((at, tuple(sorted(link)), g) for at, link, g in scenario.changes),
-                           key=lambda c: c[0]))
+    changes = tuple(
+        sorted(
+            ((at, tuple(sorted(link)), g) for at, link, g in scenario.changes), key=lambda c: c[0]
+        )
+    )
     moments = change_moments(nominal, changes)
     detect = [m + (options.detection_delay_s if adapt else 0.0) for m in moments]
     run = AdaptiveRun(plans=[place(plan, inst.cluster)])
@@ -255,29 +307,47 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
             known = levels_at(nominal, changes, moments[k - 1]) if k else dict(nominal)
             if adapt and all(g > 0 for g in known.values()) and (known != judged or due):
                 judged, recheck_s = known, math.inf
-                dwell, grows = expected_dwell(inst, scenario.name, options, moments[:k], t, horizon_s)
-                switch, break_even = _decide(run, decisions, current, known, dwell, t,
-                                             moments[k - 1] if k else 0.0, options, deadline)
+                dwell, grows = expected_dwell(
+                    inst, scenario.name, options, moments[:k], t, horizon_s
+                )
+                switch, break_even = _decide(
+                    run,
+                    decisions,
+                    current,
+                    known,
+                    dwell,
+                    t,
+                    moments[k - 1] if k else 0.0,
+                    options,
+                    deadline,
+                )
                 if switch is not None:
                     run.plans.append(switch[0])
                     current = len(run.plans) - 1
                     run.switches.append(switch[1])
                     t += switch[1].pause_s
                 elif grows and math.isfinite(break_even):
-                    # the estimate grows with the time the level has lasted: it passes the break-even then
+                    # the estimate grows with the time the level has lasted: it passes the
+                    # break-even then
                     again_s = moments[k - 1] + break_even * (1 + 1e-6)
                     recheck_s = again_s if t < again_s < horizon_s else math.inf
             elif due:  # a recheck that cannot be made now (a link down): at the next change seen
                 recheck_s = detect[k] if k < len(detect) else math.inf
             continue
-        # a deadline stops the replay, but not before the running plan has run once (the rest of the horizon
-        # is counted at its rate)
-        if run.plan_of_iteration and run.plan_of_iteration[-1] == current and deadline is not None \
-                and time.time() >= deadline:
+        # a deadline stops the replay, but not before the running plan has run once (the rest of the
+        # horizon is counted at its rate)
+        if (
+            run.plan_of_iteration
+            and run.plan_of_iteration[-1] == current
+            and deadline is not None
+            and time.time() >= deadline
+        ):
             run.cut = "time limit"
             break
         window_s = min(detect[k] if k < len(detect) else math.inf, recheck_s, horizon_s) - t
-        sim = sims.get(current) or sims.setdefault(current, Simulation(inst, run.plans[current], profiles))
+        sim = sims.get(current) or sims.setdefault(
+            current, Simulation(inst, run.plans[current], profiles)
+        )
         segment = _segment(sim, shifted(scenario, t), window_s, record, deadline)
         _merge(merged, segment, t, current)
         for dt in segment.iteration_times_s:
@@ -291,33 +361,68 @@ def replay_adaptive(inst: Instance, plan: Plan, scenario: BandwidthScenario, hor
     return run
 
 
-def _decide(run: AdaptiveRun, decisions: Decisions, current: int, known: dict, dwell_s: float, now_s: float,
-            change_s: float, options: PolicyOptions, deadline: float | None
-            ) -> tuple[tuple[Plan, Switch] | None, float]:
-    """Switch or stay at `now_s` on the network `known`: (the plan and Switch to switch to, or None — the
-    decision counted as declined; the break-even seconds, inf where nothing was searched or nothing found
-    beats the running plan). No plan can pay back a restart as long as the dwell, so then nothing is
-    searched; nor once the deadline has passed (a network searched before is answered still)."""
+def _decide(
+    run: AdaptiveRun,
+    decisions: Decisions,
+    current: int,
+    known: dict,
+    dwell_s: float,
+    now_s: float,
+    change_s: float,
+    options: PolicyOptions,
+    deadline: float | None,
+) -> tuple[tuple[Plan, Switch] | None, float]:
+    """Switch or stay at `now_s` on the network `known`: (the plan and Switch to switch to, or None
+    — the decision counted as declined; the break-even seconds, inf where nothing was searched or
+    nothing found beats the running plan). No plan can pay back a restart as long as the dwell, so
+    then nothing is searched; nor once the deadline has passed (a network searched before is
+    answered still)."""
     import time
 
-    left_s = options.time_limit_s if deadline is None else min(options.time_limit_s, deadline - time.time())
+    left_s = (
+        options.time_limit_s
+        if deadline is None
+        else min(options.time_limit_s, deadline - time.time())
+    )
     verdict, break_even = "stay", math.inf
-    if options.restart_s < dwell_s and (left_s > 0 or decisions.answered(run.plans[current], known)):
+    if options.restart_s < dwell_s and (
+        left_s > 0 or decisions.answered(run.plans[current], known)
+    ):
         old_s, best, new_s, found_by, moved = decisions.ask(run.plans[current], known, left_s)
         verdict, break_even = decide(old_s, new_s, moved.time_s + options.restart_s, dwell_s)
     run.log.append((now_s, dict(known), verdict))
     if verdict != "switch":
         run.declined += 1
         return None, break_even
-    return (best, Switch(now_s, change_s, {f"{a}-{b}": g for (a, b), g in known.items()}, old_s, new_s, found_by,
-                         moved, options.restart_s, dwell_s, break_even, len(run.plans))), break_even
+    return (
+        best,
+        Switch(
+            now_s,
+            change_s,
+            {f"{a}-{b}": g for (a, b), g in known.items()},
+            old_s,
+            new_s,
+            found_by,
+            moved,
+            options.restart_s,
+            dwell_s,
+            break_even,
+            len(run.plans),
+        ),
+    ), break_even
 
 
-def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, record: bool,
-             deadline: float | None) -> SimResult:
+def _segment(
+    sim: Simulation,
+    scenario: BandwidthScenario,
+    window_s: float,
+    record: bool,
+    deadline: float | None,
+) -> SimResult:
     """The iterations that start within `window_s` of the segment's start (at least one). Where the
-    bandwidth holds still over all of them and nothing is recorded, one iteration is replayed and repeated:
-    a replay is deterministic, so iterations from the same state at the same bandwidths are alike."""
+    bandwidth holds still over all of them and nothing is recorded, one iteration is replayed and
+    repeated: a replay is deterministic, so iterations from the same state at the same bandwidths
+    are alike."""
     if record:  # every iteration recorded: replayed whole
         return sim.run(scenario, 1, record=True, until_s=window_s, deadline=deadline)
     first = sim.run(scenario, 1, deadline=deadline)
@@ -336,24 +441,27 @@ def _segment(sim: Simulation, scenario: BandwidthScenario, window_s: float, reco
 
 
 def _merge(into: SimResult, segment: SimResult, t0: float, plan: int) -> None:
-    """A segment's measurements onto the replay's clock (busy time keyed by (plan, template, replica,
-    stage))."""
+    """A segment's measurements onto the replay's clock (busy time keyed by (plan, template,
+    replica, stage))."""
     for e, b in segment.link_bytes.items():
         into.link_bytes[e] = into.link_bytes.get(e, 0.0) + b
     for e, c in segment.link_capacity_integral.items():
         into.link_capacity_integral[e] = into.link_capacity_integral.get(e, 0.0) + c
     for d, b in segment.busy_s.items():
         into.busy_s[(plan, *d)] = into.busy_s.get((plan, *d), 0.0) + b
-    into.records += [Record(r.kind, r.name, r.start_s + t0, r.end_s + t0, r.device, r.link, plan)
-                     for r in segment.records]
+    into.records += [
+        Record(r.kind, r.name, r.start_s + t0, r.end_s + t0, r.device, r.link, plan)
+        for r in segment.records
+    ]
     if segment.sampled is not None and into.sampled is None:
         into.sampled = segment.sampled
     if segment.cut is not None and segment.cut != "sampled":
         into.cut = segment.cut
 
 
-def _capacity_trace(nominal: dict[tuple[str, str], float], changes: tuple[Change, ...], until_s: float
-                    ) -> dict[tuple[str, str], list[tuple[float, float]]]:
+def _capacity_trace(
+    nominal: dict[tuple[str, str], float], changes: tuple[Change, ...], until_s: float
+) -> dict[tuple[str, str], list[tuple[float, float]]]:
     """Each link's (time, Gbit/s) steps from 0 to until_s, as a replay records them."""
     trace = {link: [(0.0, g)] for link, g in nominal.items()}
     for at, link, gbps in changes:
@@ -364,15 +472,22 @@ def _capacity_trace(nominal: dict[tuple[str, str], float], changes: tuple[Change
 
 def run_tokens(inst: Instance, run: AdaptiveRun, horizon_s: float) -> float:
     """The replay's tokens over the horizon (`tokens_within`, the last pause counted as none)."""
-    return tokens_within(run.starts_s, run.iteration_times_s, inst.global_batch * inst.seq_len, horizon_s,
-                         run.end_s)
+    return tokens_within(
+        run.starts_s, run.iteration_times_s, inst.global_batch * inst.seq_len, horizon_s, run.end_s
+    )
 
 
-def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horizon_s: float,
-            profiles: Profiles | None = None) -> dict:
-    """A scenario's entry of `hetopt simulate --policy replan --json`: the fields of a static replay's entry
-    (DESIGN 2.4; tokens_per_s is the tokens over the horizon ÷ the horizon, the switches' pauses counted),
-    and the policy's: tokens, switches, declined decisions, the plans run."""
+def summary(
+    inst: Instance,
+    run: AdaptiveRun,
+    scenario: BandwidthScenario,
+    horizon_s: float,
+    profiles: Profiles | None = None,
+) -> dict:
+    """A scenario's entry of `hetopt simulate --policy replan --json`: the fields of a static
+    replay's entry (DESIGN 2.4; tokens_per_s is the tokens over the horizon ÷ the horizon, the
+    switches' pauses counted), and the policy's: tokens, switches, declined decisions, the plans
+    run."""
     import numpy as np
 
     from hetopt.evaluate import evaluate
@@ -390,7 +505,9 @@ def summary(inst: Instance, run: AdaptiveRun, scenario: BandwidthScenario, horiz
             peaks += stage_peaks(plan, evaluate(inst, plan, profiles).peak_memory_gib)
         for j, pipe in enumerate(plan.pipelines if ran_s[k] > 0 else []):
             for d in range(len(pipe.stages)):
-                share = [merged.busy_s.get((k, j, r, d), 0.0) / ran_s[k] for r in range(pipe.replicas)]
+                share = [
+                    merged.busy_s.get((k, j, r, d), 0.0) / ran_s[k] for r in range(pipe.replicas)
+                ]
                 busy.append({"plan": k, "pipeline": j, "stage": d, "busy": float(np.mean(share))})
     return {
         "name": scenario.name,

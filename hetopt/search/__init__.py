@@ -1,1 +1,2 @@
-"""The exact planner: plan space, skeleton enumeration and pruning, per-skeleton integer programs."""
+"""The exact planner: plan space, skeleton enumeration and pruning, per-skeleton integer
+programs."""

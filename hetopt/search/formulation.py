@@ -24,8 +24,19 @@ from hetopt.search.backends.base import (
     quiet_stdout,
 )
 
-__all__ = ["BACKENDS", "Attempt", "Formulation", "SolveOptions", "SolveStatus", "SplitSolution",
-           "backend_available", "clock", "formulations", "pick", "quiet_stdout"]
+__all__ = [
+    "BACKENDS",
+    "Attempt",
+    "Formulation",
+    "SolveOptions",
+    "SolveStatus",
+    "SplitSolution",
+    "backend_available",
+    "clock",
+    "formulations",
+    "pick",
+    "quiet_stdout",
+]
 
 
 @dataclass(frozen=True)
@@ -65,23 +76,56 @@ def formulations() -> dict[str, Formulation]:
 def pick(formulation: str | None, backend: str) -> Formulation:
     """The formulation to use for a backend; a clear error when the pair cannot work."""
     if backend not in BACKENDS:
-        raise InputError("--backend", [Problem("--backend", f"unknown backend{did_you_mean(backend, BACKENDS)}; "
-                                                            f"choose one of {', '.join(BACKENDS)}", backend, True)])
+        raise InputError(
+            "--backend",
+            [
+                Problem(
+                    "--backend",
+                    f"unknown backend{did_you_mean(backend, BACKENDS)}; choose one of "
+                    f"{', '.join(BACKENDS)}",
+                    backend,
+                    True,
+                )
+            ],
+        )
     ok, why = backend_available(backend)
     if not ok:
-        raise InputError("--backend", [Problem("--backend", f"{backend} cannot be used here: {why}", backend, True)])
+        raise InputError(
+            "--backend",
+            [Problem("--backend", f"{backend} cannot be used here: {why}", backend, True)],
+        )
     known = formulations()
     if formulation is None:
         for f in known.values():
             if backend in f.backends:
                 return f
-        raise InputError("--backend", [Problem("--backend", f"no formulation serves {backend}", backend, True)])
+        raise InputError(
+            "--backend", [Problem("--backend", f"no formulation serves {backend}", backend, True)]
+        )
     if formulation not in known:
-        raise InputError("--formulation", [Problem("--formulation", f"unknown formulation"
-                                                                    f"{did_you_mean(formulation, known)}; known: "
-                                                                    f"{', '.join(known)}", formulation, True)])
+        raise InputError(
+            "--formulation",
+            [
+                Problem(
+                    "--formulation",
+                    f"unknown formulation{did_you_mean(formulation, known)}; known: "
+                    f"{', '.join(known)}",
+                    formulation,
+                    True,
+                )
+            ],
+        )
     f = known[formulation]
     if backend not in f.backends:
-        raise InputError("--backend", [Problem("--backend", f"formulation {f.name} is written for "
-                                                            f"{', '.join(f.backends)}, not {backend}", backend, True)])
+        raise InputError(
+            "--backend",
+            [
+                Problem(
+                    "--backend",
+                    f"formulation {f.name} is written for {', '.join(f.backends)}, not {backend}",
+                    backend,
+                    True,
+                )
+            ],
+        )
     return f

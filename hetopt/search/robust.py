@@ -63,8 +63,18 @@ from hetopt.spec.scenarios import (
 
 OBJECTIVES = ("stable", "expected", "worst", "cvar")
 CVAR_ALPHA = 0.8
-__all__ = ["CVAR_ALPHA", "DEFAULT_HORIZON_S", "OBJECTIVES", "PlanningScenario", "aggregate",
-           "link_gbps", "lowest_gbps", "planning_scenarios", "pricing", "transfer_time_gbps"]
+__all__ = [
+    "CVAR_ALPHA",
+    "DEFAULT_HORIZON_S",
+    "OBJECTIVES",
+    "PlanningScenario",
+    "aggregate",
+    "link_gbps",
+    "lowest_gbps",
+    "planning_scenarios",
+    "pricing",
+    "transfer_time_gbps",
+]
 
 Link = tuple[str, str]
 """An island pair, the two names in sorted order (as scenario changes name them)."""
@@ -72,8 +82,8 @@ Link = tuple[str, str]
 
 @dataclass(frozen=True)
 class PlanningScenario:
-    """A bandwidth scenario as the planner prices it: its instance's network carries one bandwidth per
-    link (Instance.on_network)."""
+    """A bandwidth scenario as the planner prices it: its instance's network carries one bandwidth
+    per link (Instance.on_network)."""
 
     name: str
     probability: float
@@ -86,8 +96,9 @@ def pricing(objective: str) -> str:
     return {"stable": "nominal", "worst": "lowest"}.get(objective, "transfer-time mean")
 
 
-def planning_scenarios(inst: Instance, objective: str,
-                       horizon_s: float | None = None) -> list[PlanningScenario]:
+def planning_scenarios(
+    inst: Instance, objective: str, horizon_s: float | None = None
+) -> list[PlanningScenario]:
     """The clusters the objective prices, one per bandwidth scenario.
 
     Parameters:
@@ -104,30 +115,45 @@ def planning_scenarios(inst: Instance, objective: str,
     nominal = inst.nominal_gbps
     scenarios = inst.scenarios(horizon)
     check_no_outage(scenarios, objective)
-    return [PlanningScenario(sc.name, sc.probability,
-                             inst.on_network(link_gbps(sc.changes, nominal, horizon,
-                                                                   objective)))
-            for sc in scenarios]
+    return [
+        PlanningScenario(
+            sc.name,
+            sc.probability,
+            inst.on_network(link_gbps(sc.changes, nominal, horizon, objective)),
+        )
+        for sc in scenarios
+    ]
 
 
 def check_no_outage(scenarios: list[BandwidthScenario], objective: str) -> None:
-    """Refuse an objective that would price an outage: at 0 Gbit/s a link's transfers wait for it to come
-    back, a delay that no one bandwidth per link expresses (the transfer-time mean and the lowest level
-    are both 0, every plan across the link infinitely slow). The simulator replays outages as they are.
+    """Refuse an objective that would price an outage: at 0 Gbit/s a link's transfers wait for it to
+    come back, a delay that no one bandwidth per link expresses (the transfer-time mean and the
+    lowest level are both 0, every plan across the link infinitely slow). The simulator replays
+    outages as they are.
 
     Raises: InputError naming the scenario, the link and the time, with what to do instead."""
     for sc in scenarios:  # also past H: the last replayed iteration runs into what follows it
         for link, start, _ in outages(list(sc.changes)):
-            raise InputError("--objective", [Problem(
-                "--objective", f"scenario '{sc.name}' takes link {link[0]}-{link[1]} down (0 Gbit/s) at "
-                               f"{start:g} s: the {objective} objective prices each link at one bandwidth and "
-                               "cannot price waiting out an outage; plan with --objective stable, or give the "
-                               "outage the lowest rate the link keeps, and replay the plan with `hetopt "
-                               "simulate`, which models the outage", objective, True)])
+            raise InputError(
+                "--objective",
+                [
+                    Problem(
+                        "--objective",
+                        f"scenario '{sc.name}' takes link {link[0]}-{link[1]} down (0 Gbit/s) "
+                        f"at {start:g} s: the {objective} objective prices each link at one "
+                        "bandwidth and cannot price waiting out an outage; plan with --objective "
+                        "stable, or give the outage the lowest rate the link keeps, and replay the "
+                        "plan with `hetopt simulate`, which models the outage",
+                        objective,
+                        True,
+                    )
+                ],
+            )
 
 
-def link_gbps(changes: Iterable[Change], nominal: dict[Link, float], horizon_s: float,
-              objective: str) -> dict[Link, float]:
+def link_gbps(
+    changes: Iterable[Change], nominal: dict[Link, float], horizon_s: float, objective: str
+) -> dict[Link, float]:
     """The bandwidth each link is priced at under one scenario.
 
     Parameters:
@@ -163,8 +189,9 @@ def lowest_gbps(holds: list[tuple[float, float]]) -> float:
     return min(g for _, g in holds)
 
 
-def _holds(changes: list[Change], link: Link, start_gbps: float,
-           horizon_s: float) -> list[tuple[float, float]]:
+def _holds(
+    changes: list[Change], link: Link, start_gbps: float, horizon_s: float
+) -> list[tuple[float, float]]:
     """The link's trace over [0, H] as (seconds held, Gbit/s) pieces, in time order.
 
     Changes at the same instant apply in their order, as the simulator applies them: only the last
@@ -185,8 +212,9 @@ def _holds(changes: list[Change], link: Link, start_gbps: float,
     return pieces
 
 
-def aggregate(times: list[float], probabilities: list[float], objective: str,
-              alpha: float = CVAR_ALPHA) -> float:
+def aggregate(
+    times: list[float], probabilities: list[float], objective: str, alpha: float = CVAR_ALPHA
+) -> float:
     """The objective's value from the scenario times (module docstring).
 
     Parameters:
@@ -203,5 +231,9 @@ def aggregate(times: list[float], probabilities: list[float], objective: str,
     if objective == "worst":
         return max(times)
     # CVaR: the minimising η is one of the scenario times (the objective is piecewise linear in η)
-    return min(eta + sum(p * max(0.0, t - eta) for p, t in zip(probabilities, times, strict=True))
-               / (1 - alpha) for eta in times)
+    return min(
+        eta
+        + sum(p * max(0.0, t - eta) for p, t in zip(probabilities, times, strict=True))
+        / (1 - alpha)
+        for eta in times
+    )

@@ -1,21 +1,22 @@
 """Three pipeline templates side by side (search.max_templates: 3), each on one device class.
 
-A triple skeleton runs templates a, b, c, each of one device class with its own TP degree and depth p_j, R_j
-replicas and m_j ≥ p_j micro-batches per replica, R_a·m_a + R_b·m_b + R_c·m_c = M: three GPU types each at
-its own pace, or one class split among uneven shares. Templates on one class share its GPUs
-(Σ_j R_j·g_j ≤ G). The integer program then chooses every template's layer split, as for a pair; the
-iteration waits for the slowest pipeline, every template's gradient all-reduce, then the templates'
-gradient exchange (a ring among the three, `features.cross_template_exchange`).
+A triple skeleton runs templates a, b, c, each of one device class with its own TP degree and depth
+p_j, R_j replicas and m_j ≥ p_j micro-batches per replica, R_a·m_a + R_b·m_b + R_c·m_c = M: three
+GPU types each at its own pace, or one class split among uneven shares. Templates on one class share
+its GPUs (Σ_j R_j·g_j ≤ G). The integer program then chooses every template's layer split, as for a
+pair; the iteration waits for the slowest pipeline, every template's gradient all-reduce, then the
+templates' gradient exchange (a ring among the three, `features.cross_template_exchange`).
 
 In the space by default (search.max_templates: 3; 2 or 1 leaves them out). The search lists them as
 families — three runs of a device class at a TP degree each, `TripleFamily` — bounded by throughput
-(`Bounds.triple_family_bound`); a family's groups (a stage count per run) are made only where its numpy
-table of group bounds (`Bounds.triple_table`) leaves them open and its templates can take the M
-micro-batches below the incumbent (`Bounds.triple_reach`: each template's drained pipeline caps its
-micro-batches per replica count); a group's replica counts are a box halved down to single counts, each
-box under the same two tests (`Bounds.triple_bound`, `triple_reach`), then the pipelines' and drains'
-bound over the shares (search.tree.TripleShares); and only the shares below the incumbent become
-skeletons (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per plan).
+(`Bounds.triple_family_bound`); a family's groups (a stage count per run) are made only where its
+numpy table of group bounds (`Bounds.triple_table`) leaves them open and its templates can take the
+M micro-batches below the incumbent (`Bounds.triple_reach`: each template's drained pipeline caps
+its micro-batches per replica count); a group's replica counts are a box halved down to single
+counts, each box under the same two tests (`Bounds.triple_bound`, `triple_reach`), then the
+pipelines' and drains' bound over the shares (search.tree.TripleShares); and only the shares below
+the incumbent become skeletons (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per
+plan).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ TRIPLE_SHARED = "GPUs: three templates too big for a class they share"
 
 @dataclass(frozen=True)
 class TripleGroup:
-    """Three single-class templates (segments, GPUs per replica on their class) with every replica count,
-    recompute mode and share (`skeletons`)."""
+    """Three single-class templates (segments, GPUs per replica on their class) with every replica
+    count, recompute mode and share (`skeletons`)."""
 
     micro_batch: int
     sides: tuple[tuple, tuple, tuple]
@@ -70,7 +71,8 @@ class TripleGroup:
         return sum(seg.stages * seg.width for seg in self.sides[j])
 
     def fits(self, replicas: tuple[int, int, int]) -> bool:
-        """Whether the replicas fit on the GPUs of each class (templates on one class share them)."""
+        """Whether the replicas fit on the GPUs of each class (templates on one class share
+        them)."""
         use: dict = {}
         for j, r in enumerate(replicas):
             key = (self.sides[j][0].gpu, self.sides[j][0].island)
@@ -78,29 +80,40 @@ class TripleGroup:
         return all(use.get(key, 0) <= gpus for key, gpus in self.gpus)
 
     def replica_counts(self) -> Iterator[tuple[int, int, int]]:
-        """Every (R_a, R_b, R_c), each at most its top, that fits on the GPUs of the classes they share."""
+        """Every (R_a, R_b, R_c), each at most its top, that fits on the GPUs of the classes they
+        share."""
         for replicas in itertools.product(*(range(1, t + 1) for t in self.tops)):
             if self.fits(replicas):
                 yield replicas
 
-    def shares(self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None = None
-               ) -> Iterator[tuple[int, int, int]]:
+    def shares(
+        self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None = None
+    ) -> Iterator[tuple[int, int, int]]:
         """Every (m_a, m_b, m_c), p_j ≤ m_j ≤ caps_j (default no cap), with Σ R_j·m_j = M; where two
-        templates are alike (same segments) only the pair with (R, m) in order, so a triple and its mirror
-        are one."""
+        templates are alike (same segments) only the pair with (R, m) in order, so a triple and its
+        mirror are one."""
         for ma, first, last, step in self._share_rows(replicas, caps):
             for mb in range(first, last + 1, step):
-                yield ma, mb, (self.total_micro_batches - replicas[0] * ma - replicas[1] * mb) // replicas[2]
+                yield (
+                    ma,
+                    mb,
+                    (self.total_micro_batches - replicas[0] * ma - replicas[1] * mb) // replicas[2],
+                )
 
-    def share_count(self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None = None) -> int:
+    def share_count(
+        self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None = None
+    ) -> int:
         """How many `shares` there are (without listing them)."""
-        return sum((last - first) // step + 1 for _, first, last, step in self._share_rows(replicas, caps))
+        return sum(
+            (last - first) // step + 1 for _, first, last, step in self._share_rows(replicas, caps)
+        )
 
-    def _share_rows(self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None
-                    ) -> Iterator[tuple[int, int, int, int]]:
-        """The shares as rows (m_a, first m_b, last m_b, step), each non-empty: for a given m_a the m_b
-        with R_b·m_b ≡ M − R_a·m_a (mod R_c) — an arithmetic progression — within the bounds on m_b that
-        m_b's and m_c's ranges and the mirror rules set."""
+    def _share_rows(
+        self, replicas: tuple[int, int, int], caps: tuple[int, int, int] | None
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """The shares as rows (m_a, first m_b, last m_b, step), each non-empty: for a given m_a the
+        m_b with R_b·m_b ≡ M − R_a·m_a (mod R_c) — an arithmetic progression — within the bounds on
+        m_b that m_b's and m_c's ranges and the mirror rules set."""
         (ra, rb, rc), total = replicas, self.total_micro_batches
         pa, pb, pc = (self.depth(j) for j in range(3))
         ca, cb, cc = caps or (total, total, total)
@@ -125,47 +138,60 @@ class TripleGroup:
             if first <= hi:
                 yield ma, first, hi - (hi - first) % step, step
 
-    def templates_at(self, replicas: tuple[int, int, int], shares: tuple[int, int, int]) -> tuple[Template, ...]:
-        return tuple(Template(side, r, m) for side, r, m in zip(self.sides, replicas, shares, strict=True))
+    def templates_at(
+        self, replicas: tuple[int, int, int], shares: tuple[int, int, int]
+    ) -> tuple[Template, ...]:
+        return tuple(
+            Template(side, r, m) for side, r, m in zip(self.sides, replicas, shares, strict=True)
+        )
 
     def skeletons(self) -> Iterator[Skeleton]:
         for replicas in self.replica_counts():
             yield from self.skeletons_at(replicas)
 
-    def skeletons_at(self, replicas: tuple[int, int, int], modes: tuple[str, ...] | None = None,
-                     caps: tuple[int, int, int] | None = None) -> Iterator[Skeleton]:
-        """The skeletons at replica counts (R_a, R_b, R_c): every share (at most `caps`), recompute mode
-        (of `modes`, default the group's) and order."""
+    def skeletons_at(
+        self,
+        replicas: tuple[int, int, int],
+        modes: tuple[str, ...] | None = None,
+        caps: tuple[int, int, int] | None = None,
+    ) -> Iterator[Skeleton]:
+        """The skeletons at replica counts (R_a, R_b, R_c): every share (at most `caps`), recompute
+        mode (of `modes`, default the group's) and order."""
         for ms in self.shares(replicas, caps):
             for rc in modes or self.recompute_options:
                 for order in orders(max(replicas)):
-                    yield Skeleton(self.micro_batch, rc, self.templates_at(replicas, ms), order, zero=self.zero)
+                    yield Skeleton(
+                        self.micro_batch, rc, self.templates_at(replicas, ms), order, zero=self.zero
+                    )
 
     @property
     def size(self) -> int:
         """Skeletons of the group (by listing their shares: for tests and small groups)."""
-        return sum(self.share_count(replicas) * len(self.recompute_options) * len(orders(max(replicas)))
-                   for replicas in self.replica_counts())
+        return sum(
+            self.share_count(replicas) * len(self.recompute_options) * len(orders(max(replicas)))
+            for replicas in self.replica_counts()
+        )
 
 
 @dataclass(frozen=True)
 class TripleFamily:
     """Three single-class runs (a device class at a TP degree each, unordered: a multiset) at one
-    micro-batch size: every triple group over their depths (`groups`), a root of the search tree. Its
-    groups are listed only where the family's table of bounds (`Bounds.triple_table`) leaves them open,
-    so a large cluster's cube of depths is never listed whole."""
+    micro-batch size: every triple group over their depths (`groups`), a root of the search tree.
+    Its groups are listed only where the family's table of bounds (`Bounds.triple_table`) leaves
+    them open, so a large cluster's cube of depths is never listed whole."""
 
     micro_batch: int
     runs: tuple[tuple[DeviceClass, int], tuple[DeviceClass, int], tuple[DeviceClass, int]]
     sides: tuple[tuple[SideTemplate, ...], tuple[SideTemplate, ...], tuple[SideTemplate, ...]]
-    """Each run's side templates (`space.side_templates`: one per stage count), fewest stages first."""
+    """Each run's side templates (`space.side_templates`: one per stage count), fewest stages
+    first."""
     recompute_options: tuple[str, ...]
     total_micro_batches: int
     zero: int = 1
 
     def mirrored(self) -> np.ndarray:
-        """Over (side a, side b, side c): whether the side templates at those picks are out of order where
-        two runs are one (the same group is listed at its ordered picks)."""
+        """Over (side a, side b, side c): whether the side templates at those picks are out of order
+        where two runs are one (the same group is listed at its ordered picks)."""
         picks = np.indices(tuple(len(side) for side in self.sides))
         out = np.zeros(picks.shape[1:], dtype=bool)
         for j in range(2):
@@ -174,16 +200,22 @@ class TripleFamily:
         return out
 
     def group(self, picks: tuple[int, int, int], stats: SearchStats) -> TripleGroup | None:
-        """The group of the side templates at `picks`; None, counted as pruned, where their stages take
-        more micro-batches than there are or the templates do not fit on a class they share."""
+        """The group of the side templates at `picks`; None, counted as pruned, where their stages
+        take more micro-batches than there are or the templates do not fit on a class they share."""
         picked = tuple(self.sides[j][i] for j, i in enumerate(picks))
         if sum(sum(t[0]) for t in picked) > self.total_micro_batches:
             stats.pruned[DIVISIBILITY] += 1
             return None
         gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
-        group = TripleGroup(self.micro_batch, tuple(t[1] for t in picked), tuple(
-            min(g // used for used, g in t[2].values()) for t in picked), self.recompute_options,
-            self.total_micro_batches, tuple(gpus.items()), self.zero)
+        group = TripleGroup(
+            self.micro_batch,
+            tuple(t[1] for t in picked),
+            tuple(min(g // used for used, g in t[2].values()) for t in picked),
+            self.recompute_options,
+            self.total_micro_batches,
+            tuple(gpus.items()),
+            self.zero,
+        )
         if not group.fits((1, 1, 1)):
             stats.pruned[TRIPLE_SHARED] += 1
             return None
@@ -191,16 +223,19 @@ class TripleFamily:
         return group
 
     def groups(self, stats: SearchStats) -> Iterator[TripleGroup]:
-        """Every group of the family (each multiset of side templates once), counted as enumerated."""
+        """Every group of the family (each multiset of side templates once), counted as
+        enumerated."""
         for picks in np.argwhere(~self.mirrored()):
             if (group := self.group(tuple(int(i) for i in picks), stats)) is not None:
                 yield group
 
 
-def triple_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleFamily]:
+def triple_families(
+    inst: Instance, opts: SearchOptions, stats: SearchStats
+) -> Iterator[TripleFamily]:
     """Every triple family of the space (none unless search.max_templates is 3), counted among the
-    families. Triples are unordered (a mirror is the same plan): each multiset of runs once, and within a
-    family `TripleFamily.mirrored` and `TripleGroup.shares` order the alike."""
+    families. Triples are unordered (a mirror is the same plan): each multiset of runs once, and
+    within a family `TripleFamily.mirrored` and `TripleGroup.shares` order the alike."""
     zero = [z for z in zero_stages(opts) if z <= 1]
     if opts.max_templates < 3 or not zero or 1 not in opts.cp or 1 not in opts.virtual_stages:
         return
@@ -214,13 +249,19 @@ def triple_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> 
             continue
         for picked in itertools.combinations_with_replacement(runs, 3):
             stats.families += 1
-            yield TripleFamily(b, picked, tuple(sides[run] for run in picked), modes, inst.global_batch // b,
-                               zero[0])
+            yield TripleFamily(
+                b,
+                picked,
+                tuple(sides[run] for run in picked),
+                modes,
+                inst.global_batch // b,
+                zero[0],
+            )
 
 
 def triple_groups(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[TripleGroup]:
-    """Every triple group of the space (`triple_families`' groups), counted as enumerated; those whose
-    templates cannot take a micro-batch per stage, or do not fit the GPUs of a class they share, counted
-    as pruned."""
+    """Every triple group of the space (`triple_families`' groups), counted as enumerated; those
+    whose templates cannot take a micro-batch per stage, or do not fit the GPUs of a class they
+    share, counted as pruned."""
     for family in triple_families(inst, opts, stats):
         yield from family.groups(stats)

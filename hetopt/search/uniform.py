@@ -1,25 +1,28 @@
-"""Uniform layouts in the plan space: Megatron-LM's (tp, pp, dp) over every GPU, with one layer split.
+"""Uniform layouts in the plan space: Megatron-LM's (tp, pp, dp) over every GPU, with one layer
+split.
 
 A uniform layout (hetopt.layout) lays ranks out as Megatron-LM does — tensor-parallel fastest, then
-data-parallel, then pipeline — over the cluster's GPUs in the order the node groups are declared. On a mixed
-cluster a stage level then crosses device classes, and the replicas whose stages land on the same classes form
-one template: Megatron's plan on `scale-4096-four-types` at pp = 2 is (H200 → A100-80GB) ‖ (H100 → A100-40GB),
-two templates each over two classes, which the families (hetopt.search.space) hold only with search.pair_classes
-2 — and a layout over three groups of GPUs can form three such templates. Every replica of a layout runs the
-same stage split, the same TP and the same micro-batch count: the skeleton of a layout is its templates in
-*lockstep* (`Skeleton.lockstep`), one layer split for all of them, chosen by the integer program like any
-other. Megatron-LM's even split and AMP's min-max split (hetopt.baselines.uniform) are two of its points.
+data-parallel, then pipeline — over the cluster's GPUs in the order the node groups are declared. On
+a mixed cluster a stage level then crosses device classes, and the replicas whose stages land on the
+same classes form one template: Megatron's plan on `scale-4096-four-types` at pp = 2 is (H200 →
+A100-80GB) ‖ (H100 → A100-40GB), two templates each over two classes, which the families
+(hetopt.search.space) hold only with search.pair_classes 2 — and a layout over three groups of GPUs
+can form three such templates. Every replica of a layout runs the same stage split, the same TP and
+the same micro-batch count: the skeleton of a layout is its templates in *lockstep*
+(`Skeleton.lockstep`), one layer split for all of them, chosen by the integer program like any
+other. Megatron-LM's even split and AMP's min-max split (hetopt.baselines.uniform) are two of its
+points.
 
-With search.uniform_layouts (default true) and search.max_templates 2 or more (a layout's templates count as
-one choice, however many they are) the space holds every such skeleton whose plans the rest of the default
-space does not already hold (a layout whose replicas all run one class sequence is a one-template
-family's point; one of single-class templates is a pair's), each as a root leaf of the search tree, keyed by
-`Bounds.lockstep_bound`. search.pair_classes does not limit them (their templates run one split, not a
-pair's two), search.max_classes does (classes per template). They are few: one per (tp, pp, micro-batch,
-recompute) that fits the cluster — selective recompute beside none under flash attention left out, as for
-the families (`enumerate_recompute`) — in three placement orders: Megatron's rank order itself, where the
-templates share nodes stage by stage (hetopt.placement.megatron_placed), and hetopt's replica- and
-stage-major ones.
+With search.uniform_layouts (default true) and search.max_templates 2 or more (a layout's templates
+count as one choice, however many they are) the space holds every such skeleton whose plans the rest
+of the default space does not already hold (a layout whose replicas all run one class sequence is a
+one-template family's point; one of single-class templates is a pair's), each as a root leaf of the
+search tree, keyed by `Bounds.lockstep_bound`. search.pair_classes does not limit them (their
+templates run one split, not a pair's two), search.max_classes does (classes per template). They are
+few: one per (tp, pp, micro-batch, recompute) that fits the cluster — selective recompute beside
+none under flash attention left out, as for the families (`enumerate_recompute`) — in three
+placement orders: Megatron's rank order itself, where the templates share nodes stage by stage
+(hetopt.placement.megatron_placed), and hetopt's replica- and stage-major ones.
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ from hetopt.search.space import (
 from hetopt.spec.instance import Instance
 
 
-def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_per_node: int) -> Iterator[Layout]:
-    """Every homogeneous layout over `gpus` GPUs (tp·pp·dp = gpus) in the instance's search space, with the
-    choices that never lose in the cost model fixed (SP on, ZeRO-1, 1F1B, no interleaving)."""
+def uniform_layouts(
+    inst: Instance, gpus: int, options: SearchOptions, max_gpus_per_node: int
+) -> Iterator[Layout]:
+    """Every homogeneous layout over `gpus` GPUs (tp·pp·dp = gpus) in the instance's search space,
+    with the choices that never lose in the cost model fixed (SP on, ZeRO-1, 1F1B, no
+    interleaving)."""
     m = inst.model
     for tp in options.tp:
         if not tp_divides_heads(inst, tp) or tp > max_gpus_per_node:
@@ -66,12 +72,14 @@ def uniform_layouts(inst: Instance, gpus: int, options: SearchOptions, max_gpus_
 
 
 def max_tp(inst: Instance) -> int:
-    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of them)."""
+    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of
+    them)."""
     return min(n.gpus for n in inst.cluster.nodes.values())
 
 
 def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
-    """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across nodes)."""
+    """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across
+    nodes)."""
     try:
         return expand_layout(inst, layout)
     except InputError:
@@ -79,22 +87,31 @@ def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
 
 
 def _searched(inst: Instance, opts: SearchOptions) -> bool:
-    """Whether the options hold uniform layouts: several templates allowed (a layout's templates in lockstep
-    count as one choice, however many they are), ZeRO-1 and CP 1 among the choices."""
-    return opts.uniform_layouts and opts.max_templates >= 2 and 1 in zero_stages(opts) \
+    """Whether the options hold uniform layouts: several templates allowed (a layout's templates in
+    lockstep count as one choice, however many they are), ZeRO-1 and CP 1 among the choices."""
+    return (
+        opts.uniform_layouts
+        and opts.max_templates >= 2
+        and 1 in zero_stages(opts)
         and 1 in cp_options(inst, opts)
+    )
 
 
 def _narrow(opts: SearchOptions) -> SearchOptions:
-    """The families' default space, against which a layout is new: pair_classes 1, one TP per class (the
-    same for the whole space and for its narrowed part, orchestrate._narrow_first, so that the two parts of
-    a split search hold every lockstep skeleton once)."""
-    return replace(opts, uniform_layouts=False, pair_classes=1, tp_per_stage=False, beyond_narrow=False)
+    """The families' default space, against which a layout is new: pair_classes 1, one TP per class
+    (the same for the whole space and for its narrowed part, orchestrate._narrow_first, so that the
+    two parts of a split search hold every lockstep skeleton once)."""
+    return replace(
+        opts, uniform_layouts=False, pair_classes=1, tp_per_stage=False, beyond_narrow=False
+    )
 
 
-def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Skeleton]:
-    """The skeleton of every uniform layout over all the GPUs whose plans the families of the default space
-    do not hold, in each placement order worth trying; counted in `stats.enumerated`."""
+def lockstep_skeletons(
+    inst: Instance, opts: SearchOptions, stats: SearchStats
+) -> Iterator[Skeleton]:
+    """The skeleton of every uniform layout over all the GPUs whose plans the families of the
+    default space do not hold, in each placement order worth trying; counted in
+    `stats.enumerated`."""
     if not _searched(inst, opts):
         return
     narrow, modes = _narrow(opts), enumerate_recompute(inst, opts)
@@ -102,7 +119,9 @@ def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) 
         plan = layout_plan(inst, layout) if layout.recompute in modes else None
         if plan is None or not _within_classes(plan, opts) or not outside_space(inst, plan, narrow):
             continue  # narrow: no uniform layouts
-        templates = tuple(Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines)
+        templates = tuple(
+            Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines
+        )
         # Megatron's own rank order (its templates share nodes stage by stage) and hetopt's two
         for order in ("megatron", *orders(sum(t.replicas for t in templates))):
             stats.enumerated += 1
@@ -110,31 +129,53 @@ def lockstep_skeletons(inst: Instance, opts: SearchOptions, stats: SearchStats) 
 
 
 def lockstep_layout(inst: Instance, plan: Plan, opts: SearchOptions) -> Layout | None:
-    """The uniform layout of the space whose plan `plan` is but for its layer split — the same split in
-    every template — or None: `plan` is then no point of a lockstep skeleton."""
-    if not _searched(inst, opts) or plan.schedule != "1f1b" or plan.virtual_stages != 1 or plan.zero != 1:
+    """The uniform layout of the space whose plan `plan` is but for its layer split — the same split
+    in every template — or None: `plan` is then no point of a lockstep skeleton."""
+    if (
+        not _searched(inst, opts)
+        or plan.schedule != "1f1b"
+        or plan.virtual_stages != 1
+        or plan.zero != 1
+    ):
         return None
     pipes = plan.pipelines
     stages = [st for p in pipes for st in p.stages]
-    if any(st.shards or st.cp != 1 or not st.sp for st in stages) or len({st.tp for st in stages}) != 1 \
-            or len({st.recompute for st in stages}) != 1:
+    if (
+        any(st.shards or st.cp != 1 or not st.sp for st in stages)
+        or len({st.tp for st in stages}) != 1
+        or len({st.recompute for st in stages}) != 1
+    ):
         return None
     split = [st.layers for st in pipes[0].stages]
-    if any([st.layers for st in p.stages] != split or p.micro_batches != pipes[0].micro_batches for p in pipes):
+    if any(
+        [st.layers for st in p.stages] != split or p.micro_batches != pipes[0].micro_batches
+        for p in pipes
+    ):
         return None
-    layout = Layout(tp=stages[0].tp, pp=len(split), dp=sum(p.replicas for p in pipes), mb=plan.micro_batch,
-                    recompute=stages[0].recompute)
+    layout = Layout(
+        tp=stages[0].tp,
+        pp=len(split),
+        dp=sum(p.replicas for p in pipes),
+        mb=plan.micro_batch,
+        recompute=stages[0].recompute,
+    )
     if layout not in set(uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst))):
         return None
     expected = layout_plan(inst, layout)
-    if expected is None or _templates(expected) != _templates(plan) or not _within_classes(plan, opts):
+    if (
+        expected is None
+        or _templates(expected) != _templates(plan)
+        or not _within_classes(plan, opts)
+    ):
         return None
     return layout
 
 
 def _within_classes(plan: Plan, opts: SearchOptions) -> bool:
     """Whether every template spans at most search.max_classes device classes."""
-    return all(len({(st.gpu, st.island) for st in p.stages}) <= opts.max_classes for p in plan.pipelines)
+    return all(
+        len({(st.gpu, st.island) for st in p.stages}) <= opts.max_classes for p in plan.pipelines
+    )
 
 
 def _templates(plan: Plan) -> Counter:

@@ -1,9 +1,10 @@
 """Stopping a solver subprocess from outside when it overruns its time limit.
 
-CBC runs as a child process (PuLP starts it) and honours its own time limit only once branch-and-bound
-is under way; presolve or a huge LP can run past it. `deadline_for_children` watches the child processes
-of this process whose command is one of `names` and kills them at the deadline; the solve then returns
-without a solution and the search reports a time-out with its best plan and bound.
+CBC runs as a child process (PuLP starts it) and honours its own time limit only once
+branch-and-bound is under way; presolve or a huge LP can run past it. `deadline_for_children`
+watches the child processes of this process whose command is one of `names` and kills them at the
+deadline; the solve then returns without a solution and the search reports a time-out with its best
+plan and bound.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def _children(names: tuple[str, ...]) -> list[int]:
             text = stat.read_text()
         except OSError:
             continue
-        comm = text[text.find("(") + 1: text.rfind(")")]
-        ppid = int(text[text.rfind(")") + 2:].split()[1])
+        comm = text[text.find("(") + 1 : text.rfind(")")]
+        ppid = int(text[text.rfind(")") + 2 :].split()[1])
         if ppid == me and comm in names:
             found.append(int(stat.parent.name))
     return found
@@ -39,8 +40,8 @@ def _kill(names: tuple[str, ...], outcome: dict) -> None:
 
 @contextlib.contextmanager
 def deadline_for_children(seconds: float, names: tuple[str, ...] = ("cbc",)) -> Iterator[dict]:
-    """Kill matching child processes still running `seconds` from now, or at once when the block is left by
-    an exception; yields {"killed": [pids]}."""
+    """Kill matching child processes still running `seconds` from now, or at once when the block is
+    left by an exception; yields {"killed": [pids]}."""
     outcome: dict = {"killed": []}
     done = threading.Event()
 

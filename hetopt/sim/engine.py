@@ -1,19 +1,19 @@
 """The discrete-event simulator (DESIGN 5).
 
-Over the concrete placement of a plan: every micro-batch's forward and backward on every stage of every
-replica (durations from the one cost model: `evaluate.plan_features` priced by `price_template`, TP
-collectives included — inside a node, and for a TP group over several nodes or ZeRO-2/3's per-pass
-gathers and scatters, their cost-model time, not flows: they do not share NICs with the flows below and
-do not follow a scenario's bandwidth trace), point-to-point sends between stages (the sender
-blocks until its send completes, as Megatron's 1F1B exchanges do), gradient all-reduces per stage among
-its template's replicas (they start when every replica is `dp_overlap` into its last backward), with
-several templates their exchange of the reduced gradients, then the optimizer step. Transfers that leave
-a node are flows on the device graph sharing links max-min fairly, under the scenario's capacity trace;
-transfers inside a node take their cost-model time.
+Over the concrete placement of a plan: every micro-batch's forward and backward on every stage of
+every replica (durations from the one cost model: `evaluate.plan_features` priced by
+`price_template`, TP collectives included — inside a node, and for a TP group over several nodes or
+ZeRO-2/3's per-pass gathers and scatters, their cost-model time, not flows: they do not share NICs
+with the flows below and do not follow a scenario's bandwidth trace), point-to-point sends between
+stages (the sender blocks until its send completes, as Megatron's 1F1B exchanges do), gradient
+all-reduces per stage among its template's replicas (they start when every replica is `dp_overlap`
+into its last backward), with several templates their exchange of the reduced gradients, then the
+optimizer step. Transfers that leave a node are flows on the device graph sharing links max-min
+fairly, under the scenario's capacity trace; transfers inside a node take their cost-model time.
 
-At constant bandwidth and without contention this reproduces the analytic evaluator; what differs is what
-the analytic model cannot see: flows of several stages or replicas sharing a NIC or an uplink, and
-capacity that changes mid-transfer.
+At constant bandwidth and without contention this reproduces the analytic evaluator; what differs is
+what the analytic model cannot see: flows of several stages or replicas sharing a NIC or an uplink,
+and capacity that changes mid-transfer.
 """
 
 from __future__ import annotations
@@ -65,12 +65,14 @@ Device = tuple[int, int, int]
 
 SAMPLE_PASSES = 200_000
 """An iteration of more forward and backward passes than this (Σ replicas × stages × chunks × 2 ×
-micro-batches over the templates; one to a few seconds of replay on one core) is not replayed whole: two
-samples of fewer micro-batches are, and its time is extrapolated from them (`Simulation.run`)."""
+micro-batches over the templates; one to a few seconds of replay on one core) is not replayed whole:
+two samples of fewer micro-batches are, and its time is extrapolated from them
+(`Simulation.run`)."""
 
 MAX_SAMPLE_PASSES = 5 * SAMPLE_PASSES
-"""The most passes the two samples may take together (each stage needs a pipeline-fill of micro-batches
-for the steady state, so many replicas × deep pipelines can need more); beyond, the analytic evaluator."""
+"""The most passes the two samples may take together (each stage needs a pipeline-fill of
+micro-batches for the steady state, so many replicas × deep pipelines can need more); beyond, the
+analytic evaluator."""
 
 DEADLINE_EVERY = 4096
 """Events between two looks at the clock in a replay with a deadline."""
@@ -81,13 +83,14 @@ class _OutOfTime(Exception):
 
 
 REPLAY_PASSES = 5_000_000
-"""A replay starts no new iteration after this many passes (about 30 s on one core) — the horizon or the
-iterations asked for are cut short there, and the result says so."""
+"""A replay starts no new iteration after this many passes (about 30 s on one core) — the horizon or
+the iterations asked for are cut short there, and the result says so."""
 
 
 @dataclass
 class Transfer:
-    """A send: a fixed part (latency, steps, or the whole of an intra-node copy) and a flow, if any."""
+    """A send: a fixed part (latency, steps, or the whole of an intra-node copy) and a flow, if
+    any."""
 
     fixed_s: float
     path: tuple[Link, ...] = ()
@@ -119,19 +122,19 @@ class SimResult:
     capacity_trace: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
     end_s: float = 0.0
     sampled: dict | None = None
-    """When the iteration was too large to replay whole: the micro-batches per template of the two samples
-    replayed and of the plan (what was measured comes from the larger sample)."""
+    """When the iteration was too large to replay whole: the micro-batches per template of the two
+    samples replayed and of the plan (what was measured comes from the larger sample)."""
     cut: str | None = None
-    """Why the replay stopped before its horizon or iterations: "pass budget", "time limit", "trace end", or
-    "sampled" (an iteration too large to replay several)."""
+    """Why the replay stopped before its horizon or iterations: "pass budget", "time limit", "trace
+    end", or "sampled" (an iteration too large to replay several)."""
 
 
 class Simulation:
-    """A discrete-event replay of one plan: every pass, send and collective as an event, network transfers
-    as flows sharing links under the scenario's bandwidth changes.
+    """A discrete-event replay of one plan: every pass, send and collective as an event, network
+    transfers as flows sharing links under the scenario's bandwidth changes.
 
-    Parameters: inst — the instance; plan — the plan (checked, then placed); profiles — calibrated weights
-    (default: shipped). `run` replays it."""
+    Parameters: inst — the instance; plan — the plan (checked, then placed); profiles — calibrated
+    weights (default: shipped). `run` replays it."""
 
     def __init__(self, inst: Instance, plan: Plan, profiles: Profiles | None = None) -> None:
         problems = check_plan(inst, plan)
@@ -149,16 +152,22 @@ class Simulation:
         for j, gpus in enumerate(feats.gpus):
             params = [self.profiles.for_gpu(g, inst.spec.training.framework) for g in gpus]
             w = np.stack([p.w for p in params])
-            # ZeRO-2/3's per-micro-batch collectives are in the passes by evaluate's overlap rule, not flows
+            # ZeRO-2/3's per-micro-batch collectives are in the passes by evaluate's overlap rule,
+            # not flows
             times = price_template(feats, j, w, np.array([p.launch_serial for p in params]))[0]
             overlap = np.array([p.dp_overlap for p in params])
             # a stage's all-reduce: the features of its row whose all-reduce is longest; sends and
-            # collectives are priced alike for every GPU type (calibration fits no network term per type)
+            # collectives are priced alike for every GPU type (calibration fits no network term per
+            # type)
             pick = np.arange(len(times))
             if feats.mixed(j):  # a stage with shards moves at its slowest ranks' pace (`by_stage`)
                 rows = np.asarray(feats.stage_of[j])
-                pick = np.array([np.flatnonzero(rows == i)[np.argmax(times[rows == i, DP])]
-                                 for i in range(rows.max() + 1)])
+                pick = np.array(
+                    [
+                        np.flatnonzero(rows == i)[np.argmax(times[rows == i, DP])]
+                        for i in range(rows.max() + 1)
+                    ]
+                )
                 times, overlap = by_stage(times, feats.stage_of[j], overlap)
             self.times.append(times)
             self.rows.append(pick)
@@ -171,17 +180,22 @@ class Simulation:
         self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
-        self._prices: dict[tuple, float] = {}  # the evaluator's time per set of link bandwidths (sample)
+        self._prices: dict[
+            tuple, float
+        ] = {}  # the evaluator's time per set of link bandwidths (sample)
         self.nominal_gbps = inst.nominal_gbps
 
-    # -- static pieces -----------------------------------------------------------------------------------
+    # -- static pieces
+    # -----------------------------------------------------------------------------------
 
     def _capacities(self) -> dict[Link, float]:
         cap = {}
         for u, v, d in self.cluster.graph.edges(data=True):
             if math.isinf(d["gbps"]):
                 continue
-            bps = d["gbps"] * d["eta"] * comm.GBIT / self.net_weight  # what the link's fabric delivers
+            bps = (
+                d["gbps"] * d["eta"] * comm.GBIT / self.net_weight
+            )  # what the link's fabric delivers
             cap[(u, v)] = cap[(v, u)] = bps
         return cap
 
@@ -190,23 +204,36 @@ class Simulation:
         return self.nodes_of[(j, d)][r]
 
     def transfer(self, src: Device, dst: Device) -> Transfer:
-        """The send of one micro-batch's activations (or gradients) from device `src` to `dst`; between
-        stages with shards, every re-sharding send of that replica at once (`Transfer.more`)."""
+        """The send of one micro-batch's activations (or gradients) from device `src` to `dst`;
+        between stages with shards, every re-sharding send of that replica at once
+        (`Transfer.more`)."""
         key = (src, dst)
         if key not in self.transfers:
             j, r, d = src
             width = self.plan.pipelines[j].stages[d].width
             sends = [(self.node_of(src), self.node_of(dst), self.act_bytes)]
-            if self.plan.pipelines[j].stages[d].shards or self.plan.pipelines[j].stages[dst[2]].shards:
-                sends = reshard_sends(self.plan, j, d, dst[2], self.ranks_at, self.act_bytes / self.plan.micro_batch,
-                                      range(r, r + 1))
-            first, *more = [self._one_send(a, b, nbytes, width, self.weights[j][d]) for a, b, nbytes in sends]
+            if (
+                self.plan.pipelines[j].stages[d].shards
+                or self.plan.pipelines[j].stages[dst[2]].shards
+            ):
+                sends = reshard_sends(
+                    self.plan,
+                    j,
+                    d,
+                    dst[2],
+                    self.ranks_at,
+                    self.act_bytes / self.plan.micro_batch,
+                    range(r, r + 1),
+                )
+            first, *more = [
+                self._one_send(a, b, nbytes, width, self.weights[j][d]) for a, b, nbytes in sends
+            ]
             self.transfers[key] = Transfer(first.fixed_s, first.path, first.nbytes, tuple(more))
         return self.transfers[key]
 
     def _one_send(self, a: str, b: str, nbytes: float, width: int, w: np.ndarray) -> Transfer:
-        """`nbytes` from node a to node b by a stage of `width` GPUs per rank: inside a node its cost-model
-        time, else a flow and its fixed part."""
+        """`nbytes` from node a to node b by a stage of `width` GPUs per rank: inside a node its
+        cost-model time, else a flow and its fixed part."""
         feats = p2p_features(self.cluster, [a], [b], nbytes, width)
         route = self.cluster.route(a, b)
         if route.intra_node:
@@ -230,8 +257,13 @@ class Simulation:
                 fixed = _fixed_s(dp_feats, w)
                 flows = []
                 if len(nodes) > 1:
-                    params = stage_params(self.inst.model, st.layers, d == 0, d == len(pipe.stages) - 1,
-                                          len(pipe.stages))
+                    params = stage_params(
+                        self.inst.model,
+                        st.layers,
+                        d == 0,
+                        d == len(pipe.stages) - 1,
+                        len(pipe.stages),
+                    )
                     rank_bytes = params / st.tp * grad_comm_bytes(self.inst)
                     columns = nic_columns(self.cluster, nodes, st.tp)
                     ring_bytes = 2 * (len(nodes) - 1) / len(nodes) * columns * rank_bytes
@@ -241,15 +273,21 @@ class Simulation:
         return out
 
     def cross_exchange(self) -> tuple[float, list[tuple[tuple[Link, ...], float]], float]:
-        """The templates' gradient exchange: the fixed part after its network flows, the flows, and the
-        longest of its copies that stay inside a node (cost-model time, as intra-node sends are)."""
+        """The templates' gradient exchange: the fixed part after its network flows, the flows, and
+        the longest of its copies that stay inside a node (cost-model time, as intra-node sends
+        are)."""
         f = self.features
         w = self.weights[0][0]  # network terms are not fitted per GPU type (evaluate.cross_seconds)
         flows, fixed, inside_s = [], 0.0, 0.0
         for a, b, nbytes in f.cross_flows:
             route = self.cluster.route(a, b)
-            send = comm.transfer(nbytes, route.effective_gbps, route.intra_node, latency_s=route.latency_us * 1e-6,
-                                 alpha_s=route.alpha_s)
+            send = comm.transfer(
+                nbytes,
+                route.effective_gbps,
+                route.intra_node,
+                latency_s=route.latency_us * 1e-6,
+                alpha_s=route.alpha_s,
+            )
             if route.intra_node:
                 inside_s = max(inside_s, float(send @ w))
             else:
@@ -257,22 +295,31 @@ class Simulation:
                 fixed = max(fixed, _fixed_s(send, w))
         return fixed, flows, inside_s
 
-    # -- running -------------------------------------------------------------------------------------------
+    # -- running
+    # -------------------------------------------------------------------------------------------
 
     def passes(self, micro_batches: list[int]) -> int:
         """Forward and backward passes in one iteration with these micro-batches per template."""
-        return sum(pipe.replicas * len(pipe.stages) * self.vp * 2 * m
-                   for pipe, m in zip(self.plan.pipelines, micro_batches, strict=True))
+        return sum(
+            pipe.replicas * len(pipe.stages) * self.vp * 2 * m
+            for pipe, m in zip(self.plan.pipelines, micro_batches, strict=True)
+        )
 
-    def run(self, scenario: BandwidthScenario, iterations: int = 1, record: bool = False,
-            until_s: float | None = None, deadline: float | None = None,
-            stop_s: float | None = None) -> SimResult:
+    def run(
+        self,
+        scenario: BandwidthScenario,
+        iterations: int = 1,
+        record: bool = False,
+        until_s: float | None = None,
+        deadline: float | None = None,
+        stop_s: float | None = None,
+    ) -> SimResult:
         """Replay iterations back to back from t = 0 under a scenario.
 
-        An iteration of more than SAMPLE_PASSES passes is replayed as two samples instead (`sample`).
-        No iteration starts after REPLAY_PASSES passes or after `deadline` (the result's `cut` says
-        which). Should the deadline come before one iteration is replayed, the evaluator prices it
-        (`sampled.method: analytic`, `cut: time limit`).
+        An iteration of more than SAMPLE_PASSES passes is replayed as two samples instead
+        (`sample`). No iteration starts after REPLAY_PASSES passes or after `deadline` (the result's
+        `cut` says which). Should the deadline come before one iteration is replayed, the evaluator
+        prices it (`sampled.method: analytic`, `cut: time limit`).
 
         Parameters:
             scenario: the capacity trace.
@@ -280,15 +327,17 @@ class Simulation:
             record: keep every operation and transfer (for traces and plots).
             until_s: also keep starting iterations while the clock is before this time (the
                 horizon).
-            deadline: a `time.time()` after which no further iteration starts.
-            stop_s: no iteration starts at or after this simulated time (the end of a trace cut short).
+            deadline: a `time.time()` after which no further iteration starts. stop_s: no iteration
+            starts at or after this simulated time (the end of a trace cut short).
         Returns: the iteration times and what the replay measured.
         """
         full = [pipe.micro_batches for pipe in self.plan.pipelines]
         try:
             if self.passes(full) > SAMPLE_PASSES:
                 result = self.sample(scenario, record, deadline)
-                more = iterations > 1 or (until_s is not None and result.iteration_times_s[0] < until_s)
+                more = iterations > 1 or (
+                    until_s is not None and result.iteration_times_s[0] < until_s
+                )
                 result.cut = "sampled" if more else None
                 return result
             return _Run(self, scenario, iterations, record, until_s, full, deadline, stop_s).go()
@@ -297,23 +346,25 @@ class Simulation:
             result.cut = "time limit"
             return result
 
-    def sample(self, scenario: BandwidthScenario, record: bool = False, deadline: float | None = None
-               ) -> SimResult:
+    def sample(
+        self, scenario: BandwidthScenario, record: bool = False, deadline: float | None = None
+    ) -> SimResult:
         """One iteration too large to replay whole, from two replays of fewer micro-batches.
 
-        Template j replays s_j and then 2·s_j micro-batches (s_j about m_j · SAMPLE_PASSES / 3 / passes,
-        at least its stages, whole groups of them when interleaved, at most m_j), one iteration each from
-        t = 0. In steady state a 1F1B or GPipe pipeline's last pass ends linearly later with its
-        micro-batches, so each template's end is extrapolated from its two to m_j; what follows (its
-        gradient all-reduces, then the exchange between templates and the optimizer step) takes as long as
-        in the larger sample. Both samples run at the bandwidth in force at t = 0 (a link down then at its
-        next level): a change that only the larger sample met would be multiplied by the extrapolation.
-        The scenario's changes then act on the whole iteration through `_through_phases`.
-        When even samples of one pipeline fill each stage would exceed MAX_SAMPLE_PASSES, the iteration is
-        priced by the analytic evaluator at the instance's bandwidths instead.
+        Template j replays s_j and then 2·s_j micro-batches (s_j about m_j · SAMPLE_PASSES / 3 /
+        passes, at least its stages, whole groups of them when interleaved, at most m_j), one
+        iteration each from t = 0. In steady state a 1F1B or GPipe pipeline's last pass ends
+        linearly later with its micro-batches, so each template's end is extrapolated from its two
+        to m_j; what follows (its gradient all-reduces, then the exchange between templates and the
+        optimizer step) takes as long as in the larger sample. Both samples run at the bandwidth in
+        force at t = 0 (a link down then at its next level): a change that only the larger sample
+        met would be multiplied by the extrapolation. The scenario's changes then act on the whole
+        iteration through `_through_phases`. When even samples of one pipeline fill each stage would
+        exceed MAX_SAMPLE_PASSES, the iteration is priced by the analytic evaluator at the
+        instance's bandwidths instead.
 
-        Returns: a SimResult of one iteration: its extrapolated time; the rest is the larger sample's
-        (`sampled` says which micro-batches, or `method: analytic`).
+        Returns: a SimResult of one iteration: its extrapolated time; the rest is the larger
+        sample's (`sampled` says which micro-batches, or `method: analytic`).
         """
         full = [pipe.micro_batches for pipe in self.plan.pipelines]
         share = SAMPLE_PASSES / 3 / self.passes(full)
@@ -333,7 +384,9 @@ class Simulation:
         large_run = _Run(self, steady, 1, record, None, second, deadline)
         large = large_run.go()
         done_s = []
-        for j, m in enumerate(full):  # each template's last pass ends linearly later with its micro-batches
+        for j, m in enumerate(
+            full
+        ):  # each template's last pass ends linearly later with its micro-batches
             t1, t2 = small_run.template_ends_s[j], large_run.template_ends_s[j]
             slope_s = (t2 - t1) / (second[j] - first[j]) if second[j] > first[j] else 0.0
             # ... and its gradient all-reduces take as long after it as in the larger sample
@@ -343,20 +396,28 @@ class Simulation:
         at_steady_s = max(done_s) + after_s
         end_s, phases = self._through_phases(scenario, steady, at_steady_s)
         large.iteration_times_s = [end_s]
-        large.sampled = {"method": "two samples", "micro_batches": [first, second], "of": full,
-                         "bandwidth_phases": phases}
+        large.sampled = {
+            "method": "two samples",
+            "micro_batches": [first, second],
+            "of": full,
+            "bandwidth_phases": phases,
+        }
         return large
 
-    def _through_phases(self, scenario: BandwidthScenario, steady: BandwidthScenario,
-                        at_steady_s: float) -> tuple[float, int]:
-        """When an iteration that takes `at_steady_s` at the `steady` bandwidths ends under the scenario,
-        and how many bandwidth phases it crosses.
+    def _through_phases(
+        self, scenario: BandwidthScenario, steady: BandwidthScenario, at_steady_s: float
+    ) -> tuple[float, int]:
+        """When an iteration that takes `at_steady_s` at the `steady` bandwidths ends under the
+        scenario, and how many bandwidth phases it crosses.
 
         A fluid model: through a phase of constant bandwidths S the iteration progresses at the rate
-        1 / T(S), T(S) = at_steady_s · A(S) / A(steady) with A the analytic evaluator's time (the replay
-        measures the level, the evaluator how it scales with the bandwidth); it ends when its progress
-        reaches 1. A link down that the plan sends over stops it; one it does not use changes nothing."""
-        reference = self._priced({**self.nominal_gbps, **{link: g for _, link, g in steady.changes}})
+        1 / T(S), T(S) = at_steady_s · A(S) / A(steady) with A the analytic evaluator's time (the
+        replay measures the level, the evaluator how it scales with the bandwidth); it ends when its
+        progress reaches 1. A link down that the plan sends over stops it; one it does not use
+        changes nothing."""
+        reference = self._priced(
+            {**self.nominal_gbps, **{link: g for _, link, g in steady.changes}}
+        )
         done, phase_start, levels, phases = 0.0, 0.0, dict(self.nominal_gbps), 0
         changes = sorted(scenario.changes, key=lambda c: c[0])
         k = 0
@@ -376,7 +437,8 @@ class Simulation:
             phase_start = phase_end
 
     def _priced(self, levels: dict[tuple[str, str], float]) -> float:
-        """The evaluator's iteration time at these link bandwidths; inf when a link the plan uses is down."""
+        """The evaluator's iteration time at these link bandwidths; inf when a link the plan uses is
+        down."""
         key = tuple(sorted(levels.items()))
         if key not in self._prices:
             nominal = self.nominal_gbps
@@ -395,28 +457,46 @@ class Simulation:
     def _analytic(self, full: list[int], reason: str) -> SimResult:
         """The evaluator's iteration time, for an iteration not replayed (`reason`)."""
         t = price(self.inst, self.plan, self.features, self.profiles).iteration_time_s
-        return SimResult([t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full, "reason": reason})
+        return SimResult(
+            [t], {}, {}, {}, end_s=t, sampled={"method": "analytic", "of": full, "reason": reason}
+        )
 
 
 def _at_start(scenario: BandwidthScenario) -> BandwidthScenario:
-    """The scenario held at the bandwidths in force at t = 0 (a link down at t = 0 at its first level
-    after)."""
+    """The scenario held at the bandwidths in force at t = 0 (a link down at t = 0 at its first
+    level after)."""
     level: dict = {}
     for t, link, gbps in sorted(scenario.changes, key=lambda c: c[0]):
         if t <= 0 or level.get(link) == 0:
             level[link] = gbps
-    return BandwidthScenario(scenario.name, scenario.probability,
-                             tuple((0.0, link, gbps) for link, gbps in level.items()))
+    return BandwidthScenario(
+        scenario.name,
+        scenario.probability,
+        tuple((0.0, link, gbps) for link, gbps in level.items()),
+    )
 
 
 class _Run:
     """One replay of `iterations` iterations under one scenario."""
 
-    def __init__(self, sim: Simulation, scenario: BandwidthScenario, iterations: int, record: bool,
-                 until_s: float | None, micro_batches: list[int], deadline: float | None = None,
-                 stop_s: float | None = None) -> None:
+    def __init__(
+        self,
+        sim: Simulation,
+        scenario: BandwidthScenario,
+        iterations: int,
+        record: bool,
+        until_s: float | None,
+        micro_batches: list[int],
+        deadline: float | None = None,
+        stop_s: float | None = None,
+    ) -> None:
         self.sim, self.scenario, self.iterations, self.record = sim, scenario, iterations, record
-        self.until_s, self.micro_batches, self.deadline, self.stop_s = until_s, micro_batches, deadline, stop_s
+        self.until_s, self.micro_batches, self.deadline, self.stop_s = (
+            until_s,
+            micro_batches,
+            deadline,
+            stop_s,
+        )
         self.passes_done = self.events = 0
         self.first = True  # replaying the first iteration
         self.cut: str | None = None
@@ -452,8 +532,8 @@ class _Run:
         self._net_changed()
 
     def send(self, tr: Transfer, on_done: Callable[[], None], label: str = "") -> None:
-        """Run a transfer: its flow (if any) through the network, then its fixed part — and the sends
-        beside it (`Transfer.more`); it is done when the last of them is."""
+        """Run a transfer: its flow (if any) through the network, then its fixed part — and the
+        sends beside it (`Transfer.more`); it is done when the last of them is."""
         start = self.now
         left = [1 + len(tr.more)]
 
@@ -462,7 +542,9 @@ class _Run:
             if left[0]:
                 return
             if self.record and label:
-                self.records.append(Record("send", label, start, self.now, link=_link_name(tr.path)))
+                self.records.append(
+                    Record("send", label, start, self.now, link=_link_name(tr.path))
+                )
             on_done()
 
         flows = False
@@ -470,8 +552,13 @@ class _Run:
             if not part.path:
                 self.at(self.now + part.fixed_s, finish_fixed)
                 continue
-            self.net.start(self.now, part.path, part.nbytes,
-                           lambda t, fixed=part.fixed_s: self.at(t + fixed, finish_fixed), label)
+            self.net.start(
+                self.now,
+                part.path,
+                part.nbytes,
+                lambda t, fixed=part.fixed_s: self.at(t + fixed, finish_fixed),
+                label,
+            )
             flows = True
         if flows:
             self._net_changed()
@@ -496,8 +583,9 @@ class _Run:
 
     # one iteration
     def _drain(self) -> None:
-        """Process events in time order, applying capacity changes as their times come — also when no
-        event is left but flows are (a link down at 0 Gbit/s holds them until a change brings it back)."""
+        """Process events in time order, applying capacity changes as their times come — also when
+        no event is left but flows are (a link down at 0 Gbit/s holds them until a change brings it
+        back)."""
         changes = self.scenario.changes
         while self.heap or self.net.flows:
             t_next = self.heap[0][0] if self.heap else math.inf
@@ -508,15 +596,21 @@ class _Run:
                 self._apply_change(link, gbps)
                 continue
             if not self.heap:
-                raise RuntimeError(f"simulation stalled at {self.now:g} s: flows wait on a link that is down "
-                                   "and never comes back")
+                raise RuntimeError(
+                    f"simulation stalled at {self.now:g} s: flows wait on a link that is down "
+                    "and never comes back"
+                )
             t, _, fn = heapq.heappop(self.heap)
             self.now = max(self.now, t)
             fn()
             self.events += 1
             # within the first iteration: after it, the deadline stops the next from starting (`go`)
-            if self.first and self.deadline is not None and self.events % DEADLINE_EVERY == 0 \
-                    and time.time() >= self.deadline:
+            if (
+                self.first
+                and self.deadline is not None
+                and self.events % DEADLINE_EVERY == 0
+                and time.time() >= self.deadline
+            ):
                 raise _OutOfTime
 
     def go(self) -> SimResult:
@@ -543,8 +637,16 @@ class _Run:
         self.now = start
         self.net.settle_all(self.now)
         self._integrate_capacity()
-        return SimResult(times, self.busy, dict(self.net.bytes_on), self.cap_integral, self.records,
-                         self.capacity_trace, start, cut=self.cut)
+        return SimResult(
+            times,
+            self.busy,
+            dict(self.net.bytes_on),
+            self.cap_integral,
+            self.records,
+            self.capacity_trace,
+            start,
+            cut=self.cut,
+        )
 
     def _iteration(self, t0: float, it: int) -> float:
         sim, plan = self.sim, self.sim.plan
@@ -559,8 +661,14 @@ class _Run:
             for r in range(pipe.replicas):
                 for d in range(p):
                     ops = device_ops(plan.schedule, p, self.micro_batches[j], d, vp)
-                    state[(j, r, d)] = {"ops": ops, "i": 0, "busy": False, "last_b": len(ops) - 1 -
-                                        next(k for k, op in enumerate(reversed(ops)) if op[0] == "B")}
+                    state[(j, r, d)] = {
+                        "ops": ops,
+                        "i": 0,
+                        "busy": False,
+                        "last_b": len(ops)
+                        - 1
+                        - next(k for k, op in enumerate(reversed(ops)) if op[0] == "B"),
+                    }
                     remaining_devices += 1
         done_collectives: list[float] = []
         template_done = list(pipeline_end)  # ... and when its gradient all-reduces do
@@ -593,15 +701,19 @@ class _Run:
             if is_last_b:  # gradients start streaming dp_overlap into the last backward
                 ready = start + (1 - sim.overlap[j][d]) * dur
                 ready_at.setdefault((j, d), []).append(ready)
-                check_collectives()  # the last member to start its last backward schedules the collective
+                # the last member to start its last backward schedules the collective
+                check_collectives()
             self.at(self.now + dur, lambda: finish(dev, kind, chunk, mb, start, v, is_last_b))
 
         def finish(dev, kind, chunk, mb, start, v, is_last_b) -> None:
             j, r, d = dev
             self.busy[dev] = self.busy.get(dev, 0.0) + (self.now - start)
             if self.record:
-                self.records.append(Record(kind, f"{kind}{mb}" + (f".{chunk}" if vp > 1 else ""), start, self.now,
-                                           dev))
+                self.records.append(
+                    Record(
+                        kind, f"{kind}{mb}" + (f".{chunk}" if vp > 1 else ""), start, self.now, dev
+                    )
+                )
             p = len(plan.pipelines[j].stages)
             target = v + 1 if kind == "F" else v - 1
             if 0 <= target < p * vp:
@@ -664,8 +776,15 @@ class _Run:
             done_collectives.append(self.now)
             template_done[c["key"][0]] = max(template_done[c["key"][0]], self.now)
             if self.record:
-                self.records.append(Record("dp", f"all-reduce stage {c['key'][1]}", begin, self.now,
-                                           (c["key"][0], 0, c["key"][1])))
+                self.records.append(
+                    Record(
+                        "dp",
+                        f"all-reduce stage {c['key'][1]}",
+                        begin,
+                        self.now,
+                        (c["key"][0], 0, c["key"][1]),
+                    )
+                )
 
         self.now = t0
         for dev in state:
@@ -674,7 +793,9 @@ class _Run:
         if finished_devices[0] != remaining_devices:
             raise RuntimeError("simulation stalled: some operations never became ready")
         self.template_ends_s = [t - t0 for t in pipeline_end]
-        self.template_done_s = [max(t, e) - t0 for t, e in zip(template_done, pipeline_end, strict=True)]
+        self.template_done_s = [
+            max(t, e) - t0 for t, e in zip(template_done, pipeline_end, strict=True)
+        ]
         t_dp = max([*pipeline_end, *done_collectives])
         if sim.features.cross_flows:
             t_dp = self._exchange(t_dp)
@@ -685,7 +806,6 @@ class _Run:
         self.now = end
         return end
 
-
     def _exchange(self, begin: float) -> float:
         """Run the templates' gradient exchange from `begin`; returns when it ends."""
         fixed, flows, inside_s = self.sim.cross_exchange()
@@ -695,7 +815,9 @@ class _Run:
         def done() -> None:
             end[0] = max(end[0], self.now)
             if self.record:
-                self.records.append(Record("dp", "exchange between templates", begin, self.now, (0, 0, 0)))
+                self.records.append(
+                    Record("dp", "exchange between templates", begin, self.now, (0, 0, 0))
+                )
 
         left = [len(flows)]
 
@@ -714,14 +836,14 @@ class _Run:
 
 
 def _fixed_s(features: np.ndarray, w: np.ndarray) -> float:
-    """What a transfer costs besides its bytes on the network (latency, steps, any intra-node part): the
-    flow model carries the NET term, the rest is paid after it."""
+    """What a transfer costs besides its bytes on the network (latency, steps, any intra-node part):
+    the flow model carries the NET term, the rest is paid after it."""
     return float(features @ w - features[NET] * w[NET])
 
 
 def _link_name(path: tuple[Link, ...]) -> str:
-    """The track a transfer belongs on: its island link if it crosses one, else the sending node's NIC,
-    else the intra-node interconnect."""
+    """The track a transfer belongs on: its island link if it crosses one, else the sending node's
+    NIC, else the intra-node interconnect."""
     for u, v in path:
         if u.startswith("island:") and v.startswith("island:"):
             a, b = sorted((u.removeprefix("island:"), v.removeprefix("island:")))

@@ -1,10 +1,11 @@
 """Flow-level network: transfers are flows along paths of directed links; flows sharing a link get
-max-min fair shares (progressive filling, Bertsekas & Gallager, Data Networks §6.5.2), recomputed whenever
-a flow starts or ends or a capacity changes.
+max-min fair shares (progressive filling, Bertsekas & Gallager, Data Networks §6.5.2), recomputed
+whenever a flow starts or ends or a capacity changes.
 
-Incremental, so that thousands of GPUs stay fast: a change only re-balances the flows connected to it
-through shared links (max-min shares of one connected component do not depend on the others); a flow's
-bytes are settled only when its rate changes; finish times sit in a heap with lazy invalidation.
+Incremental, so that thousands of GPUs stay fast: a change only re-balances the flows connected to
+it through shared links (max-min shares of one connected component do not depend on the others); a
+flow's bytes are settled only when its rate changes; finish times sit in a heap with lazy
+invalidation.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class Flow:
 
 
 def max_min_rates(paths: list[tuple[Link, ...]], capacity: dict[Link, float]) -> list[float]:
-    """Max-min fair rates (bytes/s) of flows along `paths`; links missing from `capacity` are unlimited."""
+    """Max-min fair rates (bytes/s) of flows along `paths`; links missing from `capacity` are
+    unlimited."""
     rates = [math.inf] * len(paths)
     users: dict[Link, set[int]] = {}
     for i, path in enumerate(paths):
@@ -43,7 +45,9 @@ def max_min_rates(paths: list[tuple[Link, ...]], capacity: dict[Link, float]) ->
                 users.setdefault(link, set()).add(i)
     remaining = {link: capacity[link] for link in users}
     while users:
-        link, share = min(((lk, remaining[lk] / len(us)) for lk, us in users.items()), key=lambda x: x[1])
+        link, share = min(
+            ((lk, remaining[lk] / len(us)) for lk, us in users.items()), key=lambda x: x[1]
+        )
         for i in list(users[link]):
             rates[i] = share
             for lk in paths[i]:
@@ -66,8 +70,14 @@ class Network:
     _finish: list[tuple[float, int, int]] = field(default_factory=list)
     _next_id: int = 0
 
-    def start(self, now_s: float, path: tuple[Link, ...], nbytes: float, on_done: Callable[[float], None],
-              label: str = "") -> Flow:
+    def start(
+        self,
+        now_s: float,
+        path: tuple[Link, ...],
+        nbytes: float,
+        on_done: Callable[[float], None],
+        label: str = "",
+    ) -> Flow:
         flow = Flow(self._next_id, path, nbytes, on_done, label, settled_s=now_s)
         self._next_id += 1
         self.flows[flow.fid] = flow
@@ -121,7 +131,11 @@ class Network:
     def _settle(self, flow: Flow, now_s: float) -> None:
         dt = now_s - flow.settled_s
         if dt > 0 and flow.rate > 0:
-            moved = min(flow.remaining_bytes, flow.rate * dt) if math.isfinite(flow.rate) else flow.remaining_bytes
+            moved = (
+                min(flow.remaining_bytes, flow.rate * dt)
+                if math.isfinite(flow.rate)
+                else flow.remaining_bytes
+            )
             flow.remaining_bytes -= moved
             for link in flow.path:
                 self.bytes_on[link] = self.bytes_on.get(link, 0.0) + moved
@@ -145,11 +159,16 @@ class Network:
         flows = [self.flows[f] for f in component]
         for flow in flows:
             self._settle(flow, now_s)
-        for flow, rate in zip(flows, max_min_rates([f.path for f in flows], self.capacity), strict=True):
+        for flow, rate in zip(
+            flows, max_min_rates([f.path for f in flows], self.capacity), strict=True
+        ):
             flow.rate = rate
             flow.version += 1
             left = max(flow.remaining_bytes, 0.0)
-            finish = now_s if left <= DONE_BYTES or math.isinf(rate) else (
-                now_s + left / rate if rate > 0 else math.inf)
+            finish = (
+                now_s
+                if left <= DONE_BYTES or math.isinf(rate)
+                else (now_s + left / rate if rate > 0 else math.inf)
+            )
             if math.isfinite(finish):
                 heapq.heappush(self._finish, (finish, flow.fid, flow.version))

@@ -7,10 +7,10 @@ starts before H, under the traces generated to H — the very traces the robust 
 every other would be the same. `iterations` replays exactly that many instead, under traces
 generated far enough to cover them.
 
-Every replay is bounded (hetopt.sim.engine): an iteration of more than SAMPLE_PASSES passes is replayed as
-two smaller samples and extrapolated (the scenario's `sampled` gives their micro-batches); no iteration
-starts after REPLAY_PASSES passes, past the deadline, or past the longest trace the generators may make
-(`longest_trace_s`; the scenario's `cut` says which).
+Every replay is bounded (hetopt.sim.engine): an iteration of more than SAMPLE_PASSES passes is
+replayed as two smaller samples and extrapolated (the scenario's `sampled` gives their
+micro-batches); no iteration starts after REPLAY_PASSES passes, past the deadline, or past the
+longest trace the generators may make (`longest_trace_s`; the scenario's `cut` says which).
 """
 
 from __future__ import annotations
@@ -27,7 +27,14 @@ from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan, row_labels
-from hetopt.replan.policy import PolicyOptions, check_policy, replay_adaptive, run_tokens, summary, tokens_within
+from hetopt.replan.policy import (
+    PolicyOptions,
+    check_policy,
+    replay_adaptive,
+    run_tokens,
+    summary,
+    tokens_within,
+)
 from hetopt.sim.engine import SimResult, Simulation
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
@@ -44,15 +51,24 @@ def select_scenarios(inst: Instance, name: str, horizon_s: float) -> list[Bandwi
     chosen = [s for s in every if s.name == name]
     if not chosen:
         names = [s.name for s in every]
-        raise InputError("--scenario", [Problem("--scenario", f"no such scenario{did_you_mean(name, names)}; the "
-                                                              f"instance has: {', '.join(names)} (or all)", name,
-                                                True)])
+        raise InputError(
+            "--scenario",
+            [
+                Problem(
+                    "--scenario",
+                    f"no such scenario{did_you_mean(name, names)}; the instance has: "
+                    f"{', '.join(names)} (or all)",
+                    name,
+                    True,
+                )
+            ],
+        )
     return chosen
 
 
 def stage_peaks(plan: Plan, peak_memory_gib: list[float]) -> list[float]:
-    """Peak memory per stage (template after template) from the evaluator's per-row figures: a stage with
-    shards has a row per GPU type, and its largest is the stage's."""
+    """Peak memory per stage (template after template) from the evaluator's per-row figures: a stage
+    with shards has a row per GPU type, and its largest is the stage's."""
     peaks: dict[tuple[int, int], float] = {}
     for (j, i, _), peak in zip(row_labels(plan), peak_memory_gib, strict=True):
         peaks[(j, i)] = max(peaks.get((j, i), 0.0), peak)
@@ -60,12 +76,16 @@ def stage_peaks(plan: Plan, peak_memory_gib: list[float]) -> list[float]:
 
 
 def link_utilization(inst: Instance, result: SimResult) -> dict[str, float]:
-    """Each island link's busiest direction: bytes carried ÷ the capacity integral over the replay."""
+    """Each island link's busiest direction: bytes carried ÷ the capacity integral over the
+    replay."""
     links = {}
     for lk in inst.spec.cluster.network.links:
         u, v = island_vertex(lk.a), island_vertex(lk.b)
-        util = [result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
-                for e in ((u, v), (v, u)) if result.link_capacity_integral.get(e)]
+        util = [
+            result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
+            for e in ((u, v), (v, u))
+            if result.link_capacity_integral.get(e)
+        ]
         links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
     return links
 
@@ -75,20 +95,35 @@ def iteration_stats(times_s: list[float]) -> dict[str, float | None]:
     if not times_s:
         return {"mean": None, "p50": None, "p90": None, "max": None}
     times = np.array(times_s)
-    return {"mean": float(times.mean()), "p50": float(np.percentile(times, 50)),
-            "p90": float(np.percentile(times, 90)), "max": float(times.max())}
+    return {
+        "mean": float(times.mean()),
+        "p50": float(np.percentile(times, 50)),
+        "p90": float(np.percentile(times, 90)),
+        "max": float(times.max()),
+    }
 
 
-def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, result: SimResult,
-              peak_memory_gib: list[float], horizon_s: float | None = None) -> dict[str, Any]:
-    """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within horizon_s
-    (default: the replayed time), as the adaptive policy's replay counts them (`tokens_within`)."""
+def summarise(
+    inst: Instance,
+    sim: Simulation,
+    scenario: BandwidthScenario,
+    result: SimResult,
+    peak_memory_gib: list[float],
+    horizon_s: float | None = None,
+) -> dict[str, Any]:
+    """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within
+    horizon_s (default: the replayed time), as the adaptive policy's replay counts them
+    (`tokens_within`)."""
     times = np.array(result.iteration_times_s)
     total = result.end_s
     starts = np.concatenate([[0.0], np.cumsum(times)[:-1]])
-    links = link_utilization(inst, result) if result.busy_s else {}  # none when priced, not replayed
+    links = (
+        link_utilization(inst, result) if result.busy_s else {}
+    )  # none when priced, not replayed
     busy = []
-    for j, pipe in enumerate(sim.plan.pipelines if result.busy_s else []):  # none when priced, not replayed
+    for j, pipe in enumerate(
+        sim.plan.pipelines if result.busy_s else []
+    ):  # none when priced, not replayed
         for d in range(len(pipe.stages)):
             per_replica = [result.busy_s.get((j, r, d), 0.0) / total for r in range(pipe.replicas)]
             busy.append({"pipeline": j, "stage": d, "busy": float(np.mean(per_replica))})
@@ -99,8 +134,12 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
         "iterations": len(times),
         "replayed_s": float(total),
         "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),
-        "tokens": tokens_within(list(starts), list(times), inst.global_batch * inst.seq_len,
-                                total if horizon_s is None else horizon_s),
+        "tokens": tokens_within(
+            list(starts),
+            list(times),
+            inst.global_batch * inst.seq_len,
+            total if horizon_s is None else horizon_s,
+        ),
         "link_utilization": links,
         "gpu_busy": busy,
         "peak_memory_gib": stage_peaks(sim.plan, peak_memory_gib),
@@ -110,29 +149,59 @@ def summarise(inst: Instance, sim: Simulation, scenario: BandwidthScenario, resu
 
 
 def _one(args) -> tuple[dict[str, Any], SimResult | None]:
-    (inst, plan, profiles, scenario, iterations, until_s, keep, peak_memory_gib, deadline, stop_s, horizon_s,
-     adaptive) = args
+    (
+        inst,
+        plan,
+        profiles,
+        scenario,
+        iterations,
+        until_s,
+        keep,
+        peak_memory_gib,
+        deadline,
+        stop_s,
+        horizon_s,
+        adaptive,
+    ) = args
     if adaptive is not None:  # the adaptive policy's replay, with these options, over the horizon
         run = replay_adaptive(inst, plan, scenario, horizon_s, adaptive, profiles, keep, deadline)
         return summary(inst, run, scenario, horizon_s, profiles), (run.merged if keep else None)
     sim = Simulation(inst, plan, profiles)
-    result = sim.run(scenario, iterations, record=keep, until_s=until_s, deadline=deadline, stop_s=stop_s)
+    result = sim.run(
+        scenario, iterations, record=keep, until_s=until_s, deadline=deadline, stop_s=stop_s
+    )
     entry = summarise(inst, sim, scenario, result, peak_memory_gib, horizon_s)
     if until_s is not None and result.sampled:
-        # one sampled iteration stood for the horizon: its tokens by the segments of the adaptive policy's
-        # replay, a sample per bandwidth phase, not one iteration's rate throughout (a replay cut short keeps
-        # the count of what it replayed, the rest at its last rate)
-        static = replay_adaptive(inst, plan, scenario, horizon_s, PolicyOptions(), profiles, deadline=deadline,
-                                 adapt=False)
+        # one sampled iteration stood for the horizon: its tokens by the segments of the adaptive
+        # policy's replay, a sample per bandwidth phase, not one iteration's rate throughout (a
+        # replay cut short keeps the count of what it replayed, the rest at its last rate)
+        static = replay_adaptive(
+            inst,
+            plan,
+            scenario,
+            horizon_s,
+            PolicyOptions(),
+            profiles,
+            deadline=deadline,
+            adapt=False,
+        )
         entry["tokens"] = run_tokens(inst, static, horizon_s)
     return entry, (result if keep else None)
 
 
-def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int | None = None,
-             profiles: Profiles | None = None, keep_records: bool = False,
-             workers: int | None = None, deadline: float | None = None,
-             progress: Callable[[int, int], None] | None = None, policy: str = "static",
-             policy_options: PolicyOptions | None = None):
+def simulate(
+    inst: Instance,
+    plan: Plan,
+    scenario: str = "all",
+    iterations: int | None = None,
+    profiles: Profiles | None = None,
+    keep_records: bool = False,
+    workers: int | None = None,
+    deadline: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    policy: str = "static",
+    policy_options: PolicyOptions | None = None,
+):
     """Simulate every chosen scenario.
 
     Parameters:
@@ -140,13 +209,13 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
         scenario: a scenario name, or "all".
         iterations: iterations back to back per scenario; None (default) replays the horizon (module
             docstring).
-        profiles: calibration profiles.
-        keep_records: keep the first scenario's records (for a trace or a plot).
-        workers: processes for the scenarios; default one per scenario up to the CPU count.
-        deadline: a `time.time()` after which no replay starts another iteration (each scenario replays
+        profiles: calibration profiles. keep_records: keep the first scenario's records (for a trace
+        or a plot). workers: processes for the scenarios; default one per scenario up to the CPU
+        count. deadline: a `time.time()` after which no replay starts another iteration (each
+        scenario replays
             at least one; its `cut` says where it stopped).
-        progress: progress(scenarios replayed, scenarios) after each one.
-        policy: static (the plan throughout) or replan (the adaptive policy, hetopt.replan.policy: it
+        progress: progress(scenarios replayed, scenarios) after each one. policy: static (the plan
+        throughout) or replan (the adaptive policy, hetopt.replan.policy: it
             re-plans at the changes it sees and pays each switch; over the horizon only).
         policy_options: the adaptive policy's settings (default: the instance's `replan:` section).
     Returns: (the JSON-ready `{"scenarios": [...]}`, records of the first scenario or None; with the
@@ -154,9 +223,18 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
     Raises: InputError for an unknown policy, or `iterations` with the adaptive policy.
     """
     if check_policy(policy) == "replan" and iterations is not None:
-        raise InputError("--iterations", [Problem("--iterations", "the adaptive policy replays the horizon "
-                                                  "(search.horizon_s): leave --iterations out", iterations,
-                                                  True)])
+        raise InputError(
+            "--iterations",
+            [
+                Problem(
+                    "--iterations",
+                    "the adaptive policy replays the horizon (search.horizon_s): leave "
+                    "--iterations out",
+                    iterations,
+                    True,
+                )
+            ],
+        )
     adaptive = (policy_options or PolicyOptions.of(inst)) if policy == "replan" else None
     profiles = profiles or Profiles()
     # the memory per stage, and the trace length for `iterations` (no second model)
@@ -176,15 +254,29 @@ def simulate(inst: Instance, plan: Plan, scenario: str = "all", iterations: int 
     generated = inst.generated_scenarios
     # tokens count over the horizon when it is replayed, else over the iterations asked for
     tokens_s = horizon_s if iterations is None else None
-    jobs = [(inst, plan, profiles, sc, n, until_s, keep_records and i == 0,
-             analytic.peak_memory_gib, deadline, stop_s if sc.name in generated else None, tokens_s, adaptive)
-            for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))]
+    jobs = [
+        (
+            inst,
+            plan,
+            profiles,
+            sc,
+            n,
+            until_s,
+            keep_records and i == 0,
+            analytic.peak_memory_gib,
+            deadline,
+            stop_s if sc.name in generated else None,
+            tokens_s,
+            adaptive,
+        )
+        for i, (sc, (n, until_s)) in enumerate(zip(chosen, runs, strict=True))
+    ]
     workers = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
     tell = progress or (lambda done, total: None)
     tell(0, len(jobs))
     if workers > 1 and len(jobs) > 1:
-        # spawned workers that end with this process (`hetopt solve` simulates after solving in-process, and
-        # a fork would inherit solver threads)
+        # spawned workers that end with this process (`hetopt solve` simulates after solving
+        # in-process, and a fork would inherit solver threads)
         with worker_pool(workers) as pool:
             futures = [pool.submit(_one, job) for job in jobs]
             for done, _ in enumerate(as_completed(futures), 1):

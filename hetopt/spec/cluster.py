@@ -1,19 +1,20 @@
 """The cluster as a device graph (networkx), its device classes, and routes between nodes.
 
-Vertices: one per node (``kind="node"``), one per island (``kind="island"``, a non-blocking switch), and
-``fabric`` (``kind="fabric"``) joining every island. Edges carry ``gbps`` (capacity per direction) and
-``latency_us``, and their fabric (``fabric``, with its achieved fraction ``eta`` and per-step latency
-``alpha_s``, hetopt/spec/fabrics.py):
+Vertices: one per node (``kind="node"``), one per island (``kind="island"``, a non-blocking switch),
+and ``fabric`` (``kind="fabric"``) joining every island. Edges carry ``gbps`` (capacity per
+direction) and ``latency_us``, and their fabric (``fabric``, with its achieved fraction ``eta`` and
+per-step latency ``alpha_s``, hetopt/spec/fabrics.py):
 - node — its island: the node's NIC (``nic_gbps``, ``nic_fabric``), no latency of its own;
 - island — island: a declared link (``cluster.network.links``);
-- island — fabric: unlimited and ideal. DESIGN 2.1: islands with no path through the declared links meet
+- island — fabric: unlimited and ideal. DESIGN 2.1: islands with no path through the declared links
+  meet
   on a non-blocking fabric limited only by the NICs.
 
 Routing: traffic inside a node stays on the intra-node interconnect (NVLink / PCIe; the node group's
-``intra_fabric``, default its GPU's catalog interconnect). Between nodes it goes
-NIC → island → ... → island → NIC. Between islands it takes the widest path through the declared links
-(the path in the maximum spanning tree by bandwidth, which maximises the bottleneck); only islands that
-the links do not connect at all meet through the fabric.
+``intra_fabric``, default its GPU's catalog interconnect). Between nodes it goes NIC → island → ...
+→ island → NIC. Between islands it takes the widest path through the declared links (the path in the
+maximum spanning tree by bandwidth, which maximises the bottleneck); only islands that the links do
+not connect at all meet through the fabric.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Node:
 
 @dataclass(frozen=True)
 class DeviceClass:
-    """All GPUs of one type in one island: the unit the planner counts (identical GPUs are counts)."""
+    """All GPUs of one type in one island: the unit the planner counts (identical GPUs are
+    counts)."""
 
     gpu: str
     island: str
@@ -118,8 +120,12 @@ class Route:
 
 
 class Cluster:
-    def __init__(self, nodes: list[Node], links: list[tuple[str, str, float, float, str]],
-                 gpu_types: dict[str, GPUType]) -> None:
+    def __init__(
+        self,
+        nodes: list[Node],
+        links: list[tuple[str, str, float, float, str]],
+        gpu_types: dict[str, GPUType],
+    ) -> None:
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.gpu_types = gpu_types
         self._routes: dict[tuple[str, str], Route] = {}
@@ -128,30 +134,76 @@ class Cluster:
         self.graph.add_node(FABRIC, kind="fabric")
         for island in sorted({n.island for n in nodes}):
             self.graph.add_node(island_vertex(island), kind="island", island=island)
-            self.graph.add_edge(island_vertex(island), FABRIC, gbps=math.inf, latency_us=0.0, kind="fabric",
-                                **_fabric("ideal"))
+            self.graph.add_edge(
+                island_vertex(island),
+                FABRIC,
+                gbps=math.inf,
+                latency_us=0.0,
+                kind="fabric",
+                **_fabric("ideal"),
+            )
         for n in nodes:
-            self.graph.add_node(n.name, kind="node", gpu=n.gpu, gpus=n.gpus, island=n.island, group=n.group)
-            self.graph.add_edge(n.name, island_vertex(n.island), gbps=n.nic_gbps, latency_us=0.0, kind="nic",
-                                **_fabric(n.nic_fabric or fabrics.nic_default(n.nic_gbps)))
+            self.graph.add_node(
+                n.name, kind="node", gpu=n.gpu, gpus=n.gpus, island=n.island, group=n.group
+            )
+            self.graph.add_edge(
+                n.name,
+                island_vertex(n.island),
+                gbps=n.nic_gbps,
+                latency_us=0.0,
+                kind="nic",
+                **_fabric(n.nic_fabric or fabrics.nic_default(n.nic_gbps)),
+            )
         for a, b, gbps, latency_us, fabric in links:
-            self.graph.add_edge(island_vertex(a), island_vertex(b), gbps=gbps, latency_us=latency_us, kind="link",
-                                **_fabric(fabric or fabrics.nic_default(gbps)))
+            self.graph.add_edge(
+                island_vertex(a),
+                island_vertex(b),
+                gbps=gbps,
+                latency_us=latency_us,
+                kind="link",
+                **_fabric(fabric or fabrics.nic_default(gbps)),
+            )
 
     @classmethod
-    def from_spec(cls, spec: ClusterSection, gpu_types: dict[str, GPUType],
-                  link_gbps: dict[tuple[str, str], float] | None = None) -> Cluster:
+    def from_spec(
+        cls,
+        spec: ClusterSection,
+        gpu_types: dict[str, GPUType],
+        link_gbps: dict[tuple[str, str], float] | None = None,
+    ) -> Cluster:
         """The device graph of a cluster section; `link_gbps` sets island links (keyed by the sorted
         island pair) at other bandwidths than declared."""
-        nodes = [Node(f"{g.name}-{i}", g.name, g.gpu, g.gpus_per_node, g.island, g.nic_gbps, g.intra_fabric or "",
-                      g.nic_fabric or "") for g in spec.nodes for i in range(g.count)]
+        nodes = [
+            Node(
+                f"{g.name}-{i}",
+                g.name,
+                g.gpu,
+                g.gpus_per_node,
+                g.island,
+                g.nic_gbps,
+                g.intra_fabric or "",
+                g.nic_fabric or "",
+            )
+            for g in spec.nodes
+            for i in range(g.count)
+        ]
         other = link_gbps or {}
-        # a link's fabric is its declared one (by default: by its declared speed), whatever it carries now
-        links = [(lk.a, lk.b, other.get(tuple(sorted((lk.a, lk.b))), lk.gbps), lk.latency_us,
-                  lk.fabric or fabrics.nic_default(lk.gbps)) for lk in spec.network.links]
+        # a link's fabric is its declared one (by default: by its declared speed), whatever it
+        # carries now
+        links = [
+            (
+                lk.a,
+                lk.b,
+                other.get(tuple(sorted((lk.a, lk.b))), lk.gbps),
+                lk.latency_us,
+                lk.fabric or fabrics.nic_default(lk.gbps),
+            )
+            for lk in spec.network.links
+        ]
         return cls(nodes, links, gpu_types)
 
-    # -- summaries -------------------------------------------------------------------------------------
+    # -- summaries
+    # -------------------------------------------------------------------------------------
 
     @cached_property
     def islands(self) -> list[str]:
@@ -177,18 +229,22 @@ class Cluster:
     def total_peak_tflops(self) -> float:
         return sum(n.gpus * self.gpu_types[n.gpu].peak_tflops for n in self.nodes.values())
 
-    # -- routing ---------------------------------------------------------------------------------------
+    # -- routing
+    # ---------------------------------------------------------------------------------------
 
     @cached_property
     def _widest_tree(self) -> nx.Graph:
         """Maximum spanning forest of the declared island links: its paths are the widest paths."""
         links = nx.Graph()
         links.add_nodes_from(island_vertex(i) for i in self.islands)
-        links.add_edges_from((u, v, d) for u, v, d in self.graph.edges(data=True) if d["kind"] == "link")
+        links.add_edges_from(
+            (u, v, d) for u, v, d in self.graph.edges(data=True) if d["kind"] == "link"
+        )
         return nx.maximum_spanning_tree(links, weight="gbps")
 
     def island_path(self, a: str, b: str) -> list[str]:
-        """Vertices from island `a` to island `b`: widest declared-link path, else through the fabric."""
+        """Vertices from island `a` to island `b`: widest declared-link path, else through the
+        fabric."""
         va, vb = island_vertex(a), island_vertex(b)
         if va == vb:
             return [va]
@@ -198,7 +254,8 @@ class Cluster:
             return [va, FABRIC, vb]
 
     def route(self, a: str, b: str) -> Route:
-        """Route between nodes `a` and `b` (node names); cached, since evaluation asks for it often."""
+        """Route between nodes `a` and `b` (node names); cached, since evaluation asks for it
+        often."""
         cached = self._routes.get((a, b))
         if cached is None:
             na, nb = self.nodes[a], self.nodes[b]
@@ -213,11 +270,14 @@ class Cluster:
         return intra_route(self.gpu_types[node.gpu], node.intra_fabric, node.gpus)
 
     def slowest_intra(self, names) -> Route:
-        """The slowest intra-node route among the nodes `names` (a stage's replicas); cached by the names."""
+        """The slowest intra-node route among the nodes `names` (a stage's replicas); cached by the
+        names."""
         key = tuple(names)
         cached = self._slowest_intra.get(key)
         if cached is None:
-            cached = min((self.route(n, n) for n in key), key=lambda r: (r.effective_gbps, -r.alpha_s))
+            cached = min(
+                (self.route(n, n) for n in key), key=lambda r: (r.effective_gbps, -r.alpha_s)
+            )
             self._slowest_intra[key] = cached
         return cached
 
@@ -240,24 +300,42 @@ class Cluster:
         edges = tuple(pairwise(vertices))
         data = [self.graph.edges[u, v] for u, v in edges]
         capacities = tuple(d["gbps"] for d in data)
-        return Route(min(capacities), sum(d["latency_us"] for d in data), edges, capacities,
-                     tuple(d["eta"] for d in data), max(d["alpha_s"] for d in data),
-                     fabrics=tuple(d["fabric"] for d in data))
+        return Route(
+            min(capacities),
+            sum(d["latency_us"] for d in data),
+            edges,
+            capacities,
+            tuple(d["eta"] for d in data),
+            max(d["alpha_s"] for d in data),
+            fabrics=tuple(d["fabric"] for d in data),
+        )
 
 
 def intra_route(gpu: GPUType, fabric: str = "", gpus: int = 8) -> Route:
     """The interconnect inside a node of `gpus` GPUs: the GPU's per-direction bandwidth on `fabric`
     (default: the GPU's catalog interconnect)."""
     f = fabrics.get(fabric or fabrics.intra_default(gpu.interconnect))
-    return Route(gpu.intra_node_gbps, 0.0, (), alpha_s=f.alpha_s, eta=f.eta,
-                 mesh_peers=mesh_links(gpu, gpus) if f.mesh else 0, fabrics=(f.name,))
+    return Route(
+        gpu.intra_node_gbps,
+        0.0,
+        (),
+        alpha_s=f.alpha_s,
+        eta=f.eta,
+        mesh_peers=mesh_links(gpu, gpus) if f.mesh else 0,
+        fabrics=(f.name,),
+    )
 
 
 def mesh_links(gpu: GPUType, gpus: int) -> int:
-    """Links per GPU of a mesh fabric: the catalog's count ('xGMI ×7': the per-direction figure is the sum over
-    7 links, one per peer of an 8-GPU node), else one per peer in the node (a declared GPU's own figure)."""
+    """Links per GPU of a mesh fabric: the catalog's count ('xGMI ×7': the per-direction figure is
+    the sum over 7 links, one per peer of an 8-GPU node), else one per peer in the node (a declared
+    GPU's own figure)."""
     head, _, count = gpu.interconnect.partition("×")
-    return int(count) if head.strip().startswith("xGMI") and count.strip().isdigit() else max(1, gpus - 1)
+    return (
+        int(count)
+        if head.strip().startswith("xGMI") and count.strip().isdigit()
+        else max(1, gpus - 1)
+    )
 
 
 def _fabric(name: str) -> dict:

@@ -1,4 +1,5 @@
-"""A validated, resolved instance: the model architecture, training settings, GPU types and cluster."""
+"""A validated, resolved instance: the model architecture, training settings, GPU types and
+cluster."""
 
 from __future__ import annotations
 
@@ -62,12 +63,13 @@ class Instance:
         """The same instance with island links at other bandwidths (the rest as they were).
 
         Parameters: gbps — (island a, island b) → Gbit/s, either order of the pair.
-        Returns: an Instance whose cluster carries those bandwidths; its file, and so the fingerprint a
-        plan records, is unchanged (a plan stays a plan of the same hardware)."""
+        Returns: an Instance whose cluster carries those bandwidths; its file, and so the
+        fingerprint a plan records, is unchanged (a plan stays a plan of the same hardware)."""
         levels = {**dict(self.network), **{link_key(k): float(v) for k, v in gbps.items()}}
         return replace(self, network=tuple(sorted(levels.items())))
 
-    # -- its bandwidth scenarios (hetopt.spec.scenarios) -----------------------------------------------
+    # -- its bandwidth scenarios (hetopt.spec.scenarios)
+    # -----------------------------------------------
 
     @property
     def horizon_s(self) -> float:
@@ -80,8 +82,8 @@ class Instance:
         return nominal_gbps(self.spec)
 
     def scenarios(self, horizon_s: float | None = None) -> list[BandwidthScenario]:
-        """Every scenario (one `stable` when the file has none), generated up to `horizon_s` (default H);
-        measured traces are read relative to the instance file's folder."""
+        """Every scenario (one `stable` when the file has none), generated up to `horizon_s`
+        (default H); measured traces are read relative to the instance file's folder."""
         horizon = self.horizon_s if horizon_s is None else horizon_s
         return scenarios_of(self.spec, horizon, self.path.parent if self.path else Path("."))
 
@@ -96,23 +98,31 @@ class Instance:
         return generated_scenarios(self.spec)
 
     def fingerprint(self) -> dict[str, str]:
-        """What a plan depends on, each part hashed: the model as resolved, the training settings and the
-        cluster (nodes, GPU types, network). Scenarios and the search space are left out: a plan stays a
-        plan of the same cluster under other scenarios. Returns: {part: 12 hex digits of its SHA-256}."""
-        parts = {"model": asdict(self.model),
-                 "training": {**self.spec.training.model_dump(mode="json"), "seq_len": self.seq_len},
-                 "cluster": self.spec.cluster.model_dump(mode="json")}  # custom GPU types included
-        return {part: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
-                for part, value in parts.items()}
+        """What a plan depends on, each part hashed: the model as resolved, the training settings
+        and the cluster (nodes, GPU types, network). Scenarios and the search space are left out: a
+        plan stays a plan of the same cluster under other scenarios. Returns: {part: 12 hex digits
+        of its SHA-256}."""
+        parts = {
+            "model": asdict(self.model),
+            "training": {**self.spec.training.model_dump(mode="json"), "seq_len": self.seq_len},
+            "cluster": self.spec.cluster.model_dump(mode="json"),
+        }  # custom GPU types included
+        return {
+            part: hashlib.sha256(
+                json.dumps(value, sort_keys=True, default=str).encode()
+            ).hexdigest()[:12]
+            for part, value in parts.items()
+        }
 
 
 def with_memory_headroom(inst: Instance, headroom: str | None) -> Instance:
-    """The instance with `headroom` of every GPU's memory kept free: what the planner, the evaluator and
-    the verifier may allocate is the usable memory less it (plans otherwise go up to the limit).
+    """The instance with `headroom` of every GPU's memory kept free: what the planner, the evaluator
+    and the verifier may allocate is the usable memory less it (plans otherwise go up to the limit).
 
-    Parameters: headroom — GiB ("2", "2GiB") or a share of each GPU's usable memory ("5%"); None: none.
-    Returns: the instance (the same one without headroom). Raises: InputError (exit 2) for a value that
-    is not a number ≥ 0, a share of 100% or more, or GiB that leave some GPU type nothing."""
+    Parameters: headroom — GiB ("2", "2GiB") or a share of each GPU's usable memory ("5%"); None:
+    none.
+    Returns: the instance (the same one without headroom). Raises: InputError (exit 2) for a value
+    that is not a number ≥ 0, a share of 100% or more, or GiB that leave some GPU type nothing."""
     if headroom is None:
         return inst
     text = headroom.strip().removesuffix("GiB").strip()
@@ -123,10 +133,14 @@ def with_memory_headroom(inst: Instance, headroom: str | None) -> Instance:
         value = math.nan
 
     def refuse(message: str) -> InputError:
-        return InputError("--memory-headroom", [Problem("--memory-headroom", message, headroom, True)])
+        return InputError(
+            "--memory-headroom", [Problem("--memory-headroom", message, headroom, True)]
+        )
 
     if not (math.isfinite(value) and value >= 0) or (share and value >= 100):
-        raise refuse("give GiB (e.g. 2 or 2GiB) or a share of each GPU's memory below 100% (e.g. 5%)")
+        raise refuse(
+            "give GiB (e.g. 2 or 2GiB) or a share of each GPU's memory below 100% (e.g. 5%)"
+        )
     types = {}
     for name, gpu in inst.gpu_types.items():
         free = gpu.usable_memory_gib * value / 100 if share else value
@@ -137,35 +151,62 @@ def with_memory_headroom(inst: Instance, headroom: str | None) -> Instance:
 
 
 def resolve_model(section: ModelSection, seq_len: int | None) -> ModelArch:
-    """Apply explicit fields over the preset; fill defaults (ffn = 4h, GPT-style) for custom models."""
+    """Apply explicit fields over the preset; fill defaults (ffn = 4h, GPT-style) for custom
+    models."""
     preset = PRESETS[section.preset] if section.preset is not None else None
     values = apply_preset(preset, section.model_dump(exclude={"preset"}))
     if preset is not None:
         changed = any(values[k] != getattr(preset, k) for k in values if k != "name")
         values["name"] = f"{preset.name} (modified)" if changed else preset.name
         return ModelArch(**values)
-    defaults = {"name": "custom", "ffn_hidden": 4 * values["hidden"], "gated_mlp": False,
-                "max_seq_len": seq_len, "source": "instance file"}
+    defaults = {
+        "name": "custom",
+        "ffn_hidden": 4 * values["hidden"],
+        "gated_mlp": False,
+        "max_seq_len": seq_len,
+        "source": "instance file",
+    }
     return ModelArch(**{**defaults, **values})
 
 
-def instance_from_spec(spec: InstanceFile, source: str, base_dir: Path, lines: dict | None = None,
-                       path: Path | None = None) -> Instance:
+def instance_from_spec(
+    spec: InstanceFile,
+    source: str,
+    base_dir: Path,
+    lines: dict | None = None,
+    path: Path | None = None,
+) -> Instance:
     findings = check_instance(spec, base_dir)
     if findings:
         lines = lines or {}
-        raise InputError(source, [
-            Problem(format_path(loc), message, value=None if value is NO_VALUE else value,
-                    has_value=value is not NO_VALUE, line=line_for(loc, lines))
-            for loc, message, value in findings])
+        raise InputError(
+            source,
+            [
+                Problem(
+                    format_path(loc),
+                    message,
+                    value=None if value is NO_VALUE else value,
+                    has_value=value is not NO_VALUE,
+                    line=line_for(loc, lines),
+                )
+                for loc, message, value in findings
+            ],
+        )
     model = resolve_model(spec.model, spec.training.seq_len)
     seq_len = spec.training.seq_len or model.max_seq_len
     used = {g.gpu for g in spec.cluster.nodes}
     gpu_types = {name: CATALOG[name] for name in used if name in CATALOG}
     for name, g in spec.cluster.gpus.items():
-        gpu_types[name] = custom_gpu(name, g.peak_tflops, g.memory_gib, g.hbm_gbps, g.intra_node_gbps,
-                                     source=f"declared in {source} (cluster.gpus.{name})", family=g.family,
-                                     tdp_w=g.tdp_w)
+        gpu_types[name] = custom_gpu(
+            name,
+            g.peak_tflops,
+            g.memory_gib,
+            g.hbm_gbps,
+            g.intra_node_gbps,
+            source=f"declared in {source} (cluster.gpus.{name})",
+            family=g.family,
+            tdp_w=g.tdp_w,
+        )
     return Instance(spec=spec, model=model, seq_len=seq_len, gpu_types=gpu_types, path=path)
 
 
@@ -198,9 +239,17 @@ def resolve_instance_path(where: str | Path | None) -> Path:
     if str(where) in bundled:
         return bundled[str(where)]
     hint = did_you_mean(path.stem, bundled)
-    raise InputError(str(where), [Problem(
-        "", f"file does not exist (looked for {path.resolve()}) and no bundled instance has that name{hint}; "
-            "give the path of a YAML or JSON instance file, or a name from `hetopt instances`")])
+    raise InputError(
+        str(where),
+        [
+            Problem(
+                "",
+                f"file does not exist (looked for {path.resolve()}) and no bundled instance has "
+                f"that name{hint}; give the path of a YAML or JSON instance file, or a name from "
+                "`hetopt instances`",
+            )
+        ],
+    )
 
 
 def describe(path: Path) -> str:

@@ -3,7 +3,8 @@
 Three layers of checks, each reporting key paths and, for YAML, line numbers:
 1. syntax (malformed YAML/JSON, empty file, duplicate keys, a top level that is not a mapping);
 2. the schema (types, ranges, unknown keys) — pydantic;
-3. meaning (names that must refer to something, divisibility, probabilities) — :mod:`hetopt.spec.checks`.
+3. meaning (names that must refer to something, divisibility, probabilities) —
+   :mod:`hetopt.spec.checks`.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None,
+                None,
+                None,
                 f"duplicate key {key!r} (first at line {seen[key] + 1}); keep one of them",
-                key_node.start_mark)
+                key_node.start_mark,
+            )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
@@ -63,32 +66,52 @@ def _yaml_lines(node: yaml.Node | None, loc: Loc = ()) -> dict[Loc, int]:
 
 
 def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, int]]:
-    """Parse a YAML or JSON file (an instance or a plan); returns the data and a key-path → line map."""
+    """Parse a YAML or JSON file (an instance or a plan); returns the data and a key-path → line
+    map."""
     source = str(path)
     if not path.exists():
         hint = ", or the name of a bundled one (`hetopt instances`)" if what == "instance" else ""
-        raise InputError(source, [Problem(
-            "", f"file does not exist (looked for {path.resolve()}); give the path of a YAML or JSON {what} "
-                f"file{hint}")])
+        raise InputError(
+            source,
+            [
+                Problem(
+                    "",
+                    f"file does not exist (looked for {path.resolve()}); give the path of a "
+                    f"YAML or JSON {what} file{hint}",
+                )
+            ],
+        )
     if path.is_dir():
-        raise InputError(source, [Problem("", f"is a directory; give the path of a YAML or JSON {what} file")])
+        raise InputError(
+            source, [Problem("", f"is a directory; give the path of a YAML or JSON {what} file")]
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(source, [Problem("", f"cannot be read as UTF-8 text ({exc})")]) from None
     if not text.strip():
-        needs = ("an instance needs at least the keys name, model, training and cluster (see README.md or "
-                 "`hetopt schema`)") if what == "instance" else "a plan needs the keys micro_batch and pipelines"
+        needs = (
+            (
+                "an instance needs at least the keys name, model, training and cluster (see "
+                "README.md or `hetopt schema`)"
+            )
+            if what == "instance"
+            else "a plan needs the keys micro_batch and pipelines"
+        )
         raise InputError(source, [Problem("", f"the file is empty; {needs}")])
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text), {}
         except json.JSONDecodeError as exc:
-            raise InputError(source, [Problem("", f"malformed JSON: {exc.msg}", line=exc.lineno)]) from None
+            raise InputError(
+                source, [Problem("", f"malformed JSON: {exc.msg}", line=exc.lineno)]
+            ) from None
     lines: dict[Loc, int] = {}
     try:
         lines = _yaml_lines(yaml.compose(text, Loader=yaml.SafeLoader))
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader that also refuses duplicate keys
+        data = yaml.load(
+            text, Loader=_StrictLoader
+        )  # a SafeLoader that also refuses duplicate keys
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark else None
@@ -102,19 +125,37 @@ def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, in
     return data, lines
 
 
-def parse_instance_file(data: Any, source: str, lines: dict[Loc, int] | None = None) -> InstanceFile:
+def parse_instance_file(
+    data: Any, source: str, lines: dict[Loc, int] | None = None
+) -> InstanceFile:
     """Validate parsed data against the instance schema."""
-    return validate_document(data, source, InstanceFile, "an instance is a mapping with keys name, model, "
-                                                         "training and cluster", lines)
+    return validate_document(
+        data,
+        source,
+        InstanceFile,
+        "an instance is a mapping with keys name, model, training and cluster",
+        lines,
+    )
 
 
-def validate_document(data: Any, source: str, schema: type[M], what: str, lines: dict[Loc, int] | None = None) -> M:
+def validate_document(
+    data: Any, source: str, schema: type[M], what: str, lines: dict[Loc, int] | None = None
+) -> M:
     """Validate parsed data against a schema, turning pydantic errors into key-path problems."""
     lines = lines or {}
     if not isinstance(data, dict):
         given = "no data" if data is None else f"a {type(data).__name__}"
-        raise InputError(source, [Problem("", f"the top level must be a mapping: {what}; the file holds {given}",
-                                          value=data, has_value=data is not None)])
+        raise InputError(
+            source,
+            [
+                Problem(
+                    "",
+                    f"the top level must be a mapping: {what}; the file holds {given}",
+                    value=data,
+                    has_value=data is not None,
+                )
+            ],
+        )
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
@@ -124,12 +165,21 @@ def validate_document(data: Any, source: str, schema: type[M], what: str, lines:
 
 
 def _drop_missing_explained_by_typos(errors: list[dict]) -> list[dict]:
-    """A misspelt key shows up twice (unknown 'nic_gpbs', missing 'nic_gbps'); report only the typo."""
-    typos = {(tuple(e["loc"][:-1]), k) for e in errors if e["type"] == "extra_forbidden"
-             for k in [str(e["loc"][-1])]}
+    """A misspelt key shows up twice (unknown 'nic_gpbs', missing 'nic_gbps'); report only the
+    typo."""
+    typos = {
+        (tuple(e["loc"][:-1]), k)
+        for e in errors
+        if e["type"] == "extra_forbidden"
+        for k in [str(e["loc"][-1])]
+    }
+
     def explained(e: dict) -> bool:
         parent, key = tuple(e["loc"][:-1]), str(e["loc"][-1])
-        return any(p == parent and difflib.get_close_matches(t, [key], n=1, cutoff=0.6) for p, t in typos)
+        return any(
+            p == parent and difflib.get_close_matches(t, [key], n=1, cutoff=0.6) for p, t in typos
+        )
+
     return [e for e in errors if not (e["type"] == "missing" and explained(e))]
 
 
@@ -142,15 +192,24 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int], root: type[BaseMode
     field = _field_at(loc, root)
     hint = f" — {field.description}" if field is not None and field.description else ""
     if kind == "union_tag_invalid":
-        return Problem(format_path((*loc, "kind")), f"unknown kind; expected one of {ctx.get('expected_tags')}",
-                       value=ctx.get("tag"), has_value=True, line=line_for((*loc, "kind"), lines))
+        return Problem(
+            format_path((*loc, "kind")),
+            f"unknown kind; expected one of {ctx.get('expected_tags')}",
+            value=ctx.get("tag"),
+            has_value=True,
+            line=line_for((*loc, "kind"), lines),
+        )
     if kind == "missing":
         return Problem(path, f"required key is missing; add it{hint}", line=line)
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1], root)
         key = str(loc[-1])
-        return Problem(path, f"unknown key {key!r}{did_you_mean(key, allowed)}; allowed keys here: "
-                             f"{', '.join(allowed)}", line=line)
+        return Problem(
+            path,
+            f"unknown key {key!r}{did_you_mean(key, allowed)}; allowed keys here: "
+            f"{', '.join(allowed)}",
+            line=line,
+        )
     messages = {
         "greater_than": f"must be greater than {ctx.get('gt', 0):g}",
         "greater_than_equal": f"must be at least {ctx.get('ge', 0):g}",
@@ -167,14 +226,17 @@ def _problem_from_pydantic(err: dict, lines: dict[Loc, int], root: type[BaseMode
         "string_pattern_mismatch": "may use only letters, digits, '_', '.' and '-'",
         "string_too_short": "must not be empty",
         "union_tag_not_found": "needs a 'kind' key: one of step, markov, diurnal, trace",
-        "value_error": str(ctx.get("error", err["msg"])),  # a validator's own sentence, without "Value error, "
+        "value_error": str(
+            ctx.get("error", err["msg"])
+        ),  # a validator's own sentence, without "Value error, "
     }
     message = messages.get(kind, err["msg"][0].lower() + err["msg"][1:])
     return Problem(path, message + hint, value=err.get("input"), has_value=True, line=line)
 
 
 def _strip_union_tags(loc: Loc) -> Loc:
-    """Pydantic puts the tag of a discriminated union into the path (generator.markov.seed); drop it."""
+    """Pydantic puts the tag of a discriminated union into the path (generator.markov.seed); drop
+    it."""
     out: list[str | int] = []
     skip_next = False
     for i, part in enumerate(loc):
@@ -182,7 +244,11 @@ def _strip_union_tags(loc: Loc) -> Loc:
             skip_next = False
             continue
         out.append(part)
-        if part == "generator" and i + 1 < len(loc) and loc[i + 1] in ("step", "markov", "diurnal", "trace"):
+        if (
+            part == "generator"
+            and i + 1 < len(loc)
+            and loc[i + 1] in ("step", "markov", "diurnal", "trace")
+        ):
             skip_next = True
     return tuple(out)
 
@@ -196,7 +262,8 @@ def line_for(loc: Loc, lines: dict[Loc, int]) -> int | None:
 
 
 def _model_class_at(loc: Loc, root: type[BaseModel]) -> type[BaseModel] | None:
-    """The pydantic section class that holds the keys at `loc` (None when `loc` is not a section)."""
+    """The pydantic section class that holds the keys at `loc` (None when `loc` is not a
+    section)."""
     cls: Any = root
     for part in loc:
         cls = _unwrap(cls)

@@ -1,10 +1,10 @@
 """Bandwidth scenarios as piecewise-constant capacity traces per island link.
 
-Explicit `events`, or seeded generators: `step` (drop at a time, recover later), `markov` (random switching
-between levels with exponential dwell times), `diurnal` (smooth periodic load, sampled every step_s) and
-`trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace, and a longer
-generation horizon only extends it: the first H seconds are the same whatever horizon a trace is
-generated to.
+Explicit `events`, or seeded generators: `step` (drop at a time, recover later), `markov` (random
+switching between levels with exponential dwell times), `diurnal` (smooth periodic load, sampled
+every step_s) and `trace` (a CSV of at_s, a, b, gbps). The same seed gives the same trace, and a
+longer generation horizon only extends it: the first H seconds are the same whatever horizon a trace
+is generated to.
 
 The horizon H (`search.horizon_s`, default DEFAULT_HORIZON_S) is the stretch of training, from
 t = 0, that the robust objectives price (hetopt.search.robust) and that `hetopt simulate` replays by
@@ -57,13 +57,14 @@ def horizon_of(spec: InstanceFile) -> float:
 
 
 def nominal_gbps(spec: InstanceFile) -> dict[Link, float]:
-    """Each island link's nominal Gbit/s, keyed (a, b) in sorted order as scenario changes name links."""
+    """Each island link's nominal Gbit/s, keyed (a, b) in sorted order as scenario changes name
+    links."""
     return {link_key((lk.a, lk.b)): lk.gbps for lk in spec.cluster.network.links}
 
 
 def levels_at(nominal: dict[Link, float], changes, t: float) -> dict[Link, float]:
-    """Every link's Gbit/s at time t: its nominal level, then the changes up to t (those at t applied, in
-    their order)."""
+    """Every link's Gbit/s at time t: its nominal level, then the changes up to t (those at t
+    applied, in their order)."""
     levels = dict(nominal)
     for at, link, gbps in changes:
         if at <= t:
@@ -82,8 +83,8 @@ STEP_KEYS = {"markov": "mean_dwell_s", "diurnal": "step_s"}
 
 
 def outages(changes: list[Change]) -> list[tuple[Link, float, float]]:
-    """The spans a link is down (at 0 Gbit/s): (link, from s, until s), until inf when it never comes back.
-    Changes at one instant apply in their order: only the last one holds."""
+    """The spans a link is down (at 0 Gbit/s): (link, from s, until s), until inf when it never
+    comes back. Changes at one instant apply in their order: only the last one holds."""
     down: dict[Link, float] = {}
     spans = []
     for t, link, gbps in sorted(changes, key=lambda c: c[0]):
@@ -97,17 +98,24 @@ def outages(changes: list[Change]) -> list[tuple[Link, float, float]]:
 
 
 def longest_trace_s(spec: InstanceFile) -> float:
-    """The longest replay whose generated traces stay within MAX_SCENARIO_CHANGES changes each (a Markov
-    or diurnal generator changes the bandwidth about once per mean_dwell_s or step_s); inf without one."""
-    steps = [getattr(sc.generator, STEP_KEYS[sc.generator.kind])
-             for sc in spec.scenarios if sc.generator is not None and sc.generator.kind in STEP_KEYS]
+    """The longest replay whose generated traces stay within MAX_SCENARIO_CHANGES changes each (a
+    Markov or diurnal generator changes the bandwidth about once per mean_dwell_s or step_s); inf
+    without one."""
+    steps = [
+        getattr(sc.generator, STEP_KEYS[sc.generator.kind])
+        for sc in spec.scenarios
+        if sc.generator is not None and sc.generator.kind in STEP_KEYS
+    ]
     return min(steps, default=math.inf) * MAX_SCENARIO_CHANGES
 
 
 def generated_scenarios(spec: InstanceFile) -> set[str]:
     """The names of the scenarios whose trace a generator makes as long as asked (STEP_KEYS)."""
-    return {sc.name for sc in spec.scenarios
-            if sc.generator is not None and sc.generator.kind in STEP_KEYS}
+    return {
+        sc.name
+        for sc in spec.scenarios
+        if sc.generator is not None and sc.generator.kind in STEP_KEYS
+    }
 
 
 def scenarios_of(spec: InstanceFile, horizon_s: float, base_dir: Path) -> list[BandwidthScenario]:
@@ -121,7 +129,9 @@ def scenarios_of(spec: InstanceFile, horizon_s: float, base_dir: Path) -> list[B
         changes: list[Change] = [(e.at_s, link_key(e.link), e.gbps) for e in sc.events]
         if sc.generator is not None:
             changes += generate(sc.generator, nominal, horizon_s, base_dir)
-        out.append(BandwidthScenario(sc.name, sc.probability, tuple(sorted(changes, key=lambda c: c[0]))))
+        out.append(
+            BandwidthScenario(sc.name, sc.probability, tuple(sorted(changes, key=lambda c: c[0])))
+        )
     return out
 
 
@@ -150,10 +160,16 @@ def generate(gen, nominal: dict, horizon_s: float, base_dir: Path) -> list[Chang
         return changes
     if gen.kind == "diurnal":
         steps = math.ceil(horizon_s / gen.step_s) + 1
-        return [(k * gen.step_s, link,
-                 gen.mean_gbps - gen.amplitude_gbps * math.cos(2 * math.pi * (k * gen.step_s + gen.phase_s)
-                                                               / gen.period_s))
-                for k in range(steps)]
+        return [
+            (
+                k * gen.step_s,
+                link,
+                gen.mean_gbps
+                - gen.amplitude_gbps
+                * math.cos(2 * math.pi * (k * gen.step_s + gen.phase_s) / gen.period_s),
+            )
+            for k in range(steps)
+        ]
     raise ValueError(f"unknown generator kind {gen.kind}")
 
 
@@ -165,27 +181,53 @@ MAX_TRACE_PROBLEMS = 10
 def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Change]:
     """The changes of a measured trace CSV (columns at_s, a, b, gbps), every row checked.
 
-    Parameters: path — the CSV; links — the declared island links ({a, b} sets), None to skip that check.
-    Returns: (at_s, (a, b), gbps) per row. Raises: InputError naming each bad row's line, column and value:
-    a time or a bandwidth that is not a finite number ≥ 0, an undeclared link. A bandwidth of 0 is an outage:
-    the link carries nothing until a later row brings it back.
+    Parameters: path — the CSV; links — the declared island links ({a, b} sets), None to skip that
+    check.
+    Returns: (at_s, (a, b), gbps) per row. Raises: InputError naming each bad row's line, column and
+    value: a time or a bandwidth that is not a finite number ≥ 0, an undeclared link. A bandwidth of
+    0 is an outage: the link carries nothing until a later row brings it back.
     """
     changes, problems = [], []
-    with path.open(newline="", encoding="utf-8-sig") as fh:  # a spreadsheet's byte-order mark is no column
+    with path.open(
+        newline="", encoding="utf-8-sig"
+    ) as fh:  # a spreadsheet's byte-order mark is no column
         reader = csv.DictReader(fh)
         missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise InputError(str(path), [Problem("line 1", f"missing column(s) {', '.join(missing)}; a trace has "
-                                                           f"the columns {','.join(TRACE_COLUMNS)}",
-                                                 reader.fieldnames, True)])
+            raise InputError(
+                str(path),
+                [
+                    Problem(
+                        "line 1",
+                        f"missing column(s) {', '.join(missing)}; a trace has the columns "
+                        f"{','.join(TRACE_COLUMNS)}",
+                        reader.fieldnames,
+                        True,
+                    )
+                ],
+            )
         for n, row in enumerate(reader, start=2):
             found = _row_problems(row, links)
-            problems += [Problem(f"line {n} {column}", message, value, True) for column, message, value in found]
+            problems += [
+                Problem(f"line {n} {column}", message, value, True)
+                for column, message, value in found
+            ]
             if not found:
-                changes.append((float(row["at_s"]), link_key((row["a"], row["b"])), float(row["gbps"])))
+                changes.append(
+                    (float(row["at_s"]), link_key((row["a"], row["b"])), float(row["gbps"]))
+                )
     if not changes and not problems:
-        raise InputError(str(path), [Problem("line 2", "the trace has no rows; give at least one (at_s,a,b,gbps)",
-                                             None, False)])
+        raise InputError(
+            str(path),
+            [
+                Problem(
+                    "line 2",
+                    "the trace has no rows; give at least one (at_s,a,b,gbps)",
+                    None,
+                    False,
+                )
+            ],
+        )
     if problems:
         shown = problems[:MAX_TRACE_PROBLEMS]
         if len(problems) > len(shown):

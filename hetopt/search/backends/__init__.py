@@ -34,8 +34,20 @@ FALLBACK_ORDER = ("highs", "cbc", "cpsat")
 """Who takes a skeleton over when its backend fails: the fastest MILP first, CP-SAT (another kind of
 solver altogether, so unlikely to fail the same way) last."""
 
-__all__ = ["FALLBACK_ORDER", "REGISTRY", "Attempt", "Backend", "Capabilities", "RunResult",
-           "SolveOptions", "SolveStatus", "SplitSolution", "available", "get", "solve_skeleton"]
+__all__ = [
+    "FALLBACK_ORDER",
+    "REGISTRY",
+    "Attempt",
+    "Backend",
+    "Capabilities",
+    "RunResult",
+    "SolveOptions",
+    "SolveStatus",
+    "SplitSolution",
+    "available",
+    "get",
+    "solve_skeleton",
+]
 
 
 def get(name: str) -> Backend:
@@ -49,8 +61,9 @@ def available(name: str) -> tuple[bool, str]:
     return REGISTRY[name].available()
 
 
-def solve_skeleton(problem, formulation: str | None, backend: str,
-                   options: SolveOptions) -> SplitSolution:
+def solve_skeleton(
+    problem, formulation: str | None, backend: str, options: SolveOptions
+) -> SplitSolution:
     """Solve one skeleton's program, falling back to other backends when a backend fails.
 
     Parameters: problem — the skeleton's PlanProblem; formulation — the formulation asked for (None:
@@ -71,16 +84,25 @@ def solve_skeleton(problem, formulation: str | None, backend: str,
         if attempts and left <= 0:
             break
         form = pick(formulation if not attempts or _serves(formulation, name) else None, name)
-        last = form.solve(problem, name,
-                          replace(options, time_limit_s=left) if attempts else options)
+        last = form.solve(
+            problem, name, replace(options, time_limit_s=left) if attempts else options
+        )
         if last.status != SolveStatus.ERROR:
             last.attempts = attempts
             return last
         attempts.append(Attempt(name, form.name, last.detail))
     detail = "; ".join(f"{a.backend} ({a.formulation}): {a.detail}" for a in attempts)
-    return SplitSolution(SolveStatus.ERROR, None, float("inf"), 0.0, clock() - start, backend,
-                         f"every backend failed: {detail}", extra=last.extra if last else {},
-                         attempts=attempts)
+    return SplitSolution(
+        SolveStatus.ERROR,
+        None,
+        float("inf"),
+        0.0,
+        clock() - start,
+        backend,
+        f"every backend failed: {detail}",
+        extra=last.extra if last else {},
+        attempts=attempts,
+    )
 
 
 def _serves(formulation: str | None, backend: str) -> bool:

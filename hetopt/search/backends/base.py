@@ -120,11 +120,19 @@ class Backend:
     summary: str = ""
     capabilities: Capabilities
     pulp_solver: tuple[str, str] | None = None
-    """(PuLP solver class, why it cannot run): a PuLP backend is usable when that class says it is available."""
+    """(PuLP solver class, why it cannot run): a PuLP backend is usable when that class says it is
+    available."""
 
-    def __init_subclass__(cls, *, name: str = "", package: str = "", summary: str = "",
-                          capabilities: Capabilities | None = None,
-                          pulp_solver: tuple[str, str] | None = None, **kwargs) -> None:
+    def __init_subclass__(
+        cls,
+        *,
+        name: str = "",
+        package: str = "",
+        summary: str = "",
+        capabilities: Capabilities | None = None,
+        pulp_solver: tuple[str, str] | None = None,
+        **kwargs,
+    ) -> None:
         """A backend declares itself in its class statement: `class X(Backend, name=..., ...)`."""
         super().__init_subclass__(**kwargs)
         cls.name, cls.package, cls.summary, cls.pulp_solver = name, package, summary, pulp_solver

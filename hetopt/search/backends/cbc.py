@@ -42,11 +42,16 @@ LOG_BOUND_DIGITS = 3
 """CBC prints its lower bound with three decimals: half of the last digit is taken off (valid)."""
 
 
-class CbcBackend(Backend, name="cbc", package="pulp",
-                 summary="COIN-OR CBC through PuLP (the binary ships inside the pulp wheel)",
-                 capabilities=Capabilities(model="pulp", integer_models=True, mip_start=True, reports_bound=True),
-                 pulp_solver=("PULP_CBC_CMD", "PuLP's bundled CBC binary is not available on this platform")):
-
+class CbcBackend(
+    Backend,
+    name="cbc",
+    package="pulp",
+    summary="COIN-OR CBC through PuLP (the binary ships inside the pulp wheel)",
+    capabilities=Capabilities(
+        model="pulp", integer_models=True, mip_start=True, reports_bound=True
+    ),
+    pulp_solver=("PULP_CBC_CMD", "PuLP's bundled CBC binary is not available on this platform"),
+):
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp
         from pulp.apis import coin_api
@@ -56,23 +61,37 @@ class CbcBackend(Backend, name="cbc", package="pulp",
             var.setInitialValue(value)
         fd, log_path = tempfile.mkstemp(prefix="hetopt-cbc-", suffix=".log")
         os.close(fd)
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, warmStart=bool(start), gapRel=GAP,
-                                   logPath=log_path, options=[f"randomSeed {options.seed}"])
+        solver = pulp.PULP_CBC_CMD(
+            msg=False,
+            timeLimit=limit,
+            warmStart=bool(start),
+            gapRel=GAP,
+            logPath=log_path,
+            options=[f"randomSeed {options.seed}"],
+        )
         # CBC may overrun its own limit (presolve): it is stopped from outside a little after it.
         grace_s = max(1.0, 0.1 * limit)
         try:
             try:
-                # CBC dies with this process (lifeline), and is stopped at once when the solve is left by an
-                # interrupt
-                with quiet_stdout(), children_die_with_me(coin_api), \
-                        deadline_for_children(limit + grace_s) as watchdog:
+                # CBC dies with this process (lifeline), and is stopped at once when the solve is
+                # left by an interrupt
+                with (
+                    quiet_stdout(),
+                    children_die_with_me(coin_api),
+                    deadline_for_children(limit + grace_s) as watchdog,
+                ):
                     model.solve(solver)
             except Exception as exc:  # any failure is reported with its words
                 if watchdog["killed"]:
-                    return RunResult(SolveStatus.TIMEOUT, None, None,
-                                     "CBC stopped from outside after its time limit")
-                return RunResult(SolveStatus.ERROR, None, None,
-                                 f"CBC failed: {type(exc).__name__}: {exc}")
+                    return RunResult(
+                        SolveStatus.TIMEOUT,
+                        None,
+                        None,
+                        "CBC stopped from outside after its time limit",
+                    )
+                return RunResult(
+                    SolveStatus.ERROR, None, None, f"CBC failed: {type(exc).__name__}: {exc}"
+                )
             with open(log_path, encoding="utf-8", errors="replace") as f:
                 log = f.read()
         finally:
@@ -84,8 +103,9 @@ def _result(model, log: str) -> RunResult:
     import pulp
 
     result_line = next((ln.strip() for ln in log.splitlines() if ln.startswith("Result - ")), "")
-    words = f"CBC: {pulp.LpStatus[model.status]}, {pulp.LpSolution[model.sol_status]}" + \
-        (f" ({result_line})" if result_line else "")
+    words = f"CBC: {pulp.LpStatus[model.status]}, {pulp.LpSolution[model.sol_status]}" + (
+        f" ({result_line})" if result_line else ""
+    )
     has_solution = model.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     stopped_on_time = "Stopped on time" in result_line
     if model.status == pulp.LpStatusInfeasible:
@@ -134,5 +154,5 @@ def _log_numbers(model, log: str, has_solution: bool) -> tuple[float | None, flo
         objective = float(logged.group(1)) + offset
     bound = None
     if lower is not None and offset is not None:
-        bound = float(lower.group(1)) - 0.5 * 10.0 ** -LOG_BOUND_DIGITS + offset
+        bound = float(lower.group(1)) - 0.5 * 10.0**-LOG_BOUND_DIGITS + offset
     return objective, bound

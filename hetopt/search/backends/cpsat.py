@@ -20,11 +20,15 @@ WORKERS = 1
 """One search worker: parallelism comes from solving several skeletons at once (orchestrate.py)."""
 
 
-class CpSatBackend(Backend, name="cpsat", package="ortools",
-                   summary="OR-Tools CP-SAT (integer model; seconds scaled to integer units)",
-                   capabilities=Capabilities(model="cp-sat", integer_models=True, mip_start=True,
-                                             reports_bound=True)):
-
+class CpSatBackend(
+    Backend,
+    name="cpsat",
+    package="ortools",
+    summary="OR-Tools CP-SAT (integer model; seconds scaled to integer units)",
+    capabilities=Capabilities(
+        model="cp-sat", integer_models=True, mip_start=True, reports_bound=True
+    ),
+):
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         from ortools.sat.python import cp_model
 
@@ -38,13 +42,15 @@ class CpSatBackend(Backend, name="cpsat", package="ortools",
         try:
             code = solver.Solve(model)
         except Exception as exc:  # any solver failure is an ERROR with its words
-            return RunResult(SolveStatus.ERROR, None, None,
-                             f"CP-SAT raised {type(exc).__name__}: {exc}")
+            return RunResult(
+                SolveStatus.ERROR, None, None, f"CP-SAT raised {type(exc).__name__}: {exc}"
+            )
         words = f"CP-SAT: {solver.StatusName(code)}"
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             status = SolveStatus.OPTIMAL if code == cp_model.OPTIMAL else SolveStatus.TIMEOUT
-            return RunResult(status, solver.ObjectiveValue(), solver.BestObjectiveBound(), words,
-                             solver.Value)
+            return RunResult(
+                status, solver.ObjectiveValue(), solver.BestObjectiveBound(), words, solver.Value
+            )
         if code == cp_model.INFEASIBLE:
             return RunResult(SolveStatus.INFEASIBLE, None, None, words)
         if code == cp_model.MODEL_INVALID:

@@ -42,27 +42,43 @@ GAP = 1e-9
 
 _PRIMAL_FEASIBLE = 2
 """highspy's SolutionStatus.kSolutionStatusFeasible."""
-_STOPPED_WITH_SOLUTION = ("kIterationLimit", "kSolutionLimit", "kInterrupt", "kHighsInterrupt",
-                          "kObjectiveBound", "kObjectiveTarget")
+_STOPPED_WITH_SOLUTION = (
+    "kIterationLimit",
+    "kSolutionLimit",
+    "kInterrupt",
+    "kHighsInterrupt",
+    "kObjectiveBound",
+    "kObjectiveTarget",
+)
 
 
-class HighsBackend(Backend, name="highs", package="highspy", summary="HiGHS through PuLP",
-                   capabilities=Capabilities(model="pulp", integer_models=True, mip_start=False,
-                                             reports_bound=True),
-                   pulp_solver=("HiGHS", "PuLP cannot use highspy")):
-
+class HighsBackend(
+    Backend,
+    name="highs",
+    package="highspy",
+    summary="HiGHS through PuLP",
+    capabilities=Capabilities(
+        model="pulp", integer_models=True, mip_start=False, reports_bound=True
+    ),
+    pulp_solver=("HiGHS", "PuLP cannot use highspy"),
+):
     def run(self, model: Any, options: SolveOptions, start: dict | None = None) -> RunResult:
         import pulp
 
         del start  # no MIP start (module docstring)
-        solver = _solver_class()(msg=False, timeLimit=max(0.0, options.time_limit_s), gapRel=GAP,
-                                 random_seed=options.seed)
+        solver = _solver_class()(
+            msg=False,
+            timeLimit=max(0.0, options.time_limit_s),
+            gapRel=GAP,
+            random_seed=options.seed,
+        )
         try:
             with quiet_stdout():
                 model.solve(solver)
         except Exception as exc:  # any solver failure is an ERROR with its words
-            return RunResult(SolveStatus.ERROR, None, None,
-                             f"HiGHS raised {type(exc).__name__}: {exc}")
+            return RunResult(
+                SolveStatus.ERROR, None, None, f"HiGHS raised {type(exc).__name__}: {exc}"
+            )
         h = model.solverModel
         status = h.getModelStatus()
         words = f"HiGHS model status: {h.modelStatusToString(status)}"
@@ -112,8 +128,9 @@ def _solver_class() -> type:
                         var.varValue = values[var.index]
                     # PuLP's own pair, for readers of model.status; run() reads highspy instead
                     proven = h.getModelStatus().name == "kOptimal"
-                    return pulp.LpStatusOptimal, (pulp.LpSolutionOptimal if proven
-                                                  else pulp.LpSolutionIntegerFeasible)
+                    return pulp.LpStatusOptimal, (
+                        pulp.LpSolutionOptimal if proven else pulp.LpSolutionIntegerFeasible
+                    )
                 for var in lp.variables():
                     var.varValue = None
                 return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
