@@ -17,8 +17,9 @@ from pathlib import Path
 
 from hetopt.baselines.metis import metis_like
 from hetopt.evaluate import evaluate
-from hetopt.search.orchestrate import solve_exact
-from hetopt.search.space import SearchOptions, outside_space
+from hetopt.planners import solve_ilp
+from hetopt.search.roots import outside_space
+from hetopt.search.types import SearchOptions, SearchRequest
 from hetopt.sim.engine import Simulation
 from hetopt.spec.instance import load_instance
 
@@ -50,7 +51,7 @@ def main() -> None:
         start = time.perf_counter()
         metis = metis_like(inst, args.time_limit)
         metis_s = time.perf_counter() - start
-        best = solve_exact(inst, time_limit_s=args.time_limit)
+        best = solve_ilp(SearchRequest(inst, time_limit_s=args.time_limit))
         rows = []
         for plan in (metis.plan, best.plan):
             if plan is None:

@@ -17,8 +17,9 @@ import argparse
 import time
 from pathlib import Path
 
+from hetopt.planners import solve_ilp
 from hetopt.replan import replan
-from hetopt.search.orchestrate import solve_exact
+from hetopt.search.types import SearchRequest
 from hetopt.spec.instance import load_instance
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     inst = load_instance(args.instance)
-    solved = solve_exact(inst, time_limit_s=args.time_limit)
+    solved = solve_ilp(SearchRequest(inst, time_limit_s=args.time_limit))
     plan = solved.plan
     print(
         f"{inst.name}: running plan {solved.objective_s:.4f} s per iteration "

@@ -24,7 +24,8 @@ import argparse
 import resource
 from pathlib import Path
 
-from hetopt.search.orchestrate import solve_exact
+from hetopt.planners import solve_ilp
+from hetopt.search.types import SearchRequest
 from hetopt.spec.instance import instance_from_spec, load_instance, resolve_instance_path
 
 DEFAULT = [
@@ -72,12 +73,14 @@ def main() -> None:
                     name, inst.spec.search.model_copy(update={"pair_classes": args.pair_classes})
                 )
             for backend in args.backends:
-                r = solve_exact(
-                    inst,
-                    backend=backend,
-                    time_limit_s=args.time_limit,
-                    executor=args.executor,
-                    address=args.address,
+                r = solve_ilp(
+                    SearchRequest(
+                        inst,
+                        backend=backend,
+                        time_limit_s=args.time_limit,
+                        executor=args.executor,
+                        address=args.address,
+                    )
                 )
                 print(
                     f"{inst.name:<28}{'kept' if narrowed else 'off':>8}{inst.cluster.total_gpus:>6}"

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 
 from hetopt.evaluate import evaluate
-from hetopt.search.orchestrate import solve_exact
+from hetopt.planners import solve_ilp
+from hetopt.search.types import SearchRequest
 from hetopt.spec.instance import bundled_instances, load_instance
 
 HIGH_MFU = 0.65
@@ -31,7 +32,7 @@ def main() -> None:
     )
     for name in args.instances or sorted(bundled_instances()):
         inst = load_instance(name)
-        r = solve_exact(inst, backend=args.backend, time_limit_s=args.time_limit)
+        r = solve_ilp(SearchRequest(inst, backend=args.backend, time_limit_s=args.time_limit))
         if r.plan is None:
             print(
                 f"{inst.name:<32}{inst.cluster.total_gpus:>6}{r.status.value:>9}  no plan",

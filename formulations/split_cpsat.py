@@ -55,7 +55,7 @@ import math
 from ortools.sat.python import cp_model
 
 from hetopt.outputs import atomic_path
-from hetopt.search import backends
+from hetopt.search.backends import registry
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
 
@@ -101,7 +101,7 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
         ) as temp:  # a .txt name is written as text, else binary
             model.ExportToFile(str(temp))
         hint = None
-    run = backends.get(backend).run(model, options, hint)
+    run = registry.get(backend).run(model, options, hint)
     wall = clock() - start
     if run.status == SolveStatus.INFEASIBLE:
         return SplitSolution(

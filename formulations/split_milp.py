@@ -18,10 +18,10 @@ active, only where the pieces cross inside [1, U_i]), τ̂ ≥ 0 (bottleneck sta
 Each constraint with why it is tight — for every integer split the program's optimum is exactly the
 evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
 
-  (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum (C1v) L_i =
-  v·K_i, K_i ∈ ℤ, K_i ≥ 1  (interleaved 1F1B with v model chunks per stage) (C1t) L_{j,i} = L_{0,i}
-  for every template j  (a uniform layout's templates in lockstep, one split:
-        PlanProblem.lockstep, hetopt.search.uniform)
+  (C1)  Σ_i L_i = N,  1 ≤ L_i ≤ U_i                                          layer sum
+  (C1v) L_i = v·K_i, K_i ∈ ℤ, K_i ≥ 1  (interleaved 1F1B with v model chunks per stage)
+  (C1t) L_{j,i} = L_{0,i} for every template j  (a uniform layout's templates in lockstep, one
+        split: PlanProblem.lockstep, hetopt.search.uniform)
   (C2f) y^f_i ≥ P^{f,h}_i(L_i),  y^f_i ≥ P^{f,d}_i(L_i)                        forward pass
         tight: y^f enters only (C3) and (C4), with a positive sign, so lowering it to the larger
         piece never hurts — the epigraph is exact under minimisation.
@@ -38,28 +38,28 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
         (a100-t4-gpt3-1.3b; tests/test_conformance.py). The two upper rows make y^b_i = max(P^{b,h},
         P^{b,d}) for every feasible z_i.
   (C2z) ZeRO-2/3, where a pass waits for its collectives and its time is not affine in L
-        (SplitProblem.pass_s): one binary w_{i,n} per layer count n of stage i's domain, Σ_n w_{i,n}
-        = 1, L_i = Σ_n n·w_{i,n}, y^f_i = Σ_n pass^f_i(n)·w_{i,n} and the same for y^b_i —
-        equalities, so exact in every position (C5 included), in place of (C2f) and (C2b). The
-        collectives cross the network, so under robust objectives y^f, y^b are one pair per
-        scenario. Where every table of a stage is convex over its counts n_1 < n_2 < … (each step no
-        smaller than the one before) and no all-reduce follows (ZeRO-2/3 have none: D_i = 0, so (C5)
-        is T_dp ≥ T_sync and y^b enters the program only through (C3)–(C4), positively), the stage
-        needs no binaries: y ≥ pass(n_k) + (pass(n_{k+1}) − pass(n_k))·(L − n_k)/(n_{k+1} − n_k) for
-        each pair of neighbouring counts — a convex function on integers is the largest of its
-        chords, so the epigraph is exact under minimisation, as in (C2f).
+        (SplitProblem.pass_s): one binary w_{i,n} per layer count n of stage i's domain,
+        Σ_n w_{i,n} = 1, L_i = Σ_n n·w_{i,n}, y^f_i = Σ_n pass^f_i(n)·w_{i,n} and the same for
+        y^b_i — equalities, so exact in every position (C5 included), in place of (C2f) and (C2b).
+        The collectives cross the network, so under robust objectives y^f, y^b are one pair per
+        scenario. Where every table of a stage is convex over its counts n_1 < n_2 < … (each step
+        no smaller than the one before) and no all-reduce follows (ZeRO-2/3 have none: D_i = 0, so
+        (C5) is T_dp ≥ T_sync and y^b enters the program only through (C3)–(C4), positively), the
+        stage needs no binaries: y ≥ pass(n_k) + (pass(n_{k+1}) − pass(n_k))·(L − n_k)/(n_{k+1} −
+        n_k) for each pair of neighbouring counts — a convex function on integers is the largest of
+        its chords, so the epigraph is exact under minimisation, as in (C2f).
   (C2r) Per-stage recompute (SplitProblem.modes): stage i's passes and memory depend on its mode r
-        too, so the binaries of (C2z) range over its options (n, r) that fit in memory (M^r_i(n) ≤
-        M̄_i, in place of (C7)): Σ w_{i,n,r} = 1, L_i = Σ n·w_{i,n,r}, y = Σ pass^r_i(n)·w_{i,n,r} —
-        equalities, exact as (C2z). The mode is read off the binary that is 1. No chords: the lower
-        envelope of several modes' tables need not be convex, and it would not say which mode holds.
+        too, so the binaries of (C2z) range over its options (n, r) that fit in memory
+        (M^r_i(n) ≤ M̄_i, in place of (C7)): Σ w_{i,n,r} = 1, L_i = Σ n·w_{i,n,r},
+        y = Σ pass^r_i(n)·w_{i,n,r} — equalities, exact as (C2z). The mode is read off the binary
+        that is 1. No chords: the lower envelope of several modes' tables need not be convex, and it
+        would not say which mode holds.
   (C2s) Stages with shards (SplitProblem.rows): a stage takes each part from the row where it is
-  longest
-        and its all-reduce starts once every rank r has run (1 − o_r) of its pass
+        longest and its all-reduce starts once every rank r has run (1 − o_r) of its pass
         (pricing.by_stage), none of it affine in L: the binaries of (C2z) also give the all-reduce
         D_i = Σ D_i(n)·w_{i,n}, its overlapped part o_i·y^b_i = Σ hidden_i(n)·w_{i,n} in (C5), the
-        optimizer step in (C6), and the options are the counts every row holds in memory (for (C7))
-        — equalities, exact as (C2z); never chords (an all-reduce follows).
+        optimizer step in (C6), and the options are the counts every row holds in memory (for
+        (C7)) — equalities, exact as (C2z); never chords (an all-reduce follows).
   (C3)  τ̂ ≥ y^f_i + y^b_i + c_i                                              bottleneck stage
         tight: τ̂ enters (C4) only, positively.
   (C4)  T_sync ≥ (m − 1/v)·τ̂ + Σ_i (y^f_i + y^b_i + c_i)/v                  1F1B pipeline
@@ -100,7 +100,7 @@ import math
 import pulp
 
 from hetopt.outputs import atomic_path
-from hetopt.search import backends
+from hetopt.search.backends import registry
 from hetopt.search.formulation import Formulation, SolveOptions, SolveStatus, SplitSolution, clock
 from hetopt.search.linear import PlanProblem
 
@@ -313,7 +313,9 @@ def add_tabulated_passes(model, one_hot, scenario: int, L, yf, yb, tag: str) -> 
                     f"C2z_{kind}{i}{tag}",
                 )
                 continue
-            model += y[i] >= table[0], f"C2z_{kind}{i}_first{tag}"
+            # the least of the table: its only entry, or below every chord (a convex table may
+            # fall first: ZeRO's exposed collectives shrink as a stage's layers grow)
+            model += y[i] >= min(table), f"C2z_{kind}{i}_first{tag}"
             for k in range(len(counts) - 1):  # the chords of a convex table
                 slope = (table[k + 1] - table[k]) / (counts[k + 1] - counts[k])
                 model += y[i] >= table[k] + slope * (L[i] - counts[k]), f"C2z_{kind}{i}_{k}{tag}"
@@ -387,7 +389,7 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
             var: min(max(value, var.lowBound), var.upBound)
             for var, value in zip(L, options.hint, strict=True)
         }
-    run = backends.get(backend).run(model, options, hint)
+    run = registry.get(backend).run(model, options, hint)
     wall = clock() - start
     if run.status == SolveStatus.INFEASIBLE:
         return SplitSolution(

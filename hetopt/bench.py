@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.baselines.common import PlannerResult
-from hetopt.baselines.registry import ALIASES, EXACT, PLANNERS
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
+from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp
 from hetopt.sim.engine import Simulation
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -238,10 +238,9 @@ def _adaptive_rows(
     (`ilp-expected`, static) and the adaptive policy from each (hetopt.replan.policy). The two
     static plans' rows get their tokens over the horizon, replayed whole as the adaptive policy's
     are, so the four compare."""
-    from hetopt.baselines.registry import run_hetopt
     from hetopt.replan.policy import Decisions, PolicyOptions, replay_adaptive, run_tokens
 
-    robust = run_hetopt(inst, time_limit_s, profiles, seed, objective=ROBUST)
+    robust = run_ilp(inst, time_limit_s, profiles, seed, objective=ROBUST)
     robust_rows = _replay(inst, robust, scenarios, iterations, profiles, samples)
     horizon_s, options = inst.horizon_s, PolicyOptions.of(inst)
     decisions = Decisions(inst, profiles, options)  # one network's search serves both starts

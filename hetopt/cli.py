@@ -316,7 +316,7 @@ def _listing(
 def list_formulations(as_json: JsonOpt = False) -> None:
     """List the plan formulations (plug-ins in formulations/) and the backends each is written
     for."""
-    from hetopt.search.formulation import formulations as found
+    from hetopt.search.dispatch import formulations as found
 
     rows = [
         {"name": f.name, "backends": list(f.backends), "summary": f.summary}
@@ -1100,9 +1100,9 @@ def bench(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from hetopt.baselines.registry import PLANNERS
     from hetopt.bench import check_outputs, check_planners, run_bench, write_outputs
     from hetopt.executors import check_executor
+    from hetopt.planners import PLANNERS
     from hetopt.spec.instance import bundled_instances, load_instance, with_memory_headroom
 
     check_time_limit(time_limit)

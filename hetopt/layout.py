@@ -169,7 +169,7 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
                 True,
             )
         )
-    if inst.global_batch % (layout.mb * layout.dp):
+    if inst.micro_batches(layout.mb, layout.dp) is None:
         problems.append(
             Problem(
                 "mb",
@@ -184,7 +184,7 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
 
     layers = split_layers(m.layers, layout.pp)
     templates, placement = layout_ranks(inst.cluster, layout, where)
-    micro_batches = inst.global_batch // (layout.mb * layout.dp)
+    micro_batches = inst.micro_batches(layout.mb, layout.dp)
     pipelines = [
         Pipeline(
             replicas=n,

@@ -9,16 +9,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from hetopt.baselines.registry import ALIASES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor
 from hetopt.plan import Plan, PlannedFor, plan_json
+from hetopt.planners import ALIASES, solve_ilp
 from hetopt.search.formulation import SolveStatus, clock
-from hetopt.search.orchestrate import SearchResult, solve_exact
 from hetopt.search.robust import OBJECTIVES
-from hetopt.search.space import SearchOptions
+from hetopt.search.run import SearchResult
+from hetopt.search.types import SearchOptions, SearchRequest
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
@@ -132,7 +132,7 @@ def solve(
     elif planner in HEURISTICS:
         result = run_heuristic(inst, planner, search_s, seed, profiles, objective)
     else:
-        result = solve_exact(
+        request = SearchRequest(
             inst,
             formulation,
             backend,
@@ -140,16 +140,15 @@ def solve(
             seed,
             options,
             profiles,
-            export_model,
-            progress=progress,
-            objective=objective,
-            warm_start=warm_start,
+            objective,
             executor=executor,
             address=address,
+            export_model=export_model,
         )
+        result = solve_ilp(request, progress, warm_start)
     free = None
     if compare:  # the free space, for what running the plan as it is costs
-        free = solve_exact(
+        request = SearchRequest(
             free_inst,
             formulation,
             backend,
@@ -157,11 +156,11 @@ def solve(
             seed,
             None,
             profiles,
-            objective=objective,
-            warm_start=warm_start,
+            objective,
             executor=executor,
             address=address,
         )
+        free = solve_ilp(request, warm_start=warm_start)
     result = replace(result, time_limit_s=time_limit_s)
     out = report(
         inst, planner, result, objective, simulate_iterations, profiles, deadline, replay_progress
@@ -197,8 +196,7 @@ def run_heuristic(
     (nothing is proven), or `infeasible` with the planner's reason when it found no plan that
     fits."""
     from hetopt.baselines.registry import PLANNERS as BASELINES
-    from hetopt.search.orchestrate import plan_objective
-    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.robust import plan_objective, planning_scenarios
 
     found = BASELINES[planner](inst, time_limit_s, profiles, seed)
     if found.plan is None:

@@ -15,7 +15,8 @@ from hetopt.baselines.registry import PLANNERS
 from hetopt.baselines.uniform import min_max_split
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
-from hetopt.search.orchestrate import solve_exact
+from hetopt.planners import solve_ilp
+from hetopt.search.types import SearchRequest
 from hetopt.spec.instance import bundled_instances, load_instance
 from hetopt.verify import check_plan
 
@@ -37,7 +38,10 @@ NO_FITTING_PLAN = {
 @pytest.fixture(scope="module")
 def optima():
     # without heuristic warm starts: the search's own plan space has to beat every baseline
-    return {p.stem: solve_exact(load_instance(p), time_limit_s=60, warm_start=False) for p in SMALL}
+    return {
+        p.stem: solve_ilp(SearchRequest(load_instance(p), time_limit_s=60), warm_start=False)
+        for p in SMALL
+    }
 
 
 @pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
@@ -75,7 +79,7 @@ def test_amp_dynamic_program_finds_the_best_min_max_split():
     """On a 2-stage A100 → V100 layout the DP split must equal the best of all splits by brute
     force."""
     from hetopt.layout import Layout, expand_layout
-    from hetopt.search.bounds import Bounds
+    from hetopt.search.bounds.run import Bounds
 
     inst = load_instance("demo")
     plan = expand_layout(inst, Layout(tp=8, pp=4, dp=1, mb=1))
@@ -87,7 +91,7 @@ def test_amp_dynamic_program_finds_the_best_min_max_split():
         worst = 0.0
         for i, n in enumerate(split):
             st = plan.pipelines[0].stages[i]
-            a, c = Bounds(inst, profiles).stage_line(
+            a, c = Bounds(inst, profiles).templates.stage_line(
                 st.gpu, st.tp, 1, st.recompute, i == 0, i == p - 1
             )
             worst = max(worst, a * n + c)

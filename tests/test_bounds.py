@@ -16,9 +16,10 @@ import pytest
 from conftest import DEMO, REPO
 
 from hetopt.cost.profiles import Profiles
-from hetopt.search.bounds import Bounds
-from hetopt.search.space import SearchOptions, SearchStats
-from hetopt.search.tree import Tree
+from hetopt.search.bounds.run import Bounds
+from hetopt.search.tree.base import Tree
+from hetopt.search.tree.roots import roots
+from hetopt.search.types import SearchOptions, SearchStats
 from hetopt.spec.instance import load_instance
 
 SMALL = Path(__file__).parent / "small"
@@ -27,7 +28,7 @@ SMALL = Path(__file__).parent / "small"
 def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
     """Every leaf under `node` with the stored bounds of its ancestors."""
     if node.is_leaf:
-        return [([*path, node], tree.bounds.compute_lower_bound(node.skeleton))]
+        return [([*path, node], tree.bounds.skeletons.bound(node.skeleton))]
     out = []
     for child in node.expand(tree):
         out += _leaf_bounds(tree, child, [*path, node])
@@ -60,7 +61,7 @@ def test_every_node_bound_holds_for_every_skeleton_under_it(name):
     )  # ZeRO-2/3 nodes too
     tree = Tree(inst, opts, SearchStats(), Bounds(inst, Profiles()))
     kinds, leaves = set(), 0
-    for root in tree.roots():
+    for root in roots(tree):
         for path, leaf_bound in _leaf_bounds(tree, root, []):
             leaves += 1
             for node in path:
@@ -97,21 +98,26 @@ def test_bounds_of_one_instance_are_not_served_to_another():
     demo = load_instance(DEMO)
     seg = next(
         iter(
-            Tree(
-                demo, SearchOptions.from_instance(demo), SearchStats(), Bounds(demo, Profiles())
-            ).roots()
+            roots(
+                Tree(
+                    demo,
+                    SearchOptions.from_instance(demo),
+                    SearchStats(),
+                    Bounds(demo, Profiles()),
+                )
+            )
         )
     )
     family = seg.family
-    want = Bounds(demo, Profiles()).family_bound(family)
+    want = Bounds(demo, Profiles()).families.bound(family)
     for _ in range(5):
         big = load_instance(REPO / "instances" / "dgx-a100-gpt3-175b.yaml")
         b = Bounds(big, Profiles())
-        b.stage_line("A100-80GB", 8, 1, "full", False, False)
+        b.templates.stage_line("A100-80GB", 8, 1, "full", False, False)
         del big, b
         gc.collect()
         again = load_instance(DEMO)
-        assert Bounds(again, Profiles()).family_bound(family) == pytest.approx(want, rel=1e-15)
+        assert Bounds(again, Profiles()).families.bound(family) == pytest.approx(want, rel=1e-15)
 
 
 def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_tight_at_vertices():
@@ -124,7 +130,7 @@ def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_ti
 
     import numpy as np
 
-    from hetopt.search.bounds import pair_at, region_bound, region_least
+    from hetopt.search.bounds.pairs import pair_at, region_bound, region_least
 
     rng = random.Random(7)
     empty = tight = 0

@@ -27,13 +27,15 @@ import hetopt.formulations.split_milp as split_milp
 from hetopt.baselines.exhaustive import compositions
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import OPT, dp_finish, pipe_times
-from hetopt.search import backends
-from hetopt.search.backends import RunResult, solve_skeleton
-from hetopt.search.formulation import SolveOptions, SolveStatus, pick
-from hetopt.search.linear import Affine, PlanProblem, ScenarioProblem, SplitProblem
-from hetopt.search.orchestrate import plan_problem, solve_exact, speed_split
+from hetopt.planners import solve_ilp
+from hetopt.search.backends import registry
+from hetopt.search.backends.base import RunResult
+from hetopt.search.dispatch import pick, solve_skeleton
+from hetopt.search.formulation import SolveOptions, SolveStatus
+from hetopt.search.leaves import plan_problem, speed_split
+from hetopt.search.linear import PlanProblem, ScenarioProblem, SplitProblem
 from hetopt.search.robust import CVAR_ALPHA, aggregate, planning_scenarios
-from hetopt.search.space import Segment, Skeleton, Template
+from hetopt.search.types import Affine, SearchRequest, Segment, Skeleton, Template
 from hetopt.spec.instance import load_instance
 
 PAIRS = [("split-milp", "highs"), ("split-milp", "cbc"), ("split-cpsat", "cpsat")]
@@ -310,7 +312,7 @@ def milp_at(problem: PlanProblem, layers: list[int], backend: str = "highs") -> 
     model, L, _ = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
     for var, n in zip(L, layers, strict=True):
         var.lowBound = var.upBound = n
-    run = backends.get(backend).run(model, SolveOptions(time_limit_s=30))
+    run = registry.get(backend).run(model, SolveOptions(time_limit_s=30))
     assert run.status == SolveStatus.OPTIMAL, run.detail
     return run.objective / split_milp.UNIT_PER_S
 
@@ -488,6 +490,42 @@ def solve_on_every_backend(problem: PlanProblem, best: float) -> list:
     return out
 
 
+def test_a_zero_table_that_falls_is_priced_exactly_by_every_backend():
+    """Regression (found by the random problems below): a ZeRO-2/3 stage whose pass table falls
+    with its layers (the exposed collectives min(P, K)/n shrink as n grows) is convex, and
+    split-milp priced it by chords and by y ≥ its first entry — 2.2 ms at 1 layer held the pass
+    at 2 layers (1.8 ms) up, so the model (8.9 ms) sat above the evaluator (7.7 ms) and its bound
+    above the best split. Three stages of at most 2 layers hold 6: the split is (2, 2, 2)."""
+    line = Affine(1e-4, 0.0)
+    slow = Affine(1e-4, 1e-3)  # stage 1's backward pass and its collectives: 1 ms more each
+    stages = (line, line, line)
+    template = SplitProblem(
+        layers=6,
+        micro_batches=3,
+        serial=(0.0,) * 3,
+        host_fwd=stages,
+        dev_fwd=stages,
+        host_bwd=(line, slow, line),
+        dev_bwd=stages,
+        p2p=(0.0,) * 3,
+        dp=(Affine(0.0, 0.0),) * 3,
+        dp_overlap=(0.0,) * 3,
+        opt=stages,
+        mem_gib=(Affine(1.0, 0.0),) * 3,
+        mem_limit_gib=(2.0,) * 3,
+        virtual_stages=1,
+        zero_fwd=stages,
+        zero_bwd=(line, slow, line),
+        zero_units=(0, 0, 0),
+    )
+    problem = PlanProblem((ScenarioProblem((template,), 0.0),), (1.0,), "stable", 0.8, False)
+    assert [template.pass_s(1, n, "b") for n in (1, 2)] == pytest.approx([2.2e-3, 1.8e-3])
+    best = brute_force_small(problem)
+    assert best == pytest.approx(problem.iteration_time([2, 2, 2]), rel=1e-12)
+    for _, sol in solve_on_every_backend(problem, best):
+        assert sol.layers == [2, 2, 2]
+
+
 @settings(
     max_examples=120,
     deadline=None,
@@ -574,7 +612,7 @@ def test_regression_a_time_limited_milp_is_not_reported_optimal(shapes):
     problem, best, _, hint = shapes["two-templates"]
     model, L, _ = split_milp.build(problem.scaled(split_milp.UNIT_PER_S))
     start = dict(zip(L, hint, strict=True))
-    run = backends.get("cbc").run(model, SolveOptions(time_limit_s=0.0), start)
+    run = registry.get("cbc").run(model, SolveOptions(time_limit_s=0.0), start)
     if model.sol_status == pulp.LpSolutionOptimal:
         pytest.skip("CBC proved this skeleton within a zero time limit")
     assert pulp.LpStatus[model.status] == "Optimal"  # PuLP's word
@@ -604,7 +642,7 @@ def test_regression_two_templates_milp_is_the_evaluator(shapes):
         del model.constraints[name]
     for var, n in zip(L, old_split, strict=True):
         var.lowBound = var.upBound = n
-    loose = backends.get("highs").run(model, SolveOptions(time_limit_s=30)).objective / 1e3
+    loose = registry.get("highs").run(model, SolveOptions(time_limit_s=30)).objective / 1e3
     assert loose < 0.97 * problem.iteration_time(old_split)
     exact = problem.iteration_time(old_split)
     assert milp_at(problem, old_split) == pytest.approx(exact, rel=MILP_REL)
@@ -650,7 +688,7 @@ def test_regression_the_search_records_fallbacks_and_json_shows_them(monkeypatch
 
 
 def test_every_backend_failing_is_an_error_with_the_solvers_words(monkeypatch):
-    for backend in backends.REGISTRY.values():
+    for backend in registry.REGISTRY.values():
         words = f"simulated failure of {backend.name}"
         monkeypatch.setattr(
             type(backend),
@@ -658,7 +696,7 @@ def test_every_backend_failing_is_an_error_with_the_solvers_words(monkeypatch):
             lambda self, *a, w=words, **k: RunResult(SolveStatus.ERROR, None, None, w),
         )
     inst = load_instance("tests/small/s2-a100-v100.yaml")
-    result = solve_exact(inst, backend="highs", warm_start=False, workers=1)
+    result = solve_ilp(SearchRequest(inst, backend="highs", workers=1), warm_start=False)
     assert result.status == SolveStatus.ERROR and result.plan is None
     assert all(f"simulated failure of {b}" in result.reason for b in ("highs", "cbc", "cpsat"))
     assert {taker for _, taker, _ in result.stats.fallbacks} == {"none"}
@@ -701,7 +739,7 @@ def milp_at_modes(problem: PlanProblem, layers: list[int], modes: list[str]) -> 
         for (count, r), x in zip(options, w, strict=True):
             if count == n and pr.modes[r] != mode:
                 x.upBound = 0
-    run = backends.get("highs").run(model, SolveOptions(time_limit_s=30))
+    run = registry.get("highs").run(model, SolveOptions(time_limit_s=30))
     assert run.status == SolveStatus.OPTIMAL, run.detail
     return run.objective / split_milp.UNIT_PER_S
 

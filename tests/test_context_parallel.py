@@ -24,7 +24,8 @@ from hetopt.cost.terms import ATTN, GEMM, KERN, LINK, STEP
 from hetopt.evaluate import BWD_TP, DP, FWD, FWD_TP, plan_features, stage_work
 from hetopt.placement import place
 from hetopt.plan import Plan
-from hetopt.search.space import SearchOptions, default_cp, outside_space
+from hetopt.search.roots import outside_space
+from hetopt.search.types import SearchOptions, default_cp
 from hetopt.spec.cluster import intra_route
 from hetopt.spec.instance import instance_from_spec, load_instance
 from hetopt.verify import check_plan

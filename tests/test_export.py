@@ -81,10 +81,11 @@ def test_megatron_core_accepts_the_exported_values_and_refuses_a_wrong_split(tmp
     TP against the heads, recompute options) and DistributedDataParallelConfig; one layer too few in
     the layout is refused by the same class."""
     pytest.importorskip("megatron.core")
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance("demo")
-    plan = solve_exact(runnable_instance(inst, "megatron"), time_limit_s=10).plan
+    plan = solve_ilp(SearchRequest(runnable_instance(inst, "megatron"), time_limit_s=10)).plan
     done = export(inst, plan, "megatron")
     assert done.blocked == [] and {"megatron_args.txt", "megatron_core.json", "launch.sh"} <= set(
         done.files
@@ -127,10 +128,11 @@ def _export_bundled(path: Path) -> tuple[str, list, dict, list]:
     """(instance, the free plan's blocked features for megatron, every format's files, the runnable
     megatron plan's blocked features and megatron-core config) for one bundled instance, each plan
     from a short search (any plan the search returns must export)."""
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance(path)
-    plan = solve_exact(inst, time_limit_s=2, workers=1).plan
+    plan = solve_ilp(SearchRequest(inst, time_limit_s=2, workers=1)).plan
     files = {
         fmt: export(inst, plan, fmt) for fmt in ("rankmap", "torchrun", "megatron", "deepspeed")
     }
@@ -139,7 +141,9 @@ def _export_bundled(path: Path) -> tuple[str, list, dict, list]:
     assert consistency(rm.to_json()) == [], (
         inst.name
     )  # every GPU once, groups and neighbours paired
-    runnable = solve_exact(runnable_instance(inst, "megatron"), time_limit_s=2, workers=1).plan
+    runnable = solve_ilp(
+        SearchRequest(runnable_instance(inst, "megatron"), time_limit_s=2, workers=1)
+    ).plan
     mine = export(inst, runnable, "megatron")
     cfg = json.loads(mine.files["megatron_core.json"]) if not mine.blocked else None
     return (
@@ -186,10 +190,11 @@ def test_deepspeed_accepts_the_exported_config(monkeypatch):
     # without a process group DeepSpeed takes the world as 1 before it asks the mpu; rank 0 of one
     monkeypatch.setattr(ds_config.dist, "get_rank", lambda: 0)
 
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance(REPO / "tests" / "small" / "s2-a100-v100.yaml")
-    plan = solve_exact(runnable_instance(inst, "deepspeed"), time_limit_s=10).plan
+    plan = solve_ilp(SearchRequest(runnable_instance(inst, "deepspeed"), time_limit_s=10)).plan
     done = export(inst, plan, "deepspeed")
     assert done.blocked == [], done.blocked
     cfg = json.loads(done.files["ds_config.json"])

@@ -179,16 +179,21 @@ def test_the_full_search_starts_from_the_plan_it_is_given():
     """`hetopt replan --full` hands the running plan (re-split) to the search as its first
     incumbent: a search with no time to solve anything returns it, no worse; with time, the optimum
     (proven)."""
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest, Seed
 
     inst = load_instance("wan-step-a100-v100")
-    best = solve_exact(inst, time_limit_s=60)
+    best = solve_ilp(SearchRequest(inst, time_limit_s=60))
     known = {"planner": "running plan", "objective_s": best.objective_s, "plan": best.plan}
-    rushed = solve_exact(inst, time_limit_s=1e-3, warm_start=False, incumbent=dict(known))
+    rushed = solve_ilp(
+        SearchRequest(inst, time_limit_s=1e-3), warm_start=False, known=[Seed(**known)]
+    )
     assert rushed.plan is not None and rushed.objective_s == pytest.approx(
         best.objective_s, rel=1e-12
     )
-    proven = solve_exact(inst, time_limit_s=60, warm_start=False, incumbent=dict(known))
+    proven = solve_ilp(
+        SearchRequest(inst, time_limit_s=60), warm_start=False, known=[Seed(**known)]
+    )
     assert proven.status.value == "optimal" and proven.objective_s == pytest.approx(
         best.objective_s, rel=1e-9
     )

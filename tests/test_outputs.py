@@ -193,8 +193,9 @@ def test_a_space_too_large_to_list_in_time_keeps_the_limit_and_proves_nothing_ab
     proven gap."""
     import math
 
+    from hetopt.planners import solve_ilp
     from hetopt.search.formulation import SolveStatus
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.search.types import SearchRequest
     from hetopt.spec.instance import instance_from_spec, load_instance
 
     path = REPO / "instances" / "cloud-mix-a10g-l4-t4-l40s.yaml"
@@ -203,7 +204,7 @@ def test_a_space_too_large_to_list_in_time_keeps_the_limit_and_proves_nothing_ab
     )
     inst = instance_from_spec(spec, str(path), path.parent, None, path)
     # listing its 473k families takes 11 s here; 2 s leave it under 1 s after the seeds
-    result = solve_exact(inst, time_limit_s=2)
+    result = solve_ilp(SearchRequest(inst, time_limit_s=2))
     assert result.status == SolveStatus.TIMEOUT and result.plan is not None
     assert result.solve_time_s <= 2 + 5  # the limit, and the last solve's overrun on a busy machine
     assert result.bound_s == 0.0 and math.isfinite(result.objective_s)
@@ -215,25 +216,28 @@ def test_ctrl_c_while_the_roots_are_listed_proves_nothing_about_the_unlisted(mon
     (bound 0)."""
     import pytest
 
-    from hetopt.search import tree as tree_module
+    from hetopt.planners import solve_ilp
+    from hetopt.search import run as search_run
     from hetopt.search.formulation import SolveStatus
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.search.types import SearchRequest
     from hetopt.spec.instance import load_instance
 
-    listed = tree_module.Tree.roots
+    listed = search_run.roots
 
-    def roots(self):
-        for k, node in enumerate(listed(self)):
+    def roots(tree):
+        for k, node in enumerate(listed(tree)):
             if k == 3:
                 raise KeyboardInterrupt
             yield node
 
-    monkeypatch.setattr(tree_module.Tree, "roots", roots)
+    monkeypatch.setattr(search_run, "roots", roots)
     with pytest.raises(KeyboardInterrupt) as stop:
-        solve_exact(
-            load_instance(REPO / "tests" / "small" / "s15-context-parallel.yaml"),
-            time_limit_s=60,
-            workers=1,
+        solve_ilp(
+            SearchRequest(
+                load_instance(REPO / "tests" / "small" / "s15-context-parallel.yaml"),
+                time_limit_s=60,
+                workers=1,
+            )
         )
     answer = stop.value.best_so_far
     assert answer.status == SolveStatus.TIMEOUT and answer.plan is not None
@@ -246,22 +250,26 @@ def test_ctrl_c_inside_the_narrow_first_search_keeps_its_plan(monkeypatch):
     unproven."""
     import pytest
 
-    from hetopt.search import orchestrate
+    from hetopt.planners import solve_ilp
     from hetopt.search.formulation import SolveStatus
+    from hetopt.search.run import SearchRun
+    from hetopt.search.types import SearchRequest
     from hetopt.spec.instance import load_instance
 
-    absorbed = orchestrate._Run.absorb
+    absorbed = SearchRun.absorb
 
     def absorb(self, *args, **kwargs):
         absorbed(self, *args, **kwargs)
         raise KeyboardInterrupt  # after the first skeleton the narrow-first search solves
 
-    monkeypatch.setattr(orchestrate._Run, "absorb", absorb)
+    monkeypatch.setattr(SearchRun, "absorb", absorb)
     with pytest.raises(KeyboardInterrupt) as stop:
-        orchestrate.solve_exact(
-            load_instance(REPO / "tests" / "small" / "s16-tp-per-stage.yaml"),
-            time_limit_s=60,
-            workers=1,
+        solve_ilp(
+            SearchRequest(
+                load_instance(REPO / "tests" / "small" / "s16-tp-per-stage.yaml"),
+                time_limit_s=60,
+                workers=1,
+            )
         )
     answer = stop.value.best_so_far
     assert answer.status == SolveStatus.TIMEOUT and answer.plan is not None

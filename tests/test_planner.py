@@ -15,9 +15,9 @@ from conftest import DEMO, once_per_run, run_hetopt
 from hetopt.baselines.exhaustive import exhaustive
 from hetopt.evaluate import evaluate
 from hetopt.formulations.split_cpsat import REL_TOLERANCE
+from hetopt.planners import solve_ilp
 from hetopt.search.formulation import SolveStatus
-from hetopt.search.orchestrate import solve_exact
-from hetopt.search.space import SearchOptions
+from hetopt.search.types import SearchOptions, SearchRequest
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
 
@@ -80,7 +80,9 @@ def test_every_formulation_and_backend_matches_exhaustive_enumeration(
 ):
     inst = load_instance(path)
     truth = ground_truth[path.stem]
-    result = solve_exact(inst, formulation, backend, time_limit_s=60)
+    result = solve_ilp(
+        SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60)
+    )
     assert result.status == SolveStatus.OPTIMAL
     tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
     assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance)
@@ -110,7 +112,9 @@ def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, fo
     if name not in ZERO_TRUTH:  # one enumeration per instance, for the three backends
         ZERO_TRUTH[name] = exhaustive(inst, opts)
     truth = ZERO_TRUTH[name]
-    result = solve_exact(inst, formulation, backend, time_limit_s=60, options=opts)
+    result = solve_ilp(
+        SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60, options=opts)
+    )
     assert result.status == SolveStatus.OPTIMAL
     tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
     assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance)
@@ -123,11 +127,13 @@ def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, fo
 
 def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     inst = load_instance(DEMO)
-    both = solve_exact(inst, backend="highs", warm_start=False)
-    one_type = solve_exact(
-        inst,
-        backend="highs",
-        options=SearchOptions(max_classes=1, max_templates=1, shards=False),
+    both = solve_ilp(SearchRequest(inst, backend="highs"), warm_start=False)
+    one_type = solve_ilp(
+        SearchRequest(
+            inst,
+            backend="highs",
+            options=SearchOptions(max_classes=1, max_templates=1, shards=False),
+        ),
         warm_start=False,
     )  # heuristic seeds would bring plans of both types
     assert both.status == one_type.status == SolveStatus.OPTIMAL
@@ -146,11 +152,9 @@ def test_non_uniform_shares_pay_on_the_demo():
     """Two templates (A100s with 3 micro-batches each, a V100 TP-4 pipeline with 4) beat the best
     single template (a 2-stage A100 → V100 pipeline): the fast GPUs get more of the batch."""
     inst = load_instance(DEMO)
-    two = solve_exact(inst, backend="highs", warm_start=False)
-    one = solve_exact(
-        inst,
-        backend="highs",
-        options=SearchOptions(max_templates=1, shards=False),
+    two = solve_ilp(SearchRequest(inst, backend="highs"), warm_start=False)
+    one = solve_ilp(
+        SearchRequest(inst, backend="highs", options=SearchOptions(max_templates=1, shards=False)),
         warm_start=False,
     )
     assert two.status == one.status == SolveStatus.OPTIMAL
@@ -289,7 +293,9 @@ def test_robust_objectives_match_exhaustive_on_every_backend(objective, robust_t
     inst = load_instance(next(p for p in SMALL if p.stem == "s3-two-islands"))
     truth = robust_truth[objective]
     for formulation, backend in BACKENDS:
-        result = solve_exact(inst, formulation, backend, objective=objective)
+        result = solve_ilp(
+            SearchRequest(inst, formulation=formulation, backend=backend, objective=objective)
+        )
         tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
         assert result.status == SolveStatus.OPTIMAL
         assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance), (
@@ -306,7 +312,7 @@ def test_robust_plans_win_where_they_should_in_simulation():
     probabilities = [sc.probability for sc in scenarios]
     simulated = {}
     for objective in ("stable", "expected", "worst"):
-        plan = solve_exact(inst, objective=objective).plan
+        plan = solve_ilp(SearchRequest(inst, objective=objective)).plan
         times = [Simulation(inst, plan).run(sc).iteration_times_s[0] for sc in scenarios]
         simulated[objective] = {
             "worst": max(times),
@@ -322,8 +328,8 @@ def test_robust_plans_win_where_they_should_in_simulation():
 
 def test_worker_processes_find_the_same_optimum():
     inst = load_instance(next(p for p in SMALL if p.stem == "s4-three-types"))
-    serial = solve_exact(inst, backend="highs", workers=1)
-    parallel = solve_exact(inst, backend="highs", workers=2)
+    serial = solve_ilp(SearchRequest(inst, backend="highs", workers=1))
+    parallel = solve_ilp(SearchRequest(inst, backend="highs", workers=2))
     assert parallel.status == serial.status == SolveStatus.OPTIMAL
     assert parallel.objective_s == pytest.approx(serial.objective_s, rel=1e-12)
 
@@ -334,7 +340,8 @@ def test_the_linearised_skeleton_is_the_evaluator_for_every_split():
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
     from hetopt.search.linear import split_problem
-    from hetopt.search.space import SearchStats, enumerate_groups
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchStats
 
     inst = load_instance(DEMO)
     groups = list(enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()))
@@ -362,7 +369,8 @@ def test_the_linearised_skeleton_is_the_evaluator_for_every_split():
 
 
 def test_micro_batch_shares_of_two_templates_are_every_whole_split():
-    from hetopt.search.space import PairGroup, Segment
+    from hetopt.search.space import PairGroup
+    from hetopt.search.types import Segment
 
     for total in (8, 12, 30, 64):
         for ra in range(1, 7):
@@ -394,8 +402,8 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
     from hetopt.cost.memory import GIB, stage_params
     from hetopt.cost.profiles import Profiles
     from hetopt.evaluate import stage_memory
-    from hetopt.search.bounds import Bounds
-    from hetopt.search.space import Segment
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.types import Segment
 
     inst, profiles, rng = (
         load_instance("instances/scale-256-three-types.yaml"),
@@ -445,7 +453,7 @@ def test_memory_pruning_uses_the_evaluators_memory_for_every_stage():
                     break
                 most = n
             total = -1 if most == 0 or total < 0 else total + most
-        assert Bounds(inst, profiles).max_layers_total(b, rc, segments, replicas) == total
+        assert Bounds(inst, profiles).memory.max_layers_total(b, rc, segments, replicas) == total
 
 
 @pytest.mark.parametrize(
@@ -475,10 +483,12 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
-    from hetopt.search.bounds import Bounds, placed_bound
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.bounds.placed import placed_bound
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
-    from hetopt.search.space import SearchStats, enumerate_groups
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchStats
 
     inst, profiles, rng = (
         load_instance(Path(__file__).parent / "small" / f"{name}.yaml"),
@@ -516,7 +526,7 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
             )
             if not math.isfinite(best):
                 continue
-            assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-12)
+            assert bounds.skeletons.bound(sk) <= best * (1 + 1e-12)
             assert placed_bound(problem) <= best * (1 + 1e-12)
             checked.add(len(sk.templates))
             chunks.add(sk.virtual_stages)
@@ -562,10 +572,12 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
-    from hetopt.search.bounds import Bounds, placed_bound
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.bounds.placed import placed_bound
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
-    from hetopt.search.space import SearchStats, enumerate_groups
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchStats
 
     inst, profiles, rng = (
         load_instance(Path(__file__).parent / "small" / f"{name}.yaml"),
@@ -584,7 +596,7 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
     def drained(sk) -> bool:
         total = sum(t.replicas for t in sk.templates)
         plain = max(
-            bounds.pipeline_bound(
+            bounds.templates.pipeline_bound(
                 sk.micro_batch,
                 sk.recompute,
                 t.segments,
@@ -596,7 +608,7 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
             )
             for t in sk.templates
         )
-        return math.isfinite(plain) and bounds.compute_lower_bound(sk) > plain * (1 + 1e-9)
+        return math.isfinite(plain) and bounds.skeletons.bound(sk) > plain * (1 + 1e-9)
 
     raised = [sk for sk in skeletons if drained(sk)]
     checked = set()
@@ -620,7 +632,7 @@ def test_every_per_stage_recompute_skeleton_bound_is_below_its_own_optimum(name,
                     best = min(best, problem.iteration_time(layers, modes))
         if not math.isfinite(best):
             continue
-        assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-12), sk.describe()
+        assert bounds.skeletons.bound(sk) <= best * (1 + 1e-12), sk.describe()
         assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
         checked.add(len(sk.templates))
     assert 1 in checked
@@ -694,13 +706,16 @@ def test_per_stage_recompute_keeps_a_stage_that_only_the_least_work_mode_fits(tm
     opts = SearchOptions.from_instance(inst)
     truth = exhaustive(inst, opts)
     assert truth.plan is not None
-    uniform = solve_exact(
-        inst, options=dataclasses.replace(opts, recompute_per_stage=False), time_limit_s=60
+    uniform = solve_ilp(
+        SearchRequest(
+            inst, options=dataclasses.replace(opts, recompute_per_stage=False), time_limit_s=60
+        )
     )
     assert uniform.objective_s == pytest.approx(truth.objective_s, rel=MILP_REL)
     for formulation, backend in (("split-milp", "highs"), ("split-cpsat", "cpsat")):
-        mixed = solve_exact(
-            inst, formulation, backend, time_limit_s=60, warm_start=False
+        mixed = solve_ilp(
+            SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60),
+            warm_start=False,
         )  # the space's own
         assert mixed.status == SolveStatus.OPTIMAL, mixed.reason
         assert mixed.objective_s == pytest.approx(truth.objective_s, rel=CPSAT_REL)
@@ -714,10 +729,11 @@ def test_the_per_stage_tables_bound_holds_where_zero_3_passes_fall_with_layers(t
     best split and mix."""
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
-    from hetopt.search.bounds import placed_bound
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.bounds.placed import placed_bound
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
-    from hetopt.search.space import SearchStats, enumerate_groups
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchStats
 
     inst = _custom_gpu_instance(
         tmp_path,
@@ -763,17 +779,19 @@ def test_the_per_stage_tables_bound_holds_where_zero_3_passes_fall_with_layers(t
     [("s3-two-islands", "stable"), ("s3-two-islands", "worst"), ("s6-h100-a100", "stable")],
 )
 def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objective):
-    """Where stage 0's gradient all-reduce must cross nodes, `Bounds.drained_bound` adds its drain
-    to the pipeline bound before placement, and `placed_bound` the placed one: neither may exceed
-    the best split that fits in memory (every split tried), and the test only counts skeletons the
-    drain raised."""
+    """Where stage 0's gradient all-reduce must cross nodes, `TemplateBounds.drained_bound` adds its
+    drain to the pipeline bound before placement, and `placed_bound` the placed one: neither may
+    exceed the best split that fits in memory (every split tried), and the test only counts
+    skeletons the drain raised."""
     from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
-    from hetopt.search.bounds import Bounds, placed_bound
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.bounds.placed import placed_bound
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
-    from hetopt.search.space import SearchStats, enumerate_groups
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchStats
 
     inst, profiles = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles()
     scenarios = planning_scenarios(inst, objective)
@@ -783,12 +801,12 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
         for sk in group.skeletons():
             total = sum(t.replicas for t in sk.templates)
             plain = max(
-                bounds.pipeline_bound(
+                bounds.templates.pipeline_bound(
                     sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total, t.replicas
                 )
                 for t in sk.templates
             )
-            bound = bounds.compute_lower_bound(sk)
+            bound = bounds.skeletons.bound(sk)
             if not math.isfinite(bound) or bound <= plain * (1 + 1e-9):
                 continue
             try:
@@ -828,10 +846,10 @@ def test_the_interleaved_schedule_is_searched_and_pays_where_the_bubble_dominate
     inst = load_instance(Path(__file__).parent / "small" / "s9-interleaved.yaml")
     opts = SearchOptions.from_instance(inst)
     assert opts.virtual_stages == (1, 2)
-    plain = solve_exact(
-        inst, options=dataclasses.replace(opts, virtual_stages=(1,)), time_limit_s=60
+    plain = solve_ilp(
+        SearchRequest(inst, options=dataclasses.replace(opts, virtual_stages=(1,)), time_limit_s=60)
     )
-    chunked = solve_exact(inst, options=opts, time_limit_s=60)
+    chunked = solve_ilp(SearchRequest(inst, options=opts, time_limit_s=60))
     assert plain.status == chunked.status == SolveStatus.OPTIMAL
     assert plain.plan.virtual_stages == 1
     assert chunked.plan.schedule == "interleaved" and chunked.plan.virtual_stages == 2
@@ -855,8 +873,12 @@ def test_zero_2_and_3_are_searched_and_each_pays_where_memory_binds():
     opts = SearchOptions.from_instance(inst)
     assert opts.zero == (1, 2, 3)
     results = {
-        z: solve_exact(
-            inst, options=dataclasses.replace(opts, zero=tuple(range(1, z + 1))), time_limit_s=60
+        z: solve_ilp(
+            SearchRequest(
+                inst,
+                options=dataclasses.replace(opts, zero=tuple(range(1, z + 1))),
+                time_limit_s=60,
+            )
         )
         for z in (1, 2, 3)
     }
@@ -885,11 +907,13 @@ def test_per_stage_recompute_recomputes_only_where_memory_binds_and_pays():
     assert opts.recompute_per_stage
     uniform = dataclasses.replace(opts, recompute_per_stage=False)
     truth = {per: exhaustive(inst, o) for per, o in ((False, uniform), (True, opts))}
-    one = solve_exact(inst, options=uniform, time_limit_s=60)
+    one = solve_ilp(SearchRequest(inst, options=uniform, time_limit_s=60))
     assert one.objective_s == pytest.approx(truth[False].objective_s, rel=MILP_REL)
     assert {st.recompute for st in one.plan.pipelines[0].stages} == {"full"}
     for formulation, backend in BACKENDS:
-        mixed = solve_exact(inst, formulation, backend, time_limit_s=60)
+        mixed = solve_ilp(
+            SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60)
+        )
         assert mixed.status == SolveStatus.OPTIMAL
         tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
         assert mixed.objective_s == pytest.approx(truth[True].objective_s, rel=tolerance)
@@ -916,8 +940,10 @@ def test_a_pipeline_over_four_device_classes_is_searched_and_pays():
     inst = load_instance(Path(__file__).parent / "small" / "s10-four-types.yaml")
     opts = SearchOptions.from_instance(inst)
     assert opts.max_classes == 4
-    three = solve_exact(inst, options=dataclasses.replace(opts, max_classes=3), time_limit_s=60)
-    four = solve_exact(inst, options=opts, time_limit_s=60)
+    three = solve_ilp(
+        SearchRequest(inst, options=dataclasses.replace(opts, max_classes=3), time_limit_s=60)
+    )
+    four = solve_ilp(SearchRequest(inst, options=opts, time_limit_s=60))
     assert three.status == four.status == SolveStatus.OPTIMAL
     assert len({st.gpu for st in four.plan.pipelines[0].stages}) == 4
     assert four.objective_s < 0.85 * three.objective_s  # 0.413 s against 0.514 s
@@ -1091,8 +1117,10 @@ def test_two_templates_over_several_classes_are_searched_and_pay():
 
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
     opts = SearchOptions.from_instance(inst)
-    narrow = solve_exact(inst, options=dataclasses.replace(opts, pair_classes=1), time_limit_s=60)
-    wide = solve_exact(inst, options=opts, time_limit_s=60)
+    narrow = solve_ilp(
+        SearchRequest(inst, options=dataclasses.replace(opts, pair_classes=1), time_limit_s=60)
+    )
+    wide = solve_ilp(SearchRequest(inst, options=opts, time_limit_s=60))
     assert narrow.status == wide.status == SolveStatus.OPTIMAL
     assert [len({st.gpu for st in p.stages}) for p in narrow.plan.pipelines] == [1]
     assert sorted(len({st.gpu for st in p.stages}) for p in wide.plan.pipelines) == [1, 2]
@@ -1108,17 +1136,21 @@ def test_a_wider_pair_space_starts_from_the_default_spaces_optimum():
     proven."""
     import dataclasses
 
-    s14 = solve_exact(load_instance(SMALL_DIR / "s14-pair-sides.yaml"), time_limit_s=60)
+    s14 = solve_ilp(
+        SearchRequest(load_instance(SMALL_DIR / "s14-pair-sides.yaml"), time_limit_s=60)
+    )
     assert s14.warm_start["planner"] == "ilp, search.pair_classes 1" and not s14.warm_start["kept"]
     # the default space's optimum, 0.3815 s (test above)
     assert s14.warm_start["objective_s"] == pytest.approx(0.3815, abs=1e-4)
     inst = load_instance(SMALL_DIR / "s3-two-islands.yaml")
-    wide = solve_exact(
-        inst,
-        options=dataclasses.replace(SearchOptions.from_instance(inst), pair_classes=2),
-        time_limit_s=60,
+    wide = solve_ilp(
+        SearchRequest(
+            inst,
+            options=dataclasses.replace(SearchOptions.from_instance(inst), pair_classes=2),
+            time_limit_s=60,
+        )
     )
-    narrow = solve_exact(inst, time_limit_s=60)
+    narrow = solve_ilp(SearchRequest(inst, time_limit_s=60))
     assert wide.status == SolveStatus.OPTIMAL and wide.objective_s == pytest.approx(
         narrow.objective_s, rel=1e-12
     )
@@ -1148,9 +1180,12 @@ def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
     from collections import Counter
 
     from hetopt.cost.profiles import Profiles
-    from hetopt.search.bounds import Bounds
-    from hetopt.search.space import SearchStats, enumerate_skeletons
-    from hetopt.search.tree import FamilyNode, Tree
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.roots import enumerate_skeletons
+    from hetopt.search.tree.base import Tree
+    from hetopt.search.tree.families import FamilyNode
+    from hetopt.search.tree.roots import roots
+    from hetopt.search.types import SearchStats
 
     inst = load_instance(SMALL_DIR / f"{name}.yaml")
     opts = dataclasses.replace(SearchOptions.from_instance(inst), **wider)
@@ -1165,8 +1200,8 @@ def test_the_narrowed_subspace_and_the_rest_split_the_space_whole(name, wider):
     rest = skeletons(rest_options)
     assert narrow and rest and not set(narrow) & set(rest)
     assert narrow + rest == whole
-    roots = list(Tree(inst, rest_options, SearchStats(), Bounds(inst, Profiles())).roots())
-    assert roots and all(isinstance(node, FamilyNode) for node in roots)
+    nodes = list(roots(Tree(inst, rest_options, SearchStats(), Bounds(inst, Profiles()))))
+    assert nodes and all(isinstance(node, FamilyNode) for node in nodes)
     if opts.max_templates >= 3:  # the whole space has three templates and the subspace holds them
         assert any(len(sk.templates) == 3 for sk in narrow)
 
@@ -1175,11 +1210,11 @@ def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_is_not_proven()
     """The rest of the space is proven only with the narrowed subspace: where that search timed out,
     or failed on a skeleton, its bound stays the answer's (a gap; timeout, or error with the
     failure); where it proved its optimum (within CP-SAT's relative tolerance) the rest decides."""
-    from hetopt.search.orchestrate import SearchResult, _Run
-    from hetopt.search.space import SearchStats
+    from hetopt.search.run import SearchResult, SearchRun
+    from hetopt.search.types import SearchStats, Seed
 
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
-    plan = solve_exact(inst, time_limit_s=60).plan
+    plan = solve_ilp(SearchRequest(inst, time_limit_s=60)).plan
     cases = [
         (SolveStatus.TIMEOUT, 0.3, 0.0, [], SolveStatus.TIMEOUT),
         (SolveStatus.OPTIMAL, 0.4, 0.0, [], SolveStatus.OPTIMAL),
@@ -1188,7 +1223,7 @@ def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_is_not_proven()
     ]
     for status, bound, tolerance, errors, expected in cases:
         stats = SearchStats(families=3, solved=2)
-        run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
+        run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
         run.subspace(
             SearchResult(
                 status,
@@ -1205,7 +1240,7 @@ def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_is_not_proven()
                 proof_tolerance=tolerance,
             )
         )
-        run.seed({"planner": "ilp, search.pair_classes 1", "objective_s": 0.4, "plan": plan})
+        run.seed(Seed("ilp, search.pair_classes 1", 0.4, plan))
         run.planted = True  # the rest: nothing left open
         answer = run.answer("split-milp", "highs", 0)
         assert answer.status == expected, (status, bound)
@@ -1213,7 +1248,7 @@ def test_a_subspace_searched_apart_keeps_its_bound_open_where_it_is_not_proven()
         assert answer.errors == errors and ("solver failed" in answer.reason) == bool(errors)
     # a subspace that failed on every skeleton it tried, and a rest with no plan: an error, not
     # infeasible
-    run = _Run(inst, SearchOptions.from_instance(inst), 60.0)
+    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
     run.subspace(
         SearchResult(
             SolveStatus.ERROR,
@@ -1240,12 +1275,16 @@ def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
     import dataclasses
 
     from hetopt.search import orchestrate
-    from hetopt.search.space import SearchStats, enumerate_families
+    from hetopt.search.run import SearchResult
+    from hetopt.search.space import enumerate_families
+    from hetopt.search.types import SearchStats, Seed
 
     inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
     opts = SearchOptions.from_instance(inst)
-    narrow = solve_exact(inst, options=dataclasses.replace(opts, pair_classes=1), time_limit_s=60)
-    timed_out = orchestrate.SearchResult(
+    narrow = solve_ilp(
+        SearchRequest(inst, options=dataclasses.replace(opts, pair_classes=1), time_limit_s=60)
+    )
+    timed_out = SearchResult(
         SolveStatus.TIMEOUT,
         narrow.plan,
         narrow.objective_s,
@@ -1256,13 +1295,12 @@ def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
         60.0,
         0,
     )
-    seeded = {
-        "planner": "ilp, search.pair_classes 1",
-        "objective_s": narrow.objective_s,
-        "plan": narrow.plan,
-    }
-    monkeypatch.setattr(orchestrate, "_narrow_first", lambda *args: (dict(seeded), timed_out))
-    result = solve_exact(inst, options=opts, time_limit_s=60)
+    def narrow_first(request, options, best, progress, run):
+        run.subspace(timed_out)  # the subspace's search, as if it had timed out
+        return Seed("ilp, search.pair_classes 1", narrow.objective_s, narrow.plan)
+
+    monkeypatch.setattr(orchestrate, "_narrow_first", narrow_first)
+    result = solve_ilp(SearchRequest(inst, options=opts, time_limit_s=60))
     assert result.status == SolveStatus.TIMEOUT and result.bound_s == 0.30
     assert (
         result.objective_s == pytest.approx(0.3435, abs=1e-4)

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from hetopt.cost.profiles import Profiles
+from hetopt.planners import solve_ilp
 from hetopt.replan import replan
 from hetopt.replan.policy import (
     PolicyOptions,
@@ -18,7 +19,7 @@ from hetopt.replan.policy import (
     shifted,
     tokens_within,
 )
-from hetopt.search.orchestrate import solve_exact
+from hetopt.search.types import SearchRequest
 from hetopt.sim.run import simulate
 from hetopt.spec.instance import load_instance
 from hetopt.spec.scenarios import BandwidthScenario
@@ -33,7 +34,7 @@ def step():
     inst = load_instance("wan-step-a100-v100")
     plans = {}
     for objective in ("stable", "expected"):
-        found = solve_exact(inst, time_limit_s=60, objective=objective)
+        found = solve_ilp(SearchRequest(inst, time_limit_s=60, objective=objective))
         assert found.status.value == "optimal"
         plans[objective] = found.plan
     return inst, plans

@@ -13,8 +13,9 @@ import pytest
 from conftest import REPO
 
 from hetopt.bench import run_bench
+from hetopt.planners import solve_ilp
 from hetopt.search.formulation import SolveStatus
-from hetopt.search.orchestrate import solve_exact
+from hetopt.search.types import SearchRequest
 from hetopt.spec.instance import load_instance
 
 ray = pytest.importorskip("ray")
@@ -26,12 +27,14 @@ SMALL = REPO / "tests" / "small" / "s4-three-types.yaml"
 @pytest.fixture(scope="module")
 def process_answer():
     # workers given: both executors start their 2 workers at once, so both see the same batches
-    return solve_exact(load_instance(SMALL), backend="highs", workers=2)
+    return solve_ilp(SearchRequest(load_instance(SMALL), backend="highs", workers=2))
 
 
 def test_search_on_a_local_ray_with_2_workers_gives_the_process_pools_answer(process_answer):
     assert not ray.is_initialized()
-    on_ray = solve_exact(load_instance(SMALL), backend="highs", workers=2, executor="ray")
+    on_ray = solve_ilp(
+        SearchRequest(load_instance(SMALL), backend="highs", workers=2, executor="ray")
+    )
     assert not ray.is_initialized()  # the local Ray hetopt started is shut down again
     assert on_ray.executor == "ray" and process_answer.executor == "process"
     assert on_ray.status == process_answer.status == SolveStatus.OPTIMAL

@@ -21,7 +21,8 @@ from hetopt.evaluate import DP, FWD, FWD_TP, OPT, evaluate, plan_features, zero_
 from hetopt.layout import expand_layout, parse_layout
 from hetopt.placement import place
 from hetopt.plan import Pipeline, Plan, Stage, load_plan
-from hetopt.search.space import SearchOptions, tp_options
+from hetopt.search.space import tp_options
+from hetopt.search.types import SearchOptions
 from hetopt.sim.engine import Simulation
 from hetopt.spec import fabrics
 from hetopt.spec.cluster import intra_route
@@ -166,14 +167,17 @@ def test_fp32_gradient_reduction_doubles_the_bytes_of_every_gradient_transfer(tm
 
 
 def test_the_planner_still_equals_the_evaluator_with_fp32_gradients(tmp_path):
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     data = yaml.safe_load((Path(__file__).parent / "small" / "s2-a100-v100.yaml").read_text())
     data["training"]["grad_reduce_dtype"] = "fp32"
     path = tmp_path / "s2.yaml"
     path.write_text(yaml.safe_dump(data))
     inst = load_instance(path)
-    result = solve_exact(inst, "split-milp", "highs", time_limit_s=60)
+    result = solve_ilp(
+        SearchRequest(inst, formulation="split-milp", backend="highs", time_limit_s=60)
+    )
     timed = evaluate(inst, result.plan)
     # the plan reduces gradients across replicas (whether that time is exposed depends on the
     # overlap)

@@ -17,8 +17,9 @@ from hetopt.errors import InputError
 from hetopt.evaluate import plan_features, price
 from hetopt.layout import expand_layout, parse_layout
 from hetopt.placement import place
-from hetopt.search.orchestrate import solve_exact
+from hetopt.planners import solve_ilp
 from hetopt.search.robust import aggregate, link_gbps, planning_scenarios
+from hetopt.search.types import SearchRequest
 from hetopt.sim.engine import Simulation
 from hetopt.sim.run import simulate
 from hetopt.spec.cluster import island_vertex
@@ -184,7 +185,9 @@ def test_the_bundled_dynamic_instances_are_all_checked():
 def test_worst_is_never_below_the_slowest_simulated_iteration(name):
     inst, profiles = load_instance(name), Profiles()
     # a short time limit: what is checked is the price of the plan returned, not its optimality
-    result = solve_exact(inst, objective="worst", time_limit_s=3.0, profiles=profiles, workers=1)
+    result = solve_ilp(
+        SearchRequest(inst, objective="worst", time_limit_s=3.0, profiles=profiles, workers=1)
+    )
     plan = place(result.plan, inst.cluster)
     scenarios = planning_scenarios(inst, "worst")
     priced = [

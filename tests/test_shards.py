@@ -18,8 +18,9 @@ from hetopt.cost.pricing import by_stage
 from hetopt.evaluate import BWD, BWD_TP, DP, FWD, OPT, P2P, evaluate, plan_features
 from hetopt.placement import place
 from hetopt.plan import Plan
+from hetopt.search.roots import outside_space
 from hetopt.search.shards import device_groups, split_sequences
-from hetopt.search.space import SearchOptions, outside_space
+from hetopt.search.types import SearchOptions
 from hetopt.sim.engine import Simulation
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
@@ -366,9 +367,10 @@ def test_every_skeleton_with_shards_solves_to_its_enumerated_optimum(formulation
     the evaluator's time of its split and the least over every split."""
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
-    from hetopt.search.bounds import Bounds
-    from hetopt.search.formulation import SolveOptions, SolveStatus, pick
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.dispatch import pick
+    from hetopt.search.formulation import SolveOptions, SolveStatus
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.shards import Layouts
 
@@ -403,7 +405,7 @@ def test_every_skeleton_with_shards_solves_to_its_enumerated_optimum(formulation
             sol.objective_s, rel=1e-12
         )
         assert problem.lower_bound_s <= truth * (1 + 1e-12)  # the placed bound holds
-        assert Bounds(inst, Profiles()).shard_bound(sk) <= truth * (
+        assert Bounds(inst, Profiles()).skeletons.shard_bound(sk) <= truth * (
             1 + 1e-12
         )  # and the one before placement
     assert solved == len(
@@ -418,15 +420,18 @@ def test_s17_optimum_uses_shards_and_pays_over_the_space_without_them():
     search.shards off."""
     import dataclasses
 
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance(S17)
-    on = solve_exact(inst, backend="highs", time_limit_s=60)
-    off = solve_exact(
-        inst,
-        backend="highs",
-        time_limit_s=60,
-        options=dataclasses.replace(SearchOptions.from_instance(inst), shards=False),
+    on = solve_ilp(SearchRequest(inst, backend="highs", time_limit_s=60))
+    off = solve_ilp(
+        SearchRequest(
+            inst,
+            backend="highs",
+            time_limit_s=60,
+            options=dataclasses.replace(SearchOptions.from_instance(inst), shards=False),
+        )
     )
     assert on.status == off.status == "optimal"
     (stage,) = on.plan.pipelines[0].stages
@@ -488,8 +493,9 @@ def test_a_stage_that_cannot_hold_a_layer_is_infeasible_on_every_backend(tmp_pat
     model (its memory cap 0, the domain's floor 1) was solved to OPTIMAL with a split that does not
     fit; now both formulations say INFEASIBLE, as the placed bound (inf) does."""
     from hetopt.cost.profiles import Profiles
-    from hetopt.search.formulation import SolveOptions, SolveStatus, pick
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.dispatch import pick
+    from hetopt.search.formulation import SolveOptions, SolveStatus
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.shards import Layouts
 
@@ -527,11 +533,14 @@ def test_the_answer_is_a_point_of_the_space_it_searched(change):
     max_classes), and the proven answer is a point of the space searched."""
     import dataclasses
 
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance(S17)
     opts = dataclasses.replace(SearchOptions.from_instance(inst), **change)
-    result = solve_exact(inst, backend="highs", options=opts, time_limit_s=60, warm_start=False)
+    result = solve_ilp(
+        SearchRequest(inst, backend="highs", options=opts, time_limit_s=60), warm_start=False
+    )
     assert result.status == "optimal"
     assert outside_space(inst, result.plan, opts) == []
     with_shards = any(st.shards for pipe in result.plan.pipelines for st in pipe.stages)

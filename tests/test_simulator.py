@@ -375,10 +375,13 @@ def test_a_sampled_iteration_is_the_whole_replays_time(tmp_path, monkeypatch, la
     """Each template's last pass ends linearly later with its micro-batches, so two samples
     extrapolate to the whole replay's iteration time at constant bandwidth."""
     import hetopt.sim.engine as engine
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = _big_batch(tmp_path, 4096)
-    plan = expand_layout(inst, parse_layout(layout)) if layout else solve_exact(inst).plan
+    plan = (
+        expand_layout(inst, parse_layout(layout)) if layout else solve_ilp(SearchRequest(inst)).plan
+    )
     assert layout or [p.micro_batches for p in plan.pipelines] == [49, 60]
     sim = Simulation(inst, plan)
     halved = BandwidthScenario("halved", 1.0, ((0.0, ("rack0", "rack1"), 200.0),))

@@ -12,13 +12,9 @@ import pytest
 from conftest import REPO, run_hetopt
 
 from hetopt.plan import Plan
-from hetopt.search.space import (
-    SearchOptions,
-    SearchStats,
-    enumerate_families,
-    enumerate_groups,
-    outside_space,
-)
+from hetopt.search.roots import outside_space
+from hetopt.search.space import enumerate_families, enumerate_groups
+from hetopt.search.types import SearchOptions, SearchStats
 from hetopt.search.uniform import lockstep_layout
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
@@ -134,8 +130,9 @@ def test_a_kept_warm_start_outside_the_space_says_so():
     heuristics take the instance's space; a caller who searches a narrower one
     (`solve_exact(options=)`) can still be handed a seed outside it: feasible, not optimal, and
     why."""
+    from hetopt.planners import solve_ilp
     from hetopt.search.formulation import SolveStatus
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance(SMALL / "s2-a100-v100.yaml")
     narrow = dataclasses.replace(
@@ -147,7 +144,7 @@ def test_a_kept_warm_start_outside_the_space_says_so():
         max_classes=1,
         max_templates=1,
     )
-    r = solve_exact(inst, options=narrow, time_limit_s=20)
+    r = solve_ilp(SearchRequest(inst, options=narrow, time_limit_s=20))
     assert r.warm_start["kept"] and r.status == SolveStatus.FEASIBLE
     assert r.bound_s == pytest.approx(r.objective_s)  # nothing in the narrow space is faster
     # amp-like's plan: one template over the A100s and V100s, at micro-batch 2
@@ -242,7 +239,8 @@ def test_on_five_device_classes_the_heuristics_plans_are_points_of_the_space(tmp
     pipeline V100 → L4 → A100 → H100 with the T4 idle — and keeps no warm start from outside the
     space."""
     from hetopt.baselines.registry import PLANNERS
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     path = SMALL / "s23-five-types.yaml"
     inst = load_instance(path)
@@ -270,7 +268,7 @@ def test_on_five_device_classes_the_heuristics_plans_are_points_of_the_space(tmp
     )
     amp = PLANNERS["amp-like"](inst, 20.0)
     assert amp.plan is None and "template 0: 5 device classes (the space: at most 4)" in amp.note
-    r = solve_exact(inst, time_limit_s=60)
+    r = solve_ilp(SearchRequest(inst, time_limit_s=60))
     assert r.status.value == "optimal" and r.objective_s == pytest.approx(0.1012930, abs=1e-7)
     assert not (r.warm_start or {}).get("outside_space")
 
@@ -519,13 +517,14 @@ def test_per_stage_tp_pays_on_s16():
     at TP 2 holds 8 of the 16 layers and the embedding, the two others at TP 1 — 2.0035 s against
     2.0496 s for the best plan at one TP per class (four TP-1 stages), −2.2%. In 1F1B the first
     stage holds the most micro-batches in flight; at TP 2 each of its GPUs holds half of them."""
-    from hetopt.search.orchestrate import solve_exact
+    from hetopt.planners import solve_ilp
+    from hetopt.search.types import SearchRequest
 
     inst = load_instance(SMALL / "s16-tp-per-stage.yaml")
     opts = SearchOptions.from_instance(inst)
-    with_split = solve_exact(inst, time_limit_s=60, options=opts)
-    without = solve_exact(
-        inst, time_limit_s=60, options=dataclasses.replace(opts, tp_per_stage=False)
+    with_split = solve_ilp(SearchRequest(inst, time_limit_s=60, options=opts))
+    without = solve_ilp(
+        SearchRequest(inst, time_limit_s=60, options=dataclasses.replace(opts, tp_per_stage=False))
     )
     assert [st.tp for st in with_split.plan.pipelines[0].stages] == [2, 1, 1]
     assert with_split.objective_s == pytest.approx(2.0035, abs=1e-4)

@@ -77,7 +77,8 @@ def test_the_linearised_skeleton_is_the_evaluator_under_fsdp(tmp_path):
 
     from hetopt.errors import InfeasibleError
     from hetopt.search.linear import split_problem
-    from hetopt.search.space import SearchOptions, SearchStats, enumerate_groups
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchOptions, SearchStats
 
     inst = _with_framework(tmp_path, "fsdp")
     profiles = Profiles()

@@ -14,18 +14,13 @@ from hetopt.baselines.exhaustive import exhaustive
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import LINK
 from hetopt.evaluate import evaluate
-from hetopt.search.bounds import Bounds
-from hetopt.search.orchestrate import solve_exact
-from hetopt.search.space import (
-    SearchOptions,
-    SearchStats,
-    Template,
-    class_runs,
-    outside_space,
-    side_templates,
-)
-from hetopt.search.tree import TripleShares
+from hetopt.planners import solve_ilp
+from hetopt.search.bounds.run import Bounds
+from hetopt.search.roots import outside_space
+from hetopt.search.space import class_runs, side_templates
+from hetopt.search.tree.triples import TripleShares
 from hetopt.search.triples import triple_families, triple_groups
+from hetopt.search.types import SearchOptions, SearchRequest, SearchStats, Template
 from hetopt.search.uniform import lockstep_layout
 from hetopt.spec.instance import load_instance
 
@@ -63,20 +58,22 @@ def test_every_triple_is_a_point_of_its_space_and_its_bound_holds(s18):
     assert group.size == 253 and list(group.replica_counts()) == [(1, 1, 1)]
     assert uniforms == 1  # m = 8 each
     bounds = Bounds(s18, Profiles())
-    assert bounds.triple_bound(group) <= bounds.triple_replicas_bound(group, (1, 1, 1)) <= best
+    assert bounds.triples.bound(group) <= bounds.triples.replicas_bound(group, (1, 1, 1)) <= best
 
 
 def test_three_templates_pay_on_s18(s18):
     """Each GPU type a template of its own with its own share — H100 10, A100 9, V100 5
     micro-batches of 2 sequences — is proven optimal at 0.13418 s, 17.7% faster than the best plan
     of two templates or one (0.16300 s, the space's optimum with max_templates 2)."""
-    three = solve_exact(s18, backend="highs", time_limit_s=60, warm_start=False)
-    two = solve_exact(
-        s18,
-        backend="highs",
-        time_limit_s=60,
+    three = solve_ilp(SearchRequest(s18, backend="highs", time_limit_s=60), warm_start=False)
+    two = solve_ilp(
+        SearchRequest(
+            s18,
+            backend="highs",
+            time_limit_s=60,
+            options=dataclasses.replace(SearchOptions.from_instance(s18), max_templates=2),
+        ),
         warm_start=False,
-        options=dataclasses.replace(SearchOptions.from_instance(s18), max_templates=2),
     )
     assert three.status == two.status == "optimal"
     shares = sorted((p.stages[0].gpu, p.micro_batches) for p in three.plan.pipelines)
@@ -136,10 +133,10 @@ def test_every_triple_skeletons_bound_holds_and_the_share_bounds_are_its(s18):
     by_share = {}
     for sk in group.skeletons():
         ev = evaluate(s18, sk.plan([s18.model.layers] * 3))
-        bound = bounds.compute_lower_bound(sk)
+        bound = bounds.skeletons.bound(sk)
         assert bound <= ev.iteration_time_s * (1 + 1e-9)
         by_share[tuple(t.micro_batches for t in sk.templates)] = bound
-    assert bounds.ring_exchange_s(group.sides) > 0
+    assert bounds.sends.ring_exchange_s(group.sides) > 0
     least = min(by_share.values())
     assert shares.least() <= least * (1 + 1e-12)
     assert shares.least() >= least * (1 - 1e-9)  # m_j·R_j = m_j here: the relaxation is exact
@@ -169,22 +166,22 @@ def test_a_box_of_replica_counts_bounds_each_of_its_points():
     (g,) = groups
     assert g.tops == (8, 8, 8)
     for lowest, top in (((1, 1, 1), (8, 8, 8)), ((2, 5, 3), (4, 8, 6)), ((8, 8, 1), (8, 8, 8))):
-        box = bounds.triple_bound(g, lowest, top)
+        box = bounds.triples.bound(g, lowest, top)
         for point in itertools.product(
             *(range(lo, hi + 1) for lo, hi in zip(lowest, top, strict=True))
         ):
-            here = bounds.triple_replicas_bound(g, point)
+            here = bounds.triples.replicas_bound(g, point)
             assert box <= here * (1 + 1e-12)
             first = next(g.skeletons_at(point), None)
             if first is not None:
-                assert here <= bounds.compute_lower_bound(first) * (1 + 1e-12)
+                assert here <= bounds.skeletons.bound(first) * (1 + 1e-12)
 
 
 def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
     """three-generations with max_templates 3: the families' groups are exactly the multisets of
     three single-class side templates (each once, as `itertools.combinations_with_replacement` lists
     them) that take a micro-batch per stage and fit; and each family's throughput bound ≤ its
-    table's entries ≤ the bound of the group at that entry (`Bounds.triple_bound`)."""
+    table's entries ≤ the bound of the group at that entry (`TripleBounds.bound`)."""
     inst = load_instance(
         Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml"
     )
@@ -192,14 +189,14 @@ def test_a_triple_familys_table_bounds_its_groups_and_lists_each_once():
     bounds = Bounds(inst, Profiles())
     listed = []
     for family in triple_families(inst, opts, SearchStats()):
-        table, _ = bounds.triple_table(family)
-        assert bounds.triple_family_bound(family) <= table.min() * (1 + 1e-12)
+        table, _ = bounds.triples.table(family)
+        assert bounds.triples.family_bound(family) <= table.min() * (1 + 1e-12)
         mirrored = family.mirrored()
         for picks in itertools.product(*(range(len(side)) for side in family.sides)):
             group = None if mirrored[picks] else family.group(picks, SearchStats())
             if group is not None:
                 listed.append(group.sides)
-                assert table[picks] <= bounds.triple_bound(group) * (1 + 1e-12)
+                assert table[picks] <= bounds.triples.bound(group) * (1 + 1e-12)
     classes = list(inst.cluster.device_classes.values())
     cap = min(opts.max_stages, inst.model.layers)
     sides = [
@@ -248,15 +245,11 @@ def test_the_ring_bound_holds_whatever_the_link_weight(link):
     bounds = Bounds(inst, profiles)
     for sk in (sk for g in triple_groups(inst, opts, SearchStats()) for sk in g.skeletons()):
         ev = evaluate(inst, sk.plan([inst.model.layers] * 3), profiles)
-        assert bounds.compute_lower_bound(sk) <= ev.iteration_time_s * (1 + 1e-9)
+        assert bounds.skeletons.bound(sk) <= ev.iteration_time_s * (1 + 1e-9)
     if link == 10.0:
         best = exhaustive(inst, opts, profiles=profiles, workers=1)
-        found = solve_exact(
-            inst,
-            backend="highs",
-            time_limit_s=60,
-            options=opts,
-            profiles=profiles,
+        found = solve_ilp(
+            SearchRequest(inst, backend="highs", time_limit_s=60, options=opts, profiles=profiles),
             warm_start=False,
         )
         assert found.status == "optimal"
@@ -267,7 +260,7 @@ def test_the_ring_bound_holds_whatever_the_link_weight(link):
 
 
 def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
-    """`Bounds.triple_reach` prunes a box of replica counts where its templates cannot take the M
+    """`TripleBounds.reach` prunes a box of replica counts where its templates cannot take the M
     micro-batches below a level (the box's most per template, two on one class within its GPUs). On
     three-generations (groups of up to two stages per template, micro-batch 8, TP 1 or 2, two on one
     class among them): wherever the shares' least bound at a point (`TripleShares.least`) lies below
@@ -292,7 +285,7 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
                 depth = sum(seg.stages for seg in side)
                 grid = [
                     [
-                        bounds.drained_bound(
+                        bounds.templates.drained_bound(
                             g.micro_batch, rc, Template(side, r, m), total, 1, g.zero, (rc,)
                         )
                         for m in range(depth, depth + 12)
@@ -317,8 +310,8 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
                         tuple(min(t, r + 2) for r, t in zip(point, g.tops, strict=True)),
                     )
                     for box in ((point, point), ((1, 1, 1), g.tops), around):
-                        assert bounds.triple_reach(g, *box, level) >= total
-                pruned += bounds.triple_reach(g, point, point, least * 0.999) < total
+                        assert bounds.triples.reach(g, *box, level) >= total
+                pruned += bounds.triples.reach(g, point, point, least * 0.999) < total
     assert checked > 1000 and pruned > 100
 
 
@@ -330,7 +323,7 @@ def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
 
     import numpy as np
 
-    from hetopt.search.bounds import _class_reach
+    from hetopt.search.bounds.triples import _class_reach
 
     rng = random.Random(12)
     for _ in range(300):

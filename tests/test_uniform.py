@@ -11,11 +11,14 @@ import pytest
 from hetopt.baselines.exhaustive import compositions, exhaustive
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
-from hetopt.search.bounds import Bounds
-from hetopt.search.formulation import SolveOptions, SolveStatus, pick
-from hetopt.search.orchestrate import plan_problem, solve_exact
+from hetopt.planners import solve_ilp
+from hetopt.search.bounds.run import Bounds
+from hetopt.search.dispatch import pick
+from hetopt.search.formulation import SolveOptions, SolveStatus
+from hetopt.search.leaves import plan_problem
 from hetopt.search.robust import planning_scenarios
-from hetopt.search.space import SearchOptions, SearchStats, enumerate_skeletons, outside_space
+from hetopt.search.roots import enumerate_skeletons, outside_space
+from hetopt.search.types import SearchOptions, SearchRequest, SearchStats
 from hetopt.search.uniform import lockstep_layout, lockstep_skeletons
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
@@ -56,7 +59,10 @@ def test_with_two_stages_the_optimum_is_a_uniform_layout_in_lockstep_and_pays():
     )
     assert outside_space(inst, best.plan, dataclasses.replace(opts, uniform_layouts=False)) != []
     for formulation, backend in BACKENDS:
-        result = solve_exact(inst, formulation, backend, time_limit_s=60, warm_start=False)
+        result = solve_ilp(
+            SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60),
+            warm_start=False,
+        )
         assert result.status == SolveStatus.OPTIMAL, backend
         assert result.objective_s == pytest.approx(best.objective_s, rel=1e-5), backend
         assert check_plan(inst, result.plan) == []
@@ -98,10 +104,10 @@ def test_each_lockstep_skeleton_solves_to_the_best_of_the_splits_its_templates_s
         best = min(times)
         problem = plan_problem(inst, sk, profiles, scenarios, "stable")
         assert problem.lower_bound_s <= best * (1 + 1e-9)
-        assert bounds.compute_lower_bound(sk) <= best * (1 + 1e-9)
+        assert bounds.skeletons.bound(sk) <= best * (1 + 1e-9)
         # s21 crosses its templates, (A100 → H100) ‖ (H100 → A100): one split binds (0.769 s against
         # 0.525 s for each template at its own split; the best tied split is 0.868 s)
-        crossed = bounds.lockstep_bound(sk) > 1.2 * bounds.compute_lower_bound(
+        crossed = bounds.skeletons.lockstep_bound(sk) > 1.2 * bounds.skeletons.bound(
             dataclasses.replace(sk, lockstep=False)
         )
         assert crossed == (name == "s21-crossed-lockstep"), sk.describe()
@@ -147,7 +153,10 @@ search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
         for why in outside_space(inst, plan, dataclasses.replace(opts, uniform_layouts=False))
     )
     truth = exhaustive(inst, opts)
-    result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
+    result = solve_ilp(
+        SearchRequest(inst, formulation="split-milp", backend="highs", time_limit_s=60),
+        warm_start=False,
+    )
     assert result.status == SolveStatus.OPTIMAL
     assert result.objective_s == pytest.approx(truth.objective_s, rel=1e-9)
 
@@ -173,19 +182,24 @@ def test_a_layout_in_megatrons_own_rank_order_is_searched():
     }
     assert times["megatron"] == pytest.approx(0.5903, abs=1e-4)
     assert times["replica"] == times["stage"] == pytest.approx(0.6382, abs=1e-4)
-    result = solve_exact(inst, "split-milp", "highs", time_limit_s=60, warm_start=False)
+    result = solve_ilp(
+        SearchRequest(inst, formulation="split-milp", backend="highs", time_limit_s=60),
+        warm_start=False,
+    )
     assert result.status == SolveStatus.OPTIMAL and result.objective_s == pytest.approx(
         times["megatron"], rel=1e-9
     )
     layers = [st.layers for st in result.plan.pipelines[0].stages]
     megatron = with_layers(expand_layout(inst, Layout(tp=1, pp=3, dp=2)), layers)
     assert evaluate(inst, megatron).iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
-    without = solve_exact(
-        inst,
-        "split-milp",
-        "highs",
-        time_limit_s=60,
+    without = solve_ilp(
+        SearchRequest(
+            inst,
+            formulation="split-milp",
+            backend="highs",
+            time_limit_s=60,
+            options=dataclasses.replace(opts, uniform_layouts=False),
+        ),
         warm_start=False,
-        options=dataclasses.replace(opts, uniform_layouts=False),
     )
     assert without.objective_s == pytest.approx(0.7381, abs=1e-4)

@@ -16,7 +16,8 @@ from hetopt.layout import Layout
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.search.formulation import clock
-from hetopt.search.space import SearchOptions, outside_space
+from hetopt.search.roots import outside_space
+from hetopt.search.types import SearchOptions
 from hetopt.search.uniform import layout_plan, max_tp, uniform_layouts
 from hetopt.spec.instance import Instance, instance_from_spec
 

@@ -22,7 +22,8 @@ from hetopt.errors import InfeasibleError, InputError, Problem
 from hetopt.evaluate import plan_features, price
 from hetopt.plan import Plan
 from hetopt.search.robust import aggregate, planning_scenarios, pricing
-from hetopt.search.space import SearchOptions, SearchStats, enumerate_skeletons
+from hetopt.search.roots import enumerate_skeletons
+from hetopt.search.types import SearchOptions, SearchStats
 from hetopt.spec.instance import Instance
 
 DEFAULT_BUDGET = 200_000

@@ -14,10 +14,10 @@ ranks that may mix GPU types (`Stage.shards`):
   stages
   that do not fit in memory.
 The layouts are hetopt.search.shards's (`Layouts`), which the exact search also searches with
-search.shards; speeds come from the cost model (`Bounds.stage_line`: seconds per layer of a rank at
-the micro-batch size). Every layout of them (`Layouts.layouts`: every TP degree, micro-batch size,
-recompute mode, replica count R dividing every class's ranks and stage count p ≤ m of the search
-space whose stages' ranks split a micro-batch), the best one timed.
+search.shards; speeds come from the cost model (`TemplateBounds.stage_line`: seconds per layer of a
+rank at the micro-batch size). Every layout of them (`Layouts.layouts`: every TP degree, micro-batch
+size, recompute mode, replica count R dividing every class's ranks and stage count p ≤ m of the
+search space whose stages' ranks split a micro-batch), the best one timed.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hetopt.baselines.uniform import with_layers
 from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan, row_labels
 from hetopt.search.shards import Layouts, shard_skeleton, shard_zero
-from hetopt.search.space import SearchOptions
+from hetopt.search.types import SearchOptions
 from hetopt.spec.instance import Instance
 
 FIX_STEPS = 8
@@ -71,7 +71,7 @@ def metis_plan(
     proportional to its sequences, as Metis scales its per-sample profiles)."""
     per_layer = layouts.per_layer(tp, b, rc)
     stage_s = [max(per_layer[(g, i)] * q / b for g, i, _, q in shards) for shards in stages]
-    sk = shard_skeleton(stages, tp, rc, b, replicas, inst.global_batch // (b * replicas), zero)
+    sk = shard_skeleton(stages, tp, rc, b, replicas, inst.micro_batches(b, replicas), zero)
     return sk.plan(proportional_layers(inst.model.layers, [1 / t for t in stage_s]))
 
 

@@ -19,10 +19,11 @@ from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
 from hetopt.plan import Pipeline, Plan, Stage
-from hetopt.search.bounds import Bounds
+from hetopt.search.bounds.run import Bounds
+from hetopt.search.leaves import speed_split
 from hetopt.search.linear import split_problem
-from hetopt.search.orchestrate import speed_split
-from hetopt.search.space import SearchOptions, Segment, Skeleton, Template, tp_options
+from hetopt.search.space import tp_options
+from hetopt.search.types import SearchOptions, Segment, Skeleton, Template
 from hetopt.spec.instance import Instance
 
 
@@ -39,7 +40,7 @@ def proportional(
         : options.max_classes
     ]  # one template spans at most max_classes classes: the fastest
     total_mb_of = {
-        b: inst.global_batch // b for b in options.micro_batch if inst.global_batch % b == 0
+        b: inst.micro_batches(b) for b in options.micro_batch if inst.micro_batches(b) is not None
     }
     for b, total_mb in total_mb_of.items():
         for rc in options.recompute:
@@ -88,7 +89,7 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
                 n
                 for n in range(1, min(options.max_stages, layers) + 1)
                 if dc.gpus // (tp * n) >= 1
-                and bounds.max_layers_total(
+                and bounds.memory.max_layers_total(
                     b, rc, (Segment(dc.gpu, dc.island, tp, n),), dc.gpus // (tp * n)
                 )
                 >= layers
@@ -98,7 +99,7 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
         if depth is None:
             continue
         r = dc.gpus // (tp * depth)
-        a, c = bounds.stage_line(dc.gpu, tp, b, rc, False, False)
+        a, c = bounds.templates.stage_line(dc.gpu, tp, b, rc, False, False)
         shapes.append(
             (dc, depth, r, r / (a * layers / depth + c))
         )  # replicas × micro-batches per second

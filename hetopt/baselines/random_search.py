@@ -12,8 +12,9 @@ import random
 
 from hetopt.baselines.common import Candidates, PlannerResult
 from hetopt.cost.profiles import Profiles
-from hetopt.search.space import SearchOptions, SearchStats, Skeleton, enumerate_roots
+from hetopt.search.roots import enumerate_roots
 from hetopt.search.triples import TripleFamily
+from hetopt.search.types import SearchOptions, SearchStats, Skeleton
 from hetopt.spec.instance import Instance
 
 DEFAULT_SAMPLES = 400

@@ -1,4 +1,4 @@
-"""Every planner by name, with one signature: (instance, time limit, profiles, seed) →
+"""The baseline planners by name, with one signature: (instance, time limit, profiles, seed) →
 PlannerResult."""
 
 from __future__ import annotations
@@ -15,39 +15,6 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError
 from hetopt.search.formulation import clock
 from hetopt.spec.instance import Instance
-
-
-def run_hetopt(
-    inst: Instance,
-    time_limit_s: float = 60.0,
-    profiles: Profiles | None = None,
-    seed: int = 0,
-    objective: str = "stable",
-) -> PlannerResult:
-    from hetopt.search.orchestrate import solve_exact
-
-    r = solve_exact(
-        inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles, objective=objective
-    )
-    status = (
-        r.status.value
-        if r.plan is not None
-        else ("timeout" if r.status.value == "timeout" else "infeasible")
-    )
-    # its warm starts are points of the instance's space (`Candidates`), so a plan it keeps is one
-    # too
-    name = EXACT if objective == "stable" else f"{EXACT}-{objective}"
-    return PlannerResult(
-        name,
-        r.plan,
-        r.objective_s,
-        r.solve_time_s,
-        status,
-        r.gap if math.isfinite(r.gap) else None,
-        r.stats.solved,
-        r.reason,
-        {"skeletons_enumerated": r.stats.enumerated},
-    )
 
 
 def run_exhaustive(
@@ -76,14 +43,7 @@ def run_exhaustive(
     )
 
 
-EXACT = "ilp"
-"""The exact planner's name, in `bench` as in `solve --planner`."""
-ALIASES = {"hetopt": EXACT}
-"""Names `--planners` still takes: `hetopt` named the exact planner in bench results before
-2026-12."""
-
 PLANNERS: dict[str, Callable[..., PlannerResult]] = {
-    EXACT: run_hetopt,
     "megatron": megatron,
     "fastest-subset": fastest_subset,
     "proportional": proportional,
@@ -92,4 +52,5 @@ PLANNERS: dict[str, Callable[..., PlannerResult]] = {
     "random": random_search,
     "exhaustive": run_exhaustive,
 }
-"""`ilp` is the exact planner (`hetopt solve`); the others are the baselines of DESIGN 7."""
+"""The baselines, and exhaustive enumeration (small instances: the ground truth the exact planner
+must match); hetopt.planners adds the exact planner."""

@@ -30,8 +30,8 @@ from hetopt.baselines.common import (
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
 from hetopt.plan import Plan
-from hetopt.search.bounds import Bounds
-from hetopt.search.space import SearchOptions
+from hetopt.search.bounds.run import Bounds
+from hetopt.search.types import SearchOptions
 from hetopt.spec.instance import Instance
 
 
@@ -100,7 +100,7 @@ def min_max_split(inst: Instance, profiles: Profiles, plan: Plan) -> list[int] |
     for i in range(p):
         for pipe in plan.pipelines:
             st = pipe.stages[i]
-            a, c = bounds.stage_line(
+            a, c = bounds.templates.stage_line(
                 st.gpu, st.tp, plan.micro_batch, st.recompute, i == 0, i == p - 1, st.cp
             )
             tau[i] = np.maximum(tau[i], a * np.arange(n_layers + 1) + c)

@@ -4,9 +4,10 @@ Notation: micro-batch b, sequence s, hidden h, heads a, kv heads a_kv, ffn f, vo
 Forward FLOPs of one layer (a multiply-add is 2 FLOPs):
 - Q and O projections 2·2bsh², K and V projections 2·2bsh²·a_kv/a  → 2bsh(2h + 2h·a_kv/a)
 - scores QKᵀ and context PV: 2·2bs²h                                → 4bs²h
-- MLP: 2bshf per matrix, 3 matrices gated (SwiGLU) or 2 (GPT)       → 2bshf·(3|2) GPT (f = 4h, a_kv
-  = a, not gated) gives 24bsh² + 4bs²h (Narayanan et al. 2021; Korthikanti et al. 2022). LM head:
-  2bshV forward. Backward costs twice the forward (gradients for inputs and for weights).
+- MLP: 2bshf per matrix, 3 matrices gated (SwiGLU) or 2 (GPT)       → 2bshf·(3|2)
+GPT (f = 4h, a_kv = a, not gated) gives 24bsh² + 4bs²h (Narayanan et al. 2021; Korthikanti et
+al. 2022).
+LM head: 2bshV forward. Backward costs twice the forward (gradients for inputs and for weights).
 """
 
 from __future__ import annotations

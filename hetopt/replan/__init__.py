@@ -22,9 +22,10 @@ from hetopt.errors import InfeasibleError, InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.placement import ORDERS, place
 from hetopt.plan import Plan
+from hetopt.planners import solve_ilp
 from hetopt.replan.migration import Migration, migration
 from hetopt.search.formulation import SolveOptions
-from hetopt.search.space import Skeleton, Template, segments_of
+from hetopt.search.types import SearchRequest, Seed, Skeleton, Template, segments_of
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
@@ -184,8 +185,8 @@ def neighbourhood(
     """The best re-split of the running plan's templates on `inst`'s (changed) cluster, in each
     placement order: (plan, iteration time), or None where the plan has no skeleton or none can be
     placed."""
-    from hetopt.search.backends import solve_skeleton
-    from hetopt.search.orchestrate import plan_problem
+    from hetopt.search.dispatch import solve_skeleton
+    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import PlanningScenario
 
     best = None
@@ -234,12 +235,9 @@ def best_under(
         best, found_by = near, "neighbourhood"
     left_s = time_limit_s - (clock() - start)
     if full and left_s > 0:
-        from hetopt.search.orchestrate import solve_exact
-
-        known = {"planner": f"running plan ({found_by})", "objective_s": best[1], "plan": best[0]}
-        searched = solve_exact(
-            changed, time_limit_s=left_s, profiles=profiles, workers=workers, incumbent=known
-        )
+        known = Seed(f"running plan ({found_by})", best[1], best[0])
+        request = SearchRequest(changed, time_limit_s=left_s, profiles=profiles, workers=workers)
+        searched = solve_ilp(request, known=[known])
         if searched.plan is not None and searched.objective_s < best[1] * (1 - 1e-9):
             best, found_by = (place(searched.plan, changed.cluster), searched.objective_s), "search"
     return current_s, best[0], best[1], found_by

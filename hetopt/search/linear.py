@@ -49,17 +49,10 @@ from hetopt.evaluate import (
     plan_features,
     streamed_pass,
 )
-from hetopt.search.space import Skeleton
+from hetopt.search.bounds.placed import placed_bound
+from hetopt.search.robust import aggregate
+from hetopt.search.types import Affine, Skeleton
 from hetopt.spec.instance import Instance
-
-
-@dataclass(frozen=True)
-class Affine:
-    slope: float
-    intercept: float
-
-    def at(self, layers: float) -> float:
-        return self.slope * layers + self.intercept
 
 
 @dataclass(frozen=True)
@@ -383,13 +376,9 @@ class PlanProblem:
     def lower_bound_s(self) -> float:
         """search.bounds.placed_bound of this problem, computed once: the search prunes by it and
         split-cpsat sizes its time unit by it."""
-        from hetopt.search.bounds import placed_bound
-
         return placed_bound(self)
 
     def iteration_time(self, layers: list[int], modes: Sequence[str] | None = None) -> float:
-        from hetopt.search.robust import aggregate
-
         return aggregate(
             [sc.iteration_time(layers, modes) for sc in self.scenarios],
             list(self.probabilities),

@@ -52,7 +52,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem
+from hetopt.evaluate import evaluate
+from hetopt.placement import place
 from hetopt.spec.instance import Instance
 from hetopt.spec.scenarios import (
     DEFAULT_HORIZON_S,
@@ -237,3 +240,13 @@ def aggregate(
         / (1 - alpha)
         for eta in times
     )
+
+
+def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objective: str) -> float:
+    """A plan's objective, seconds: the evaluator's iteration time in each planning scenario,
+    aggregated as the objective says (stable, expected, worst or cvar; hetopt.search.robust)."""
+    plan = place(
+        plan, inst.cluster
+    )  # one placement, on the file's network, priced on each scenario's
+    times = [evaluate(sc.instance, plan, profiles).iteration_time_s for sc in scenarios]
+    return aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)

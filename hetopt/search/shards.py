@@ -14,8 +14,8 @@ proportion:
   to
   their speed, whole sequences, one at least (`split_sequences`).
 Speeds are the cost model's: a rank's seconds per layer running the whole micro-batch
-(`Bounds.stage_line`), so the space follows the calibrated profiles it is searched with. The integer
-program then chooses every stage's layers, as for any skeleton.
+(`TemplateBounds.stage_line`), so the space follows the calibrated profiles it is searched with. The
+integer program then chooses every stage's layers, as for any skeleton.
 
 Searched with search.shards (default on), in 1F1B without context parallelism at ZeRO-1 (ZeRO-0
 where search.zero holds 0 and not 1), one TP degree and recompute mode for the plan, over at most
@@ -31,16 +31,8 @@ from collections.abc import Iterator
 
 from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan
-from hetopt.search.space import (
-    SearchOptions,
-    SearchStats,
-    Segment,
-    Skeleton,
-    Template,
-    enumerate_recompute,
-    tp_options,
-    zero_stages,
-)
+from hetopt.search.space import enumerate_recompute, tp_options, zero_stages
+from hetopt.search.types import SearchOptions, SearchStats, Segment, Skeleton, Template
 from hetopt.spec.instance import Instance
 
 NO_SPLIT = (
@@ -166,7 +158,7 @@ class Layouts:
     def __init__(
         self, inst: Instance, opts: SearchOptions, profiles: Profiles | None = None
     ) -> None:
-        from hetopt.search.bounds import Bounds
+        from hetopt.search.bounds.run import Bounds
 
         self.inst, self.opts = inst, opts
         self.bounds = Bounds(inst, profiles or Profiles())
@@ -191,7 +183,7 @@ class Layouts:
         key = (tp, b, recompute)
         if key not in self._per_layer:
             self._per_layer[key] = {
-                c: self.bounds.stage_line(c[0], tp, b, recompute, False, False)[0]
+                c: self.bounds.templates.stage_line(c[0], tp, b, recompute, False, False)[0]
                 for c in self.usable(tp)
             }
         return self._per_layer[key]
@@ -226,9 +218,9 @@ class Layouts:
             return
         modes = enumerate_recompute(inst, opts)  # its symmetry is counted with the families
         for b in opts.micro_batch:
-            if inst.global_batch % b:
+            total_mb = inst.micro_batches(b)
+            if total_mb is None:
                 continue
-            total_mb = inst.global_batch // b
             for tp in opts.tp:
                 ranks = self.usable(tp)
                 if not ranks:
@@ -254,7 +246,7 @@ class Layouts:
                 stats.pruned[NO_SHARDS] += 1
                 continue
             stats.enumerated += 1
-            yield shard_skeleton(stages, tp, rc, b, r, self.inst.global_batch // (b * r), zero)
+            yield shard_skeleton(stages, tp, rc, b, r, self.inst.micro_batches(b, r), zero)
 
 
 def shard_point(

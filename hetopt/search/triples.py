@@ -9,11 +9,11 @@ templates' gradient exchange (a ring among the three, `features.cross_template_e
 
 In the space by default (search.max_templates: 3; 2 or 1 leaves them out). The search lists them as
 families — three runs of a device class at a TP degree each, `TripleFamily` — bounded by throughput
-(`Bounds.triple_family_bound`); a family's groups (a stage count per run) are made only where its
-numpy table of group bounds (`Bounds.triple_table`) leaves them open and its templates can take the
-M micro-batches below the incumbent (`Bounds.triple_reach`: each template's drained pipeline caps
+(`TripleBounds.family_bound`); a family's groups (a stage count per run) are made only where its
+numpy table of group bounds (`TripleBounds.table`) leaves them open and its templates can take the
+M micro-batches below the incumbent (`TripleBounds.reach`: each template's drained pipeline caps
 its micro-batches per replica count); a group's replica counts are a box halved down to single
-counts, each box under the same two tests (`Bounds.triple_bound`, `triple_reach`), then the
+counts, each box under the same two tests (`TripleBounds.bound`, `triple_reach`), then the
 pipelines' and drains' bound over the shares (search.tree.TripleShares); and only the shares below
 the incumbent become skeletons (ZeRO-0/1, 1F1B, no context parallelism; one recompute mode per
 plan).
@@ -30,17 +30,13 @@ import numpy as np
 
 from hetopt.search.space import (
     DIVISIBILITY,
-    SearchOptions,
-    SearchStats,
     SideTemplate,
-    Skeleton,
-    Template,
     class_runs,
     enumerate_recompute,
-    orders,
     side_templates,
     zero_stages,
 )
+from hetopt.search.types import SearchOptions, SearchStats, Skeleton, Template, orders
 from hetopt.spec.cluster import DeviceClass
 from hetopt.spec.instance import Instance
 
@@ -177,7 +173,7 @@ class TripleGroup:
 class TripleFamily:
     """Three single-class runs (a device class at a TP degree each, unordered: a multiset) at one
     micro-batch size: every triple group over their depths (`groups`), a root of the search tree.
-    Its groups are listed only where the family's table of bounds (`Bounds.triple_table`) leaves
+    Its groups are listed only where the family's table of bounds (`TripleBounds.table`) leaves
     them open, so a large cluster's cube of depths is never listed whole."""
 
     micro_batch: int
@@ -245,7 +241,7 @@ def triple_families(
     runs = [(order[0], tps[0]) for order, tps in class_runs(inst, opts, classes, 1)]
     sides = {run: tuple(side_templates((run[0],), (run[1],), cap)) for run in runs}
     for b in opts.micro_batch:
-        if inst.global_batch % b:
+        if inst.micro_batches(b) is None:
             continue
         for picked in itertools.combinations_with_replacement(runs, 3):
             stats.families += 1
@@ -254,7 +250,7 @@ def triple_families(
                 picked,
                 tuple(sides[run] for run in picked),
                 modes,
-                inst.global_batch // b,
+                inst.micro_batches(b),
                 zero[0],
             )
 

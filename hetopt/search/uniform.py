@@ -17,10 +17,10 @@ With search.uniform_layouts (default true) and search.max_templates 2 or more (a
 count as one choice, however many they are) the space holds every such skeleton whose plans the rest
 of the default space does not already hold (a layout whose replicas all run one class sequence is a
 one-template family's point; one of single-class templates is a pair's), each as a root leaf of the
-search tree, keyed by `Bounds.lockstep_bound`. search.pair_classes does not limit them (their
-templates run one split, not a pair's two), search.max_classes does (classes per template). They are
-few: one per (tp, pp, micro-batch, recompute) that fits the cluster — selective recompute beside
-none under flash attention left out, as for the families (`enumerate_recompute`) — in three
+search tree, keyed by `SkeletonBounds.lockstep_bound`. search.pair_classes does not limit them
+(their templates run one split, not a pair's two), search.max_classes does (classes per template).
+They are few: one per (tp, pp, micro-batch, recompute) that fits the cluster — selective recompute
+beside none under flash attention left out, as for the families (`enumerate_recompute`) — in three
 placement orders: Megatron's rank order itself, where the templates share nodes stage by stage
 (hetopt.placement.megatron_placed), and hetopt's replica- and stage-major ones.
 """
@@ -34,19 +34,9 @@ from dataclasses import replace
 from hetopt.errors import InputError
 from hetopt.layout import Layout, expand_layout
 from hetopt.plan import Plan
-from hetopt.search.space import (
-    SearchOptions,
-    SearchStats,
-    Skeleton,
-    Template,
-    cp_options,
-    enumerate_recompute,
-    orders,
-    outside_space,
-    segments_of,
-    tp_divides_heads,
-    zero_stages,
-)
+from hetopt.search.membership import outside_families
+from hetopt.search.space import cp_options, enumerate_recompute, tp_divides_heads, zero_stages
+from hetopt.search.types import SearchOptions, SearchStats, Skeleton, Template, orders, segments_of
 from hetopt.spec.instance import Instance
 
 
@@ -65,7 +55,7 @@ def uniform_layouts(
                 continue
             dp = gpus // (tp * pp)
             for mb in options.micro_batch:
-                if inst.global_batch % (mb * dp) or inst.global_batch // (mb * dp) < pp:
+                if (inst.micro_batches(mb, dp) or 0) < pp:  # whole micro-batches, one per stage
                     continue
                 for rc in options.recompute:
                     yield Layout(tp=tp, pp=pp, dp=dp, mb=mb, recompute=rc)
@@ -117,8 +107,12 @@ def lockstep_skeletons(
     narrow, modes = _narrow(opts), enumerate_recompute(inst, opts)
     for layout in uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst)):
         plan = layout_plan(inst, layout) if layout.recompute in modes else None
-        if plan is None or not _within_classes(plan, opts) or not outside_space(inst, plan, narrow):
-            continue  # narrow: no uniform layouts
+        if (
+            plan is None
+            or not _within_classes(plan, opts)
+            or not outside_families(inst, plan, narrow, None)
+        ):
+            continue  # a point of the families already
         templates = tuple(
             Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines
         )

@@ -54,6 +54,13 @@ class Instance:
     def global_batch(self) -> int:
         return self.spec.training.global_batch
 
+    def micro_batches(self, micro_batch: int, replicas: int = 1) -> int | None:
+        """The micro-batches each of `replicas` data-parallel pipelines takes per iteration, where
+        micro-batches of `micro_batch` sequences split the global batch evenly among them; None
+        where they do not (the one rule every planner and layout keeps)."""
+        per_step = micro_batch * replicas
+        return None if self.global_batch % per_step else self.global_batch // per_step
+
     @cached_property
     def cluster(self) -> Cluster:
         """The device graph, its island links at `network`'s bandwidths where it sets them."""

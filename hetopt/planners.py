@@ -1,0 +1,118 @@
+"""Every planner by name, and the exact planner as the commands run it.
+
+The exact planner (`ilp`) starts from the best plan of cheap heuristics: their plans are its first
+incumbent, so its bound prunes from the start and its answer is never worse than theirs. The
+heuristics live in hetopt.baselines, the search in hetopt.search; this module, above both, joins
+them. `solve`, `bench` and `replan` plan through it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from hetopt.baselines.common import PlannerResult
+from hetopt.baselines.registry import PLANNERS as BASELINES
+from hetopt.cost.profiles import Profiles
+from hetopt.search.formulation import clock
+from hetopt.search.orchestrate import Progress, solve_exact
+from hetopt.search.robust import plan_objective, planning_scenarios
+from hetopt.search.run import SearchResult
+from hetopt.search.types import SearchRequest, Seed
+from hetopt.spec.instance import Instance
+
+EXACT = "ilp"
+"""The exact planner's name, in `bench` as in `solve --planner`."""
+ALIASES = {"hetopt": EXACT}
+"""Names `--planners` still takes: `hetopt` named the exact planner in bench results before
+2026-12."""
+
+WARM_START_PLANNERS = ("amp-like", "proportional")
+"""Cheap heuristics whose best plan starts the search. They also reach plans outside the search's
+space (uniform layouts across every device class, templates over more classes than max_classes),
+so the answer is never worse than theirs. `megatron`'s plans are among amp-like's candidates (the
+same layouts, even split)."""
+WARM_SHARE = 0.05
+"""The share of the time limit each warm-start heuristic gets."""
+
+
+def heuristic_seeds(
+    inst: Instance, profiles: Profiles, objective: str, budget_s: float
+) -> list[Seed]:
+    """The plans of WARM_START_PLANNERS, each priced under the objective (each planner gets
+    `budget_s`); none where a heuristic finds no plan that fits."""
+    scenarios = planning_scenarios(inst, objective)
+    seeds = []
+    for name in WARM_START_PLANNERS:
+        found = BASELINES[name](inst, budget_s, profiles)
+        if found.plan is not None:
+            value = plan_objective(inst, found.plan, profiles, scenarios, objective)
+            seeds.append(Seed(name, value, found.plan))
+    return seeds
+
+
+def solve_ilp(
+    request: SearchRequest,
+    progress: Progress | None = None,
+    warm_start: bool = True,
+    known: Sequence[Seed] = (),
+) -> SearchResult:
+    """The exact search of hetopt.search.orchestrate.solve_exact, started from heuristic plans.
+
+    Parameters: request — what to search (its time limit holds for the heuristics and the search
+    together); progress — progress(skeletons solved, incumbent s); warm_start — start from the
+    heuristics' best plan and search the default subspace first (SearchRequest.narrow_first);
+    False: the search alone; known — plans known already (`hetopt replan`: the running plan
+    re-split).
+    Returns: the search's result, its solve time counted from the heuristics' start.
+    """
+    start = clock()
+    seeds = list(known)
+    if warm_start:
+        budget_s = WARM_SHARE * request.time_limit_s
+        seeds += heuristic_seeds(request.inst, request.weights, request.objective, budget_s)
+    else:
+        request = replace(request, narrow_first=False)
+    left_s = max(0.0, request.time_limit_s - (clock() - start))
+    result = solve_exact(replace(request, time_limit_s=left_s), seeds, progress)
+    return replace(result, solve_time_s=clock() - start, time_limit_s=request.time_limit_s)
+
+
+def run_ilp(
+    inst: Instance,
+    time_limit_s: float = 60.0,
+    profiles: Profiles | None = None,
+    seed: int = 0,
+    objective: str = "stable",
+) -> PlannerResult:
+    """The exact planner with the baselines' signature (`bench`)."""
+    r = solve_ilp(
+        SearchRequest(
+            inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles, objective=objective
+        )
+    )
+    status = (
+        r.status.value
+        if r.plan is not None
+        else ("timeout" if r.status.value == "timeout" else "infeasible")
+    )
+    # its warm starts are points of the instance's space (`Candidates`), so a plan it keeps is one
+    # too
+    name = EXACT if objective == "stable" else f"{EXACT}-{objective}"
+    return PlannerResult(
+        name,
+        r.plan,
+        r.objective_s,
+        r.solve_time_s,
+        status,
+        r.gap if math.isfinite(r.gap) else None,
+        r.stats.solved,
+        r.reason,
+        {"skeletons_enumerated": r.stats.enumerated},
+    )
+
+
+PLANNERS: dict[str, Callable[..., PlannerResult]] = {EXACT: run_ilp, **BASELINES}
+"""`ilp` is the exact planner (`hetopt solve`); the others are the baselines and exhaustive
+enumeration (hetopt.baselines.registry)."""

@@ -1,0 +1,273 @@
+"""Communication lower bounds that hold wherever a stage goes: point-to-point sends between device
+classes, a stage's ZeRO-2/3 collectives, and the gradient exchange between templates.
+
+Each is priced at the fastest pair of nodes of the classes involved, under the fastest planning
+cluster, so it holds under every scenario and every placement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from hetopt.cost.comm import group_gbps, reduce_scatter, transfer
+from hetopt.cost.compute import ACT_BYTES
+from hetopt.cost.features import shared_gbps, slowest_transfer
+from hetopt.cost.flops import layer_params, total_params
+from hetopt.cost.memory import WEIGHT_BYTES
+from hetopt.cost.profiles import Profiles
+from hetopt.cost.terms import LAT, LINK, NET, STEP
+from hetopt.evaluate import (
+    grad_comm_bytes,
+    p2p_features,
+)
+from hetopt.spec.instance import Instance
+
+
+class SendBounds:
+    """The communication lower bounds of a search run, memoised on this object (one search
+    run's)."""
+
+    def __init__(self, inst: Instance, profiles: Profiles, clusters: list | None = None) -> None:
+        self.inst, self.profiles = inst, profiles
+        self.clusters = clusters or [inst.cluster]
+        """Every cluster a plan is timed on (the planning scenarios'): a send is bounded by its
+        fastest."""
+        self._sends: dict[tuple, float] = {}
+        self._zero: dict[tuple, float] = {}
+        self._exchange: dict[tuple, float] = {}
+
+    def send_s(
+        self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int, flows: int = 1
+    ) -> float:
+        """Least seconds of one activation (or gradient) send from a stage of device class `src`
+        (GPU type, island) of `tp` GPUs (its TP·CP ranks, each sending its share) to a stage of
+        class `dst`: the fastest pair of their nodes (features.p2p_features, priced with the
+        sender's weights), under the fastest planning cluster. Different GPU types never share a
+        node, so a send between classes always crosses NICs. Alone on its links — except that
+        between islands the `flows` replicas of a template all cross the same island links at once
+        (every route from one island to another takes the same island path, Cluster.island_path), so
+        each gets at most 1/flows of them (their max-min share, as p2p_features prices it)."""
+        if src[1] == dst[1]:
+            # inside one island the replicas share no island link (their NICs are not bounded)
+            flows = 1
+        key = (src, dst, tp, micro_batch, flows)
+        if key not in self._sends:
+            inst = self.inst
+            nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
+            w = self.profiles.for_gpu(inst.gpu_types[src[0]], inst.spec.training.framework).w
+            self._sends[key] = min(
+                float(self._send_features(cluster, a, b, nbytes, tp, flows) @ w)
+                for cluster in self.clusters
+                for a, b in self.node_pairs(src, dst)
+            )
+        return self._sends[key]
+
+    def node_pairs(self, src: tuple[str, str], dst: tuple[str, str]) -> list[tuple[str, str]]:
+        """Node pairs standing for every pair of a node of class `src` and one of `dst`: the nodes
+        of a node group are identical, so the first of each group stands for it, and within one
+        group also its first two (a pair of distinct nodes); a node with itself where `src` is
+        `dst`."""
+        nodes = self.inst.cluster.nodes
+        groups: dict[str, list[str]] = {}
+        for node in nodes.values():
+            groups.setdefault(node.group, []).append(node.name)
+        reps = {
+            cls: [
+                names
+                for names in groups.values()
+                if (nodes[names[0]].gpu, nodes[names[0]].island) == cls
+            ]
+            for cls in (src, dst)
+        }
+        pairs = []
+        for a_names in reps[src]:
+            for b_names in reps[dst]:
+                pairs.append((a_names[0], b_names[0]))
+                if a_names is b_names and len(a_names) > 1:
+                    pairs.append((a_names[0], a_names[1]))
+        return pairs
+
+    @staticmethod
+    def _send_features(cluster, a: str, b: str, nbytes: float, tp: int, flows: int):
+        route = cluster.route(a, b)
+        if flows <= 1 or len(route.edges) <= 2:  # alone, or inside one island: NICs are not shared
+            return p2p_features(cluster, [a], [b], nbytes, tp)
+        # the edges between the two NIC edges are island links, which every replica's send crosses
+        return slowest_transfer([(route, nbytes)], Counter({e: flows for e in route.edges[1:-1]}))
+
+    def zero_per_layer(self, seg, replicas: int, zero: int) -> tuple[float, float]:
+        """(k^f, k^b): seconds per layer of a stage's ZeRO-2/3 collectives in one micro-batch's
+        forward and backward pass, K^p(L) ≥ k^p·L wherever the stage goes (0 without ZeRO-2/3 or
+        with one replica).
+
+        Per pass (features.zero_stage): ZeRO-2 reduce-scatters the gradients in the backward pass,
+        ZeRO-3 also all-gathers the 16-bit weights in both passes; over the stage's R replicas.
+        Where R ≤ g/t (g GPUs per node) they may share one node: the collective on the fastest
+        interconnect of the class's nodes; else — or where that is slower — they span ≥ ⌈R/(g/t)⌉ ≥
+        2 nodes, and each node pushes (N−1)/N of its t columns' bytes across at no more than the
+        widest route between two nodes of the class under the fastest planning cluster
+        (comm.hierarchical_reduce_scatter: the intra-node phase only adds). Per layer: the
+        collectives' cost at 2 layers less at 1 (latency and the embedding or head only add)."""
+        if zero < 2 or replicas <= 1:
+            return 0.0, 0.0
+        gather = WEIGHT_BYTES if zero >= 3 else 0.0  # ZeRO-3 all-gathers the weights in both passes
+        return (
+            self.collective_per_layer(seg, replicas, gather),
+            self.collective_per_layer(seg, replicas, grad_comm_bytes(self.inst) + gather),
+        )
+
+    def collective_per_layer(self, seg, replicas: int, bytes_per_param: float) -> float:
+        """Seconds per layer of a reduce-scatter (or all-gather: the same cost) of `bytes_per_param`
+        per parameter of a stage of `seg`'s class among its R replicas, wherever they go
+        (`zero_per_layer`)."""
+        if replicas <= 1 or bytes_per_param <= 0:
+            return 0.0
+        key = (seg.gpu, seg.island, seg.tp, replicas, bytes_per_param)
+        if key not in self._zero:
+            inst = self.inst
+            here = (seg.gpu, seg.island)
+            nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == here]
+            per_node = max(n.gpus // seg.tp for n in nodes)
+            rank_bytes = layer_params(inst.model) / seg.tp * bytes_per_param
+            w = self.profiles.for_gpu(inst.gpu_types[seg.gpu], inst.spec.training.framework).w
+            options = []
+            if replicas <= per_node:  # one node per node group stands for its identical nodes
+                for node in {a for a, b in self.node_pairs(here, here) if a == b}:
+                    route = inst.cluster.route(node, node)
+                    gbps = group_gbps(route, replicas)
+                    options.append(
+                        float(
+                            (
+                                reduce_scatter(2 * rank_bytes, replicas, gbps, route.intra_node)
+                                - reduce_scatter(rank_bytes, replicas, gbps, route.intra_node)
+                            )
+                            @ w
+                        )
+                    )
+            if (ring := self.class_ring(here, seg.tp, replicas)) is not None:
+                ring_nodes, gbps = ring[:2]
+                volume = seg.tp * rank_bytes  # the node's t columns
+                options.append(
+                    float(
+                        (
+                            reduce_scatter(2 * volume, ring_nodes, gbps, False)
+                            - reduce_scatter(volume, ring_nodes, gbps, False)
+                        )
+                        @ w
+                    )
+                )
+            self._zero[key] = max(0.0, min(options, default=0.0))
+        return self._zero[key]
+
+    def class_ring(
+        self, here: tuple[str, str], tp: int, replicas: int
+    ) -> tuple[int, float, float, float] | None:
+        """The ring of a stage's R replicas (class `here`, TP t) over nodes: at least ⌈R/k⌉ ≥ 2 of
+        them (k = ⌊g/t⌋ stages per node), joined at no more than the widest route between two
+        distinct nodes of the class and no less than its least latencies, under the fastest planning
+        cluster: (nodes, Gbit/s, latency s, fabric latency s); None where the class has one node."""
+        nodes = [n for n in self.inst.cluster.nodes.values() if (n.gpu, n.island) == here]
+        per_node = max(n.gpus // tp for n in nodes)
+        pairs = [
+            (a, b) for a, b in self.node_pairs(here, here) if a != b
+        ]  # the ring joins distinct nodes
+        if not pairs or per_node < 1:
+            return None
+        routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
+        return (
+            max(2, -(-replicas // per_node)),
+            max(r.effective_gbps for r in routes),
+            min(r.latency_us for r in routes) * 1e-6,
+            min(r.alpha_s for r in routes),
+        )
+
+    def exchange_s(self, side_a: tuple, side_b: tuple, others: tuple = ()) -> float:
+        """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates'
+        exchange (features.cross_template_exchange) sends the model's gradients G from each template
+        to the other over at most c = min(nodes of a's classes, nodes of b's) node pairs, so some
+        flow carries G/c bytes. It takes no less than alone on its route, and no less than over the
+        fastest pair of nodes of the two sides' classes (a node with itself where a class is on both
+        sides) under the fastest planning cluster, priced with the least of the two sides' GPU
+        types' weights (the exchange is priced with one template's first stage's; every weight of a
+        transfer is ≥ 0, else no bound: 0). `others`: the segments of the plan's other templates,
+        whose GPU types' weights are counted too (a ring of three is priced with whichever template
+        comes first)."""
+        keys = tuple(
+            tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b)
+        )
+        weighed = tuple(sorted({seg.gpu for side in (side_a, side_b, *others) for seg in side}))
+        return self._exchange_parts(keys, weighed)[0]
+
+    def _exchange_parts(
+        self, keys: tuple, weighed: tuple[str, ...]
+    ) -> tuple[float, float, float, float]:
+        """(`exchange_s`, its flow's least raw seconds — bytes over bandwidth plus latency, what
+        features.slowest_transfer ranks flows by —, the least of the weights of those terms and the
+        least step weight over the GPU types `weighed`); all 0 where a weight of a transfer is
+        negative."""
+        if (keys, weighed) not in self._exchange:
+            inst, classes = self.inst, self.inst.cluster.device_classes
+            channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
+            nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
+            weights = [
+                self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
+                for gpu in weighed
+            ]
+            best, raw = math.inf, math.inf
+            ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
+            for cluster in self.clusters:
+                for src, dst in ends + [
+                    (kb, ka) for ka, kb in ends
+                ]:  # a hop each way round the ring
+                    for a, b in self.node_pairs(src, dst):
+                        route = cluster.route(a, b)
+                        features = transfer(
+                            nbytes,
+                            shared_gbps(route, Counter()),
+                            route.intra_node,
+                            latency_s=route.latency_us * 1e-6,
+                            alpha_s=route.alpha_s,
+                        )
+                        best = min(best, min(float(features @ w) for w in weights))
+                        raw = min(raw, float(features[LINK] + features[NET] + features[LAT]))
+            transfer_terms = [LINK, NET, STEP, LAT]
+            if all(min(w[transfer_terms]) >= 0 for w in weights):
+                self._exchange[keys, weighed] = (
+                    best,
+                    raw,
+                    min(min(w[[LINK, NET, LAT]]) for w in weights),
+                    min(w[STEP] for w in weights),
+                )
+            else:
+                self._exchange[keys, weighed] = (0.0, 0.0, 0.0, 0.0)
+        return self._exchange[keys, weighed]
+
+    def ring_exchange_s(self, sides: tuple) -> float:
+        """T_cross ≥ this for the templates whose segments are `sides`: with two, `exchange_s`; with
+        three (a ring a → b → c → a in any order, so every pair of them is a hop, each flow carrying
+        4G/3 ≥ G of gradients over at most as many channels as `exchange_s` counts) the evaluator
+        prices the one flow of most raw seconds (features.slowest_transfer) with one template's
+        weights. That flow is a hop's: T_cross ≥ the least pair's `exchange_s`. And its raw seconds
+        are the most of all flows', so at least every hop's least: T_cross ≥ ω·max_pairs raw + σ (ω
+        the least weight of the seconds' terms, σ the least step weight, over all three templates'
+        GPU types). The larger of the two; 0 with one template, or more than three (no pair need be
+        a hop)."""
+        if len(sides) == 2:
+            return self.exchange_s(*sides)
+        if len(sides) != 3:
+            return 0.0
+        weighed = tuple(sorted({seg.gpu for side in sides for seg in side}))
+        parts = [
+            self._exchange_parts(
+                tuple(
+                    tuple(sorted({(seg.gpu, seg.island) for seg in side}))
+                    for side in (sides[i], sides[j])
+                ),
+                weighed,
+            )
+            for i, j in ((0, 1), (0, 2), (1, 2))
+        ]
+        slowest = max(raw for _, raw, _, _ in parts)
+        omega, sigma = parts[0][2], parts[0][3]
+        return max(min(best for best, _, _, _ in parts), omega * slowest + sigma)

@@ -1,0 +1,525 @@
+"""Bounds of one pipeline template: its stages' lines, its pipeline over every layer split that fits
+in memory, the drain of stage 0's gradient all-reduce, and its optimizer step.
+
+Every stage's time per micro-batch is τ_i(L) ≥ a_i·L + c_i (`TemplateBounds.stage_line`: one of the
+two linear pieces of the host/device overlap, TP over the fastest interconnect its GPU type has),
+plus the sends it must make wherever it goes (hetopt.search.bounds.sends).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hetopt.cost.comm import all_reduce
+from hetopt.cost.compute import optimizer_step
+from hetopt.cost.flops import layer_params
+from hetopt.cost.memory import WEIGHT_BYTES, stage_params
+from hetopt.cost.terms import ITER
+from hetopt.evaluate import (
+    BWD,
+    BWD_TP,
+    FWD,
+    FWD_TP,
+    grad_comm_bytes,
+    host_device,
+    overlap_host_device,
+    stage_work,
+)
+from hetopt.search.bounds.lines import (
+    Line,
+    _positions,
+    cheapest_sum,
+    drained_pipeline,
+    integer_level,
+    pipeline_at,
+    sum_bound,
+    water_level,
+)
+from hetopt.search.bounds.memory import MemoryBounds
+from hetopt.search.bounds.sends import SendBounds
+from hetopt.search.types import Affine, most_work
+
+
+@dataclass(frozen=True)
+class _Drain:
+    """Stage 0's gradient all-reduce (a lower bound) and its backward pass (host and device, an
+    upper bound), affine in its layers: the drain is dp(L) − overlap·pass(L) (pricing.dp_finish)."""
+
+    dp: Affine
+    host: Affine
+    device: Affine
+    serial: float
+    overlap: float
+
+    def __call__(self, layers: int) -> float:
+        backward = overlap_host_device(self.host.at(layers), self.device.at(layers), self.serial)
+        return self.dp.at(layers) - self.overlap * float(backward)
+
+
+class TemplateBounds:
+    """The bounds of a search run's templates, memoised on this object (one search run's)."""
+
+    def __init__(self, sends: SendBounds, memory: MemoryBounds) -> None:
+        self.sends, self.memory = sends, memory
+        self.inst, self.profiles = sends.inst, sends.profiles
+        self._lines: dict[tuple, Line] = {}
+        self._optimizer: dict[tuple, float] = {}
+        self._segments: dict[tuple, list[tuple[float, float, int]]] = {}
+        self._templates: dict[tuple, tuple[float, float]] = {}
+        self._capped: dict[tuple, tuple[float, float]] = {}
+        self._pipelines: dict[tuple, float] = {}
+        self._drains: dict[tuple, _Drain | None] = {}
+        self._drained: dict[tuple, float] = {}
+        self._real_levels: dict[tuple, tuple[float, float]] = {}
+
+    def stage_line(
+        self,
+        gpu_name: str,
+        tp: int,
+        micro_batch: int,
+        recompute: str,
+        first: bool,
+        last: bool,
+        cp: int = 1,
+    ) -> Line:
+        """(a, c) with τ(L) ≥ a·L + c for one stage's compute: y ≥ d + s·h per pass, TP (and CP,
+        `cp` ranks: one node's) in device time over the fastest interconnect of any node with this
+        GPU type (so it holds wherever the stage goes)."""
+        (af, cf), (ab, cb) = self.pass_lines(gpu_name, tp, micro_batch, recompute, first, last, cp)
+        return af + ab, cf + cb
+
+    def pass_lines(
+        self,
+        gpu_name: str,
+        tp: int,
+        micro_batch: int,
+        recompute: str,
+        first: bool,
+        last: bool,
+        cp: int = 1,
+    ) -> tuple[Line, Line]:
+        """`stage_line` per pass: (forward, backward), each y ≥ a·L + c."""
+        key = (gpu_name, tp, micro_batch, recompute, first, last, cp)
+        if key not in self._lines:
+            inst = self.inst
+            gpu = inst.gpu_types[gpu_name]
+            params = self.profiles.for_gpu(gpu, inst.spec.training.framework)
+            w, s = params.w, params.launch_serial
+            intra = max(
+                (
+                    inst.cluster.route(n.name, n.name)
+                    for n in inst.cluster.nodes.values()
+                    if n.gpu == gpu_name
+                ),
+                key=lambda r: (r.effective_gbps, -r.alpha_s),
+            )
+            ends = []
+            for n in (1, 2):
+                work = stage_work(
+                    inst.model,
+                    gpu,
+                    micro_batch,
+                    inst.seq_len,
+                    tp,
+                    True,
+                    inst.spec.training.attention,
+                    recompute,
+                    n,
+                    first,
+                    last,
+                    intra,
+                    cp,
+                )
+                host, dev = host_device(work, w)
+                ends.append(
+                    [dev[FWD] + dev[FWD_TP] + s * host[FWD], dev[BWD] + dev[BWD_TP] + s * host[BWD]]
+                )
+            self._lines[key] = tuple(
+                (float(e2 - e1), float(2 * e1 - e2)) for e1, e2 in zip(*ends, strict=True)
+            )
+        return self._lines[key]
+
+    def per_layer_s(
+        self, gpu_name: str, tp: int, micro_batch: int, recompute: str, cp: int = 1
+    ) -> float:
+        """a with τ(L) ≥ a·L for a middle stage: the line a·L + c with a positive intercept dropped,
+        a negative one folded in (a·L + c ≥ (a + c)·L for L ≥ 1). First and last stages only add
+        work."""
+        a, c = self.stage_line(gpu_name, tp, micro_batch, recompute, False, False, cp)
+        return a + min(c, 0.0)
+
+    def optimizer_bound(self, template, replicas_total: int, zero: int) -> float:
+        """T_opt ≥ this for one template: every stage's step takes ITER_i + o_i·L_i or more — Adam
+        over its shard (ZeRO ≥ 1: 1/R_total of its parameters), and under ZeRO-2 the all-gather of
+        its updated 16-bit weights among the template's replicas (`collective_per_layer`). With Σ
+        L_i = N, max_i o_i·L_i ≥ N / Σ_i 1/o_i (equal products are the least maximum), so T_opt ≥
+        min_i ITER_i + N / Σ_i 1/o_i."""
+        key = (template.segments, template.replicas, replicas_total, zero)
+        if key not in self._optimizer:
+            inst, rates, floor = self.inst, 0.0, math.inf
+            for seg in template.segments:
+                shard = replicas_total * seg.cp if zero >= 1 else 1  # ZeRO-1 over the DP×CP group
+                gpu = inst.gpu_types[seg.gpu]
+                w = self.profiles.for_gpu(gpu, inst.spec.training.framework).w
+                per_layer = layer_params(inst.model) / seg.tp / shard
+                o = float((optimizer_step(2 * per_layer, gpu) - optimizer_step(per_layer, gpu)) @ w)
+                if zero == 2:
+                    o += self.sends.collective_per_layer(seg, template.replicas, WEIGHT_BYTES)
+                if o <= 0:
+                    return 0.0
+                rates += seg.stages / o
+                floor = min(floor, float(w[ITER]))
+            self._optimizer[key] = floor + inst.model.layers / rates
+        return self._optimizer[key]
+
+    def weighted_lines(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        flows: int = 1,
+        zero: int = 1,
+        collectives: bool = False,
+    ) -> list[tuple[float, float, int]]:
+        """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. τ includes the stage's
+        sends (the sender pays, as in the evaluator): an activation forward unless it is the last
+        stage, a gradient back unless it is the first, each at least `send_s` — across NICs at a
+        change of device class. Stages of a segment share one line except its first and last
+        (embedding, head, the sends to the neighbouring classes): multiplicities keep deep pipelines
+        cheap. `flows`: the template's replicas, whose sends share the island links (`send_s`).
+
+        Under ZeRO-2/3 (`zero`, over the `flows` replicas) a pass of compute P and collectives K
+        over n = L + e units takes max(P, K) + min(P, K)/n (pricing.zero_exposed) ≥ max(P, K) + ε
+        with ε = min(a^p, k^p)/(1 + e): P ≥ a^p·L for L ≥ 1 (a^p the pass's line with a negative
+        intercept folded in), K ≥ k^p·L (`zero_per_layer`) and L/n ≥ 1/(1 + e). So each line gains
+        ε, and with `collectives` the lines are those of the collectives instead, (k^f + k^b)·L + ε:
+        both hold."""
+        weighted = []
+        n = len(segments)
+        for j, seg in enumerate(segments):
+            nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < n else None
+            prv = (segments[j - 1].gpu, segments[j - 1].island) if j > 0 else None
+            weighted += self._segment_lines(
+                seg, prv, nxt, micro_batch, recompute, flows, zero, collectives
+            )
+        return weighted
+
+    def _segment_lines(
+        self,
+        seg,
+        prv: tuple | None,
+        nxt: tuple | None,
+        micro_batch: int,
+        recompute: str,
+        flows: int = 1,
+        zero: int = 1,
+        collectives: bool = False,
+    ) -> list[tuple[float, float, int]]:
+        """`weighted_lines` of one segment between the classes `prv` and `nxt` (None: the pipeline's
+        end), memoised: segments recur across the groups of a family."""
+        key = (seg, prv, nxt, micro_batch, recompute, flows, zero, collectives)
+        if key not in self._segments:
+            here = (seg.gpu, seg.island)
+            inner = self.sends.send_s(here, here, seg.width, micro_batch)
+            k_pass = self.sends.zero_per_layer(seg, flows, zero)
+            out = []
+            for k, count in _positions(seg.stages):
+                first, last = prv is None and k == 0, nxt is None and k == seg.stages - 1
+                passes = self.pass_lines(
+                    seg.gpu, seg.tp, micro_batch, recompute, first, last, seg.cp
+                )
+                a, c = sum(ap for ap, _ in passes), sum(cp for _, cp in passes)
+                # the first collective (or the last) of each pass is never hidden
+                eps = sum(
+                    max(0.0, min(ap + min(cp, 0.0), kp))
+                    for (ap, cp), kp in zip(passes, k_pass, strict=True)
+                ) / (1 + first + last)
+                if collectives:
+                    a, c = sum(k_pass), 0.0
+                c += eps
+                if not last:  # activation forward
+                    c += (
+                        self.sends.send_s(here, nxt, seg.width, micro_batch, flows)
+                        if k == seg.stages - 1
+                        else inner
+                    )
+                if not first:  # gradient back
+                    c += (
+                        self.sends.send_s(here, prv, seg.width, micro_batch, flows)
+                        if k == 0
+                        else inner
+                    )
+                out.append((a, c, count))
+            self._segments[key] = out
+        return self._segments[key]
+
+    def stage_lines(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        flows: int = 1,
+        zero: int = 1,
+        collectives: bool = False,
+    ) -> list[Line]:
+        """(a_i, c_i) of every stage, in order."""
+        return [
+            (a, c)
+            for a, c, n in self.weighted_lines(
+                micro_batch, recompute, segments, flows, zero, collectives
+            )
+            for _ in range(n)
+        ]
+
+    def template_bound(
+        self, micro_batch: int, recompute: str, segments: tuple
+    ) -> tuple[float, float]:
+        """(λ, S): lower bounds on max τ and Σ τ of a template's stages over every split.
+
+        Over integer splits max τ ≥ λ, the smallest max_i(a_i·L_i + c_i) (the integer water level),
+        while Σ τ ≥ S = Σ (a_i + c_i) + min a · (layers − p). With m micro-batches T ≥ (m − 1)·max τ
+        + Σ τ."""
+        key = (micro_batch, recompute, segments)
+        if key not in self._templates:
+            weighted = self.weighted_lines(micro_batch, recompute, segments)
+            lines = [(a, c) for a, c, n in weighted for _ in range(n)]
+            layers = self.inst.model.layers
+            self._templates[key] = (integer_level(lines, layers), sum_bound(weighted, layers))
+        return self._templates[key]
+
+    def capped_bound(
+        self,
+        micro_batch: int,
+        recompute: str,
+        memory: tuple[str, ...],
+        segments: tuple,
+        replicas_total: int,
+        zero: int = 1,
+    ) -> tuple[float, float]:
+        """`template_bound` over the splits that fit in memory: each stage holds at most the layers
+        the recompute modes `memory` let it hold (the most any of them holds) with ZeRO stage `zero`
+        over `replicas_total` replicas (more only loosen the caps) — λ the integer water level under
+        the caps, S the least Σ τ under them (S ≥ λ: every split's Σ τ is at least its max τ); (inf,
+        inf) where no split fits."""
+        key = (micro_batch, recompute, memory, segments, replicas_total, zero)
+        if key not in self._capped:
+            caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
+            lines = self.stage_lines(micro_batch, recompute, segments)
+            layers = self.inst.model.layers
+            lam = integer_level(lines, layers, caps)
+            self._capped[key] = (
+                (lam, cheapest_sum(lines, layers, math.inf, caps))
+                if math.isfinite(lam)
+                else (math.inf, math.inf)
+            )
+        return self._capped[key]
+
+    def pipeline_bound(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        micro_batches: int,
+        replicas_total: int,
+        flows: int = 1,
+        zero: int = 1,
+        memory: str | tuple[str, ...] | None = None,
+    ) -> float:
+        """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and
+        L_i ≤ the most layers stage i holds in memory with ZeRO stage `zero` over `replicas_total`
+        (`stage_caps`). ZeRO-2/3 only add to a pass (its exposed collectives, ≥ 0), so the lines
+        hold for them too; and so do the lines of their collectives (`weighted_lines`): the larger
+        of the two bounds holds.
+
+        Λ ≥ λ (the integer water level). For a given Λ the cheapest Σ τ is g(Λ): one layer per
+        stage, the rest on the stages of smallest a_i up to what Λ and their memory let them hold; g
+        falls as Λ rises but never below S = g(∞). So for Λ ≥ λ + Δ with Δ = (g(λ) − S)/(m − 1) the
+        bound is at least (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ +
+        Δ), two evaluations of g. `flows`: the template's replicas, sharing island links (`send_s`);
+        `memory`: the recompute modes of the caps (per-stage recompute: the most any of them holds;
+        default `recompute`)."""
+        memory = memory or recompute
+        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero, memory)
+        if key not in self._pipelines:
+            caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
+            kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
+            self._pipelines[key] = max(
+                pipeline_at(
+                    self.stage_lines(micro_batch, recompute, segments, flows, zero, collectives),
+                    caps,
+                    self.inst.model.layers,
+                    micro_batches,
+                )
+                for collectives in kinds
+            )
+        return self._pipelines[key]
+
+    def stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
+        """A lower bound on how long the gradient all-reduce of a template's stage 0 outlasts the
+        pipeline, as a function of stage 0's layers L (None where it is 0 for every L): DP(L) −
+        o·pass(L) (dp_finish).
+
+        DP(L) ≥ the inter-node ring of a hierarchical all-reduce (comm.hierarchical_all_reduce: its
+        intra-node part only adds): the stage's R replicas, TP groups of t GPUs, take at least ⌈R/k⌉
+        nodes with k = ⌊g/t⌋ of them in a node of g GPUs, ring at no more than the widest route
+        between two nodes of the class under the fastest planning cluster, each node pushing its t
+        columns. pass(L) is the backward pass with TP over the class's interconnect (None where its
+        nodes differ inside)."""
+        seg, depth = segments[0], sum(sg.stages for sg in segments)
+        # stage 0 is also the last only in a one-stage template; nothing else of the template
+        # matters
+        key = (micro_batch, recompute, seg.gpu, seg.island, seg.tp, seg.cp, depth == 1, replicas)
+        if key not in self._drains:
+            self._drains[key] = self._stage0_drain(micro_batch, recompute, segments, replicas)
+        return self._drains[key]
+
+    def _stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
+        inst, seg = self.inst, segments[0]
+        nodes = [
+            n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (seg.gpu, seg.island)
+        ]
+        per_node = max(n.gpus // seg.width for n in nodes)
+        if replicas <= 1 or per_node < 1 or replicas <= per_node:
+            return None  # one node can hold every replica's stage 0: no network ring to bound
+        # with CP each replica's cp ranks reduce inside its node first: the ring between nodes is as
+        # without
+        ring = self.sends.class_ring((seg.gpu, seg.island), seg.width, replicas)
+        if ring is None:
+            return None
+        ring_nodes, gbps, latency_s, alpha_s = ring
+        gpu = inst.gpu_types[seg.gpu]
+        params = self.profiles.for_gpu(gpu, inst.spec.training.framework)
+        depth = sum(sg.stages for sg in segments)  # 1: stage 0 is also the last (it holds the head)
+        grad_bytes = grad_comm_bytes(inst)
+        intra = {inst.cluster.route(n.name, n.name) for n in nodes}
+        if len({(r.effective_gbps, r.alpha_s, r.latency_us, r.mesh_peers) for r in intra}) > 1:
+            # nodes of the class differ inside: no one interconnect bounds every stage's pass
+            return None
+        slow = next(iter(intra))
+
+        def dp_s(layers: int) -> float:
+            rank_bytes = (
+                stage_params(inst.model, layers, True, depth == 1, depth) / seg.tp * grad_bytes
+            )
+            return float(
+                all_reduce(seg.tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s)
+                @ params.w
+            )
+
+        def backward(layers: int) -> tuple[float, float]:
+            work = stage_work(
+                inst.model,
+                gpu,
+                micro_batch,
+                inst.seq_len,
+                seg.tp,
+                True,
+                inst.spec.training.attention,
+                recompute,
+                layers,
+                True,
+                depth == 1,
+                slow,
+                seg.cp,
+            )
+            host, dev = host_device(work, params.w)
+            return float(host[BWD]), float(dev[BWD] + dev[BWD_TP])
+
+        # DP, host and device time are affine in L: read each off at 1 and 2 layers
+        (dp1, dp2), ((h1, d1), (h2, d2)) = (dp_s(1), dp_s(2)), (backward(1), backward(2))
+        return _Drain(
+            Affine(dp2 - dp1, 2 * dp1 - dp2),
+            Affine(h2 - h1, 2 * h1 - h2),
+            Affine(d2 - d1, 2 * d1 - d2),
+            params.launch_serial,
+            params.dp_overlap,
+        )
+
+    def drained_bound(
+        self,
+        micro_batch: int,
+        recompute: str,
+        template,
+        replicas_total: int,
+        virtual_stages: int = 1,
+        zero: int = 1,
+        memory: str | tuple[str, ...] | None = None,
+    ) -> float:
+        """One template's `pipeline_bound` (memory caps at ZeRO stage `zero` over `replicas_total`),
+        raised by its stage 0's gradient all-reduce where that must outlast the pipeline
+        (`stage0_drain`, `drained_pipeline`; ZeRO-2/3 have no such all-reduce: they reduce-scatter
+        in every backward pass). Interleaved with v chunks per stage the pipeline is (1/v)·[(v·m −
+        1)·max τ + Σ τ]: the bound of v·m micro-batches, divided by v (memory caps at one chunk:
+        interleaving only holds more). `memory`: the recompute modes of the memory caps (per-stage
+        recompute: the most any of them holds; default `recompute`), whose most-work mode prices
+        stage 0's backward pass beside its all-reduce (the longest pass: the least drain)."""
+        segments, m, v = template.segments, template.micro_batches, virtual_stages
+        memory = memory or recompute
+        key = (
+            micro_batch,
+            recompute,
+            segments,
+            m,
+            replicas_total,
+            template.replicas,
+            v,
+            zero,
+            memory,
+        )
+        if key not in self._drained:
+            flows = template.replicas
+            bound = (
+                self.pipeline_bound(
+                    micro_batch, recompute, segments, v * m, replicas_total, flows, zero, memory
+                )
+                / v
+            )
+            longest = memory if isinstance(memory, str) else most_work(memory)
+            drain = (
+                self.stage0_drain(micro_batch, longest, segments, template.replicas)
+                if zero <= 1
+                else None
+            )
+            if drain is not None and math.isfinite(bound):
+                caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
+                lines = self.stage_lines(micro_batch, recompute, segments, flows)
+                bound = max(
+                    bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain, v)
+                )
+            self._drained[key] = bound
+        return self._drained[key]
+
+    def group_bound(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        micro_batches: int,
+        flows: int = 1,
+        virtual_stages: int = 1,
+        zero: int = 1,
+    ) -> float:
+        """A cheaper and weaker bound than `pipeline_bound`, for keying whole groups: (m − 1)·λ* + S
+        with λ* the real-valued water level (at most the integer one), on lines with multiplicities;
+        `flows`: the fewest replicas of the group's skeletons (their sends share island links,
+        `send_s`); with `virtual_stages` v (the most of the group's) (m − 1/v)·λ* + S/v. A group of
+        one ZeRO stage `zero` ≥ 2 (its replicas `flows`) takes the larger bound of its compute and
+        its collectives' lines."""
+        kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
+        v, out = virtual_stages, 0.0
+        for collectives in kinds:
+            key = (micro_batch, recompute, segments, flows, zero if zero >= 2 else 1, collectives)
+            if key not in self._real_levels:
+                weighted = self.weighted_lines(
+                    micro_batch, recompute, segments, flows, zero, collectives
+                )
+                p = sum(seg.stages for seg in segments)
+                layers = self.inst.model.layers
+                self._real_levels[key] = (
+                    water_level(weighted, layers, p),
+                    sum_bound(weighted, layers),
+                )
+            lam, s = self._real_levels[key]
+            out = max(out, (micro_batches - 1 / v) * lam + s / v)
+        return out

@@ -1,0 +1,354 @@
+"""The state of one best-first search (`SearchRun`): the open nodes, the incumbent and what is
+proven; and its answer (`SearchResult`)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from hetopt.cost.flops import total_params
+from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from hetopt.cost.profiles import Profiles
+from hetopt.plan import Plan
+from hetopt.search.formulation import SolveStatus, SplitSolution, clock
+from hetopt.search.roots import outside_space
+from hetopt.search.tree.base import Node, SkeletonNode, Tree
+from hetopt.search.tree.roots import roots
+from hetopt.search.types import SearchOptions, SearchStats, Seed, Skeleton
+from hetopt.spec.instance import Instance
+
+OPTIMALITY_TOLERANCE = 1e-9
+"""Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling
+tolerance)."""
+
+
+@dataclass
+class SearchResult:
+    status: SolveStatus
+    plan: Plan | None
+    objective_s: float
+    bound_s: float
+    solve_time_s: float
+    formulation: str
+    backend: str
+    time_limit_s: float
+    seed: int
+    stats: SearchStats = field(default_factory=SearchStats)
+    skeleton: Skeleton | None = None
+    reason: str = ""
+    warm_start: dict | None = None
+    """The best heuristic plan the search started from: its planner and time, and whether it
+    stood."""
+    executor: str = "process"
+    """Where skeletons were solved side by side: `process` or `ray` (hetopt/executors.py)."""
+    errors: list[str] = field(default_factory=list)
+    """The skeletons every backend failed on, with the solvers' words (`reason` sums them up)."""
+    proof_tolerance: float = 0.0
+    """Relative: the largest tolerance a skeleton's proof carried (its formulation's)."""
+
+    @property
+    def gap(self) -> float:
+        if (
+            self.plan is None
+            or not math.isfinite(self.objective_s)
+            or not math.isfinite(self.bound_s)
+        ):
+            return math.inf  # no bound proven (a heuristic's plan): no gap to report
+        return max(0.0, (self.objective_s - self.bound_s) / self.objective_s)
+
+
+class SearchRun:
+    """The state of one best-first search: the open nodes, the incumbent and what is proven.
+
+    `plant` the tree's roots, `seed` a heuristic incumbent, `select` the next leaves to solve
+    (expanding the nodes above them), `absorb` each solved leaf, and `answer` with the result."""
+
+    def __init__(
+        self,
+        inst: Instance,
+        options: SearchOptions,
+        time_limit_s: float,
+        profiles: Profiles | None = None,
+    ) -> None:
+        self.inst, self.options, self.time_limit_s, self.start = (
+            inst,
+            options,
+            time_limit_s,
+            clock(),
+        )
+        self.profiles = profiles  # the speeds that lay out the space's stages with shards
+        self.stats = SearchStats()
+        self.heap: list[tuple[float, int, Node]] = []
+        self.tie = itertools.count()
+        self.tree: Tree | None = None
+        self.incumbent, self.best, self.best_sk = math.inf, None, None
+        self.seeded: dict | None = None
+        self.seed_plan = None  # the seed's plan, while no skeleton beats it
+        self.open_bound = math.inf  # the smallest bound among skeletons not finished
+        self.timed_out = False  # something is left unproven
+        self.selecting = (
+            math.inf
+        )  # the least bound of the nodes `select` has taken out of the heap so far
+        self.out_of_time = (
+            False  # the clock stopped the search (not only a skeleton no backend could solve)
+        )
+        self.errors: list[str] = []  # skeletons every backend failed on, with the solvers' words
+        self.proof_tolerance = OPTIMALITY_TOLERANCE
+        """Relative: the largest tolerance a skeleton's proof carries (its formulation's
+        rel_tolerance)."""
+        self.planted = (
+            False  # every root of the tree is in the heap (else nothing is proven about the rest)
+        )
+
+    def plant(self, tree: Tree) -> None:
+        """The tree's roots in the heap, within the time limit: a space of millions of families
+        takes minutes to list, and the families not listed in time are not searched, so nothing is
+        proven about them (the open bound 0: the answer is the incumbent with its gap unproven)."""
+        self.tree = tree
+        tree.tolerance = OPTIMALITY_TOLERANCE
+        tree.incumbent = self.incumbent
+        for n in roots(tree):
+            self.heap.append((n.bound, next(self.tie), n))
+            if len(self.heap) % 1024 == 0 and self.left_s() <= 0:
+                self.timed_out = self.out_of_time = True
+                self.open_bound = 0.0
+                break
+        else:
+            self.planted = True
+        heapq.heapify(self.heap)
+
+    def subspace(self, narrow: SearchResult) -> None:
+        """What the search of a subspace the tree leaves out proved: its bound stays open beside the
+        tree's (unproven where it timed out or a skeleton's proof failed), within the tolerance of
+        its proofs; its failed skeletons and its counts are the answer's too."""
+        self.stats.add(narrow.stats)
+        self.open_bound = min(self.open_bound, narrow.bound_s)
+        self.proof_tolerance = max(self.proof_tolerance, narrow.proof_tolerance)
+        self.errors += narrow.errors
+        if narrow.status not in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE):
+            self.timed_out = True
+            self.out_of_time = self.out_of_time or narrow.status == SolveStatus.TIMEOUT
+
+    def seed(self, seed: Seed | None) -> None:
+        """Start from a plan known already: its objective is the incumbent (none: nothing)."""
+        if seed is None:
+            return
+        self.seeded = {"planner": seed.planner, "objective_s": seed.objective_s}
+        self.incumbent, self.best = seed.objective_s, seed.plan
+        self.best_sk = seed.skeleton  # a plan of a subspace's search comes with its own
+        self.seed_plan = self.best
+        if self.tree is not None:
+            self.tree.incumbent = self.incumbent
+
+    def left_s(self) -> float:
+        return self.time_limit_s - (clock() - self.start)
+
+    def _open(self, bound: float) -> bool:
+        """Whether a node of this bound may still hold a better plan than the incumbent."""
+        return bound < self.incumbent * (1 - OPTIMALITY_TOLERANCE)
+
+    def select(self, size: int) -> list[SkeletonNode]:
+        """Up to `size` leaves of smallest bound, expanding the nodes on the way; [] when the search
+        ends: every open node is proven no better (counted as pruned), or the time is up (its bound
+        kept open)."""
+        assert self.tree is not None
+        if not self.heap:
+            return []
+        if not self._open(self.heap[0][0]):
+            return self._prune_rest()
+        if self.left_s() <= 0:
+            self.timed_out = self.out_of_time = True
+            self.open_bound = min(self.open_bound, self.heap[0][0])
+            return []
+        batch: list[SkeletonNode] = []
+        while self.heap and len(batch) < size and self._open(self.heap[0][0]):
+            if self.left_s() <= 0:  # expanding a large tree takes seconds: the limit holds here too
+                self.timed_out = self.out_of_time = True
+                self.open_bound = min(self.open_bound, self.heap[0][0])
+                break
+            self.selecting = min(
+                self.selecting, self.heap[0][0]
+            )  # held by no heap while it is selected
+            _, _, node = heapq.heappop(self.heap)
+            if (
+                node.is_leaf and not node.refined
+            ):  # its own bound first: back in the heap if it rose
+                node = self.tree.refine(node)
+                if not self._open(node.bound):
+                    node.count_pruned(self.stats)
+                    continue
+                if self.heap and node.bound > self.heap[0][0]:
+                    heapq.heappush(self.heap, (node.bound, next(self.tie), node))
+                    continue
+            if node.is_leaf:
+                batch.append(node)
+            else:
+                for child in node.expand(self.tree):
+                    heapq.heappush(self.heap, (child.bound, next(self.tie), child))
+        self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
+        if not batch and self.heap and not self._open(self.heap[0][0]):
+            return (
+                self._prune_rest()
+            )  # expanding made only nodes the incumbent beats: the search ends here
+        return batch
+
+    def _prune_rest(self) -> list[SkeletonNode]:
+        """Every open node is proven no better: counted as pruned, the heap emptied; no leaves
+        ([])."""
+        for _, _, node in self.heap:
+            node.count_pruned(self.stats)
+        self.heap.clear()
+        return []
+
+    def absorb(self, node: SkeletonNode, kind: str, sol, t: float) -> None:
+        """Take in one leaf's outcome: a prune rule, or a solution and its exact (evaluator)
+        time."""
+        if kind != "solved":
+            self.stats.pruned[kind] += 1
+            return
+        self.stats.solved += 1
+        _record_fallbacks(self.stats, node.skeleton, sol, self.errors)
+        if sol.status == SolveStatus.INFEASIBLE:
+            return
+        if sol.status != SolveStatus.OPTIMAL:  # not proven: its bound stays open
+            self.timed_out = True
+            self.out_of_time = self.out_of_time or sol.status == SolveStatus.TIMEOUT
+        # a proof holds up to its formulation's tolerance: its bound joins the search's
+        self.proof_tolerance = max(self.proof_tolerance, float(sol.extra.get("rel_tolerance", 0.0)))
+        self.open_bound = min(self.open_bound, max(node.bound, sol.bound_s))
+        # a tie with a heuristic seed goes to the search's plan: it is in the space the bound covers
+        if sol.layers is not None and (
+            t < self.incumbent or (self.best_sk is None and t <= self.incumbent * (1 + 1e-12))
+        ):
+            sk = node.skeleton
+            self.incumbent, self.best_sk = t, sk
+            self.best = sk.placed(sol.layers, self.inst.cluster, sol.recompute)
+            if self.tree is not None:
+                self.tree.incumbent = t
+
+    def interrupt(self, in_flight: list) -> SearchRun:
+        """Ctrl-C or SIGTERM mid-search: the skeletons not finished (in the heap or being solved)
+        keep their bounds open, as at a time-out, so the answer's gap is one the search proved."""
+        self.timed_out = self.out_of_time = True
+        heapq.heapify(self.heap)  # an interrupt may come while the roots are being listed
+        self.open_bound = min(
+            [
+                self.open_bound,
+                self.selecting,
+                *(self.heap[0][:1] if self.heap else []),
+                *(node.bound for node in in_flight),
+            ]
+        )
+        if not self.planted:  # roots not listed yet: nothing is proven about them
+            self.open_bound = 0.0
+        return self
+
+    def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:
+        wall = clock() - self.start
+        if self.best is None:
+            status = (
+                SolveStatus.ERROR
+                if self.errors
+                else SolveStatus.TIMEOUT
+                if self.timed_out
+                else SolveStatus.INFEASIBLE
+            )
+            reason = (
+                _errors_reason(self.errors)
+                if self.errors
+                else ""
+                if self.timed_out
+                else diagnose(self.inst, self.stats)
+            )
+            return SearchResult(
+                status,
+                None,
+                math.inf,
+                self.open_bound if self.timed_out else math.inf,
+                wall,
+                formulation,
+                backend,
+                self.time_limit_s,
+                seed,
+                self.stats,
+                reason=reason,
+                errors=self.errors,
+                proof_tolerance=self.proof_tolerance,
+            )
+        bound = min(self.incumbent, self.open_bound)
+        proven = bound >= self.incumbent * (1 - self.proof_tolerance)
+        if self.seeded is not None:
+            self.seeded["kept"] = self.best is self.seed_plan
+            if self.seeded["kept"]:  # the answer is the seed's plan: say whether the space holds it
+                self.seeded["outside_space"] = outside_space(
+                    self.inst, self.best, self.options, self.profiles
+                )
+        # unproven for want of time: TIMEOUT; for a skeleton no backend could prove, or a plan that
+        # no plan of the space beats but that the space does not hold (a heuristic's, kept):
+        # FEASIBLE — "optimal" is a promise about a point of the searched space
+        outside = bool(self.seeded is not None and self.seeded.get("outside_space"))
+        status = (
+            SolveStatus.OPTIMAL
+            if proven and not outside
+            else SolveStatus.TIMEOUT
+            if not proven and self.out_of_time
+            else SolveStatus.FEASIBLE
+        )
+        return SearchResult(
+            status,
+            self.best,
+            self.incumbent,
+            bound,
+            wall,
+            formulation,
+            backend,
+            self.time_limit_s,
+            seed,
+            self.stats,
+            self.best_sk,
+            reason=_errors_reason(self.errors),
+            warm_start=self.seeded,
+            errors=self.errors,
+            proof_tolerance=self.proof_tolerance,
+        )
+
+
+def _record_fallbacks(
+    stats: SearchStats, sk: Skeleton, sol: SplitSolution, errors: list[str]
+) -> None:
+    """Count the backends that failed on a skeleton and who took it over ("none": all failed)."""
+    for attempt in sol.attempts:
+        taker = sol.backend if sol.status != SolveStatus.ERROR else "none"
+        stats.fallbacks[(attempt.backend, taker, attempt.detail)] += 1
+    if sol.status == SolveStatus.ERROR:
+        errors.append(f"{sk.describe()}: {sol.detail}")
+
+
+def _errors_reason(errors: list[str], shown: int = 3) -> str:
+    if not errors:
+        return ""
+    more = f" (and {len(errors) - shown} more)" if len(errors) > shown else ""
+    return f"every backend failed on {len(errors)} skeleton(s): " + "; ".join(errors[:shown]) + more
+
+
+def diagnose(inst: Instance, stats: SearchStats) -> str:
+    """Say which constraint binds when no plan exists."""
+    params = total_params(inst.model)
+    need_gib = params * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) / GIB
+    have_gib = inst.cluster.total_memory_gib
+    if need_gib > have_gib:
+        return (
+            f"{inst.model.name} ({params / 1e9:.1f} B parameters) needs at least "
+            f"{need_gib / 1024:.2f} TiB for weights, gradients and optimizer states (18 bytes per "
+            f"parameter, held once across the cluster); the cluster has {have_gib / 1024:.2f} TiB "
+            "of GPU memory"
+        )
+    rules = ", ".join(f"{rule} ({n})" for rule, n in stats.pruned.items()) or "none"
+    return (
+        "no skeleton of the plan space holds the model in memory: even the largest TP and PP "
+        "the search allows leave some stage over its GPU memory (skeletons enumerated "
+        f"{stats.enumerated}; pruned: {rules}); allow recompute, more stages (search.max_stages) "
+        "or smaller micro-batches"
+    )
