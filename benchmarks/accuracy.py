@@ -28,13 +28,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hetopt.cost.flops import model_flops_per_token  # noqa: E402
-from hetopt.cost.profiles import Profiles  # noqa: E402
-from hetopt.cost.runs import (  # noqa: E402
-    LOSO_MIN_ROWS,
-    LOSO_TARGET,
+from hetopt.calibrate.accuracy import (  # noqa: E402
     NO_FIT_NOTE,
-    Run,
     acceptance,
     grouped,
     load_runs,
@@ -45,6 +40,9 @@ from hetopt.cost.runs import (  # noqa: E402
     stats,
     zero_proxy,
 )
+from hetopt.calibrate.runs import LOSO_MIN_ROWS, LOSO_TARGET, Run  # noqa: E402
+from hetopt.cost.flops import model_flops_per_token  # noqa: E402
+from hetopt.cost.profiles import Profiles  # noqa: E402
 from hetopt.spec.gpus import CATALOG  # noqa: E402
 
 DEFAULT_DATA = REPO / "data" / "calibration" / "public" / "training_throughput_non_a100.csv"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from hetopt.planners import solve_ilp
-from hetopt.replan import replan
+from hetopt.replan.decide import replan
 from hetopt.search.types import SearchRequest
 from hetopt.spec.instance import load_instance
 

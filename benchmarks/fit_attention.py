@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from hetopt.cost.calibration import FWD, FWD_TP, load_dataset, price_parts
+from hetopt.calibrate.layouts import FWD, FWD_TP, load_dataset, price_parts
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import ATTN, GEMM
 from hetopt.spec.gpus import CATALOG

@@ -559,8 +559,8 @@ def simulate(
     from hetopt.plan import load_plan
     from hetopt.replan.policy import PolicyOptions, check_policy
     from hetopt.report.tables import simulation_view
-    from hetopt.sim.run import simulate as run_simulate
     from hetopt.sim.trace import plot_timeline, write_trace
+    from hetopt.simulate import simulate as run_simulate
     from hetopt.spec.instance import load_instance, with_memory_headroom
 
     if (plan is None) == (layout is None):
@@ -653,7 +653,7 @@ def export_plan(
     """A plan as launcher files: Megatron-LM arguments, a DeepSpeed config, torchrun lines, a rank
     map. Where the launcher cannot run the plan as it is, says which feature blocks it (exit 1) and
     writes the rank map alone."""
-    from hetopt.export import check_format, export, write_files
+    from hetopt.export.files import check_format, export, write_files
     from hetopt.plan import load_plan
     from hetopt.spec.instance import load_instance
 
@@ -722,8 +722,8 @@ def replan(
     import json as _json
 
     from hetopt.plan import load_plan, plan_json
-    from hetopt.replan import parse_bandwidth
-    from hetopt.replan import replan as run_replan
+    from hetopt.replan.decide import parse_bandwidth
+    from hetopt.replan.decide import replan as run_replan
     from hetopt.spec.instance import load_instance
 
     check_time_limit(time_limit)
@@ -868,7 +868,7 @@ def calibrate(
             [Problem("--gpu", f"unknown GPU type{did_you_mean(gpu, CATALOG)}", gpu, True)],
         )
     if measure:
-        from hetopt.cost.measure import measure_profile
+        from hetopt.calibrate.measure import measure_profile
 
         params: CostParams = measure_profile(gpu=gpu, device=device, tiny=tiny, progress=err)
     else:
@@ -876,7 +876,7 @@ def calibrate(
             raise InputError(
                 "calibrate", [Problem("DATA", "give one or more CSV files, or --measure")]
             )
-        from hetopt.cost.calibration import calibrate as fit
+        from hetopt.calibrate.layouts import calibrate as fit
 
         with Progress(err, f"calibrating {gpu} on {len(data)} file(s)…") as status:
             params = fit(data, gpu, folds=folds, progress=status.update)
@@ -902,14 +902,14 @@ RUN_COLUMNS = {
     "dp",
     "source",
 }
-"""Columns an end-to-end runs CSV must have (hetopt.cost.runs reads more where present)."""
+"""Columns an end-to-end runs CSV must have (hetopt.calibrate.runs reads more where present)."""
 
 
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
 
+    from hetopt.calibrate.accuracy import fit_report, fit_stacks, load_runs, stack_fit
+    from hetopt.calibrate.stacks import save_stacks
     from hetopt.cost.profiles import Profiles
-    from hetopt.cost.runs import fit_report, fit_stacks, load_runs, stack_fit
-    from hetopt.cost.stacks import save_stacks
 
     for path in paths:
         if not Path(path).is_file():
@@ -981,7 +981,7 @@ def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json
 
 
 def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
-    from hetopt.cost.gemm_fit import run_calibrate_gemm
+    from hetopt.calibrate.gemm import run_calibrate_gemm
 
     if target is not None and target.exists() and not target.is_dir():
         raise InputError(

@@ -278,7 +278,7 @@ def report(
         out["warm_start"] = {k: v for k, v in r.warm_start.items() if k != "plan"}
     if r.plan is None:
         return out
-    from hetopt.sim.run import simulate
+    from hetopt.simulate import simulate
 
     plan = finished_plan(inst, r.plan)
     predicted = evaluate(inst, plan, profiles)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import CALIBRATION, run_hetopt
 
-from hetopt.cost.calibration import (
+from hetopt.calibrate.layouts import (
     calibrate,
     cross_validate,
     errors,
@@ -50,7 +50,7 @@ def test_rank_correlation_of_layouts(datasets, theta):
 
 
 def test_fitted_parameters_are_physical(theta):
-    from hetopt.cost.calibration import weights_of
+    from hetopt.calibrate.layouts import weights_of
     from hetopt.cost.terms import GEMM, LINK, MEM
 
     w, overlap, serial = weights_of(theta)
@@ -64,7 +64,7 @@ def test_shipped_profile_is_the_fit_of_the_shipped_data(datasets, theta):
     shipped = shipped_profiles()["A100-80GB"]
     assert shipped.source == f"{LAYOUTS.name}; {LAYERS.name}" and shipped.date
     ours = predict(datasets[0], theta)
-    from hetopt.cost.calibration import FITTED
+    from hetopt.calibrate.layouts import FITTED
 
     theirs_theta = np.array(
         [shipped.weights[i] for i in FITTED] + [shipped.dp_overlap, shipped.launch_serial]
@@ -98,7 +98,7 @@ def test_unknown_csv_is_bad_input(tmp_path):
 def test_a_fit_that_does_not_converge_is_an_error_not_an_answer(datasets, monkeypatch):
     """The fit reads its status in full: evaluations that run out are a clear error (exit 2), not
     weights."""
-    import hetopt.cost.calibration as calibration
+    import hetopt.calibrate.layouts as calibration
 
     monkeypatch.setattr(calibration, "MAX_EVALUATIONS", 3)
     with pytest.raises(InputError, match="did not converge in 3 evaluations"):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_hetopt
 
-from hetopt.export import export
 from hetopt.export.dryrun import consistency
+from hetopt.export.files import export
 from hetopt.export.runnable import runnable_instance
 from hetopt.plan import Plan, load_plan
 from hetopt.spec.instance import load_instance

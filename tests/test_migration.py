@@ -109,7 +109,7 @@ def test_replan_switches_when_the_gain_outlasts_the_migration_and_stays_when_it_
 
     from conftest import run_hetopt
 
-    from hetopt.replan import replan
+    from hetopt.replan.decide import replan
 
     plan_path = tmp_path / "demo.json"
     solved = run_hetopt("solve", "demo", "--time-limit", "30", "--out", str(plan_path))

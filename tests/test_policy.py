@@ -10,17 +10,11 @@ import pytest
 
 from hetopt.cost.profiles import Profiles
 from hetopt.planners import solve_ilp
-from hetopt.replan import replan
-from hetopt.replan.policy import (
-    PolicyOptions,
-    change_moments,
-    levels_at,
-    replay_adaptive,
-    shifted,
-    tokens_within,
-)
+from hetopt.replan.decide import replan
+from hetopt.replan.policy import PolicyOptions, change_moments, levels_at, replay_adaptive, shifted
 from hetopt.search.types import SearchRequest
-from hetopt.sim.run import simulate
+from hetopt.sim.summary import tokens_within
+from hetopt.simulate import simulate
 from hetopt.spec.instance import load_instance
 from hetopt.spec.scenarios import BandwidthScenario
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import CALIBRATION
 
-from hetopt.cost.gemm_fit import TOLERANCE, curve, read_rows
+from hetopt.calibrate.gemm import TOLERANCE, curve, read_rows
 from hetopt.cost.profiles import Profiles, load_profile_file
 from hetopt.cost.terms import GEMM, KERN, TERMS, CostParams, shipped_profiles
 from hetopt.errors import InputError

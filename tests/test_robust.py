@@ -21,7 +21,7 @@ from hetopt.planners import solve_ilp
 from hetopt.search.robust import aggregate, link_gbps, planning_scenarios
 from hetopt.search.types import SearchRequest
 from hetopt.sim.engine import Simulation
-from hetopt.sim.run import simulate
+from hetopt.simulate import simulate
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import load_instance
 from hetopt.spec.scenarios import DEFAULT_HORIZON_S

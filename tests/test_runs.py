@@ -6,18 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import CALIBRATION, run_hetopt
 
+from hetopt.calibrate.accuracy import fit_report, load_runs, loso, predict_runs
+from hetopt.calibrate.rows import CP, FP8, PARTIAL, source_key
+from hetopt.calibrate.runs import run_from_row
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.runs import (
-    CP,
-    FP8,
-    PARTIAL,
-    fit_report,
-    load_runs,
-    loso,
-    predict_runs,
-    run_from_row,
-    source_key,
-)
 from hetopt.spec.gpus import CATALOG
 
 DATA = CALIBRATION / "public" / "training_throughput_non_a100.csv"

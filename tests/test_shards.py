@@ -454,7 +454,7 @@ def test_plan_files_keep_the_shard_keys_only_where_a_stage_has_shards(s4, tmp_pa
     shards reads back the same; the evaluator labels its memory rows by stage and GPU type, and the
     simulator's summary gives each stage its largest row."""
     from hetopt.plan import load_plan, plan_json, save_plan
-    from hetopt.sim.run import stage_peaks
+    from hetopt.sim.summary import stage_peaks
 
     plain = place(_plan(1, 8, [{"layers": 6, **A}]), s4.cluster)
     data = plan_json(plain)

@@ -488,7 +488,7 @@ def test_a_sampled_iteration_waits_out_an_outage_once(tmp_path, monkeypatch):
 
 def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, monkeypatch):
     import hetopt.sim.engine as engine
-    from hetopt.sim.run import simulate
+    from hetopt.simulate import simulate
 
     inst = _big_batch(tmp_path, 4096)
     plan = expand_layout(inst, parse_layout("tp=2,pp=4,dp=4"))

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from conftest import DEMO, REPO, run_hetopt
 
+from hetopt.calibrate.accuracy import fit_stacks
+from hetopt.calibrate.stacks import fit_efficiency
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.runs import fit_stacks
-from hetopt.cost.stacks import COMPUTE_TERMS, FRAMEWORKS, Stack, fit_efficiency
+from hetopt.cost.stacks import COMPUTE_TERMS, FRAMEWORKS, Stack
 from hetopt.cost.terms import N_TERMS
 from hetopt.evaluate import evaluate, host_device, plan_features
 from hetopt.layout import Layout, expand_layout

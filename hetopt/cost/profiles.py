@@ -62,7 +62,7 @@ class Profiles:
 
     def _derive(self, gpu: GPUType) -> CostParams:
         if gpu.family:
-            from hetopt.cost.gemm_fit import derive_from_family
+            from hetopt.cost.derive import derive_from_family
 
             return derive_from_family(gpu, self.calibrated)
 

@@ -36,11 +36,13 @@ import math
 from dataclasses import dataclass, field, replace
 
 from hetopt.cost.profiles import Profiles
+from hetopt.evaluate import evaluate
 from hetopt.placement import place
 from hetopt.plan import Plan, plan_json
-from hetopt.replan import best_under, decide
+from hetopt.replan.decide import best_under, decide
 from hetopt.replan.migration import Migration, migration
 from hetopt.sim.engine import Record, SimResult, Simulation
+from hetopt.sim.summary import iteration_stats, link_utilization, stage_peaks, tokens_within
 from hetopt.spec.instance import Instance
 from hetopt.spec.scenarios import BandwidthScenario, Change, levels_at
 
@@ -205,28 +207,6 @@ def shifted(scenario: BandwidthScenario, t0: float) -> BandwidthScenario:
         scenario.probability,
         tuple((0.0, link, gbps) for link, gbps in level.items()) + later,
     )
-
-
-def tokens_within(
-    starts_s: list[float],
-    times_s: list[float],
-    tokens_per_iteration: float,
-    horizon_s: float,
-    resume_s: float = 0.0,
-) -> float:
-    """Tokens processed in [0, horizon_s]: each iteration's tokens times its share inside the
-    window. A replay that ends before horizon_s (one iteration of a bandwidth that never changes, a
-    replay cut short) goes on at its last iteration's rate from its end, or from resume_s where that
-    is later (a switch's pause after the last iteration counts no tokens)."""
-    total, end = 0.0, resume_s
-    for start, t in zip(starts_s, times_s, strict=True):
-        inside = min(start + t, horizon_s) - start
-        if inside > 0:
-            total += tokens_per_iteration * (inside / t if t > 0 else 1.0)
-        end = max(end, start + t)
-    if times_s and end < horizon_s and times_s[-1] > 0:
-        total += tokens_per_iteration * (horizon_s - end) / times_s[-1]
-    return total
 
 
 def expected_dwell(
@@ -489,9 +469,6 @@ def summary(
     switches' pauses counted), and the policy's: tokens, switches, declined decisions, the plans
     run."""
     import numpy as np
-
-    from hetopt.evaluate import evaluate
-    from hetopt.sim.run import iteration_stats, link_utilization, stage_peaks
 
     profiles = profiles or Profiles()
     merged = run.merged

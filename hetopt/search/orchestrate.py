@@ -71,11 +71,12 @@ def solve_exact(
     bound and gap) or infeasible (with the binding constraint in `reason`).
     Raises: InputError for an unknown executor, an address without `ray`, or `ray` not installed.
     """
+    start = clock()  # the time limit holds from here: the formulations' imports count too
     executor = check_executor(request.executor, request.address)  # bad input: before any work
     form = pick(request.formulation, request.backend)
     inst, options, profiles = request.inst, request.space, request.weights
     scenarios = planning_scenarios(inst, request.objective)
-    run = SearchRun(inst, options, request.time_limit_s, profiles)
+    run = SearchRun(inst, options, request.time_limit_s, profiles, start)
     # search.pair_classes > 1 or tp_per_stage: the narrowed subspace is searched first, then this
     # tree holds only the rest of the space
     narrow_first = request.narrow_first and _has_subspace(options)

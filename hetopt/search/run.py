@@ -71,13 +71,11 @@ class SearchRun:
         options: SearchOptions,
         time_limit_s: float,
         profiles: Profiles | None = None,
+        start: float | None = None,
     ) -> None:
-        self.inst, self.options, self.time_limit_s, self.start = (
-            inst,
-            options,
-            time_limit_s,
-            clock(),
-        )
+        self.inst, self.options, self.time_limit_s = inst, options, time_limit_s
+        self.start = clock() if start is None else start
+        """When the search began (its clock.clock()): the time limit counts from it."""
         self.profiles = profiles  # the speeds that lay out the space's stages with shards
         self.stats = SearchStats()
         self.heap: list[tuple[float, int, Node]] = []

@@ -171,7 +171,7 @@ def measure_profile(
         weights=tuple(float(w) for w in weights),
         date=dt.date.today().isoformat(),
         source=f"measured with PyTorch {torch.__version__} on {_device_name(torch, device)}",
-        method="GEMM, KERN, MEM and PASS measured (hetopt.cost.measure); LINK, NET, STEP, MB, "
+        method="GEMM, KERN, MEM and PASS measured (hetopt.calibrate.measure); LINK, NET, STEP, MB, "
         f"ITER, dp_overlap and launch_serial from {base.gpu} ({base.method[:60]}...)",
     )
     # The check: a block twice as wide and twice as long, measured and predicted with the new

@@ -1,4 +1,5 @@
-"""`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise.
+"""`hetopt simulate`: replay a plan under each scenario (in parallel processes) and summarise;
+with the adaptive policy (hetopt.replan.policy) the replay re-plans as the network changes.
 
 By default a replay covers the instance's horizon H (`search.horizon_s`,
 hetopt.spec.scenarios.horizon_of): iterations back to back from t = 0 for as long as the next one
@@ -20,23 +21,14 @@ from collections.abc import Callable
 from concurrent.futures import as_completed
 from typing import Any
 
-import numpy as np
-
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
-from hetopt.plan import Plan, row_labels
-from hetopt.replan.policy import (
-    PolicyOptions,
-    check_policy,
-    replay_adaptive,
-    run_tokens,
-    summary,
-    tokens_within,
-)
+from hetopt.plan import Plan
+from hetopt.replan.policy import PolicyOptions, check_policy, replay_adaptive, run_tokens, summary
 from hetopt.sim.engine import SimResult, Simulation
-from hetopt.spec.cluster import island_vertex
+from hetopt.sim.summary import summarise
 from hetopt.spec.instance import Instance
 from hetopt.spec.scenarios import (
     BandwidthScenario,
@@ -64,88 +56,6 @@ def select_scenarios(inst: Instance, name: str, horizon_s: float) -> list[Bandwi
             ],
         )
     return chosen
-
-
-def stage_peaks(plan: Plan, peak_memory_gib: list[float]) -> list[float]:
-    """Peak memory per stage (template after template) from the evaluator's per-row figures: a stage
-    with shards has a row per GPU type, and its largest is the stage's."""
-    peaks: dict[tuple[int, int], float] = {}
-    for (j, i, _), peak in zip(row_labels(plan), peak_memory_gib, strict=True):
-        peaks[(j, i)] = max(peaks.get((j, i), 0.0), peak)
-    return list(peaks.values())
-
-
-def link_utilization(inst: Instance, result: SimResult) -> dict[str, float]:
-    """Each island link's busiest direction: bytes carried ÷ the capacity integral over the
-    replay."""
-    links = {}
-    for lk in inst.spec.cluster.network.links:
-        u, v = island_vertex(lk.a), island_vertex(lk.b)
-        util = [
-            result.link_bytes.get(e, 0.0) / result.link_capacity_integral[e]
-            for e in ((u, v), (v, u))
-            if result.link_capacity_integral.get(e)
-        ]
-        links[f"{lk.a}-{lk.b}"] = max(util, default=0.0)
-    return links
-
-
-def iteration_stats(times_s: list[float]) -> dict[str, float | None]:
-    """Mean, p50, p90 and max of the iteration times (None each where no iteration was replayed)."""
-    if not times_s:
-        return {"mean": None, "p50": None, "p90": None, "max": None}
-    times = np.array(times_s)
-    return {
-        "mean": float(times.mean()),
-        "p50": float(np.percentile(times, 50)),
-        "p90": float(np.percentile(times, 90)),
-        "max": float(times.max()),
-    }
-
-
-def summarise(
-    inst: Instance,
-    sim: Simulation,
-    scenario: BandwidthScenario,
-    result: SimResult,
-    peak_memory_gib: list[float],
-    horizon_s: float | None = None,
-) -> dict[str, Any]:
-    """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within
-    horizon_s (default: the replayed time), as the adaptive policy's replay counts them
-    (`tokens_within`)."""
-    times = np.array(result.iteration_times_s)
-    total = result.end_s
-    starts = np.concatenate([[0.0], np.cumsum(times)[:-1]])
-    links = (
-        link_utilization(inst, result) if result.busy_s else {}
-    )  # none when priced, not replayed
-    busy = []
-    for j, pipe in enumerate(
-        sim.plan.pipelines if result.busy_s else []
-    ):  # none when priced, not replayed
-        for d in range(len(pipe.stages)):
-            per_replica = [result.busy_s.get((j, r, d), 0.0) / total for r in range(pipe.replicas)]
-            busy.append({"pipeline": j, "stage": d, "busy": float(np.mean(per_replica))})
-    return {
-        "name": scenario.name,
-        "probability": scenario.probability,
-        "iteration_time_s": iteration_stats(result.iteration_times_s),
-        "iterations": len(times),
-        "replayed_s": float(total),
-        "tokens_per_s": inst.global_batch * inst.seq_len / float(times.mean()),
-        "tokens": tokens_within(
-            list(starts),
-            list(times),
-            inst.global_batch * inst.seq_len,
-            total if horizon_s is None else horizon_s,
-        ),
-        "link_utilization": links,
-        "gpu_busy": busy,
-        "peak_memory_gib": stage_peaks(sim.plan, peak_memory_gib),
-        "sampled": result.sampled,
-        "cut": result.cut,
-    }
 
 
 def _one(args) -> tuple[dict[str, Any], SimResult | None]:

@@ -48,16 +48,16 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from hetopt.cost.attention import attention_uncertainty, attention_weight
+from hetopt.cost.derive import _inherited_sources
 from hetopt.cost.terms import ATTN, GEMM, KERN, TERMS, CostParams
 from hetopt.errors import InputError, Problem
-from hetopt.spec.gpus import CATALOG, GPUType
+from hetopt.spec.gpus import CATALOG
 
 CSV_TO_CATALOG = {
     "V100": ("V100-16GB", "V100-32GB"),
@@ -108,8 +108,6 @@ family's value is used."""
 APPROX_WEIGHT = 0.25
 TOLERANCE = 0.10
 """Acceptance: the curve within 10% of every kept point."""
-POWER_EXPONENT = 0.5
-"""η scales as (power per peak TFLOP/s)^½ under a power cap (module docstring)."""
 
 _HOPPER_2048 = (
     "the additive curve cannot meet both 1024³ (a ~10 µs floor per kernel) and 2048³ (near full "
@@ -456,76 +454,63 @@ def fit_gemm(path: str | Path, a100: CostParams) -> dict[str, TypeFit]:
     here)."""
     by_type = read_rows(path)
     fits = {name: TypeFit(name, CATALOG[name].family, by_type.get(name, [])) for name in CATALOG}
-    # 1. types with small shaped rows: η and t_kernel
     for f in fits.values():
-        if f.gpu in ("A100-80GB", "A100-40GB"):
-            f.eta, f.t_kernel, f.shipped = 1 / a100.weights[GEMM], a100.weights[KERN], True
-            f.t_kernel_from = "A100-80GB end-to-end fit (vTrain + Korthikanti data)"
-        elif any(r.flops is not None and r.flops <= SMALL_FLOPS for r in f.kept):
-            eta, tk = _fit(f.kept, None)
-            smallest = min(r.flops / (r.peak * 1e12 * eta) for r in f.kept if r.flops is not None)
-            if tk >= IDENTIFIED * (tk + smallest):
-                f.eta, f.t_kernel, f.t_kernel_from = eta, tk, "fitted"
+        _fit_small_shapes(f, a100)
     fitted = [f for f in fits.values() if f.t_kernel_from]
-    # 2. the rest: t_kernel of the family (else of all fitted types), η fitted
     for f in fits.values():
-        if f.t_kernel_from or not f.kept:
-            continue
-        kin = sorted({round(g.t_kernel, 12) for g in fitted if g.family == f.family})
-        pool = kin or sorted({round(g.t_kernel, 12) for g in fitted})
-        where = (
-            f"mean of the {f.family} family's fitted types"
-            if kin
-            else f"mean of all fitted types (no {f.family} type has small-shape rows)"
-        )
-        f.eta, f.t_kernel = _fit(f.kept, float(np.mean(pool)))
-        f.t_kernel_from = where
+        if not f.t_kernel_from and f.kept:
+            _fit_with_family_kernel(f, fitted)
     for f in fits.values():
-        if not f.kept:
-            continue
-        f.errors = list(
-            curve(f.kept, f.eta, f.t_kernel) / np.array([r.achieved for r in f.kept]) - 1
-        )
-        sources = sorted({r.source for r in f.kept})
-        if len(sources) >= 2:
-            for s in sources:
-                train = [r for r in f.kept if r.source != s]
-                test = [r for r in f.kept if r.source == s]
-                eta, tk = _fit(train, f.t_kernel)
-                e = np.abs(curve(test, eta, tk) / np.array([r.achieved for r in test]) - 1)
-                f.loso[s] = {
-                    "rows": len(test),
-                    "mean_error": float(e.mean()),
-                    "max_error": float(e.max()),
-                }
+        if f.kept:
+            _check(f)
     return fits
+
+
+def _fit_small_shapes(f: TypeFit, a100: CostParams) -> None:
+    """Step 1, the types whose rows identify t_kernel: A100 types from the end-to-end fit, others
+    with small shaped rows by least squares on η and t_kernel (kept where t_kernel is at least
+    IDENTIFIED of the smallest row's time)."""
+    if f.gpu in ("A100-80GB", "A100-40GB"):
+        f.eta, f.t_kernel, f.shipped = 1 / a100.weights[GEMM], a100.weights[KERN], True
+        f.t_kernel_from = "A100-80GB end-to-end fit (vTrain + Korthikanti data)"
+    elif any(r.flops is not None and r.flops <= SMALL_FLOPS for r in f.kept):
+        eta, tk = _fit(f.kept, None)
+        smallest = min(r.flops / (r.peak * 1e12 * eta) for r in f.kept if r.flops is not None)
+        if tk >= IDENTIFIED * (tk + smallest):
+            f.eta, f.t_kernel, f.t_kernel_from = eta, tk, "fitted"
+
+
+def _fit_with_family_kernel(f: TypeFit, fitted: list[TypeFit]) -> None:
+    """Step 2, the rest: t_kernel the mean of its family's fitted types (else of all fitted
+    types), η fitted."""
+    kin = sorted({round(g.t_kernel, 12) for g in fitted if g.family == f.family})
+    pool = kin or sorted({round(g.t_kernel, 12) for g in fitted})
+    where = (
+        f"mean of the {f.family} family's fitted types"
+        if kin
+        else f"mean of all fitted types (no {f.family} type has small-shape rows)"
+    )
+    f.eta, f.t_kernel = _fit(f.kept, float(np.mean(pool)))
+    f.t_kernel_from = where
+
+
+def _check(f: TypeFit) -> None:
+    """Each kept row's error, and with two sources or more, leave-one-source-out: refit on the
+    others at the same t_kernel, error on the one left out."""
+    f.errors = list(curve(f.kept, f.eta, f.t_kernel) / np.array([r.achieved for r in f.kept]) - 1)
+    sources = sorted({r.source for r in f.kept})
+    if len(sources) < 2:
+        return
+    for s in sources:
+        train = [r for r in f.kept if r.source != s]
+        test = [r for r in f.kept if r.source == s]
+        eta, tk = _fit(train, f.t_kernel)
+        e = np.abs(curve(test, eta, tk) / np.array([r.achieved for r in test]) - 1)
+        f.loso[s] = {"rows": len(test), "mean_error": float(e.mean()), "max_error": float(e.max())}
 
 
 # -- profiles
 # -------------------------------------------------------------------------------------------
-
-INHERITED = ("LINK", "NET", "STEP", "PASS", "MB", "ITER")
-
-
-def _inherited_sources(a100: CostParams) -> dict[str, str]:
-    base = f"inherited from the fitted A100-80GB profile ({a100.source})"
-    src = {
-        t: f"{base}: a software-stack property (NCCL, framework, host); no per-type data"
-        for t in INHERITED
-    }
-    src["MEM"] = (
-        f"{base}: 1/{a100.weights[TERMS.index('MEM')]:.3f}, not scaled — the same memory-bound "
-        "kernels (norms, softmax, elementwise); the feature already uses this type's HBM bandwidth"
-    )
-    src["LAT"] = "1, not fitted: physical link latency is in the instance"
-    src["dp_overlap"] = (
-        f"{base}: how much of the gradient all-reduce the framework overlaps; no per-type data"
-    )
-    src["launch_serial"] = f"{base}: host/device overlap of the framework; no per-type data"
-    src["reserve_gib"] = (
-        "estimate of CUDA context + NCCL buffers (terms.CostParams.reserve_gib); not fitted"
-    )
-    return src
 
 
 def profile_for(fit: TypeFit, a100: CostParams, csv_name: str, typical_loso: float) -> CostParams:
@@ -601,7 +586,7 @@ def profile_for(fit: TypeFit, a100: CostParams, csv_name: str, typical_loso: flo
             + (
                 "of the A100-80GB end-to-end fit (same chip and board power)"
                 if fit.shipped
-                else "fitted on public GEMM measurements (hetopt.cost.gemm_fit)"
+                else "fitted on public GEMM measurements (hetopt.calibrate.gemm)"
             )
             + "; every other weight inherited from the fitted A100-80GB profile"
         ),
@@ -610,112 +595,6 @@ def profile_for(fit: TypeFit, a100: CostParams, csv_name: str, typical_loso: flo
         derived=False,
         sources=sources,
         uncertainty=uncertainty,
-    )
-
-
-def _power_per_tflop(g: GPUType) -> float:
-    return g.tdp_w / g.peak_tflops if g.tdp_w else 0.0
-
-
-def family_members(
-    profiles: dict[str, CostParams], family: str, skip: str = ""
-) -> list[tuple[CostParams, GPUType]]:
-    """Measured (non-derived) catalog types of a family, one per distinct (η, power per TFLOP/s)."""
-    seen, out = set(), []
-    for name, p in sorted(profiles.items()):
-        g = CATALOG.get(name)
-        if g is None or g.family != family or p.derived or name == skip:
-            continue
-        key = (round(p.weights[GEMM], 9), round(_power_per_tflop(g), 9))
-        if key not in seen:
-            seen.add(key)
-            out.append((p, g))
-    return out
-
-
-def derived_eta(gpu: GPUType, members: list[tuple[CostParams, GPUType]]) -> float:
-    """Mean η of the members, each scaled by min(1, w/w_m)^½ (w: board power per peak TFLOP/s)."""
-    w = _power_per_tflop(gpu)
-    vals = [
-        (1 / p.weights[GEMM]) * (min(1.0, w / _power_per_tflop(g)) ** POWER_EXPONENT if w else 1.0)
-        for p, g in members
-    ]
-    return float(np.mean(vals))
-
-
-def derivation_uncertainty(profiles: dict[str, CostParams]) -> tuple[float, dict[str, float]]:
-    """Leave-one-out check of the family rule: derive each measured catalog type from the rest of
-    its family (families with ≥ 2 distinct members); RMS relative error of η, and the error per
-    type."""
-    errs = {}
-    for name, p in profiles.items():
-        g = CATALOG.get(name)
-        if g is None or p.derived:
-            continue
-        others = family_members(profiles, g.family, skip=name)
-        others = [(q, h) for q, h in others if not math.isclose(q.weights[GEMM], p.weights[GEMM])]
-        if others:
-            errs[name] = derived_eta(g, others) * p.weights[GEMM] - 1
-    return (float(np.sqrt(np.mean(np.square(list(errs.values()))))) if errs else 0.0), errs
-
-
-def derive_from_family(gpu: GPUType, profiles: dict[str, CostParams]) -> CostParams:
-    """A profile for a GPU type without data from its family's measured types (GEMM, KERN) and
-    A100-80GB's software-stack weights; the method, sources and uncertainty say how."""
-    members = family_members(profiles, gpu.family)
-    if not members:
-        raise InputError(
-            gpu.name, [Problem("family", "no calibrated GPU type of this family", gpu.family, True)]
-        )
-    base = profiles["A100-80GB"]
-    eta = derived_eta(gpu, members)
-    t_kernel = float(np.mean([p.weights[KERN] for p, _ in members]))
-    names = ", ".join(g.name for _, g in members)
-    unc, _ = derivation_uncertainty(profiles)
-    spread = float(
-        np.std([1 / p.weights[GEMM] for p, _ in members])
-        / np.mean([1 / p.weights[GEMM] for p, _ in members])
-    )
-    w = list(base.weights)
-    w[GEMM], w[KERN] = 1 / eta, t_kernel
-    w[ATTN], attention_source = attention_weight(gpu.family, w[GEMM])
-    power = (
-        f"each scaled by min(1, w/w_m)^½ with w = {gpu.tdp_w:g} W / {gpu.peak_tflops:g} TFLOP/s "
-        "(hetopt.cost.gemm_fit.derived_eta)"
-        if gpu.tdp_w
-        else "not scaled by power (no tdp_w declared)"
-    )
-    sources = _inherited_sources(base)
-    sources["GEMM"] = (
-        f"η = {eta:.4f}: mean η of the {gpu.family} family's measured types ({names}), {power}"
-    )
-    sources["KERN"] = (
-        f"t_kernel = {t_kernel * 1e6:.1f} µs: mean of the {gpu.family} family's measured types"
-    )
-    sources["ATTN"] = attention_source
-    sources["uncertainty"] = (
-        "gemm_efficiency: the larger of the family rule's leave-one-out RMS error over the "
-        "catalog and the relative spread of the family's η"
-    )
-    return CostParams(
-        gpu=gpu.name,
-        weights=tuple(float(x) for x in w),
-        dp_overlap=base.dp_overlap,
-        launch_serial=base.launch_serial,
-        reserve_gib=base.reserve_gib,
-        source="derived",
-        date=dt.date.today().isoformat(),
-        method=(
-            f"derived from the {gpu.family} family ({names}): GEMM and KERN from the family, "
-            f"peaks of {gpu.name}; every other weight from A100-80GB"
-        ),
-        family=gpu.family,
-        derived=True,
-        sources=sources,
-        uncertainty={
-            "gemm_efficiency": max(unc, spread),
-            "attention_efficiency": attention_uncertainty(gpu.family),
-        },
     )
 
 
