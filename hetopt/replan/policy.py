@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 from hetopt.cost.profiles import Profiles
@@ -261,84 +262,127 @@ def replay_adaptive(
     policy, counted alike: a sampled iteration is priced per bandwidth phase, not extrapolated over
     the horizon).
     Returns: the AdaptiveRun."""
-    import time
-
     profiles = profiles or Profiles()
-    decisions = decisions or Decisions(inst, profiles, options)
-    nominal = inst.nominal_gbps
-    changes = tuple(
-        sorted(
-            ((at, tuple(sorted(link)), g) for at, link, g in scenario.changes), key=lambda c: c[0]
-        )
-    )
-    moments = change_moments(nominal, changes)
-    detect = [m + (options.detection_delay_s if adapt else 0.0) for m in moments]
-    run = AdaptiveRun(plans=[place(plan, inst.cluster)])
-    sims: dict[int, Simulation] = {}
-    merged = SimResult([], {}, {}, {}, capacity_trace=_capacity_trace(nominal, changes, horizon_s))
-    judged = nominal  # the network the running plan was last judged on
-    recheck_s = math.inf  # when a decision to stay is asked again (`expected_dwell`)
-    current, t, k = 0, 0.0, 0
-    while t < horizon_s:
-        seen_now, due = k < len(detect) and detect[k] <= t, t >= recheck_s
-        if seen_now or due:  # between iterations: decide on the network as last seen
-            while k < len(detect) and detect[k] <= t:
-                k += 1
-            known = levels_at(nominal, changes, moments[k - 1]) if k else dict(nominal)
-            if adapt and all(g > 0 for g in known.values()) and (known != judged or due):
-                judged, recheck_s = known, math.inf
-                dwell, grows = expected_dwell(
-                    inst, scenario.name, options, moments[:k], t, horizon_s
-                )
-                switch, break_even = _decide(
-                    run,
-                    decisions,
-                    current,
-                    known,
-                    dwell,
-                    t,
-                    moments[k - 1] if k else 0.0,
-                    options,
-                    deadline,
-                )
-                if switch is not None:
-                    run.plans.append(switch[0])
-                    current = len(run.plans) - 1
-                    run.switches.append(switch[1])
-                    t += switch[1].pause_s
-                elif grows and math.isfinite(break_even):
-                    # the estimate grows with the time the level has lasted: it passes the
-                    # break-even then
-                    again_s = moments[k - 1] + break_even * (1 + 1e-6)
-                    recheck_s = again_s if t < again_s < horizon_s else math.inf
-            elif due:  # a recheck that cannot be made now (a link down): at the next change seen
-                recheck_s = detect[k] if k < len(detect) else math.inf
+    replay = _Replay(inst, plan, scenario, horizon_s, options, profiles, adapt)
+    replay.decisions = decisions or Decisions(inst, profiles, options)
+    while replay.t < horizon_s:
+        if replay.seen_now() or replay.t >= replay.recheck_s:
+            replay.decide(deadline)  # between iterations: on the network as last seen
             continue
-        # a deadline stops the replay, but not before the running plan has run once (the rest of the
-        # horizon is counted at its rate)
-        if (
-            run.plan_of_iteration
-            and run.plan_of_iteration[-1] == current
-            and deadline is not None
-            and time.time() >= deadline
-        ):
-            run.cut = "time limit"
+        # a deadline stops the replay, but not before the running plan has run once (the rest of
+        # the horizon is counted at its rate)
+        if replay.ran_current() and deadline is not None and time.time() >= deadline:
+            replay.run.cut = "time limit"
             break
-        window_s = min(detect[k] if k < len(detect) else math.inf, recheck_s, horizon_s) - t
-        sim = sims.get(current) or sims.setdefault(
-            current, Simulation(inst, run.plans[current], profiles)
+        replay.advance(record, deadline)
+    return replay.finish()
+
+
+class _Replay:
+    """The state of one adaptive replay: the plans run so far, the running one, the clock, the
+    changes seen, and when a decision to stay is asked again."""
+
+    def __init__(
+        self,
+        inst: Instance,
+        plan: Plan,
+        scenario: BandwidthScenario,
+        horizon_s: float,
+        options: PolicyOptions,
+        profiles: Profiles,
+        adapt: bool,
+    ) -> None:
+        self.inst, self.scenario, self.horizon_s = inst, scenario, horizon_s
+        self.options, self.profiles, self.adapt = options, profiles, adapt
+        self.decisions: Decisions | None = None
+        self.nominal = inst.nominal_gbps
+        self.changes = tuple(
+            sorted(
+                ((at, tuple(sorted(link)), g) for at, link, g in scenario.changes),
+                key=lambda c: c[0],
+            )
         )
-        segment = _segment(sim, shifted(scenario, t), window_s, record, deadline)
-        _merge(merged, segment, t, current)
+        self.moments = change_moments(self.nominal, self.changes)
+        delay = options.detection_delay_s if adapt else 0.0
+        self.detect = [m + delay for m in self.moments]
+        self.run = AdaptiveRun(plans=[place(plan, inst.cluster)])
+        self.sims: dict[int, Simulation] = {}
+        self.merged = SimResult(
+            [], {}, {}, {}, capacity_trace=_capacity_trace(self.nominal, self.changes, horizon_s)
+        )
+        self.judged = self.nominal  # the network the running plan was last judged on
+        self.recheck_s = math.inf  # when a decision to stay is asked again (`expected_dwell`)
+        self.current, self.t, self.k = 0, 0.0, 0
+
+    def seen_now(self) -> bool:
+        """Whether a change has been seen since the last decision."""
+        return self.k < len(self.detect) and self.detect[self.k] <= self.t
+
+    def ran_current(self) -> bool:
+        """Whether the running plan has run an iteration since it started."""
+        return bool(self.run.plan_of_iteration) and self.run.plan_of_iteration[-1] == self.current
+
+    def decide(self, deadline: float | None) -> None:
+        """Switch or stay on the network as last seen (`_decide`); a decision to stay whose
+        expected dwell grows with the level's age is asked again once it passes the break-even."""
+        due = self.t >= self.recheck_s
+        while self.seen_now():
+            self.k += 1
+        k, moments = self.k, self.moments
+        known = levels_at(self.nominal, self.changes, moments[k - 1]) if k else dict(self.nominal)
+        if not (
+            self.adapt and all(g > 0 for g in known.values()) and (known != self.judged or due)
+        ):
+            if due:  # a recheck that cannot be made now (a link down): at the next change seen
+                self.recheck_s = self.detect[k] if k < len(self.detect) else math.inf
+            return
+        self.judged, self.recheck_s = known, math.inf
+        dwell, grows = expected_dwell(
+            self.inst, self.scenario.name, self.options, moments[:k], self.t, self.horizon_s
+        )
+        changed_s = moments[k - 1] if k else 0.0
+        switch, break_even = _decide(
+            self.run,
+            self.decisions,
+            self.current,
+            known,
+            dwell,
+            self.t,
+            changed_s,
+            self.options,
+            deadline,
+        )
+        if switch is not None:
+            self.run.plans.append(switch[0])
+            self.current = len(self.run.plans) - 1
+            self.run.switches.append(switch[1])
+            self.t += switch[1].pause_s
+        elif grows and math.isfinite(break_even):
+            # the estimate grows with the time the level has lasted: it passes the break-even then
+            again_s = moments[k - 1] + break_even * (1 + 1e-6)
+            self.recheck_s = again_s if self.t < again_s < self.horizon_s else math.inf
+
+    def advance(self, record: bool, deadline: float | None) -> None:
+        """Replay the running plan until the next change seen, recheck or the horizon."""
+        next_seen = self.detect[self.k] if self.k < len(self.detect) else math.inf
+        window_s = min(next_seen, self.recheck_s, self.horizon_s) - self.t
+        sim = self.sims.get(self.current) or self.sims.setdefault(
+            self.current, Simulation(self.inst, self.run.plans[self.current], self.profiles)
+        )
+        segment = _segment(sim, shifted(self.scenario, self.t), window_s, record, deadline)
+        _merge(self.merged, segment, self.t, self.current)
         for dt in segment.iteration_times_s:
-            run.starts_s.append(t)
-            run.iteration_times_s.append(dt)
-            run.plan_of_iteration.append(current)
-            t += dt
-    run.end_s = t
-    merged.iteration_times_s, merged.end_s = list(run.iteration_times_s), t
-    run.merged = merged
-    return run
+            self.run.starts_s.append(self.t)
+            self.run.iteration_times_s.append(dt)
+            self.run.plan_of_iteration.append(self.current)
+            self.t += dt
+
+    def finish(self) -> AdaptiveRun:
+        run = self.run
+        run.end_s = self.t
+        self.merged.iteration_times_s, self.merged.end_s = list(run.iteration_times_s), self.t
+        run.merged = self.merged
+        return run
 
 
 def _decide(
@@ -357,8 +401,6 @@ def _decide(
     nothing found beats the running plan). No plan can pay back a restart as long as the dwell, so
     then nothing is searched; nor once the deadline has passed (a network searched before is
     answered still)."""
-    import time
-
     left_s = (
         options.time_limit_s
         if deadline is None

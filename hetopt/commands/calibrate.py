@@ -1,0 +1,270 @@
+"""`hetopt calibrate`: fit or measure the cost model's parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hetopt.commands.common import JsonOpt, _print_json, err, out
+from hetopt.errors import (
+    InputError,
+    Problem,
+    did_you_mean,
+    require_columns,
+)
+from hetopt.outputs import check_output, check_output_directory
+from hetopt.progress import Progress
+from hetopt.report.tables import narrow_table
+
+
+def calibrate(
+    data: Annotated[
+        list[str] | None, typer.Argument(help="CSV files of measured runs or layer times.")
+    ] = None,
+    gpu: Annotated[
+        str, typer.Option("--gpu", help="GPU type the measurements were taken on.")
+    ] = "A100-80GB",
+    out_path: Annotated[
+        str | None, typer.Option("--out", help="Write the fitted profile (JSON) here.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite --out if it exists.")] = False,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="Cross-validation folds.")] = 5,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Time GEMMs, attention and a transformer block with PyTorch on this machine "
+            "instead.",
+        ),
+    ] = False,
+    device: Annotated[str, typer.Option("--device", help="With --measure: cuda or cpu.")] = "cuda",
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="With --measure: a tiny model (tests, CPU).")
+    ] = False,
+    gemm: Annotated[
+        str | None,
+        typer.Option(
+            "--gemm",
+            help="Fit the GEMM efficiency curve of every catalog type on this CSV (columns of "
+            "gemm_achieved.csv); --out is then a directory for one profile per type.",
+        ),
+    ] = None,
+    fabrics_csv: Annotated[
+        str | None,
+        typer.Option(
+            "--fabrics", help="Fit the fabric table (η, α per fabric) to a collectives CSV instead."
+        ),
+    ] = None,
+    runs_csv: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--runs",
+            help="Report accuracy on end-to-end training runs (columns of training_throughput_"
+            "non_a100.csv), per GPU type and source, with leave-one-source-out; fits the framework "
+            "stacks (--out: write them).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure
+    them."""
+
+    if runs_csv:
+        _calibrate_runs(runs_csv, out_path, force, as_json)
+        return
+    if fabrics_csv is not None:
+        from hetopt.calibrate.fabrics import calibrate_cli
+
+        calibrate_cli(fabrics_csv, out_path, force, as_json, out)
+        return
+
+    from hetopt.cost.terms import CostParams
+    from hetopt.report.tables import calibration_view
+    from hetopt.spec.gpus import CATALOG
+
+    target = Path(out_path) if out_path else None
+    if gemm is not None:
+        _calibrate_gemm(gemm, target, force, as_json)
+        return
+    if target is not None:
+        check_output(target, "--out", force)
+    if gpu not in CATALOG:
+        raise InputError(
+            "calibrate",
+            [Problem("--gpu", f"unknown GPU type{did_you_mean(gpu, CATALOG)}", gpu, True)],
+        )
+    if measure:
+        from hetopt.calibrate.measure import measure_profile
+
+        params: CostParams = measure_profile(gpu=gpu, device=device, tiny=tiny, progress=err)
+    else:
+        if not data:
+            raise InputError(
+                "calibrate", [Problem("DATA", "give one or more CSV files, or --measure")]
+            )
+        from hetopt.calibrate.layouts import calibrate as fit
+
+        with Progress(err, f"calibrating {gpu} on {len(data)} file(s)…") as status:
+            params = fit(data, gpu, folds=folds, progress=status.update)
+    if target is not None:
+        params.save(target)
+    if as_json:
+        _print_json(params.to_json())
+    else:
+        out.print(calibration_view(params))
+        if target is not None:
+            out.print(f"profile written to {target}")
+
+
+RUN_COLUMNS = {
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+    "model",
+    "seq_len",
+    "micro_batch",
+    "tp",
+    "pp",
+    "dp",
+    "source",
+}
+"""Columns an end-to-end runs CSV must have (hetopt.calibrate.runs reads more where present)."""
+
+
+def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
+
+    from hetopt.calibrate.accuracy import fit_report, fit_stacks, load_runs, stack_fit
+    from hetopt.calibrate.stacks import save_stacks
+    from hetopt.cost.profiles import Profiles
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
+        require_columns(
+            path,
+            RUN_COLUMNS,
+            "an end-to-end runs CSV (the columns of data/calibration/"
+            "public/training_throughput_non_a100.csv)",
+        )
+    target = Path(out_path) if out_path else None
+    if target is not None and target.is_dir():
+        raise InputError(
+            str(target),
+            [
+                Problem(
+                    "--out",
+                    "is a directory; with --runs, --out is the stack table file (stacks.json)",
+                    str(target),
+                    True,
+                )
+            ],
+        )
+    if target is not None:
+        check_output(target, "--out", force)
+    with Progress(
+        err, f"calibrating: fitting the framework stacks on {len(paths)} runs file(s)…"
+    ) as status:
+        stacks = fit_stacks(load_runs(paths))
+        status.update("calibrating: predicting every run, leaving each source out in turn")
+        report = fit_report(paths, fit=stack_fit, profiles=Profiles(stacks=stacks))
+    report["stacks"] = {name: s.to_json() for name, s in stacks.items()}
+    if target is not None:
+        save_stacks(stacks, target, [Path(p).name for p in paths])
+    if as_json:
+        _print_json({**report, "out": str(target) if target else None})
+        return
+    view = narrow_table(
+        f"End-to-end runs: {report['expressed']} of {report['rows']} expressed; error = "
+        "predicted / measured − 1"
+    )
+    for col in ("GPU type", "rows", "MAPE", "median pred/meas", "Spearman", "LOSO MAPE", "≤ 15%"):
+        view.add_column(col)
+    for gpu, s in report["per_gpu"].items():
+        held = report["loso_per_gpu"].get(gpu, {})
+        verdict = report["acceptance"].get(gpu, {}).get("passes")
+        view.add_row(
+            gpu,
+            str(s["rows"]),
+            f"{s['mape']:.1%}",
+            f"{s['median_ratio']:.3f}",
+            f"{s['spearman']:.3f}" if s.get("spearman") is not None else "–",
+            f"{held['mape']:.1%}" if "mape" in held else "–",
+            {True: "yes", False: "no", None: "n/a"}[verdict],
+        )
+    out.print(view)
+    for name, st in stacks.items():
+        fitted = (
+            f"fitted on {st.fit['rows']} rows, MAPE {st.fit['mape']:.1%}"
+            if st.fit.get("rows")
+            else st.source
+        )
+        out.print(f"stack {name}: device compute at {st.compute_efficiency:.3f} ({fitted})")
+    if report["note"]:
+        out.print(report["note"])
+    if target is not None:
+        out.print(f"stack table written to {target}")
+    out.print("not expressed: " + ", ".join(f"{k} {v}" for k, v in report["not_expressed"].items()))
+
+
+def _calibrate_gemm(path: str, target, force: bool, as_json: bool) -> None:
+    from hetopt.calibrate.gemm import run_calibrate_gemm
+
+    if target is not None and target.exists() and not target.is_dir():
+        raise InputError(
+            str(target),
+            [
+                Problem(
+                    "--out",
+                    "with --gemm, --out is a directory (one profile per GPU type)",
+                    str(target),
+                    True,
+                )
+            ],
+        )
+    if target is not None and target.exists() and any(target.glob("*.json")) and not force:
+        raise InputError(
+            str(target),
+            [Problem("--out", "holds profiles; pass --force to overwrite them", str(target), True)],
+        )
+    if target is not None:
+        check_output_directory(target, "--out")
+    with Progress(
+        err, f"calibrating: fitting the GEMM efficiency of every catalog type on {path}…"
+    ):
+        table, _ = run_calibrate_gemm(path, target)
+    if as_json:
+        _print_json({"gemm_fit": table, "out": str(target) if target else None})
+        return
+    view = narrow_table("GEMM curve per GPU type: achieved = peak·η·F/(F + t_kernel·peak·η)")
+    for col in (
+        "type",
+        "family",
+        "rows",
+        "excl.",
+        "η",
+        "t_k µs",
+        "mean err",
+        "max err",
+        "LOSO max",
+        "t_k from",
+    ):
+        view.add_column(col)
+    for r in table:
+        loso = "" if r["loso_max_error"] is None else f"{r['loso_max_error']:.1%}"
+        view.add_row(
+            r["gpu"],
+            r["family"],
+            str(r["rows"]),
+            str(r["excluded"]),
+            f"{r['eta']:.3f}",
+            f"{r['t_kernel_us']:.1f}",
+            f"{r['mean_error']:.1%}",
+            f"{r['max_error']:.1%}",
+            loso,
+            r["kernel_from"],
+        )
+    out.print(view)
+    if target is not None:
+        out.print(f"profiles written to {target}")
