@@ -28,6 +28,7 @@ from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
 from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp
+from hetopt.replan.policy import Decisions, PolicyOptions, replay_adaptive, run_tokens
 from hetopt.sim.engine import Simulation
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -238,8 +239,6 @@ def _adaptive_rows(
     (`ilp-expected`, static) and the adaptive policy from each (hetopt.replan.policy). The two
     static plans' rows get their tokens over the horizon, replayed whole as the adaptive policy's
     are, so the four compare."""
-    from hetopt.replan.policy import Decisions, PolicyOptions, replay_adaptive, run_tokens
-
     robust = run_ilp(inst, time_limit_s, profiles, seed, objective=ROBUST)
     robust_rows = _replay(inst, robust, scenarios, iterations, profiles, samples)
     horizon_s, options = inst.horizon_s, PolicyOptions.of(inst)

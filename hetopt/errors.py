@@ -6,6 +6,7 @@ the key path, the value given and the fix, and the CLI exits with :data:`EXIT_BA
 
 from __future__ import annotations
 
+import csv
 import difflib
 import math
 from collections.abc import Iterable, Sequence
@@ -117,8 +118,6 @@ def require_columns(path: str, required: set[str], what: str) -> None:
     """Bad input (exit 2) unless the CSV file at `path` has every column of `required`; `what` names
     the file kind and where its columns are shown (e.g. "a collectives CSV ...
     collectives_achieved.csv")."""
-    import csv
-
     with open(path, newline="", encoding="utf-8") as fh:
         header = set(next(csv.reader(fh), []))
     missing = sorted(required - header)

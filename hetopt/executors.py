@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -203,8 +204,6 @@ minutes."""
 def _check_reachable(address: str) -> None:
     """Bad input (exit 2) at once when nothing listens at a HOST:PORT address; other forms (`auto`)
     pass."""
-    import socket
-
     host, sep, port = address.split("://", 1)[-1].rpartition(":")
     if not sep or not host or not port.isdigit():
         return

@@ -28,7 +28,8 @@ share nodes stage by stage.
 
 from __future__ import annotations
 
-from hetopt.errors import InfeasibleError
+from hetopt.errors import InfeasibleError, InputError
+from hetopt.layout import Layout, layout_ranks
 from hetopt.plan import NodeGPUs, PlacementEntry, Plan, Stage
 from hetopt.spec.cluster import Cluster
 
@@ -250,9 +251,6 @@ def megatron_placed(plan: Plan, cluster: Cluster) -> Plan:
     fastest, then CP, DP, PP over the nodes as declared); raises InfeasibleError where the plan is
     no layout of every GPU of `cluster` or its templates are not those the rank order forms, in that
     order."""
-    from hetopt.errors import InputError
-    from hetopt.layout import Layout, layout_ranks
-
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
     layout = Layout(
         tp=stages[0].tp,

@@ -9,16 +9,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from hetopt.baselines.exhaustive import exhaustive
+from hetopt.baselines.registry import PLANNERS as BASELINES
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor
+from hetopt.export.runnable import runnable_instance
+from hetopt.placement import place
 from hetopt.plan import Plan, PlannedFor, plan_json
 from hetopt.planners import ALIASES, solve_ilp
 from hetopt.search.formulation import SolveStatus, clock
-from hetopt.search.robust import OBJECTIVES
+from hetopt.search.robust import OBJECTIVES, plan_objective, planning_scenarios
 from hetopt.search.run import SearchResult
 from hetopt.search.types import SearchOptions, SearchRequest
+from hetopt.simulate import simulate
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
 
@@ -104,8 +109,6 @@ def solve(
     profiles = profiles or Profiles()
     free_inst = inst
     if runnable is not None:
-        from hetopt.export.runnable import runnable_instance
-
         inst = runnable_instance(inst, runnable)
     options = SearchOptions.from_instance(inst)
     deadline = time.time() + time_limit_s
@@ -113,8 +116,6 @@ def solve(
     search_s = search_time_limit_s(time_limit_s) / (2 if compare else 1)
     start = clock()
     if planner == "exhaustive":
-        from hetopt.baselines.exhaustive import exhaustive
-
         ex = exhaustive(inst, options, profiles, objective=objective)
         status = SolveStatus.OPTIMAL if ex.plan is not None else SolveStatus.INFEASIBLE
         result = SearchResult(
@@ -195,9 +196,6 @@ def run_heuristic(
     """A baseline planner's plan as a search result: `feasible` with its objective and no bound
     (nothing is proven), or `infeasible` with the planner's reason when it found no plan that
     fits."""
-    from hetopt.baselines.registry import PLANNERS as BASELINES
-    from hetopt.search.robust import plan_objective, planning_scenarios
-
     found = BASELINES[planner](inst, time_limit_s, profiles, seed)
     if found.plan is None:
         return SearchResult(
@@ -232,8 +230,6 @@ def finished_plan(inst: Instance, plan: Plan) -> Plan:
     """A planner's plan as `solve` hands it out: placed on the cluster, with the instance it was
     planned for, and passed by the independent verifier (a failure there is a planner bug:
     AssertionError)."""
-    from hetopt.placement import place
-
     plan = place(plan, inst.cluster).model_copy(
         update={"instance": PlannedFor(name=inst.name, **inst.fingerprint())}
     )
@@ -278,7 +274,6 @@ def report(
         out["warm_start"] = {k: v for k, v in r.warm_start.items() if k != "plan"}
     if r.plan is None:
         return out
-    from hetopt.simulate import simulate
 
     plan = finished_plan(inst, r.plan)
     predicted = evaluate(inst, plan, profiles)

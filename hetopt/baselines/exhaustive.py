@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError, Problem
 from hetopt.evaluate import plan_features, price
+from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan
 from hetopt.search.robust import aggregate, planning_scenarios, pricing
 from hetopt.search.roots import enumerate_skeletons
@@ -111,8 +112,6 @@ def exhaustive_objectives(
         for k in range(n)
     ]
     if len(jobs) > 1:
-        from hetopt.lifeline import worker_pool
-
         with worker_pool(len(jobs)) as pool:
             found = list(pool.map(_best_of, jobs))
     else:

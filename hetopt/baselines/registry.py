@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 
 from hetopt.baselines.common import PlannerResult
+from hetopt.baselines.exhaustive import exhaustive
 from hetopt.baselines.metis import metis_like
 from hetopt.baselines.proportional import proportional
 from hetopt.baselines.random_search import random_search
@@ -20,8 +21,6 @@ from hetopt.spec.instance import Instance
 def run_exhaustive(
     inst: Instance, time_limit_s: float = 60.0, profiles: Profiles | None = None, seed: int = 0
 ) -> PlannerResult:
-    from hetopt.baselines.exhaustive import exhaustive
-
     start = clock()
     try:
         ex = exhaustive(

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -55,7 +56,7 @@ import numpy as np
 
 from hetopt.cost.attention import attention_uncertainty, attention_weight
 from hetopt.cost.derive import _inherited_sources
-from hetopt.cost.terms import ATTN, GEMM, KERN, TERMS, CostParams
+from hetopt.cost.terms import ATTN, GEMM, KERN, TERMS, CostParams, shipped_profiles
 from hetopt.errors import InputError, Problem
 from hetopt.spec.gpus import CATALOG
 
@@ -664,10 +665,6 @@ def _short(where: str) -> str:
 
 def a100_base(profile_dir: str | Path | None = None) -> CostParams:
     """The fitted A100-80GB profile: from `profile_dir` when it has one, else the shipped one."""
-    import json
-
-    from hetopt.cost.terms import shipped_profiles
-
     if profile_dir is not None and (Path(profile_dir) / "A100-80GB.json").is_file():
         path = Path(profile_dir) / "A100-80GB.json"
         return CostParams.from_json(json.loads(path.read_text(encoding="utf-8")))

@@ -26,8 +26,13 @@ from dataclasses import replace
 import numpy as np
 
 from hetopt.cost.attention import attention_weight
+from hetopt.cost.features import BWD, FWD, stage_work
+from hetopt.cost.pricing import host_device, price_parts
+from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import ATTN, GEMM, KERN, MB, MEM, PASS, CostParams
 from hetopt.errors import InputError, Problem
+from hetopt.spec.gpus import CATALOG
+from hetopt.spec.presets import ModelArch
 
 SIZES = {
     # name: (gemm n, small gemm n, elementwise elements, block hidden, heads, seq, micro-batch,
@@ -95,12 +100,6 @@ def _block(torch, hidden: int, heads: int):
 def measure_profile(
     gpu: str, device: str = "cuda", tiny: bool = False, progress=None
 ) -> CostParams:
-    from hetopt.cost.features import BWD, FWD, stage_work
-    from hetopt.cost.pricing import host_device, price_parts
-    from hetopt.cost.profiles import Profiles
-    from hetopt.spec.gpus import CATALOG
-    from hetopt.spec.presets import ModelArch
-
     torch = _torch()
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError(

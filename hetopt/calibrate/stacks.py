@@ -3,6 +3,7 @@ with it), and writing the fitted table."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 
@@ -35,8 +36,6 @@ def fit_efficiency(
 
 def save_stacks(stacks: dict[str, Stack], path, data: list[str]) -> None:
     """Write the stack table (`hetopt calibrate --runs CSV --out FILE`)."""
-    import datetime as dt
-
     doc = {
         "date": dt.date.today().isoformat(),
         "method": "hetopt calibrate --runs: per stack, the compute efficiency minimising the "

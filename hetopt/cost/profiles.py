@@ -20,6 +20,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from hetopt.cost.derive import derive_from_family
 from hetopt.cost.stacks import Stack, scale_weights, shipped_stacks
 from hetopt.cost.terms import CostParams, profile_error, shipped_profiles
 from hetopt.errors import InputError, Problem
@@ -62,8 +63,6 @@ class Profiles:
 
     def _derive(self, gpu: GPUType) -> CostParams:
         if gpu.family:
-            from hetopt.cost.derive import derive_from_family
-
             return derive_from_family(gpu, self.calibrated)
 
         def distance(name: str) -> float:

@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 WAIT_S = 60
@@ -77,8 +78,6 @@ def _reference(layers: int, sequences: int) -> tuple[float, dict]:
 
 
 def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 

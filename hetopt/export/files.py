@@ -7,7 +7,10 @@ refused), places it, builds its rank map (hetopt.export.rankmap) and the chosen 
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from hetopt.export.launchers import (
     torchrun_lines,
 )
 from hetopt.export.rankmap import RankMap, rank_map
+from hetopt.outputs import check_output_directory
 from hetopt.placement import place
 from hetopt.plan import Plan
 from hetopt.spec.instance import Instance
@@ -128,11 +132,6 @@ def write_files(files: dict[str, str], directory: Path, force: bool) -> list[Pat
     replaced only with `force`; every file is first written whole into a temporary folder inside
     `directory`, and only then are they renamed into place. Returns: the paths written. Raises:
     InputError (exit 2) naming --out, the directory and the fix."""
-    import os
-    import shutil
-    import tempfile
-
-    from hetopt.outputs import check_output_directory
 
     def refuse(message: str) -> InputError:
         return InputError(str(directory), [Problem("--out", message, str(directory), True)])

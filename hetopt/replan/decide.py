@@ -21,12 +21,16 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.placement import ORDERS, place
-from hetopt.plan import Plan
+from hetopt.plan import Plan, plan_json
 from hetopt.planners import solve_ilp
 from hetopt.replan.migration import Migration, migration
-from hetopt.search.formulation import SolveOptions
+from hetopt.search.dispatch import solve_skeleton
+from hetopt.search.formulation import SolveOptions, clock
+from hetopt.search.leaves import plan_problem
+from hetopt.search.robust import PlanningScenario
 from hetopt.search.types import SearchRequest, Seed, Skeleton, Template, segments_of
 from hetopt.spec.instance import Instance
+from hetopt.spec.scenarios import levels_at
 from hetopt.verify import check_plan
 
 
@@ -55,8 +59,6 @@ class Replan:
     """The island links' Gbit/s the answer priced."""
 
     def to_json(self) -> dict:
-        from hetopt.plan import plan_json
-
         def finite(x: float) -> float | None:
             return x if math.isfinite(x) else None
 
@@ -87,8 +89,6 @@ def network_at(
     level then); bandwidth — links set by hand, (island a, island b) → Gbit/s.
     Returns: ({(a, b): Gbit/s} for every link, seconds until the scenario's next change or None).
     Raises: InputError (exit 2) for an unknown scenario or link, a negative time or bandwidth."""
-    from hetopt.spec.scenarios import levels_at
-
     nominal = inst.nominal_gbps
     if (scenario is None) == (bandwidth is None):
         raise InputError(
@@ -185,10 +185,6 @@ def neighbourhood(
     """The best re-split of the running plan's templates on `inst`'s (changed) cluster, in each
     placement order: (plan, iteration time), or None where the plan has no skeleton or none can be
     placed."""
-    from hetopt.search.dispatch import solve_skeleton
-    from hetopt.search.leaves import plan_problem
-    from hetopt.search.robust import PlanningScenario
-
     best = None
     for order in ORDERS:
         sk = skeleton_of(plan, order)
@@ -225,8 +221,6 @@ def best_under(
     together.
 
     Returns: (running plan's s, best plan, its s, found_by: running, neighbourhood or search)."""
-    from hetopt.search.formulation import clock
-
     start = clock()
     current_s = evaluate(changed, running, profiles).iteration_time_s
     best, found_by = (running, current_s), "running"

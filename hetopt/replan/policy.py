@@ -36,7 +36,10 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from hetopt.cost.profiles import Profiles
+from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.placement import place
 from hetopt.plan import Plan, plan_json
@@ -54,8 +57,6 @@ Levels = tuple[tuple[tuple[str, str], float], ...]
 
 def check_policy(policy: str) -> str:
     """The policy's name. Raises: InputError (exit 2) for a name not in POLICIES."""
-    from hetopt.errors import InputError, Problem, did_you_mean
-
     if policy not in POLICIES:
         raise InputError(
             "--policy",
@@ -510,8 +511,6 @@ def summary(
     replay's entry (DESIGN 2.4; tokens_per_s is the tokens over the horizon ÷ the horizon, the
     switches' pauses counted), and the policy's: tokens, switches, declined decisions, the plans
     run."""
-    import numpy as np
-
     profiles = profiles or Profiles()
     merged = run.merged
     tokens = run_tokens(inst, run, horizon_s)

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan
+from hetopt.search.bounds.run import Bounds
 from hetopt.search.space import enumerate_recompute, tp_options, zero_stages
 from hetopt.search.types import SearchOptions, SearchStats, Segment, Skeleton, Template
 from hetopt.spec.instance import Instance
@@ -158,8 +159,6 @@ class Layouts:
     def __init__(
         self, inst: Instance, opts: SearchOptions, profiles: Profiles | None = None
     ) -> None:
-        from hetopt.search.bounds.run import Bounds
-
         self.inst, self.opts = inst, opts
         self.bounds = Bounds(inst, profiles or Profiles())
         self._per_layer: dict = {}

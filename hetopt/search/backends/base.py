@@ -10,6 +10,7 @@ could not solve at all — never a guess from a solution that happens to be ther
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import sys
@@ -141,8 +142,6 @@ class Backend:
 
     def available(self) -> tuple[bool, str]:
         """(usable here, why not): the package imports and the solver binary or library works."""
-        import importlib
-
         try:
             importlib.import_module(self.package)
         except ImportError as exc:

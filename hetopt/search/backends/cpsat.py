@@ -12,6 +12,7 @@ Objective and bound are the integer model's (`ObjectiveValue`, `BestObjectiveBou
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hetopt.search.backends.base import Backend, Capabilities, RunResult, SolveOptions, SolveStatus
@@ -62,7 +63,5 @@ class CpSatBackend(
 
 def _bound(solver) -> float | None:
     """CP-SAT's bound without a solution: its best bound when it has one."""
-    import math
-
     bound = solver.BestObjectiveBound()
     return bound if math.isfinite(bound) else None
