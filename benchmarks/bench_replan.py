@@ -45,9 +45,8 @@ def main() -> None:
         f"{inst.name}: running plan {solved.objective_s:.4f} s per iteration "
         f"({solved.status.value}) on the nominal network"
     )
-    replan(
-        inst, plan, bandwidth={}, dwell_s=60.0
-    )  # caches and imports warm, as in a long-running service
+    # caches and imports warm, as in a long-running service
+    replan(inst, plan, bandwidth={}, dwell_s=60.0)
     print(
         f"{'link':24s} {'replan s':>9s} {'decision':>8s} {'running s':>10s} {'best s':>9s} "
         f"{'moved GB':>9s} {'migration s':>11s} {'break-even s':>12s}"

@@ -96,9 +96,8 @@ def solve(problem: PlanProblem, backend: str, options: SolveOptions) -> SplitSol
     if options.export_path:  # the exported model carries the hint, as the solved one does
         for var, value in (hint or {}).items():
             model.AddHint(var, value)
-        with atomic_path(
-            options.export_path
-        ) as temp:  # a .txt name is written as text, else binary
+        # a .txt name is written as text, else binary
+        with atomic_path(options.export_path) as temp:
             model.ExportToFile(str(temp))
         hint = None
     run = registry.get(backend).run(model, options, hint)

@@ -333,15 +333,15 @@ def add_pipeline(model, pr, yf, yb, tau_max, t_sync, tag: str) -> None:  # (C3),
     )
 
 
+# (C5), (C2s)
 def add_gradient_allreduce(
     model, pr, L, yb, t_sync, t_dp, tag: str, one_hot=None, scenario: int = 0
-) -> None:  # (C5), (C2s)
+) -> None:
     chain = 0
     for i in range(pr.depth):
         send = 0.5 * pr.p2p[i] if i > 0 else 0.0
-        if (
-            pr.rows is not None
-        ):  # stages with shards: the all-reduce and its overlap read off the binaries
+        # stages with shards: the all-reduce and its overlap read off the binaries
+        if pr.rows is not None:
             _, w, tables = one_hot[i]
             allreduce = pulp.lpSum(t * x for t, x in zip(tables[scenario]["dp"], w, strict=True))
             hidden = pulp.lpSum(t * x for t, x in zip(tables[scenario]["hidden"], w, strict=True))

@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"infeasible: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(ExitCode.FAILED)
     except Exception as exc:  # a fault in hetopt, not an answer (1) and not the user's input (2)
-        if _signalled(
-            exc, Terminated
-        ):  # SIGTERM inside C code (a Ray call) surfaces as its SystemError
+        # SIGTERM inside C code (a Ray call) surfaces as its SystemError
+        if _signalled(exc, Terminated):
             err.print(
                 "terminated (SIGTERM): stopped with its worker processes",
                 markup=False,

@@ -148,9 +148,8 @@ def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[Mo
                     logging_level=logging.ERROR,
                     configure_logging=True,
                 )
-        except (
-            SystemExit
-        ) as exc:  # a SIGTERM during ray.init meets Ray's driver handler: sys.exit(SIGTERM)
+        # a SIGTERM during ray.init meets Ray's driver handler: sys.exit(SIGTERM)
+        except SystemExit as exc:
             if exc.code == signal.SIGTERM:
                 raise Terminated() from None
             raise

@@ -122,9 +122,8 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         for node in inst.cluster.nodes.values()
         for local in range(node.gpus)
     ]
-    width = (
-        layout.tp * layout.cp
-    )  # GPUs of one stage of one replica: its TP groups, one per CP rank
+    # GPUs of one stage of one replica: its TP groups, one per CP rank
+    width = layout.tp * layout.cp
     used = width * layout.pp * layout.dp
     m = inst.model
     problems = []

@@ -193,9 +193,8 @@ class OwnedPool(ProcessPoolExecutor):
                 return super().submit(fn, *args, **kwargs)
         except BaseException:
             for pid in _child_pids() - before if may_spawn else ():
-                kill_tree(
-                    pid
-                )  # spawned during this submit, perhaps not yet recorded: `stop` would miss it
+                # spawned during this submit, perhaps not yet recorded: `stop` would miss it
+                kill_tree(pid)
             raise
 
     def stop(self) -> None:
@@ -255,9 +254,8 @@ def _dying_child(parent_pid: int) -> Callable[[], None]:
     def preexec() -> None:
         if _PRCTL is not None:
             _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if (
-            os.getppid() != parent_pid
-        ):  # the parent died before the signal was set: it will never come
+        # the parent died before the signal was set: it will never come
+        if os.getppid() != parent_pid:
             os._exit(1)
 
     return preexec
@@ -383,9 +381,8 @@ def reap(owner_pid: int, token: str) -> None:
         if owner is not None:
             seen.update(_marked_below(owner, token, me))
     for p in psutil.process_iter():
-        with contextlib.suppress(
-            psutil.Error
-        ):  # gone, or another user's (its environment is not readable)
+        # gone, or another user's (its environment is not readable)
+        with contextlib.suppress(psutil.Error):
             if p.pid != me and p.environ().get(MARK) == token:
                 seen.setdefault(p.pid, p)
     for p in seen.values():

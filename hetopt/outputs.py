@@ -99,9 +99,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     temp_path = Path(temp)
     try:
         yield temp_path
-        os.chmod(
-            temp_path, 0o666 & ~_umask()
-        )  # mkstemp makes 0600; a plain open() would honour the umask
+        # mkstemp makes 0600; a plain open() would honour the umask
+        os.chmod(temp_path, 0o666 & ~_umask())
         os.replace(temp_path, target)
     except OSError as exc:
         raise _write_error(target, exc) from exc

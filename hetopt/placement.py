@@ -71,9 +71,8 @@ def place(plan: Plan, cluster: Cluster, order: str = "replica") -> Plan:
                         f"pipelines[{p_index}].stages[{s_index}]: no device class "
                         f"{gpu}@{island} in the cluster"
                     )
-                if (
-                    stage.width > dc.max_gpus_per_node
-                ):  # a TP group over whole nodes (the verifier: no CP then)
+                # a TP group over whole nodes (the verifier: no CP then)
+                if stage.width > dc.max_gpus_per_node:
                     entry = span_nodes(cluster, dc, stage.tp, free, near, where)
                     entries.append(entry)
                     at.setdefault(where[:3], entry.node)
@@ -146,9 +145,8 @@ class FreeGPUs:
         self.cluster = cluster
         self.free = {name: list(range(node.gpus)) for name, node in cluster.nodes.items()}
         self._where: dict[str, tuple[dict, int]] = {}  # node → (its NIC's counts, position)
-        self._by_nic: dict[
-            tuple, dict[float, dict[int, set[int]]]
-        ] = {}  # class → NIC → free count → positions
+        # class → NIC → free count → positions
+        self._by_nic: dict[tuple, dict[float, dict[int, set[int]]]] = {}
         self._names: dict[tuple, list[str]] = {}  # class → node names in declaration order
         for key, dc in cluster.device_classes.items():
             self._names[key] = [n.name for n in dc.nodes]

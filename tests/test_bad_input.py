@@ -312,9 +312,8 @@ def test_an_outage_is_replayed_and_refused_by_the_objectives_that_cannot_price_i
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     times = data["verified"]["scenarios"][0]["iteration_time_s"]
-    assert (
-        times["max"] > data["objective_s"] + 5
-    )  # an iteration met the outage and waited for the link
+    # an iteration met the outage and waited for the link
+    assert times["max"] > data["objective_s"] + 5
 
 
 def test_a_trace_from_a_spreadsheet_reads_and_an_empty_one_is_refused(tmp_path):

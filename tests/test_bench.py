@@ -155,10 +155,11 @@ def test_bench_writes_csv_markdown_and_plots_and_never_overwrites(tmp_path):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader((out / "results.csv").open()))
     wan = [r for r in rows if r["instance"] == "wan-flapping-a100-v100"]
+    # one row per instance × planner × scenario
     assert {r["scenario"] for r in wan} == {
         "calm",
         "congested",
-    }  # one row per instance × planner × scenario
+    }
     # and on the instance with scenarios, the robust plan and the adaptive policy from each plan
     # (its rows)
     assert len(rows) == 3 * 2 + 3 * 1 + 3 * 2
@@ -173,9 +174,8 @@ def test_bench_writes_csv_markdown_and_plots_and_never_overwrites(tmp_path):
     refused = [r for r in wan if r["planner"] == "exhaustive"]
     assert all(r["status"] in ("refused", "optimal") for r in refused)
     md = (out / "results.md").read_text()
-    assert (
-        "## wan-flapping-a100-v100" in md and "**" in md and "vs ilp" in md
-    )  # --planners hetopt: the old name of ilp
+    # --planners hetopt: the old name of ilp
+    assert "## wan-flapping-a100-v100" in md and "**" in md and "vs ilp" in md
     before = (out / "results.csv").read_bytes()
     again = run_hetopt(*args)
     assert again.returncode == 2 and "already exist" in again.stderr and "--force" in again.stderr

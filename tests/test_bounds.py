@@ -56,9 +56,8 @@ def test_every_node_bound_holds_for_every_skeleton_under_it(name):
     """family, bucket, group, pair-range and pair-subgroup bounds ≤ the compute bound of each
     skeleton they key (which is ≤ its optimum); children never key below their parent."""
     inst = load_instance(SMALL / f"{name}.yaml")
-    opts = dataclasses.replace(
-        SearchOptions.from_instance(inst), zero=(1, 2, 3)
-    )  # ZeRO-2/3 nodes too
+    # ZeRO-2/3 nodes too
+    opts = dataclasses.replace(SearchOptions.from_instance(inst), zero=(1, 2, 3))
     tree = Tree(inst, opts, SearchStats(), Bounds(inst, Profiles()))
     kinds, leaves = set(), 0
     for root in roots(tree):
@@ -71,9 +70,8 @@ def test_every_node_bound_holds_for_every_skeleton_under_it(name):
                     node.bound,
                     leaf_bound,
                 )
-            assert all(
-                a.bound <= b.bound for a, b in itertools.pairwise(path)
-            )  # keys never fall going down
+            # keys never fall going down
+            assert all(a.bound <= b.bound for a, b in itertools.pairwise(path))
     assert leaves > 0
     one_template = {"FamilyNode", "BucketNode", "GroupNode", "SkeletonNode"}
     pairs = {"PairGroupNode", "PairRangeNode", "PairSubgroupNode"}

@@ -79,9 +79,8 @@ def test_calibrate_command_writes_a_loadable_profile(tmp_path):
     assert result.returncode == 0, result.stderr
     profile = json.loads(out.read_text())
     assert profile["gpu"] == "A100-80GB" and profile["fit"][LAYERS.name]["rows"] == 10
-    assert (
-        "] fitting: 10 measurements in 1 data set\n" in result.stderr
-    )  # progress, a log line off a terminal
+    # progress, a log line off a terminal
+    assert "] fitting: 10 measurements in 1 data set\n" in result.stderr
     evaluated = run_hetopt(
         "evaluate", "demo", "--layout", "tp=2,pp=2,dp=8", "--profile", str(out), "--json"
     )

@@ -124,12 +124,10 @@ def test_islands_without_links_meet_on_the_fabric(cluster):
 
 def test_class_routes_take_the_least_connected_node(cluster):
     assert cluster.class_route(("L4", "C"), ("V100-32GB", "B")).gbps == 100  # c2-0's NIC
-    assert (
-        cluster.class_route(("V100-32GB", "B"), ("V100-32GB", "B")).gbps == 1200
-    )  # one node: NVLink
-    assert (
-        cluster.class_route(("A100-80GB", "A"), ("A100-80GB", "A")).gbps == 200
-    )  # two nodes: NICs
+    # one node: NVLink
+    assert cluster.class_route(("V100-32GB", "B"), ("V100-32GB", "B")).gbps == 1200
+    # two nodes: NICs
+    assert cluster.class_route(("A100-80GB", "A"), ("A100-80GB", "A")).gbps == 200
 
 
 def test_placement_keeps_pipeline_traffic_on_the_widest_route(tmp_path):

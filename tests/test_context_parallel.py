@@ -136,11 +136,12 @@ def test_context_parallelism_needs_flash_attention_and_says_so_with_exit_2(tmp_p
         and "needs training.attention: flash" in result.stderr
     )
     assert "Traceback" not in result.stderr
+    # the instance's search.cp
     assert SearchOptions.from_instance(load_instance(inst_path)).cp == (
         1,
         2,
         4,
-    )  # the instance's search.cp
+    )
     assert default_cp(load_instance(inst_path)) == (1,)  # ... but no CP by default without flash
 
 

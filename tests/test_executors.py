@@ -16,9 +16,8 @@ SMALL = REPO / "tests" / "small" / "s4-three-types.yaml"
 
 def test_executor_names():
     assert check_executor("process") == "process"
-    assert (
-        check_executor("local") == "process"
-    )  # DESIGN 2.4's name for this machine's worker processes
+    # DESIGN 2.4's name for this machine's worker processes
+    assert check_executor("local") == "process"
     with pytest.raises(InputError, match="did you mean 'ray'"):
         check_executor("rey")
     with pytest.raises(InputError, match="add --executor ray"):

@@ -54,9 +54,8 @@ def test_the_rank_map_of_four_stages_by_two_replicas_runs_on_gloo(tmp_path):
     from hetopt.export.dryrun import check
 
     rankmap = _rankmap(tmp_path)
-    assert (
-        rankmap["world_size"] == 8 and rankmap["order"] == "tp-cp-pp-dp"
-    )  # each node holds one replica
+    # each node holds one replica
+    assert rankmap["world_size"] == 8 and rankmap["order"] == "tp-cp-pp-dp"
     stages = [
         (r["stage"], r["first_layer"], r["layers"]) for r in rankmap["ranks"] if r["replica"] == 0
     ]
@@ -138,9 +137,8 @@ def _export_bundled(path: Path) -> tuple[str, list, dict, list]:
     }
     rm = files["rankmap"].rankmap
     assert rm.world_size == sum(p.replicas * s.gpus for p in plan.pipelines for s in p.stages)
-    assert consistency(rm.to_json()) == [], (
-        inst.name
-    )  # every GPU once, groups and neighbours paired
+    # every GPU once, groups and neighbours paired
+    assert consistency(rm.to_json()) == [], inst.name
     runnable = solve_ilp(
         SearchRequest(runnable_instance(inst, "megatron"), time_limit_s=2, workers=1)
     ).plan
@@ -161,9 +159,8 @@ def test_every_bundled_instances_plan_exports_and_its_runnable_plan_is_megatrons
     from hetopt.lifeline import worker_pool
 
     paths = sorted((REPO / "instances").glob("*.yaml"))
-    with worker_pool(
-        2
-    ) as pool:  # spawned: HiGHS's threads do not survive a fork of a process that ran it
+    # spawned: HiGHS's threads do not survive a fork of a process that ran it
+    with worker_pool(2) as pool:
         found = list(pool.map(_export_bundled, paths))
     assert len(found) == len(paths)
     for name, blocked, files, (runnable_blocked, cfg) in found:
@@ -174,9 +171,8 @@ def test_every_bundled_instances_plan_exports_and_its_runnable_plan_is_megatrons
         assert runnable_blocked == [], (name, runnable_blocked)
         if HAS_MEGATRON_CORE:
             _megatron_objects(cfg)
-    assert any(
-        blocked for _, blocked, _, _ in found
-    )  # the heterogeneous optima: several templates, mixed TP
+    # the heterogeneous optima: several templates, mixed TP
+    assert any(blocked for _, blocked, _, _ in found)
 
 
 def test_deepspeed_accepts_the_exported_config(monkeypatch):

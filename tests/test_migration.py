@@ -69,9 +69,8 @@ def test_a_layer_moving_from_the_v100_to_the_a100_moves_its_weights_and_optimize
     )
     assert moved.time_s == pytest.approx(by_hand, rel=1e-12)
     line_rate_s = 8 * 14 * params / 100e9  # 176 MB over a 100 Gbit/s NIC: 14.1 ms at its line rate
-    assert (
-        line_rate_s <= moved.time_s < 1.1 * line_rate_s
-    )  # 14.55 ms: the route's η, α and latency on top
+    # 14.55 ms: the route's η, α and latency on top
+    assert line_rate_s <= moved.time_s < 1.1 * line_rate_s
     back = migration(inst, _plan(4), _plan(5))
     assert back.bytes_by_route == {("a-0", "v-0"): pytest.approx(14 * params)}
     same = migration(inst, _plan(5), _plan(5))

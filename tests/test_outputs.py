@@ -116,12 +116,10 @@ def test_the_time_limit_bounds_the_whole_solve(tmp_path):
     wall_s = time.monotonic() - start
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert (
-        data["status"] in ("timeout", "optimal") and data["time_limit_s"] == 5
-    )  # a fast machine may prove it
-    assert (
-        data["solve_time_s"] <= 5 * 0.9 + 3
-    )  # its share of the limit, and the last solves' overrun
+    # a fast machine may prove it
+    assert data["status"] in ("timeout", "optimal") and data["time_limit_s"] == 5
+    # its share of the limit, and the last solves' overrun
+    assert data["solve_time_s"] <= 5 * 0.9 + 3
     assert wall_s < 5 + 30, wall_s
 
 

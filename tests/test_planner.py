@@ -86,9 +86,8 @@ def test_every_formulation_and_backend_matches_exhaustive_enumeration(
     assert result.status == SolveStatus.OPTIMAL
     tolerance = CPSAT_REL if backend == "cpsat" else MILP_REL
     assert result.objective_s == pytest.approx(truth.objective_s, rel=tolerance)
-    assert result.objective_s >= truth.objective_s * (
-        1 - 1e-12
-    )  # no plan beats the exhaustive optimum
+    # no plan beats the exhaustive optimum
+    assert result.objective_s >= truth.objective_s * (1 - 1e-12)
     assert result.bound_s <= result.objective_s + 1e-12
     assert check_plan(inst, result.plan) == []  # the independent verifier accepts it
     timed = evaluate(inst, result.plan)
@@ -128,6 +127,7 @@ def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, fo
 def test_the_heterogeneous_optimum_beats_every_single_type_plan():
     inst = load_instance(DEMO)
     both = solve_ilp(SearchRequest(inst, backend="highs"), warm_start=False)
+    # heuristic seeds would bring plans of both types
     one_type = solve_ilp(
         SearchRequest(
             inst,
@@ -135,7 +135,7 @@ def test_the_heterogeneous_optimum_beats_every_single_type_plan():
             options=SearchOptions(max_classes=1, max_templates=1, shards=False),
         ),
         warm_start=False,
-    )  # heuristic seeds would bring plans of both types
+    )
     assert both.status == one_type.status == SolveStatus.OPTIMAL
     pipes = both.plan.pipelines
     assert len({s.gpu for p in pipes for s in p.stages}) > 1  # A100 and V100 both work
@@ -226,9 +226,8 @@ def test_timeout_returns_the_warm_start_plan_with_its_gap():
     data = json.loads(result.stdout)
     assert data["status"] == "timeout" and data["plan"] is not None
     assert data["warm_start"]["planner"] in ("amp-like", "proportional")
-    assert (
-        data["objective_s"] <= data["warm_start"]["objective_s"]
-    )  # never worse than where it started
+    # never worse than where it started
+    assert data["objective_s"] <= data["warm_start"]["objective_s"]
     assert 0 < data["gap"] < 1 and data["bound_s"] < data["objective_s"]
 
 
@@ -507,9 +506,8 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
                 problem = plan_problem(inst, sk, profiles, scenarios, objective)
             except InfeasibleError:
                 continue
-            caps = (
-                problem.base.max_layers()
-            )  # the bounds promise: no split that fits in memory is faster
+            # the bounds promise: no split that fits in memory is faster
+            caps = problem.base.max_layers()
             splits = (
                 [n for t in split for n in t]
                 for split in itertools.product(
@@ -713,10 +711,11 @@ def test_per_stage_recompute_keeps_a_stage_that_only_the_least_work_mode_fits(tm
     )
     assert uniform.objective_s == pytest.approx(truth.objective_s, rel=MILP_REL)
     for formulation, backend in (("split-milp", "highs"), ("split-cpsat", "cpsat")):
+        # the space's own
         mixed = solve_ilp(
             SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60),
             warm_start=False,
-        )  # the space's own
+        )
         assert mixed.status == SolveStatus.OPTIMAL, mixed.reason
         assert mixed.objective_s == pytest.approx(truth.objective_s, rel=CPSAT_REL)
         assert mixed.skeleton is not None
@@ -831,9 +830,8 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
             assert bound <= best * (1 + 1e-12), sk.describe()
             assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
             raised += 1
-    assert (
-        raised >= 10
-    )  # measured: the drain raises 82 (s6) to 260 (s3) skeleton bounds, before placement
+    # measured: the drain raises 82 (s6) to 260 (s3) skeleton bounds, before placement
+    assert raised >= 10
 
 
 def test_the_interleaved_schedule_is_searched_and_pays_where_the_bubble_dominates():
@@ -1076,9 +1074,8 @@ def test_a_memory_headroom_that_leaves_nothing_or_is_no_number_is_refused(value,
 def test_one_enumeration_for_objectives_alike_finds_what_one_each_finds(tmp_path):
     from hetopt.baselines.exhaustive import exhaustive_objectives
 
-    spec = yaml.safe_load(
-        (SMALL_DIR / "s2-a100-v100.yaml").read_text()
-    )  # its V100 node in a second rack
+    # its V100 node in a second rack
+    spec = yaml.safe_load((SMALL_DIR / "s2-a100-v100.yaml").read_text())
     spec["cluster"]["nodes"][1]["island"] = "r1"
     spec["cluster"]["network"] = {"links": [{"a": "r0", "b": "r1", "gbps": 100}]}
     spec["scenarios"] = [
@@ -1295,6 +1292,7 @@ def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
         60.0,
         0,
     )
+
     def narrow_first(request, options, best, progress, run):
         run.subspace(timed_out)  # the subspace's search, as if it had timed out
         return Seed("ilp, search.pair_classes 1", narrow.objective_s, narrow.plan)

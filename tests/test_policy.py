@@ -113,9 +113,8 @@ def test_a_detection_delay_postpones_the_switch(step):
         PolicyOptions.of(inst, detection_delay_s=20.0),
     )
     (switch,) = late.switches
-    assert (
-        80.0 <= switch.at_s < 80.0 + switch.old_s * 1.05
-    )  # seen at 60 + 20 s, then the iteration running
+    # seen at 60 + 20 s, then the iteration running
+    assert 80.0 <= switch.at_s < 80.0 + switch.old_s * 1.05
 
 
 def test_on_fast_flapping_the_policy_declines_and_loses_at_most_2_percent_to_the_static_robust_plan(

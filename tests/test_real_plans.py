@@ -198,9 +198,8 @@ def _embedding_head_plan(first: int, middle: int, last: int) -> Plan:
 
 
 def test_stages_of_only_the_embedding_and_only_the_head_worked_by_hand():
-    inst = load_instance(
-        DEMO
-    )  # LLaMA-7B: V = 32000, h = 4096, untied head, RMSNorm (one scale of h)
+    # LLaMA-7B: V = 32000, h = 4096, untied head, RMSNorm (one scale of h)
+    inst = load_instance(DEMO)
     plan = _embedding_head_plan(0, 32, 0)
     assert check_plan(inst, plan) == []
     ev = evaluate(inst, plan)
@@ -286,9 +285,8 @@ def test_a_layout_whose_tp_group_covers_whole_nodes_expands_to_more_nodes(tmp_pa
     )
     nodes = [{"name": "v", "count": 2, "gpu": "V100-32GB", "gpus_per_node": 6, "nic_gbps": 100}]
     _, path6 = _instance(tmp_path, SMALL, nodes, training={"global_batch": 6})
-    result = run_hetopt(
-        "evaluate", str(path6), "--layout", "tp=4,pp=1,dp=3", "--json"
-    )  # ranks 4..7: 2 + 2
+    # ranks 4..7: 2 + 2
+    result = run_hetopt("evaluate", str(path6), "--layout", "tp=4,pp=1,dp=3", "--json")
     assert result.returncode == 2 and "whole" in result.stderr
 
 
@@ -313,9 +311,8 @@ def test_tp_across_nodes_only_over_whole_nodes_of_one_type(tmp_path):
     half = Plan.model_validate(data)
     paths = {p for p, _ in check_plan(inst, half)}
     assert {"placement[0].more_nodes[0].gpus", "placement[0].more_nodes[1].node"} <= paths
-    found = check_plan(
-        inst, _one_stage(6, gpu="V100-32GB", micro_batches=4)
-    )  # 6 is not whole 4-GPU nodes
+    # 6 is not whole 4-GPU nodes
+    found = check_plan(inst, _one_stage(6, gpu="V100-32GB", micro_batches=4))
     assert found and found[0][0] == "pipelines[0].stages[0].tp"
 
 
@@ -343,9 +340,8 @@ def test_zero_memory_follows_the_zero_paper(tmp_path):
         for z in (1, 2, 3)
     }
     m = inst.model
-    psi = (
-        4 * layer_params(m) + embedding_params(m) + head_params(m)
-    ) / 8  # parameters per GPU of TP 8
+    # parameters per GPU of TP 8
+    psi = (4 * layer_params(m) + embedding_params(m) + head_params(m)) / 8
     unit = layer_params(m) / 8  # the largest unit: a layer (4h² + 3hf + 2h > V·h for LLaMA-7B)
     assert layer_params(m) > head_params(m)
     n_d = 2
@@ -379,12 +375,10 @@ def test_zero_collectives_worked_by_hand(tmp_path):
         return (2 - 1) / 2 * 8 * rank_bytes / (200 * fabrics.get("infiniband").eta * GBIT)
 
     z2, z3, z1 = feats[2], feats[3], feats[1]
-    assert (
-        z2.templates[0][0, DP][NET] == 0 and z3.templates[0][0, DP][NET] == 0
-    )  # no end-of-iteration all-reduce
-    assert z1.templates[0][0, DP][NET] == pytest.approx(
-        2 * over_nic(2 * psi)
-    )  # all-reduce = RS + AG
+    # no end-of-iteration all-reduce
+    assert z2.templates[0][0, DP][NET] == 0 and z3.templates[0][0, DP][NET] == 0
+    # all-reduce = RS + AG
+    assert z1.templates[0][0, DP][NET] == pytest.approx(2 * over_nic(2 * psi))
     # ZeRO-2: per micro-batch a reduce-scatter of the 16-bit gradients; once, the updated weights
     # gathered
     assert z2.zero_passes[0][0, 0, NET] == 0 and z2.zero_passes[0][0, 1, NET] == pytest.approx(

@@ -109,11 +109,12 @@ def test_iteration_time_row_maps_to_its_layout_and_measured_time():
     assert not inst.model.gated_mlp and inst.model.position_embedding == "learned"
     assert inst.global_batch == 512 and inst.seq_len == 1024
     node = inst.spec.cluster.nodes[0]
+    # Omni-Path 4 × 100 Gbit/s
     assert (node.count, node.gpus_per_node, node.nic_gbps) == (
         8,
         4,
         400.0,
-    )  # Omni-Path 4 × 100 Gbit/s
+    )
     assert run.source == "bigscience gpt2.md"
     predict_runs([run])
     assert run.expressed and run.predicted_s > 0
@@ -135,9 +136,8 @@ def test_tokens_per_second_row_converts_to_iteration_time():
         and m.tied_embeddings
         and not m.gated_mlp
     )
-    assert (
-        run.instance.spec.cluster.nodes[0].nic_gbps == 3200.0
-    )  # unstated: 8 × 400 Gbit/s, said per row
+    # unstated: 8 × 400 Gbit/s, said per row
+    assert run.instance.spec.cluster.nodes[0].nic_gbps == 3200.0
     assert any("8×400" in n for n in run.notes)
     # ZeRO-3 (FSDP FULL_SHARD): the evaluator prices it
     predict_runs([run])
@@ -147,9 +147,8 @@ def test_tokens_per_second_row_converts_to_iteration_time():
 def test_fp8_and_context_parallel_rows_carry_their_reasons():
     fp8 = run_from_row({**MPT_ROW, "precision": "amp_fp8 (MP mode DEFAULT)"}, 3)
     assert fp8.reason_category == FP8 and not fp8.expressed
-    cp = run_from_row(
-        {**V100_ROW, "cp": "2", "dp": "1", "tp": "2"}, 4
-    )  # tp·pp·dp·cp = 2·8·1·2 = 32 GPUs
+    # tp·pp·dp·cp = 2·8·1·2 = 32 GPUs
+    cp = run_from_row({**V100_ROW, "cp": "2", "dp": "1", "tp": "2"}, 4)
     assert cp.reason_category == CP and cp.reasons == ["context parallelism cp>1: cp=2"]
     both = run_from_row({**MPT_ROW, "precision": "fp8", "cp": "2", "dp": "256"}, 5)
     assert [r.split(":")[0] for r in both.reasons] == [FP8, CP]

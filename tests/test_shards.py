@@ -33,9 +33,8 @@ T = {"gpu": "T4", "island": "r0"}
 
 @pytest.fixture(scope="module")
 def s4():
-    return load_instance(
-        SMALL / "s4-three-types.yaml"
-    )  # two A100, two V100-16GB, two T4, one node each
+    # two A100, two V100-16GB, two T4, one node each
+    return load_instance(SMALL / "s4-three-types.yaml")
 
 
 def _plan(b: int, m: int, stages: list[dict], replicas: int = 1) -> Plan:
@@ -102,9 +101,8 @@ def test_a_mixed_stage_runs_at_its_slowest_ranks_pace(s4):
     want = stage_work(
         m, s4.gpu_types["V100-16GB"], 2, s, 1, True, "flash", "none", 4, True, False, intra
     )
-    assert np.allclose(
-        f.templates[0][1, :4], want
-    )  # the V100 rank: 4 layers and the embedding, 2 sequences
+    # the V100 rank: 4 layers and the embedding, 2 sequences
+    assert np.allclose(f.templates[0][1, :4], want)
     # rows 0 and 1 form stage 0: row 1 has the longer forward (3 against 1), row 0 the longer
     # backward (4 + 1 against 2); sends, all-reduce and optimizer the longer of each
     times = np.zeros((3, 7))
@@ -405,12 +403,10 @@ def test_every_skeleton_with_shards_solves_to_its_enumerated_optimum(formulation
             sol.objective_s, rel=1e-12
         )
         assert problem.lower_bound_s <= truth * (1 + 1e-12)  # the placed bound holds
-        assert Bounds(inst, Profiles()).skeletons.shard_bound(sk) <= truth * (
-            1 + 1e-12
-        )  # and the one before placement
-    assert solved == len(
-        cases
-    )  # every one of the 19 has a split that fits (enumerated, 2026-12-02)
+        # and the one before placement
+        assert Bounds(inst, Profiles()).skeletons.shard_bound(sk) <= truth * (1 + 1e-12)
+    # every one of the 19 has a split that fits (enumerated, 2026-12-02)
+    assert solved == len(cases)
 
 
 def test_s17_optimum_uses_shards_and_pays_over_the_space_without_them():

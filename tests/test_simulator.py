@@ -228,9 +228,8 @@ def test_the_gradient_all_reduce_starts_dp_overlap_into_the_last_backward(demo):
         if rec.kind == "B":
             last_b[rec.device] = max(last_b.get(rec.device, (0.0, 0.0)), (rec.end_s, rec.start_s))
     (end_s, start_s), overlap = max(last_b.values()), sim.overlap[0][0]
-    ring = [
-        rec for rec in result.records if rec.kind == "dp" and rec.start_s > start_s
-    ]  # the last pass's
+    # the last pass's
+    ring = [rec for rec in result.records if rec.kind == "dp" and rec.start_s > start_s]
     assert ring and overlap > 0
     assert ring[0].start_s == pytest.approx(end_s - overlap * (end_s - start_s), rel=1e-9)
     # the record was booked at that time before too; the iteration's end shows when its flows ran
@@ -240,9 +239,8 @@ def test_the_gradient_all_reduce_starts_dp_overlap_into_the_last_backward(demo):
 
 
 def test_halving_the_uplink_during_the_dp_all_reduce_costs_what_its_traffic_explains(demo):
-    plan = expand_layout(
-        demo, parse_layout("tp=8,pp=1,dp=4")
-    )  # no pipeline sends; DP ring crosses racks
+    # no pipeline sends; DP ring crosses racks
+    plan = expand_layout(demo, parse_layout("tp=8,pp=1,dp=4"))
     sim = Simulation(demo, plan)
     stable = sim.run(STABLE)
     halved = sim.run(BandwidthScenario("halved", 1.0, ((0.0, ("rack0", "rack1"), 200.0),)))
@@ -504,9 +502,8 @@ def test_an_iteration_too_large_even_to_sample_is_priced_and_says_so(tmp_path, m
     assert sc["iteration_time_s"]["mean"] == pytest.approx(
         evaluate(inst, plan).iteration_time_s, rel=1e-12
     )
-    assert (
-        sc["gpu_busy"] == [] and sc["link_utilization"] == {}
-    )  # nothing replayed, nothing measured
+    # nothing replayed, nothing measured
+    assert sc["gpu_busy"] == [] and sc["link_utilization"] == {}
 
 
 def test_a_replay_the_deadline_interrupts_before_one_iteration_is_priced_and_says_so(monkeypatch):

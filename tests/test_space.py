@@ -171,9 +171,8 @@ def _baselines_outside_space(path: Path) -> tuple[list, list]:
         # the scale and long-context instances on an idle 2-core machine (2026-12-02), 3 s leave
         # room; a plan it does not reach under load is not a plan to check
         found = PLANNERS[name](inst, {"random": 1.5, "metis-like": 3.0}.get(name, 20.0), profiles)
-        if found.extra.get(
-            "plans_outside_space"
-        ):  # plans it tried that the space does not hold (not timed)
+        # plans it tried that the space does not hold (not timed)
+        if found.extra.get("plans_outside_space"):
             outside.append(
                 (inst.name, name, f"{found.extra['plans_outside_space']} candidate plans")
             )
@@ -184,9 +183,8 @@ def _baselines_outside_space(path: Path) -> tuple[list, list]:
         why = outside_space(inst, plan, opts)
         if why:
             outside.append((inst.name, name, why))
-        if (
-            name in ("megatron", "amp-like") and len(plan.pipelines) > 1
-        ):  # the uniform layouts' points
+        # the uniform layouts' points
+        if name in ("megatron", "amp-like") and len(plan.pipelines) > 1:
             layouts.append(
                 (
                     inst.name,
@@ -224,9 +222,8 @@ def test_every_baseline_plan_on_every_bundled_instance_is_a_point_of_the_space()
     for key in (("scale-4096-four-types", "megatron"), ("v100x12-t4x4-gpt2-medium", "amp-like")):
         point, why = layouts[key]
         assert point, key
-        assert any("device classes beside another template" in w for w in why), (
-            why
-        )  # only as a layout
+        # only as a layout
+        assert any("device classes beside another template" in w for w in why), why
 
 
 def test_on_five_device_classes_the_heuristics_plans_are_points_of_the_space(tmp_path):
@@ -340,9 +337,8 @@ def test_two_templates_on_one_class_split_its_replicas_micro_batches_unevenly_an
         }
     )
     timed = evaluate(inst, three)
-    assert timed.fits and timed.iteration_time_s == pytest.approx(
-        2.0938457, rel=1e-6
-    )  # exhaustive's optimum
+    # exhaustive's optimum
+    assert timed.fits and timed.iteration_time_s == pytest.approx(2.0938457, rel=1e-6)
     assert timed.iteration_time_s < best.objective_s
     assert outside_space(inst, three, opts) == []
     assert outside_space(inst, three, pairs) == ["3 templates (the space: at most 2)"]
@@ -382,9 +378,8 @@ def test_zero_stages_in_the_space_follow_search_zero():
         "pair": {1},
     }
     assert zeros(dataclasses.replace(base, zero=(0,))) == {"one": {0}, "many": {0}, "pair": {0}}
-    assert "pair" not in zeros(
-        dataclasses.replace(base, zero=(2, 3))
-    )  # ZeRO-2/3 shard one template
+    # ZeRO-2/3 shard one template
+    assert "pair" not in zeros(dataclasses.replace(base, zero=(2, 3)))
 
     group = next(
         g
@@ -506,10 +501,11 @@ def test_a_class_at_two_tp_degrees_is_a_point_of_the_space_only_with_tp_per_stag
     assert {f.tps for f in families} == {(1, 2), (2, 1), (1, 4), (4, 1), (2, 4), (4, 2)}
     two_one = next(f for f in families if f.tps == (2, 1))
     assert two_one.replica_counts() == [1]  # 2 + 1 GPUs a replica at least: one replica of 4 GPUs
+    # 4 − 2 GPUs left at TP 1
     assert list(two_one.next_counts(opts, inst.model.layers, 1, (1,))) == [
         1,
         2,
-    ]  # 4 − 2 GPUs left at TP 1
+    ]
 
 
 def test_per_stage_tp_pays_on_s16():

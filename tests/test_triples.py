@@ -292,12 +292,12 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
                     ]
                     for r in range(1, 9)
                 ]
-                assert all(
-                    a <= b for row in grid for a, b in itertools.pairwise(row)
-                )  # rises with m
+                # rises with m
+                assert all(a <= b for row in grid for a, b in itertools.pairwise(row))
+                # and R
                 assert all(
                     a <= b for col in zip(*grid, strict=True) for a, b in itertools.pairwise(col)
-                )  # and R
+                )
         for point in g.replica_counts():
             for rc in g.recompute_options:
                 least = TripleShares(bounds, g, point, rc).least()

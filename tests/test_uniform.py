@@ -140,10 +140,11 @@ search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 3}
     inst = load_instance(path)
     opts = SearchOptions.from_instance(inst)
     ones = [sk for sk in lockstep_skeletons(inst, opts, SearchStats()) if len(sk.templates) == 1]
+    # one replica: one of hetopt's orders
     assert [sk.order for sk in ones] == [
         "megatron",
         "replica",
-    ]  # one replica: one of hetopt's orders
+    ]
     sk = ones[0]
     assert [seg.gpu for seg in sk.templates[0].segments] == ["A100-80GB", "V100-32GB", "A100-80GB"]
     plan = sk.plan([2, 2, 2])

@@ -76,12 +76,10 @@ class Candidates:
             self.outside_why = self.outside_why or why
             return math.inf
         try:
-            plan = place(
-                plan, self.inst.cluster, self.options.placements[0]
-            )  # search.placement's first
-            ev = evaluate(
-                self.inst, plan, self.profiles
-            )  # runs the verifier first: a rejected plan raises
+            # search.placement's first
+            plan = place(plan, self.inst.cluster, self.options.placements[0])
+            # runs the verifier first: a rejected plan raises
+            ev = evaluate(self.inst, plan, self.profiles)
         except (InfeasibleError, InputError):
             return math.inf
         self.evaluated += 1

@@ -36,9 +36,8 @@ def proportional(
     classes = sorted(
         inst.cluster.device_classes.values(), key=lambda dc: -inst.gpu_types[dc.gpu].peak_tflops
     )
-    spanned = classes[
-        : options.max_classes
-    ]  # one template spans at most max_classes classes: the fastest
+    # one template spans at most max_classes classes: the fastest
+    spanned = classes[: options.max_classes]
     total_mb_of = {
         b: inst.micro_batches(b) for b in options.micro_batch if inst.micro_batches(b) is not None
     }
@@ -81,9 +80,8 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
     layers = inst.model.layers
     bounds = Bounds(inst, profiles)
     shapes = []
-    for dc in (
-        classes
-    ):  # the fewest stages that hold the model (ZeRO counted over this class's replicas only)
+    # the fewest stages that hold the model (ZeRO counted over this class's replicas only)
+    for dc in classes:
         depth = next(
             (
                 n
@@ -100,14 +98,12 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
             continue
         r = dc.gpus // (tp * depth)
         a, c = bounds.templates.stage_line(dc.gpu, tp, b, rc, False, False)
-        shapes.append(
-            (dc, depth, r, r / (a * layers / depth + c))
-        )  # replicas × micro-batches per second
+        # replicas × micro-batches per second
+        shapes.append((dc, depth, r, r / (a * layers / depth + c)))
     if not shapes:
         return None
-    shapes = sorted(shapes, key=lambda s: -s[3])[
-        : options.max_templates
-    ]  # the space's most templates
+    # the space's most templates
+    shapes = sorted(shapes, key=lambda s: -s[3])[: options.max_templates]
     rate = sum(s[3] for s in shapes)
     shares = [max(s[1], int(total_mb * s[3] / rate / s[2])) for s in shapes]
     # fix the rounding so that Σ R_j·m_j = M, on the fastest template, if it can absorb it

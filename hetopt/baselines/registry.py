@@ -23,9 +23,8 @@ def run_exhaustive(
 ) -> PlannerResult:
     start = clock()
     try:
-        ex = exhaustive(
-            inst, profiles=profiles, workers=1
-        )  # one process, as every planner of a sweep
+        # one process, as every planner of a sweep
+        ex = exhaustive(inst, profiles=profiles, workers=1)
     except InputError as exc:  # over its budget: refused, which the bench reports as such
         return PlannerResult(
             "exhaustive", None, math.inf, clock() - start, "refused", note=exc.problems[0].message

@@ -241,9 +241,8 @@ def _rows_of(r: dict, label: str) -> list[Row]:
     if busbw is None:  # 'effective 340Gbps' or 'a to b Gbps algo throughput (=2*bytes*8/time)'
         text = r["other_metric"].split("Gbps")[0].replace("'effective", "").strip()
         lo, hi = _range(text)
-        scale = (
-            factor / 16 if "algo throughput" in r["other_metric"] else 1 / 8
-        )  # Gbit/s of 2·B → algbw GB/s
+        # Gbit/s of 2·B → algbw GB/s
+        scale = factor / 16 if "algo throughput" in r["other_metric"] else 1 / 8
         busbw = (lo * scale, hi * scale)
     nominal = NOMINAL_GBPS.get(fabric, float(r["nominal_gbit_s"]))
     out = []
@@ -362,9 +361,8 @@ report's errors)."""
 
 def _fit_one(name: str, rows: list[Row], fab: dict[str, Fabric]) -> tuple[float, float, bool]:
     sweep = any(FIT_BYTES <= r.nbytes < LARGE_BYTES for r in rows)
-    alpha0 = (
-        fab[ALPHA_RULE.get(name, name)].alpha_s if not sweep else 1e-5
-    )  # LOSO: own α when rest has no sweep
+    # LOSO: own α when rest has no sweep
+    alpha0 = fab[ALPHA_RULE.get(name, name)].alpha_s if not sweep else 1e-5
 
     def residuals(x):
         trial = dict(fab)

@@ -139,9 +139,8 @@ def measure_profile(
     base = Profiles().for_gpu(spec)
     weights = list(base.weights)
     weights[GEMM], weights[KERN], weights[MEM] = 1 / gemm_eff, t_small, 1 / mem_eff
-    weights[ATTN], _ = attention_weight(
-        spec.family, weights[GEMM]
-    )  # flash attention follows the GEMM (ρ)
+    # flash attention follows the GEMM (ρ)
+    weights[ATTN], _ = attention_weight(spec.family, weights[GEMM])
 
     block = _block(torch, hidden, heads).to(device=device, dtype=dtype)
     inp = torch.randn(mb, seq, hidden, device=device, dtype=dtype, requires_grad=True)

@@ -82,9 +82,8 @@ def bench(
         else check_planners([p.strip() for p in planners.split(",")])
     )
     names = instance_names or list(bundled_instances())
-    check_outputs(
-        Path(out_dir), force
-    )  # before any work: nothing a user has is overwritten without --force
+    # before any work: nothing a user has is overwritten without --force
+    check_outputs(Path(out_dir), force)
     check_executor(executor, address)
     insts = [with_memory_headroom(load_instance(n), memory_headroom) for n in names]
     wanted = None if scenarios == "all" else [s.strip() for s in scenarios.split(",")]

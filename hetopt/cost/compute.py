@@ -106,16 +106,14 @@ def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.nd
 
 def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """The projections' and MLP's GEMMs and the memory-bound work of one layer's forward."""
-    local = LayerShape(
-        x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention
-    )  # this rank's tokens
+    # this rank's tokens
+    local = LayerShape(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention)
     dense = layer_forward_flops(x.model, x.micro_batch, x.tokens) - attention_core_flops(local)
     stored = layer_activation_bytes(
         x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none"
     )
-    return _gemm(dense / x.tp, 4, gpu) + _mem(
-        stored, gpu
-    )  # QKV, output projection, MLP up(+gate), MLP down
+    # QKV, output projection, MLP up(+gate), MLP down
+    return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)
 
 
 def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:

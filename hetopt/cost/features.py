@@ -247,9 +247,8 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
                 columns,
                 ring_load,
             )
-            group = (
-                replicas_total - pipe.replicas + len(every)
-            ) * st.cp  # ZeRO-1: one shard per DP rank
+            # ZeRO-1: one shard per DP rank
+            group = (replicas_total - pipe.replicas + len(every)) * st.cp
             shard = group if plan.zero else 1
             arr[row, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
             arr[row, OPT, ITER] = 1
@@ -574,9 +573,8 @@ def stage_memory(
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
-    if (
-        st.recompute == "full" and st.layers
-    ):  # the layer being recomputed holds its full activations in backward
+    # the layer being recomputed holds its full activations in backward
+    if st.recompute == "full" and st.layers:
         activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
     if i == stages - 1:
         activations += head_activation_bytes(m, b, s, st.tp)

@@ -142,9 +142,8 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
                 loss = torch.nn.functional.cross_entropy(
                     head(x).reshape(-1, VOCAB), targets[rows].reshape(-1)
                 )
-                loss = loss / (
-                    me["micro_batches"] * replicas
-                )  # each micro-batch's share of the batch mean
+                # each micro-batch's share of the batch mean
+                loss = loss / (me["micro_batches"] * replicas)
                 total_loss += loss.detach()
                 loss.backward()
             else:
@@ -224,9 +223,8 @@ def check(rankmap: dict) -> dict:
             problems.append(f"rank {f['rank']}: {f['error']}")
         elif not f["groups_ok"]:
             problems.append(f"rank {f['rank']}: a process group is not the one the map names")
-        elif not (
-            f["grad_error"] <= TOLERANCE and f.get("loss_error", 0.0) <= TOLERANCE
-        ):  # NaN fails too
+        # NaN fails too
+        elif not (f["grad_error"] <= TOLERANCE and f.get("loss_error", 0.0) <= TOLERANCE):
             problems.append(
                 f"rank {f['rank']}: gradients {f['grad_error']:.2e}, loss "
                 f"{f.get('loss_error', 0.0):.2e} from the single process"

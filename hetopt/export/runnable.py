@@ -49,9 +49,8 @@ def runnable_instance(inst: Instance, launcher: str) -> Instance:
         "shards": False,
         "uniform_layouts": False,
     }
-    if (
-        launcher == "megatron"
-    ):  # its ranks stage-major (tp-cp-dp-pp): the same stage of replicas together
+    # its ranks stage-major (tp-cp-dp-pp): the same stage of replicas together
+    if launcher == "megatron":
         update |= {"zero": [z for z in zero if z != 2] or [1], "placement": ["stage"]}
     else:
         update |= {

@@ -94,9 +94,8 @@ def migration(inst: Instance, old: Plan, new: Plan, profiles: Profiles | None = 
         for key in held:
             holders[key].append(gpu)
     moved: dict[tuple[str, str], float] = defaultdict(float)
-    nearest: dict[
-        tuple[frozenset[str], str], str
-    ] = {}  # (nodes holding a piece, destination) → source node
+    # (nodes holding a piece, destination) → source node
+    nearest: dict[tuple[frozenset[str], str], str] = {}
     for (node, gpu), needed in after.items():
         for key, nbytes in needed.items():
             if key in before.get((node, gpu), {}):
@@ -123,7 +122,6 @@ def _time_s(cluster: Cluster, moved: dict[tuple[str, str], float], profiles: Pro
         return 0.0
     sends = [(cluster.route(a, b), nbytes) for (a, b), nbytes in moved.items()]
     load = Counter(e for route, _ in sends if not route.intra_node for e in route.edges)
-    gpu = cluster.gpu_types[
-        next(iter(cluster.nodes.values())).gpu
-    ]  # network terms: not fitted per GPU type
+    # network terms: not fitted per GPU type
+    gpu = cluster.gpu_types[next(iter(cluster.nodes.values())).gpu]
     return float(slowest_transfer(sends, load) @ profiles.for_gpu(gpu).w)

@@ -71,11 +71,12 @@ def gpu_table(catalog: dict[str, GPUType]) -> Group:
             no_wrap=col != "interconnect",
         )
     for g in catalog.values():
+        # those in `hetopt gpus --json`
         refs = [
             notes.cite(_document(source))
             for key, source in g.sources.items()
             if key not in ("family", "tdp_w", "usable_memory_gib")
-        ]  # those in `hetopt gpus --json`
+        ]
         table.add_row(
             g.name,
             f"{g.peak_tflops:g}",
@@ -309,9 +310,8 @@ def simulation_view(result: dict[str, Any]) -> Group:
     notes = Text("".join(f"{line}\n" for line in lines), style="dim")
     first = result["scenarios"][0]
     busy = narrow_table(f"GPU busy fraction ({first['name']})")
-    plans = (
-        len({row.get("plan", 0) for row in first["gpu_busy"]}) > 1
-    )  # the adaptive policy ran several
+    # the adaptive policy ran several
+    plans = len({row.get("plan", 0) for row in first["gpu_busy"]}) > 1
     for col in ("plan",) * plans + ("template", "stage", "busy", "peak GiB"):
         busy.add_column(col, justify="right")
     for row, peak in zip(first["gpu_busy"], first["peak_memory_gib"], strict=False):
@@ -464,9 +464,8 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
                 k += 1
     parts.append(table)
     parts.append(search_view(r["search"]))
-    for f in r["search"].get(
-        "fallbacks", []
-    ):  # a backend that failed and who took its skeletons over
+    # a backend that failed and who took its skeletons over
+    for f in r["search"].get("fallbacks", []):
         taker = (
             "no backend could solve them"
             if f["solved_by"] == "none"

@@ -157,9 +157,8 @@ class SplitProblem:
         and (per-stage recompute, stages with shards) stage i holding n layers (in mode k) within
         its memory."""
         counts = [n for n in range(1, top + 1) if n % self.virtual_stages == 0]
-        if (
-            self.rows is not None
-        ):  # stages with shards: every row holds n layers (their memory rule)
+        # stages with shards: every row holds n layers (their memory rule)
+        if self.rows is not None:
             return [(n, 0) for n in counts if n <= self.max_layers()[i]]
         if not self.mixed:
             return [(n, 0) for n in counts]

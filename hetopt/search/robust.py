@@ -245,8 +245,7 @@ def aggregate(
 def plan_objective(inst: Instance, plan, profiles: Profiles, scenarios, objective: str) -> float:
     """A plan's objective, seconds: the evaluator's iteration time in each planning scenario,
     aggregated as the objective says (stable, expected, worst or cvar; hetopt.search.robust)."""
-    plan = place(
-        plan, inst.cluster
-    )  # one placement, on the file's network, priced on each scenario's
+    # one placement, on the file's network, priced on each scenario's
+    plan = place(plan, inst.cluster)
     times = [evaluate(sc.instance, plan, profiles).iteration_time_s for sc in scenarios]
     return aggregate(times, [sc.probability for sc in scenarios], objective, CVAR_ALPHA)

@@ -86,19 +86,16 @@ class SearchRun:
         self.seed_plan = None  # the seed's plan, while no skeleton beats it
         self.open_bound = math.inf  # the smallest bound among skeletons not finished
         self.timed_out = False  # something is left unproven
-        self.selecting = (
-            math.inf
-        )  # the least bound of the nodes `select` has taken out of the heap so far
-        self.out_of_time = (
-            False  # the clock stopped the search (not only a skeleton no backend could solve)
-        )
+        # the least bound of the nodes `select` has taken out of the heap so far
+        self.selecting = math.inf
+        # the clock stopped the search (not only a skeleton no backend could solve)
+        self.out_of_time = False
         self.errors: list[str] = []  # skeletons every backend failed on, with the solvers' words
         self.proof_tolerance = OPTIMALITY_TOLERANCE
         """Relative: the largest tolerance a skeleton's proof carries (its formulation's
         rel_tolerance)."""
-        self.planted = (
-            False  # every root of the tree is in the heap (else nothing is proven about the rest)
-        )
+        # every root of the tree is in the heap (else nothing is proven about the rest)
+        self.planted = False
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families
@@ -166,13 +163,11 @@ class SearchRun:
                 self.timed_out = self.out_of_time = True
                 self.open_bound = min(self.open_bound, self.heap[0][0])
                 break
-            self.selecting = min(
-                self.selecting, self.heap[0][0]
-            )  # held by no heap while it is selected
+            # held by no heap while it is selected
+            self.selecting = min(self.selecting, self.heap[0][0])
             _, _, node = heapq.heappop(self.heap)
-            if (
-                node.is_leaf and not node.refined
-            ):  # its own bound first: back in the heap if it rose
+            # its own bound first: back in the heap if it rose
+            if node.is_leaf and not node.refined:
                 node = self.tree.refine(node)
                 if not self._open(node.bound):
                     node.count_pruned(self.stats)
@@ -187,9 +182,8 @@ class SearchRun:
                     heapq.heappush(self.heap, (child.bound, next(self.tie), child))
         self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
         if not batch and self.heap and not self._open(self.heap[0][0]):
-            return (
-                self._prune_rest()
-            )  # expanding made only nodes the incumbent beats: the search ends here
+            # expanding made only nodes the incumbent beats: the search ends here
+            return self._prune_rest()
         return batch
 
     def _prune_rest(self) -> list[SkeletonNode]:

@@ -275,10 +275,11 @@ class Family:
     def replica_counts(self, stats: SearchStats | None = None) -> list[int]:
         """One template: the replica counts R it can have — R divides the M micro-batches, each
         class gives every replica at least one stage, and m = M/R ≥ one stage per class."""
+        # a class in two segments (search.tp_per_stage) serves both
         top = min(
             dc.gpus // sum(w for c, w in zip(self.classes, self.widths, strict=True) if c == dc)
             for dc in self.classes
-        )  # a class in two segments (search.tp_per_stage) serves both
+        )
         total_mb = self.total_micro_batches
         counts = [
             r for r in range(1, top + 1) if total_mb % r == 0 and total_mb // r >= len(self.classes)
@@ -509,9 +510,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
     )
     if modes:
         rc = (least_work(modes),)
-    pair_zero = tuple(
-        z for z in zero if z <= 1
-    )  # ZeRO-2/3 shard over one group of identical pipelines
+    # ZeRO-2/3 shard over one group of identical pipelines
+    pair_zero = tuple(z for z in zero if z <= 1)
     for b in opts.micro_batch:
         total_mb = inst.micro_batches(b)
         if total_mb is None:
@@ -550,9 +550,8 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
                     class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes), cp)
                 )
                 for i, side_a in enumerate(sides):
-                    for side_b in sides[
-                        i:
-                    ]:  # each unordered pair once (placement.placing_order: either order)
+                    # each unordered pair once (placement.placing_order: either order)
+                    for side_b in sides[i:]:
                         if opts.beyond_narrow and len(side_a[0]) == len(side_b[0]) == 1:
                             continue  # single-class sides: the narrowed subspace's
                         stats.families += 1

@@ -180,9 +180,8 @@ class Simulation:
         self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
-        self._prices: dict[
-            tuple, float
-        ] = {}  # the evaluator's time per set of link bandwidths (sample)
+        # the evaluator's time per set of link bandwidths (sample)
+        self._prices: dict[tuple, float] = {}
         self.nominal_gbps = inst.nominal_gbps
 
     # -- static pieces
@@ -193,9 +192,8 @@ class Simulation:
         for u, v, d in self.cluster.graph.edges(data=True):
             if math.isinf(d["gbps"]):
                 continue
-            bps = (
-                d["gbps"] * d["eta"] * comm.GBIT / self.net_weight
-            )  # what the link's fabric delivers
+            # what the link's fabric delivers
+            bps = d["gbps"] * d["eta"] * comm.GBIT / self.net_weight
             cap[(u, v)] = cap[(v, u)] = bps
         return cap
 
@@ -384,9 +382,8 @@ class Simulation:
         large_run = _Run(self, steady, 1, record, None, second, deadline)
         large = large_run.go()
         done_s = []
-        for j, m in enumerate(
-            full
-        ):  # each template's last pass ends linearly later with its micro-batches
+        # each template's last pass ends linearly later with its micro-batches
+        for j, m in enumerate(full):
             t1, t2 = small_run.template_ends_s[j], large_run.template_ends_s[j]
             slope_s = (t2 - t1) / (second[j] - first[j]) if second[j] > first[j] else 0.0
             # ... and its gradient all-reduces take as long after it as in the larger sample

@@ -65,13 +65,11 @@ def summarise(
     times = np.array(result.iteration_times_s)
     total = result.end_s
     starts = np.concatenate([[0.0], np.cumsum(times)[:-1]])
-    links = (
-        link_utilization(inst, result) if result.busy_s else {}
-    )  # none when priced, not replayed
+    # none when priced, not replayed
+    links = link_utilization(inst, result) if result.busy_s else {}
     busy = []
-    for j, pipe in enumerate(
-        sim.plan.pipelines if result.busy_s else []
-    ):  # none when priced, not replayed
+    # none when priced, not replayed
+    for j, pipe in enumerate(sim.plan.pipelines if result.busy_s else []):
         for d in range(len(pipe.stages)):
             per_replica = [result.busy_s.get((j, r, d), 0.0) / total for r in range(pipe.replicas)]
             busy.append({"pipeline": j, "stage": d, "busy": float(np.mean(per_replica))})

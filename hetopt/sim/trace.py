@@ -124,9 +124,8 @@ def plot_timeline(
         sharex=True,
         gridspec_kw={"height_ratios": [3, 1]},
     )
-    bars: dict[
-        tuple[int, str], list[tuple[float, float]]
-    ] = {}  # one collection per row and kind: fast
+    # one collection per row and kind: fast
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     shades: dict[str, list[tuple[float, float]]] = {}
     for rec in result.records:
         if rec.device is not None and rec.kind in ("F", "B") and rec.device[1] == 0:

@@ -109,11 +109,12 @@ class Instance:
         and the cluster (nodes, GPU types, network). Scenarios and the search space are left out: a
         plan stays a plan of the same cluster under other scenarios. Returns: {part: 12 hex digits
         of its SHA-256}."""
+        # custom GPU types included
         parts = {
             "model": asdict(self.model),
             "training": {**self.spec.training.model_dump(mode="json"), "seq_len": self.seq_len},
             "cluster": self.spec.cluster.model_dump(mode="json"),
-        }  # custom GPU types included
+        }
         return {
             part: hashlib.sha256(
                 json.dumps(value, sort_keys=True, default=str).encode()

@@ -109,9 +109,8 @@ def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, in
     lines: dict[Loc, int] = {}
     try:
         lines = _yaml_lines(yaml.compose(text, Loader=yaml.SafeLoader))
-        data = yaml.load(
-            text, Loader=_StrictLoader
-        )  # a SafeLoader that also refuses duplicate keys
+        # a SafeLoader that also refuses duplicate keys
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark else None

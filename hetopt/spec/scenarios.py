@@ -188,9 +188,8 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
     0 is an outage: the link carries nothing until a later row brings it back.
     """
     changes, problems = [], []
-    with path.open(
-        newline="", encoding="utf-8-sig"
-    ) as fh:  # a spreadsheet's byte-order mark is no column
+    # a spreadsheet's byte-order mark is no column
+    with path.open(newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:

@@ -97,15 +97,15 @@ class FamilyBounds:
         if parts is None:
             return 0.0
         m, cap, per_layer, most, send_weight, send_sum = parts
+        # (a_k, least n_k, most n_k)
         classes = [
             (a, fixed[k], fixed[k]) if k < len(fixed) else (a, 1, most[k])
             for k, a in enumerate(per_layer)
-        ]  # (a_k, least n_k, most n_k)
+        ]
         left = cap - sum(lo for _, lo, _ in classes)
         if left < 0 or any(hi < lo for _, lo, hi in classes):
-            return (
-                math.inf
-            )  # no replica of this family fits at R with these counts: the bucket is empty
+            # no replica of this family fits at R with these counts: the bucket is empty
+            return math.inf
         rate = sum(lo / a for a, lo, _ in classes)
         for a, lo, hi in sorted(classes):
             k = min(hi - lo, left)
@@ -115,20 +115,20 @@ class FamilyBounds:
         lam = (layers + send_weight) / rate
         a_min = min(per_layer)
         least_sum = layers * a_min + sum(lo * (a - a_min) for a, lo, _ in classes) + send_sum
-        v = max(
-            family.virtual_options
-        )  # interleaved: m·max τ + (Σ τ − max τ)/v, least at the most chunks
+        # interleaved: m·max τ + (Σ τ − max τ)/v, least at the most chunks
+        v = max(family.virtual_options)
         return (m - 1 / v) * lam + max(lam, least_sum) / v
 
     def _bucket_parts(self, family, replicas: int, max_stages: int):
         """What `bucket_bound` needs of a family at R whatever counts are fixed: m, P, a_k, the most
         stages n_k, and the sends beside each change of class (Σ c_i/a_i and Σ c_i); None where some
         a_k ≤ 0."""
+        # the entry keeps its family alive: no id is reused
         key = (
             id(family),
             replicas,
             max_stages,
-        )  # the entry keeps its family alive: no id is reused
+        )
         if key not in self._buckets or self._buckets[key][0] is not family:
             m = family.total_micro_batches // replicas
             cap = min(max_stages, self.inst.model.layers, m)

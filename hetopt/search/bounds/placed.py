@@ -62,9 +62,8 @@ def placed_bound(problem) -> float:
                     )
                 lines.append((max(a, 1e-15), b + eps + pr.p2p[i]))
             layers, v = pr.layers, pr.virtual_stages
-            m = (
-                v * pr.micro_batches
-            )  # interleaved: v·T_pipe = (v·m − 1)·max τ + Σ τ, one chunk per pass
+            # interleaved: v·T_pipe = (v·m − 1)·max τ + Σ τ, one chunk per pass
+            m = v * pr.micro_batches
             caps = [min(c, layers) for c in pr.max_layers()]
             pipe = max(pipeline_at(ls, caps, layers, m) for ls in (lines, collectives) if ls)
             if pr.mixed:  # each stage at the least work of the modes it holds L layers in

@@ -169,9 +169,8 @@ class SendBounds:
         cluster: (nodes, Gbit/s, latency s, fabric latency s); None where the class has one node."""
         nodes = [n for n in self.inst.cluster.nodes.values() if (n.gpu, n.island) == here]
         per_node = max(n.gpus // tp for n in nodes)
-        pairs = [
-            (a, b) for a, b in self.node_pairs(here, here) if a != b
-        ]  # the ring joins distinct nodes
+        # the ring joins distinct nodes
+        pairs = [(a, b) for a, b in self.node_pairs(here, here) if a != b]
         if not pairs or per_node < 1:
             return None
         routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
@@ -217,9 +216,8 @@ class SendBounds:
             best, raw = math.inf, math.inf
             ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
             for cluster in self.clusters:
-                for src, dst in ends + [
-                    (kb, ka) for ka, kb in ends
-                ]:  # a hop each way round the ring
+                # a hop each way round the ring
+                for src, dst in ends + [(kb, ka) for ka, kb in ends]:
                     for a, b in self.node_pairs(src, dst):
                         route = cluster.route(a, b)
                         features = transfer(

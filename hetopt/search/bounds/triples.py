@@ -114,9 +114,8 @@ class TripleBounds:
         hold the model in any."""
         top = replicas or group.tops
         corners = list(itertools.product(*zip(lowest, top, strict=True)))
-        most = min(
-            sum(top), group.total_micro_batches
-        )  # every replica takes a micro-batch at least
+        # every replica takes a micro-batch at least
+        most = min(sum(top), group.total_micro_batches)
         best = math.inf
         for rc in group.recompute_options:
             lines = [

@@ -59,9 +59,8 @@ class FamilyNode(Node):
         family = self.family
         (side_a, side_b), table, why = tree.bounds.pairs.table(family, tree.options)
         finite = np.isfinite(table)
-        if (
-            family.sides[0] == family.sides[1]
-        ):  # a pair and its mirror are one pair: only counts_a ≤ counts_b
+        # a pair and its mirror are one pair: only counts_a ≤ counts_b
+        if family.sides[0] == family.sides[1]:
             mirrored = np.array([[ta[0] > tb[0] for tb in side_b] for ta in side_a], dtype=bool)
         else:
             mirrored = np.zeros(table.shape, dtype=bool)
