@@ -153,3 +153,11 @@ def test_nothing_in_the_cost_model_imports_the_evaluate_facade():
 def test_evaluate_is_a_facade_that_defines_no_cost_function():
     tree = ast.parse((REPO / "hetopt" / "evaluate.py").read_text(encoding="utf-8"))
     assert not [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+
+
+def test_the_architecture_page_names_every_layer():
+    """docs/architecture.md states these layers in its own words: each layer has its row."""
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| ")}
+    assert not [name for name, _ in LAYERS if name not in rows]
+
