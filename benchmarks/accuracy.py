@@ -58,8 +58,8 @@ def _num(x, fmt=".2f") -> str:
 
 
 def mfu(run: Run, seconds: float) -> float:
-    """Model FLOPs utilisation of the run at `seconds` per iteration (DESIGN 2.4: no recompute
-    counted)."""
+    """Model FLOPs utilisation of the run at `seconds` per iteration (docs/cli-output.md: no
+    recompute counted)."""
     inst = run.instance
     flops = model_flops_per_token(inst.model, inst.seq_len) * inst.global_batch * inst.seq_len
     gpus = run.layout.tp * run.layout.pp * run.layout.dp

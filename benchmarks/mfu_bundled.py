@@ -4,8 +4,8 @@ Run: python benchmarks/mfu_bundled.py [INSTANCE ...] [--time-limit S] [--backend
 
 Public runs of 7B–70B models on A100/H100 report MFU of roughly 35–60% (MosaicML llm-foundry's
 tables, torchtitan's, Korthikanti et al. 2022): a plan predicted above 65% is flagged for a look.
-MFU counts model FLOPs only (6·params·tokens plus attention, DESIGN 2.4) over the peak of the GPUs
-the plan uses.
+MFU counts model FLOPs only (6·params·tokens plus attention, docs/cli-output.md) over the peak of
+the GPUs the plan uses.
 """
 
 from __future__ import annotations

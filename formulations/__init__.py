@@ -1,4 +1,5 @@
-"""Plan formulations as plug-ins (DESIGN 4): one module each, the mathematics in its docstring.
+"""Plan formulations as plug-ins (docs/planner.md): one module each, the mathematics in its
+docstring.
 
 A formulation module defines `FORMULATION`, a :class:`hetopt.search.formulation.Formulation` naming
 the backends it is written for and its `solve(problem, backend, options)`. `hetopt formulations`

@@ -74,13 +74,14 @@ evaluator's iteration time (PlanProblem.iteration_time), not a bound on it:
 
 Objective: min T_dp + T_opt.
 
-Several templates j (each with its own m_j, replicas and stages; DESIGN 4's non-uniform shares):
-(C1), (C2), (C6), (C7) hold per template; each template's (C3)–(C4) has its own τ̂_j but bounds the
-one shared T_sync (the iteration waits for the slowest pipeline), and every template's (C5) bounds
-the one T_dp; the templates' gradient exchange X (evaluate.cross_template_exchange) does not depend
-on the split: min T_dp + X + T_opt. Scenario-robust objectives (hetopt/search/robust.py) copy
-(C3)–(C5) per scenario s with its communication terms c^s_i, D^s_i (the pass times and z are the
-scenario-independent compute) and combine the T^s = T^s_dp + X^s + T_opt:
+Several templates j (each with its own m_j, replicas and stages; the non-uniform shares of
+docs/planner.md): (C1), (C2), (C6), (C7) hold per template; each template's (C3)–(C4) has its own
+τ̂_j but bounds the one shared T_sync (the iteration waits for the slowest pipeline), and every
+template's (C5) bounds the one T_dp; the templates' gradient exchange X
+(evaluate.cross_template_exchange) does not depend on the split: min T_dp + X + T_opt.
+Scenario-robust objectives (hetopt/search/robust.py) copy (C3)–(C5) per scenario s with its
+communication terms c^s_i, D^s_i (the pass times and z are the scenario-independent compute) and
+combine the T^s = T^s_dp + X^s + T_opt:
   (R) stable/expected Σ_s p_s·T^s;  worst z ≥ T^s;
       CVaR_α η + Σ_s p_s·u_s/(1 − α) with u_s ≥ T^s − η, u_s ≥ 0 (Rockafellar–Uryasev, whose minimum
       over η is robust.aggregate's CVaR). Tight: each combination is non-decreasing in every T^s.

@@ -1,4 +1,4 @@
-"""The `hetopt` command line (DESIGN 2.4). Thin: parse, call one library function, print.
+"""The `hetopt` command line (docs/cli-output.md). Thin: parse, call one library function, print.
 
 With ``--json`` a command prints exactly one JSON object on stdout. Bad input exits 2 with a message
 that names the file, the key path, the value and the fix; never a traceback.

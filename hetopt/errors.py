@@ -1,4 +1,4 @@
-"""Errors a user can act on, and the exit codes of the CLI (DESIGN 2.4).
+"""Errors a user can act on, and the exit codes of the CLI (docs/cli-output.md).
 
 Bad input is never reported with a traceback: it becomes an :class:`InputError` that names the file,
 the key path, the value given and the fix, and the CLI exits with :data:`EXIT_BAD_INPUT`.

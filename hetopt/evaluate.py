@@ -1,4 +1,4 @@
-"""Analytic iteration time and memory of any plan (DESIGN 3): the façade over hetopt.cost.
+"""Analytic iteration time and memory of any plan (docs/cost-model.md): the façade over hetopt.cost.
 
 `evaluate` (hetopt.cost.pricing) checks and places a plan, builds its cost features
 (hetopt.cost.features) and prices them. The whole cost model lives in hetopt.cost; this module

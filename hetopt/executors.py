@@ -1,8 +1,8 @@
 """Where skeleton solves and bench sweeps run: worker processes on this machine, or a Ray cluster.
 
-Two executors (DESIGN 2.4, `--executor`):
+Two executors (docs/cli-output.md, `--executor`):
 
-- `process` (the default; `local` is the same, the name DESIGN 2.4 gives it): spawned worker
+- `process` (the default; `local` is the same, the name docs/cli-output.md gives it): spawned worker
   processes on
   this machine (`concurrent.futures.ProcessPoolExecutor`), each given the search's context once.
 - `ray`: Ray actors, each built once with the context (`ray.put` puts it in the object store a
@@ -34,7 +34,7 @@ from hetopt.lifeline import OwnedPool, Reaper, Terminated, environment, keep_sig
 
 EXECUTORS = ("process", "ray")
 ALIASES = {"local": "process"}
-"""DESIGN 2.4 calls this machine's worker processes `local`; both names are accepted."""
+"""docs/cli-output.md calls this machine's worker processes `local`; both names are accepted."""
 RAY_INSTALL = 'pip install "hetopt[ray]"'
 DEFAULT_LOCAL_WORKERS = 2
 """Worker processes (or local Ray workers) by default, at most the CPU count: the search's batches

@@ -1,4 +1,5 @@
-"""Layout shorthand (DESIGN 2.2): a homogeneous Megatron-style layout and its expansion into a plan.
+"""Layout shorthand (docs/layouts.md): a homogeneous Megatron-style layout and its expansion into a
+plan.
 
 ``"tp=2,pp=4,dp=8,mb=1,vp=1,recompute=none,sp=true,zero=1,schedule=1f1b"`` (zero 0–3: the ZeRO
 stage, 3 being FSDP FULL_SHARD; `cp=k` adds context parallelism, default 1). tp·cp·pp·dp must equal

@@ -1,4 +1,4 @@
-"""Placing an aggregated plan onto concrete nodes and GPUs (DESIGN 4).
+"""Placing an aggregated plan onto concrete nodes and GPUs (docs/planner.md).
 
 Rules, in order:
 - a stage's TP group sits inside one node; every GPU is used at most once; a TP group wider than any
@@ -17,13 +17,13 @@ Rules, in order:
   keeps whole nodes free for wide groups;
 - pipelines take GPUs in an order of their shape, not of their place in the plan (`placing_order`).
 
-Two orders (the planner tries both, DESIGN 4's placement as a choice of the skeleton): `replica`
-packs one replica's stages together (pipeline sends stay inside nodes; the gradient rings cross
-them), `stage` packs the same stage of consecutive replicas together, as Megatron-LM's rank order
-does (gradient all-reduces start inside nodes; pipeline sends cross them) — better where gradients
-outweigh activations. A uniform layout's plan (hetopt.search.uniform) has a third: `megatron`,
-Megatron-LM's own rank order over the nodes as declared (`megatron_placed`), where its templates
-share nodes stage by stage.
+Two orders (the planner tries both: placement is a choice of the skeleton, docs/planner.md):
+`replica` packs one replica's stages together (pipeline sends stay inside nodes; the gradient rings
+cross them), `stage` packs the same stage of consecutive replicas together, as Megatron-LM's rank
+order does (gradient all-reduces start inside nodes; pipeline sends cross them) — better where
+gradients outweigh activations. A uniform layout's plan (hetopt.search.uniform) has a third:
+`megatron`, Megatron-LM's own rank order over the nodes as declared (`megatron_placed`), where its
+templates share nodes stage by stage.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The plan (DESIGN 2.3): pipeline templates of stages, their replicas and micro-batch shares,
-placement.
+"""The plan (docs/plan-format.md): pipeline templates of stages, their replicas and micro-batch
+shares, placement.
 
 `pipelines` are templates; `replicas` copies of a template run as data-parallel pipelines; each
 replica of template i processes `micro_batches` micro-batches per iteration. `placement` maps every

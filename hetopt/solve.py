@@ -1,5 +1,5 @@
-"""`hetopt solve`: plan, verify the plan independently, replay it under every scenario (DESIGN
-2.4)."""
+"""`hetopt solve`: plan, verify the plan independently, replay it under every scenario (its JSON:
+docs/cli-output.md)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ def solve(
     the free space with the other half of the search's time, for what the restriction costs. The
     whole call keeps to time_limit_s: the search gets search_time_limit_s of it, the replay what is
     left (at least one iteration per scenario).
-    Returns: the solve JSON object of DESIGN 2.4 (plus `executor`; with runnable, `runnable`: the
-    launcher, the free space's status and objective, and the cost, objective ÷ free − 1).
+    Returns: the solve JSON object of docs/cli-output.md (plus `executor`; with runnable,
+    `runnable`: the launcher, the free space's status and objective, and the cost, objective ÷ free
+    − 1).
     Raises: InputError for a bad planner, objective, time limit or executor."""
     planner = ALIASES.get(planner, planner)  # `hetopt`: bench's former name of the exact planner
     if planner not in PLANNERS:

@@ -160,4 +160,3 @@ def test_the_architecture_page_names_every_layer():
     page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| ")}
     assert not [name for name, _ in LAYERS if name not in rows]
-

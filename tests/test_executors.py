@@ -16,7 +16,7 @@ SMALL = REPO / "tests" / "small" / "s4-three-types.yaml"
 
 def test_executor_names():
     assert check_executor("process") == "process"
-    # DESIGN 2.4's name for this machine's worker processes
+    # the documented name for this machine's worker processes (docs/cli-output.md)
     assert check_executor("local") == "process"
     with pytest.raises(InputError, match="did you mean 'ray'"):
         check_executor("rey")

@@ -952,9 +952,9 @@ def test_a_pipeline_over_four_device_classes_is_searched_and_pays():
     "planner", ["megatron", "fastest-subset", "proportional", "amp-like", "metis-like", "random"]
 )
 def test_solve_runs_each_heuristic_by_name_with_no_bound_claimed(planner):
-    """DESIGN 2.4's `solve --planner megatron|…`: the heuristic's own plan, status `feasible`, its
-    objective the evaluator's, no bound and no gap (nothing is proven), verified and replayed like
-    the exact plan's."""
+    """`solve --planner megatron|…` (docs/cli-output.md): the heuristic's own plan, status
+    `feasible`, its objective the evaluator's, no bound and no gap (nothing is proven), verified and
+    replayed like the exact plan's."""
     from hetopt.baselines.registry import PLANNERS
     from hetopt.evaluate import evaluate
     from hetopt.plan import Plan
@@ -996,8 +996,8 @@ def test_solve_with_a_heuristic_that_finds_no_plan_is_exit_1_with_its_reason():
 
 def test_a_plan_records_its_instance_and_is_refused_against_another(tmp_path):
     """A plan file names the instance it was planned for, with a fingerprint of its model, training
-    and cluster (DESIGN 2.4). The demo's plan against GPT-3 6.7B on the same cluster used to 'fit'
-    silently."""
+    and cluster (docs/cli-output.md). The demo's plan against GPT-3 6.7B on the same cluster used to
+    'fit' silently."""
     out = tmp_path / "plan.json"
     assert run_hetopt("solve", "--out", str(out), "--json").returncode == 0
     recorded = json.loads(out.read_text())["instance"]

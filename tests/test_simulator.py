@@ -111,9 +111,10 @@ def test_heterogeneous_stage_times_match_an_independent_scheduler(tmp_path, sche
         (r.name[0], r.device[2], int(r.name[1:])): r.end_s for r in result.records if r.kind in "FB"
     }
     assert ours == pytest.approx(ends)
-    # The analytic model's closed form Σ τ + (m − 1)·max τ (DESIGN 3) is exact for uniform stages
-    # and an upper bound otherwise: with the bottleneck in the middle, part of the fill and drain
-    # through the faster stages hides behind it (1F1B: 65 s exact vs 69 s; GPipe: the same bound).
+    # The analytic model's closed form Σ τ + (m − 1)·max τ (docs/cost-model.md) is exact for uniform
+    # stages and an upper bound otherwise: with the bottleneck in the middle, part of the fill and
+    # drain through the faster stages hides behind it (1F1B: 65 s exact vs 69 s; GPipe: the same
+    # bound).
     tau = [f + b for f, b in zip(fwd, bwd, strict=True)]
     assert expected <= sum(tau) + 7 * max(tau) + 1e-9
 

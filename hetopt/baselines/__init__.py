@@ -1,1 +1,2 @@
-"""Planners to compare with (DESIGN 7); `exhaustive` is the ground truth on small instances."""
+"""Planners to compare with (docs/baselines.md); `exhaustive` is the ground truth on small
+instances."""

@@ -198,7 +198,9 @@ def _keep_best_so_far(inst, best, out_path: str | None) -> None:
 
 def evaluate(
     instance: Annotated[str, typer.Argument(help="Instance file or bundled instance name.")],
-    plan: Annotated[str | None, typer.Option("--plan", help="Plan JSON file (DESIGN 2.3).")] = None,
+    plan: Annotated[
+        str | None, typer.Option("--plan", help="Plan JSON file (`hetopt solve --out` writes one).")
+    ] = None,
     layout: Annotated[
         str | None, typer.Option("--layout", help="Layout shorthand, e.g. tp=2,pp=4,dp=4.")
     ] = None,

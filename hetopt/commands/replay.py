@@ -30,7 +30,9 @@ from hetopt.progress import Progress
 
 def simulate(
     instance: Annotated[str, typer.Argument(help="Instance file or bundled instance name.")],
-    plan: Annotated[str | None, typer.Option("--plan", help="Plan JSON file (DESIGN 2.3).")] = None,
+    plan: Annotated[
+        str | None, typer.Option("--plan", help="Plan JSON file (`hetopt solve --out` writes one).")
+    ] = None,
     layout: Annotated[str | None, typer.Option("--layout", help="Or a layout shorthand.")] = None,
     scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "all",
     iterations: Annotated[

@@ -1,1 +1,2 @@
-"""The one cost model of hetopt (DESIGN 3): FLOPs, memory, compute efficiency, communication."""
+"""The one cost model of hetopt (docs/cost-model.md): FLOPs, memory, compute efficiency,
+communication."""

@@ -1,4 +1,4 @@
-"""Collectives and point-to-point transfers as alpha–beta cost features (DESIGN 3).
+"""Collectives and point-to-point transfers as alpha–beta cost features (docs/cost-model.md).
 
 Ring all-reduce of B bytes over n ranks moves 2(n−1)/n · B bytes per rank in 2(n−1) steps;
 reduce-scatter and all-gather move half of that in n − 1 steps (Thakur et al. 2005; Patarasuk & Yuan

@@ -1,4 +1,4 @@
-"""Compute-cost features of one stage's work per micro-batch (DESIGN 3).
+"""Compute-cost features of one stage's work per micro-batch (docs/cost-model.md).
 
 GEMM work is FLOPs at the GPU's peak (priced by the calibrated GEMM efficiency) plus one fixed cost
 per GEMM kernel (small per-GPU matrices run far below peak: a GEMM of F FLOPs takes F/(peak·η) +

@@ -1,4 +1,4 @@
-"""Parameter counts and FLOPs of decoder-only transformers (DESIGN 3).
+"""Parameter counts and FLOPs of decoder-only transformers (docs/cost-model.md).
 
 Notation: micro-batch b, sequence s, hidden h, heads a, kv heads a_kv, ffn f, vocabulary V.
 Forward FLOPs of one layer (a multiply-add is 2 FLOPs):

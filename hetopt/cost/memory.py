@@ -1,4 +1,5 @@
-"""Memory per GPU: weights, gradients and optimizer states, activations, runtime reserve (DESIGN 3).
+"""Memory per GPU: weights, gradients and optimizer states, activations, runtime reserve
+(docs/cost-model.md).
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
 Models", §4), generalised from GPT to grouped-query attention and gated MLPs by counting the same

@@ -1,5 +1,5 @@
 """Pricing: seconds from cost features and calibrated weights, and the iteration time of a plan
-(DESIGN 3).
+(docs/cost-model.md).
 
 Two steps, so that calibration can reuse the first: `plan_features` turns a placed plan into cost
 features per stage (hetopt.cost.features: work that does not depend on calibrated parameters), and

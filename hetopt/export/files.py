@@ -1,4 +1,4 @@
-"""`hetopt export`: a plan as files a launcher takes (DESIGN 2.4).
+"""`hetopt export`: a plan as files a launcher takes (docs/cli-output.md).
 
 `export` checks the plan against its instance (the verifier: a plan for another instance is
 refused), places it, builds its rank map (hetopt.export.rankmap) and the chosen format's files

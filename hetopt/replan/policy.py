@@ -508,8 +508,8 @@ def summary(
     profiles: Profiles | None = None,
 ) -> dict:
     """A scenario's entry of `hetopt simulate --policy replan --json`: the fields of a static
-    replay's entry (DESIGN 2.4; tokens_per_s is the tokens over the horizon ÷ the horizon, the
-    switches' pauses counted), and the policy's: tokens, switches, declined decisions, the plans
+    replay's entry (docs/cli-output.md; tokens_per_s is the tokens over the horizon ÷ the horizon,
+    the switches' pauses counted), and the policy's: tokens, switches, declined decisions, the plans
     run."""
     profiles = profiles or Profiles()
     merged = run.merged

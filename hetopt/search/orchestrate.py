@@ -1,4 +1,4 @@
-"""Best-first search over skeletons with a proven bound (DESIGN 4).
+"""Best-first search over skeletons with a proven bound (docs/planner.md).
 
 The plan space is a tree (hetopt.search.tree): families of device classes and TP degrees at the
 root, then replica counts, groups and two-template ranges, then skeletons as leaves; every node

@@ -1,5 +1,5 @@
-"""Scenario-robust objectives (DESIGN 4): every bandwidth scenario is a copy of the communication
-terms.
+"""Scenario-robust objectives (docs/planner.md): every bandwidth scenario is a copy of the
+communication terms.
 
 Each planning scenario s is the cluster with every island link ℓ at one bandwidth b_ℓ,s, read off
 the scenario's trace bw_ℓ,s(t) over the horizon H (`search.horizon_s`, default 60 s: the window
@@ -20,8 +20,8 @@ Communication terms are linear in 1/b: where the iteration time is too, the time
 average of the iteration times. b̄ prices the mean transfer, but it is not a bound on the mean
 iteration either way: a transfer longer than a phase averages the bandwidth itself (towards the
 arithmetic mean), and where the iteration time is convex in 1/b (communication hidden behind compute
-until it is not) the mean iteration time lies above the time at b̄ (Jensen). On plans for the
-bundled dynamic instances the time at b̄ came out 3% below to 6% above the simulated mean (README).
+until it is not) the mean iteration time lies above the time at b̄ (Jensen). How far the two lie
+apart on the bundled dynamic instances: docs/benchmarks.md, scenario objectives.
 
 Lowest bandwidth (worst). The slowest iteration of a replay is one that meets the low phase of a
 link; when the phase outlasts an iteration (a 30 s congestion, a 5 s dwell beside 3 s iterations),

@@ -228,9 +228,9 @@ class SearchOptions:
     """Model chunks per stage to try: 1 is 1F1B, more the interleaved 1F1B schedule (one template
     only)."""
     zero: tuple[int, ...] = DEFAULT_ZERO
-    """ZeRO stages to try: 2 and 3 for one template only (`Family.zero_at`); ZeRO-1 alone by
-    default, as ZeRO-2/3 skeletons about double the near-optimal ones a proof must solve
-    (README)."""
+    """ZeRO stages to try: 2 and 3 for one template only (`Family.zero_at`). ZeRO-1 alone by
+    default: ZeRO-2/3 add near-optimal skeletons a proof must solve (their cost in search time:
+    docs/benchmarks.md)."""
     recompute_per_stage: bool = False
     """Each stage picks its own mode of `recompute` (one skeleton holds every mix:
     `Skeleton.modes`)."""

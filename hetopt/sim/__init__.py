@@ -1,1 +1,2 @@
-"""Discrete-event replay of a placed plan on the device graph under dynamic bandwidth (DESIGN 5)."""
+"""Discrete-event replay of a placed plan on the device graph under dynamic bandwidth
+(docs/simulator.md)."""

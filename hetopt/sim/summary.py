@@ -59,8 +59,8 @@ def summarise(
     peak_memory_gib: list[float],
     horizon_s: float | None = None,
 ) -> dict[str, Any]:
-    """A scenario's entry of the simulate JSON (DESIGN 2.4); `tokens` counts the tokens within
-    horizon_s (default: the replayed time), as the adaptive policy's replay counts them
+    """A scenario's entry of the simulate JSON (docs/cli-output.md); `tokens` counts the tokens
+    within horizon_s (default: the replayed time), as the adaptive policy's replay counts them
     (`tokens_within`)."""
     times = np.array(result.iteration_times_s)
     total = result.end_s

@@ -6,7 +6,8 @@ direction) and ``latency_us``, and their fabric (``fabric``, with its achieved f
 per-step latency ``alpha_s``, hetopt/spec/fabrics.py):
 - node — its island: the node's NIC (``nic_gbps``, ``nic_fabric``), no latency of its own;
 - island — island: a declared link (``cluster.network.links``);
-- island — fabric: unlimited and ideal. DESIGN 2.1: islands with no path through the declared links
+- island — fabric: unlimited and ideal. docs/instance-format.md: islands with no path through the
+  declared links
   meet
   on a non-blocking fabric limited only by the NICs.
 

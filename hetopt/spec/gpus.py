@@ -1,7 +1,7 @@
 """The GPU catalog: published peak figures of the GPU types hetopt knows, each with its source.
 
-Units follow the instance format (DESIGN 2.1): ``peak_tflops`` is dense (no sparsity) 16-bit
-tensor-core TFLOP/s with FP32 accumulation, the mode mixed-precision training runs in;
+Units follow the instance format (docs/instance-format.md): ``peak_tflops`` is dense (no sparsity)
+16-bit tensor-core TFLOP/s with FP32 accumulation, the mode mixed-precision training runs in;
 ``memory_gib`` is the device memory as the datasheet states it (HBM/GDDR capacities are binary: an
 A100-80GB reports 81920 MiB); ``hbm_gbps`` is device-memory bandwidth in Gbit/s (datasheet GB/s ×
 8); ``intra_node_gbps`` is the bandwidth one GPU can send to its peers inside a node, per direction,

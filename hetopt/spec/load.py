@@ -92,8 +92,8 @@ def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, in
     if not text.strip():
         needs = (
             (
-                "an instance needs at least the keys name, model, training and cluster (see "
-                "README.md or `hetopt schema`)"
+                "an instance needs at least the keys name, model, training and cluster (`hetopt "
+                "schema` prints the format)"
             )
             if what == "instance"
             else "a plan needs the keys micro_batch and pipelines"

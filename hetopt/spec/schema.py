@@ -1,4 +1,4 @@
-"""The instance file schema (DESIGN 2.1) as pydantic models.
+"""The instance file schema (docs/instance-format.md) as pydantic models.
 
 Every section forbids unknown keys, so a misspelt key is an error rather than a silently ignored
 line. Integers are strict (``"8"`` or ``8.5`` is not a count). Each field's description doubles as
@@ -373,7 +373,7 @@ class ReplanSection(Section):
 
 
 class InstanceFile(Section):
-    """A hetopt instance: a cluster, a model and training settings (DESIGN 2.1)."""
+    """A hetopt instance: a cluster, a model and training settings (docs/instance-format.md)."""
 
     name: Name = Field(description="Instance name.")
     description: str = Field("", description="One line saying what the instance models.")
