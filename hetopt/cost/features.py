@@ -167,137 +167,20 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
     """Cost features of a placed plan: one row per stage, or, for a stage with shards, one row per
     shard (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says
     whose), on `inst`'s network."""
-    m, s, b = inst.model, inst.seq_len, plan.micro_batch
-    attention = inst.spec.training.attention
-    cluster = inst.cluster
-    nodes_of = stage_nodes(plan)
-    ranks_at = (
-        rank_nodes(plan) if any(st.shards for pipe in plan.pipelines for st in pipe.stages) else {}
-    )
-    # every data-parallel rank's node of each stage, all replicas (one per replica without shards)
-    everyone = {
-        (j, i): [n for nodes in ranks_at[(j, i)] for n in nodes] if st.shards else nodes_of[(j, i)]
-        for j, pipe in enumerate(plan.pipelines)
-        for i, st in enumerate(pipe.stages)
-    }
-    sequence_bytes = cc.ACT_BYTES * s * m.hidden  # activations (or their gradients) of one sequence
-    replicas_total = plan.replicas
+    placed = _PlacedPlan(inst, plan)
     templates, gpus, memory, stage_of = [], [], [], []
-    ring_load = dp_ring_load(cluster, plan, everyone)
-    grad_bytes = grad_comm_bytes(inst)
-    spans = tp_spans(cluster, plan)
     zero_passes, zero_units = [], []
-    vp = plan.virtual_stages
-    for j, pipe in enumerate(plan.pipelines):
-        p = len(pipe.stages)
-        rows = [
-            (i, k, sh) for i, st in enumerate(pipe.stages) for k, sh in enumerate(st.ranks_of(b))
-        ]
-        arr = np.zeros((len(rows), N_PARTS, N_TERMS))
-        z_arr = np.zeros((len(rows), 2, N_TERMS))
-        t_gpus, t_mem, z_units = [], [], []
-        sends: dict[tuple[int, int], list] = {}  # per (stage, direction), for the rows of one stage
-        for row, (i, k, sh) in enumerate(rows):
-            st = pipe.stages[i]
-            gpu = inst.gpu_types[sh.gpu]
-            first, last = i == 0, i == p - 1
-            # this shard's ranks' nodes (all replicas), and the nodes its sends leave from
-            mine = (
-                [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)]
-                if st.shards
-                else nodes_of[(j, i)]
-            )
-            sources = set(mine) if st.shards else None
-            # TP collectives inside the stage's nodes, or over the network when its TP group spans
-            # nodes
-            tp_path = spans.get((j, i)) or cluster.slowest_intra(list(dict.fromkeys(mine)))
-            arr[row, :4] = stage_work(
-                m,
-                gpu,
-                sh.sequences,
-                s,
-                st.tp,
-                st.sp,
-                attention,
-                st.recompute,
-                st.layers,
-                first,
-                last,
-                tp_path,
-                st.cp,
-            )
-            # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once
-            # per model chunk; with interleaving the last stage also passes activations on to the
-            # first stage's next chunk, and the first stage passes gradients back to the last (vp −
-            # 1 times each). Each of the tp·cp ranks sends its share (CP: its part of the sequence);
-            # every rank sends the sequences it holds to the ranks of the neighbouring stage that
-            # hold them.
-            for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
-                if times:
-                    if (i, way) not in sends:
-                        sends[(i, way)] = boundary_sends(
-                            plan, j, i, (i + way) % p, nodes_of, ranks_at, sequence_bytes
-                        )
-                    arr[row, P2P] += times * send_features(
-                        cluster, sends[(i, way)], st.width, sources
-                    )
-            params = stage_params(m, st.layers, first, last, p)
-            columns = nic_columns(cluster, mine, st.tp)
-            # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks
-            # each (Megatron-LM's DP×CP group)
-            every = everyone[(j, i)]
-            dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
-            arr[row, DP] = _dp_collective(
-                "all_reduce",
-                cluster,
-                dp_ranks,
-                dp_nodes,
-                params / st.tp * grad_bytes,
-                columns,
-                ring_load,
-            )
-            group = (
-                replicas_total - pipe.replicas + len(every)
-            ) * st.cp  # ZeRO-1: one shard per DP rank
-            shard = group if plan.zero else 1
-            arr[row, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
-            arr[row, OPT, ITER] = 1
-            if plan.zero >= 2:
-                zero_stage(
-                    arr[row],
-                    z_arr[row],
-                    plan.zero,
-                    cluster,
-                    dp_ranks,
-                    dp_nodes,
-                    params / st.tp,
-                    grad_bytes,
-                    columns,
-                    gpu,
-                    ring_load,
-                )
-            z_units.append(st.layers + first + last)
-            t_gpus.append(gpu)
-            t_mem.append(
-                stage_memory(
-                    inst,
-                    plan,
-                    pipe.micro_batches,
-                    p,
-                    i,
-                    st,
-                    params,
-                    replicas_total - pipe.replicas + len(every),
-                    sh.sequences,
-                )
-            )
+    for j in range(len(plan.pipelines)):
+        arr, z_arr, t_gpus, t_mem, z_units, rows_stage = placed.template(j)
         templates.append(arr)
         gpus.append(t_gpus)
         memory.append(t_mem)
         zero_passes.append(z_arr)
         zero_units.append(z_units)
-        stage_of.append([i for i, _, _ in rows])
-    cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * grad_bytes)
+        stage_of.append(rows_stage)
+    cross, flows = cross_template_exchange(
+        placed.cluster, plan, placed.nodes_of, total_params(inst.model) * placed.grad_bytes
+    )
     return PlanFeatures(
         templates,
         [pp.micro_batches for pp in plan.pipelines],
@@ -310,6 +193,180 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
         zero_units,
         stage_of,
     )
+
+
+class _PlacedPlan:
+    """A placed plan with where its ranks sit and what every row's features share, found once, so
+    that each template's rows are built from it (`template`)."""
+
+    def __init__(self, inst: Instance, plan: Plan) -> None:
+        self.inst, self.plan, self.cluster = inst, plan, inst.cluster
+        self.nodes_of = stage_nodes(plan)
+        self.ranks_at = (
+            rank_nodes(plan)
+            if any(st.shards for pipe in plan.pipelines for st in pipe.stages)
+            else {}
+        )
+        # every data-parallel rank's node of each stage, all replicas (one per replica without
+        # shards)
+        self.everyone = {
+            (j, i): [n for nodes in self.ranks_at[(j, i)] for n in nodes]
+            if st.shards
+            else self.nodes_of[(j, i)]
+            for j, pipe in enumerate(plan.pipelines)
+            for i, st in enumerate(pipe.stages)
+        }
+        # activations (or their gradients) of one sequence
+        self.sequence_bytes = cc.ACT_BYTES * inst.seq_len * inst.model.hidden
+        self.ring_load = dp_ring_load(self.cluster, plan, self.everyone)
+        self.grad_bytes = grad_comm_bytes(inst)
+        self.spans = tp_spans(self.cluster, plan)
+
+    def template(
+        self, j: int
+    ) -> tuple[np.ndarray, np.ndarray, list[GPUType], list[float], list[int], list[int]]:
+        """Template j's rows: (features (rows, N_PARTS, N_TERMS), ZeRO-2/3 passes (rows, 2,
+        N_TERMS), GPU types, memory bytes, ZeRO units, stage of each row)."""
+        inst, plan = self.inst, self.plan
+        pipe = plan.pipelines[j]
+        p = len(pipe.stages)
+        rows = [
+            (i, k, sh)
+            for i, st in enumerate(pipe.stages)
+            for k, sh in enumerate(st.ranks_of(plan.micro_batch))
+        ]
+        arr = np.zeros((len(rows), N_PARTS, N_TERMS))
+        z_arr = np.zeros((len(rows), 2, N_TERMS))
+        t_gpus, t_mem, z_units = [], [], []
+        sends: dict[tuple[int, int], list] = {}  # per (stage, direction), for the rows of one stage
+        for row, (i, k, sh) in enumerate(rows):
+            st = pipe.stages[i]
+            gpu = inst.gpu_types[sh.gpu]
+            first, last = i == 0, i == p - 1
+            mine = self._shard_nodes(j, i, k)
+            arr[row, :4] = self._work(j, i, sh.sequences, gpu, mine)
+            self._add_sends(arr[row], j, i, mine, sends)
+            params = stage_params(inst.model, st.layers, first, last, p)
+            self._add_data_parallel(arr[row], z_arr[row], j, i, gpu, mine, params)
+            z_units.append(st.layers + first + last)
+            t_gpus.append(gpu)
+            t_mem.append(
+                stage_memory(
+                    inst,
+                    plan,
+                    pipe.micro_batches,
+                    p,
+                    i,
+                    st,
+                    params,
+                    plan.replicas - pipe.replicas + len(self.everyone[(j, i)]),
+                    sh.sequences,
+                )
+            )
+        return arr, z_arr, t_gpus, t_mem, z_units, [i for i, _, _ in rows]
+
+    def _shard_nodes(self, j: int, i: int, k: int) -> list[str]:
+        """The nodes of row k's ranks of stage i (all replicas): its sends leave from them."""
+        st = self.plan.pipelines[j].stages[i]
+        if st.shards:
+            return [nodes[n] for nodes in self.ranks_at[(j, i)] for n in shard_ranks(st, k)]
+        return self.nodes_of[(j, i)]
+
+    def _work(self, j: int, i: int, sequences: int, gpu: GPUType, mine: list[str]) -> np.ndarray:
+        """The row's compute and TP features per micro-batch (`stage_work`): its TP collectives
+        inside the stage's nodes, or over the network when its TP group spans nodes."""
+        inst, st = self.inst, self.plan.pipelines[j].stages[i]
+        p = len(self.plan.pipelines[j].stages)
+        tp_path = self.spans.get((j, i)) or self.cluster.slowest_intra(list(dict.fromkeys(mine)))
+        return stage_work(
+            inst.model,
+            gpu,
+            sequences,
+            inst.seq_len,
+            st.tp,
+            st.sp,
+            inst.spec.training.attention,
+            st.recompute,
+            st.layers,
+            i == 0,
+            i == p - 1,
+            tp_path,
+            st.cp,
+        )
+
+    def _add_sends(
+        self, row: np.ndarray, j: int, i: int, mine: list[str], sends: dict[tuple[int, int], list]
+    ) -> None:
+        """Add the row's point-to-point sends per micro-batch to `row` (the sends of its stage
+        found once in `sends`).
+
+        The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
+        model chunk; with interleaving the last stage also passes activations on to the first
+        stage's next chunk, and the first stage passes gradients back to the last (vp − 1 times
+        each). Each of the tp·cp ranks sends its share (CP: its part of the sequence); every rank
+        sends the sequences it holds to the ranks of the neighbouring stage that hold them."""
+        plan = self.plan
+        st, p, vp = plan.pipelines[j].stages[i], len(plan.pipelines[j].stages), plan.virtual_stages
+        first, last = i == 0, i == p - 1
+        sources = set(mine) if st.shards else None
+        for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
+            if times:
+                if (i, way) not in sends:
+                    sends[(i, way)] = boundary_sends(
+                        plan, j, i, (i + way) % p, self.nodes_of, self.ranks_at, self.sequence_bytes
+                    )
+                row[P2P] += times * send_features(self.cluster, sends[(i, way)], st.width, sources)
+
+    def _add_data_parallel(
+        self,
+        row: np.ndarray,
+        passes: np.ndarray,
+        j: int,
+        i: int,
+        gpu: GPUType,
+        mine: list[str],
+        params: float,
+    ) -> None:
+        """Add the row's per-iteration features to `row`: its gradient all-reduce (sharing NICs
+        with the rings beside it) and optimizer step; and under ZeRO-2/3 its collectives per pass
+        to `passes`."""
+        plan, cluster = self.plan, self.cluster
+        pipe = plan.pipelines[j]
+        st = pipe.stages[i]
+        columns = nic_columns(cluster, mine, st.tp)
+        # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks
+        # each (Megatron-LM's DP×CP group)
+        every = self.everyone[(j, i)]
+        dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
+        row[DP] = _dp_collective(
+            "all_reduce",
+            cluster,
+            dp_ranks,
+            dp_nodes,
+            params / st.tp * self.grad_bytes,
+            columns,
+            self.ring_load,
+        )
+        group = (
+            plan.replicas - pipe.replicas + len(every)
+        ) * st.cp  # ZeRO-1: one shard per DP rank
+        shard = group if plan.zero else 1
+        row[OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
+        row[OPT, ITER] = 1
+        if plan.zero >= 2:
+            zero_stage(
+                row,
+                passes,
+                plan.zero,
+                cluster,
+                dp_ranks,
+                dp_nodes,
+                params / st.tp,
+                self.grad_bytes,
+                columns,
+                gpu,
+                self.ring_load,
+            )
 
 
 def dp_ring_load(cluster, plan: Plan, everyone) -> Counter:
