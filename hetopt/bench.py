@@ -440,57 +440,68 @@ def markdown(result: BenchResult) -> str:
     expected = expected_tokens(result)
     instances = list(dict.fromkeys(r.instance for r in result.rows))
     for name in instances:
-        rows = [r for r in result.rows if r.instance == name]
-        scenarios = list(dict.fromkeys(r.scenario for r in rows))
-        best = {
-            sc: max(
-                (
-                    r.tokens_per_s
-                    for r in rows
-                    if r.scenario == sc and r.tokens_per_s and not r.planner.endswith(ADAPTIVE)
-                ),
-                default=None,
-            )
-            for sc in scenarios
-        }
-        lines += [
-            f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} "
-            f"type{'s' if rows[0].gpu_types > 1 else ''})",
-            "",
-            "| planner | status | search s | predicted s | "
-            + " | ".join(f"{sc} tokens/s" for sc in scenarios)
-            + " | vs ilp |",
-            "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |",
-        ]
-        for planner in dict.fromkeys(r.planner for r in rows if not r.planner.endswith(ADAPTIVE)):
-            mine = [r for r in rows if r.planner == planner]
-            cells = []
-            for sc in scenarios:
-                r = next(x for x in mine if x.scenario == sc)
-                if r.tokens_per_s is None:
-                    cells.append("—")
-                else:
-                    text = f"{r.tokens_per_s:,.0f}"
-                    cells.append(
-                        f"**{text}**"
-                        if best[sc] and r.tokens_per_s >= best[sc] * (1 - 1e-9)
-                        else text
-                    )
-            ratio = _ratio(expected, name, planner)
-            # an optimal plan's gap is within its proof's tolerance (below 1e-5): shown only when
-            # not proven
-            shown_gap = mine[0].gap is not None and mine[0].status != "optimal"
-            status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if shown_gap else "")
-            predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
-            lines.append(
-                f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
-                + " | ".join(cells)
-                + f" | {ratio} |"
-            )
-        lines.append("")
-        lines += _horizon_table(rows, scenarios)
+        lines += _instance_section(name, [r for r in result.rows if r.instance == name], expected)
     lines += summary(result)
     return "\n".join(lines) + "\n"
+
+
+def _instance_section(
+    name: str, rows: list[Row], expected: dict[tuple[str, str], float | None]
+) -> list[str]:
+    """One instance's tables: every static planner per scenario, then the horizon's tokens; the
+    adaptive rows only in the latter, as their tokens/s are not one iteration's."""
+    scenarios = list(dict.fromkeys(r.scenario for r in rows))
+    best = _best_tokens_per_s(rows, scenarios)
+    lines = [
+        f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} "
+        f"type{'s' if rows[0].gpu_types > 1 else ''})",
+        "",
+        "| planner | status | search s | predicted s | "
+        + " | ".join(f"{sc} tokens/s" for sc in scenarios)
+        + " | vs ilp |",
+        "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |",
+    ]
+    for planner in dict.fromkeys(r.planner for r in rows if not r.planner.endswith(ADAPTIVE)):
+        mine = [r for r in rows if r.planner == planner]
+        cells = [
+            _tokens_cell(next(x for x in mine if x.scenario == sc), best[sc]) for sc in scenarios
+        ]
+        ratio = _ratio(expected, name, planner)
+        # an optimal plan's gap is within its proof's tolerance (below 1e-5): shown only when
+        # not proven
+        shown_gap = mine[0].gap is not None and mine[0].status != "optimal"
+        status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if shown_gap else "")
+        predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
+        lines.append(
+            f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
+            + " | ".join(cells)
+            + f" | {ratio} |"
+        )
+    lines.append("")
+    return lines + _horizon_table(rows, scenarios)
+
+
+def _best_tokens_per_s(rows: list[Row], scenarios: list[str]) -> dict[str, float | None]:
+    """Each scenario's best static tokens/s (None when no planner has a plan), to set in bold."""
+    return {
+        sc: max(
+            (
+                r.tokens_per_s
+                for r in rows
+                if r.scenario == sc and r.tokens_per_s and not r.planner.endswith(ADAPTIVE)
+            ),
+            default=None,
+        )
+        for sc in scenarios
+    }
+
+
+def _tokens_cell(row: Row, best: float | None) -> str:
+    """A row's tokens/s, in bold when it is its scenario's best (within rounding)."""
+    if row.tokens_per_s is None:
+        return "—"
+    text = f"{row.tokens_per_s:,.0f}"
+    return f"**{text}**" if best and row.tokens_per_s >= best * (1 - 1e-9) else text
 
 
 def _horizon_table(rows: list[Row], scenarios: list[str]) -> list[str]:

@@ -23,13 +23,8 @@ from hetopt.cost.features import (  # noqa: F401 (re-exported)
     cross_template_exchange,
     grad_comm_bytes,
     nic_columns,
-    p2p_features,
     plan_features,
-    rank_nodes,
-    reshard_sends,
-    send_features,
     stage_memory,
-    stage_nodes,
     stage_work,
 )
 from hetopt.cost.pricing import (  # noqa: F401 (re-exported)
@@ -46,4 +41,11 @@ from hetopt.cost.pricing import (  # noqa: F401 (re-exported)
     price_template,
     streamed_pass,
     zero_exposed,
+)
+from hetopt.cost.transfers import (  # noqa: F401 (re-exported)
+    p2p_features,
+    rank_nodes,
+    reshard_sends,
+    send_features,
+    stage_nodes,
 )

@@ -27,7 +27,8 @@ from hetopt.evaluate import evaluate
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan
 from hetopt.replan.policy import PolicyOptions, check_policy, replay_adaptive, run_tokens, summary
-from hetopt.sim.engine import SimResult, Simulation
+from hetopt.sim.engine import Simulation
+from hetopt.sim.replay import SimResult
 from hetopt.sim.summary import summarise
 from hetopt.spec.instance import Instance
 from hetopt.spec.scenarios import (

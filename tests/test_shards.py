@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from hetopt.baselines.metis import metis_like
-from hetopt.cost.features import rank_nodes, reshard_sends, stage_work
+from hetopt.cost.features import stage_work
 from hetopt.cost.pricing import by_stage
+from hetopt.cost.transfers import rank_nodes, reshard_sends
 from hetopt.evaluate import BWD, BWD_TP, DP, FWD, OPT, P2P, evaluate, plan_features
 from hetopt.placement import place
 from hetopt.plan import Plan

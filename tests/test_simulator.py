@@ -13,8 +13,9 @@ from conftest import DEMO, run_hetopt
 from hetopt.evaluate import BWD, FWD, evaluate
 from hetopt.layout import expand_layout, parse_layout
 from hetopt.plan import Pipeline, Plan, Stage
-from hetopt.sim.engine import Simulation, Transfer
+from hetopt.sim.engine import Simulation
 from hetopt.sim.network import Network, max_min_rates
+from hetopt.sim.priced import Transfer
 from hetopt.sim.schedules import device_ops
 from hetopt.spec.instance import load_instance
 from hetopt.spec.scenarios import BandwidthScenario

@@ -33,6 +33,15 @@ from hetopt.cost.memory import (
     zero_working_bytes,
 )
 from hetopt.cost.terms import ITER, MB, N_TERMS
+from hetopt.cost.transfers import (
+    boundary_sends,
+    rank_nodes,
+    send_features,
+    shard_ranks,
+    shared_gbps,
+    slowest_transfer,
+    stage_nodes,
+)
 from hetopt.plan import Plan
 from hetopt.spec.cluster import intra_route
 from hetopt.spec.gpus import GPUType
@@ -158,136 +167,20 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
     """Cost features of a placed plan: one row per stage, or, for a stage with shards, one row per
     shard (its ranks of one class run their share of each micro-batch; `PlanFeatures.stage_of` says
     whose), on `inst`'s network."""
-    m, s, b = inst.model, inst.seq_len, plan.micro_batch
-    attention = inst.spec.training.attention
-    cluster = inst.cluster
-    nodes_of = stage_nodes(plan)
-    ranks_at = (
-        rank_nodes(plan) if any(st.shards for pipe in plan.pipelines for st in pipe.stages) else {}
-    )
-    # every data-parallel rank's node of each stage, all replicas (one per replica without shards)
-    everyone = {
-        (j, i): [n for nodes in ranks_at[(j, i)] for n in nodes] if st.shards else nodes_of[(j, i)]
-        for j, pipe in enumerate(plan.pipelines)
-        for i, st in enumerate(pipe.stages)
-    }
-    sequence_bytes = cc.ACT_BYTES * s * m.hidden  # activations (or their gradients) of one sequence
-    replicas_total = plan.replicas
+    placed = _PlacedPlan(inst, plan)
     templates, gpus, memory, stage_of = [], [], [], []
-    ring_load = dp_ring_load(cluster, plan, everyone)
-    grad_bytes = grad_comm_bytes(inst)
-    spans = tp_spans(cluster, plan)
     zero_passes, zero_units = [], []
-    vp = plan.virtual_stages
-    for j, pipe in enumerate(plan.pipelines):
-        p = len(pipe.stages)
-        rows = [
-            (i, k, sh) for i, st in enumerate(pipe.stages) for k, sh in enumerate(st.ranks_of(b))
-        ]
-        arr = np.zeros((len(rows), N_PARTS, N_TERMS))
-        z_arr = np.zeros((len(rows), 2, N_TERMS))
-        t_gpus, t_mem, z_units = [], [], []
-        sends: dict[tuple[int, int], list] = {}  # per (stage, direction), for the rows of one stage
-        for row, (i, k, sh) in enumerate(rows):
-            st = pipe.stages[i]
-            gpu = inst.gpu_types[sh.gpu]
-            first, last = i == 0, i == p - 1
-            # this shard's ranks' nodes (all replicas), and the nodes its sends leave from
-            mine = (
-                [nodes[n] for nodes in ranks_at[(j, i)] for n in shard_ranks(st, k)]
-                if st.shards
-                else nodes_of[(j, i)]
-            )
-            sources = set(mine) if st.shards else None
-            # TP collectives inside the stage's nodes, or over the network when its TP group spans
-            # nodes
-            tp_path = spans.get((j, i)) or cluster.slowest_intra(list(dict.fromkeys(mine)))
-            arr[row, :4] = stage_work(
-                m,
-                gpu,
-                sh.sequences,
-                s,
-                st.tp,
-                st.sp,
-                attention,
-                st.recompute,
-                st.layers,
-                first,
-                last,
-                tp_path,
-                st.cp,
-            )
-            # The sender pays: activations forward to stage i+1, gradients back to stage i-1, once
-            # per model chunk; with interleaving the last stage also passes activations on to the
-            # first stage's next chunk, and the first stage passes gradients back to the last (vp −
-            # 1 times each). Each of the tp·cp ranks sends its share (CP: its part of the sequence);
-            # every rank sends the sequences it holds to the ranks of the neighbouring stage that
-            # hold them.
-            for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
-                if times:
-                    if (i, way) not in sends:
-                        sends[(i, way)] = boundary_sends(
-                            plan, j, i, (i + way) % p, nodes_of, ranks_at, sequence_bytes
-                        )
-                    arr[row, P2P] += times * send_features(
-                        cluster, sends[(i, way)], st.width, sources
-                    )
-            params = stage_params(m, st.layers, first, last, p)
-            columns = nic_columns(cluster, mine, st.tp)
-            # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks
-            # each (Megatron-LM's DP×CP group)
-            every = everyone[(j, i)]
-            dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
-            arr[row, DP] = _dp_collective(
-                "all_reduce",
-                cluster,
-                dp_ranks,
-                dp_nodes,
-                params / st.tp * grad_bytes,
-                columns,
-                ring_load,
-            )
-            # ZeRO-1: one shard per DP rank
-            group = (replicas_total - pipe.replicas + len(every)) * st.cp
-            shard = group if plan.zero else 1
-            arr[row, OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
-            arr[row, OPT, ITER] = 1
-            if plan.zero >= 2:
-                zero_stage(
-                    arr[row],
-                    z_arr[row],
-                    plan.zero,
-                    cluster,
-                    dp_ranks,
-                    dp_nodes,
-                    params / st.tp,
-                    grad_bytes,
-                    columns,
-                    gpu,
-                    ring_load,
-                )
-            z_units.append(st.layers + first + last)
-            t_gpus.append(gpu)
-            t_mem.append(
-                stage_memory(
-                    inst,
-                    plan,
-                    pipe.micro_batches,
-                    p,
-                    i,
-                    st,
-                    params,
-                    replicas_total - pipe.replicas + len(every),
-                    sh.sequences,
-                )
-            )
+    for j in range(len(plan.pipelines)):
+        arr, z_arr, t_gpus, t_mem, z_units, rows_stage = placed.template(j)
         templates.append(arr)
         gpus.append(t_gpus)
         memory.append(t_mem)
         zero_passes.append(z_arr)
         zero_units.append(z_units)
-        stage_of.append([i for i, _, _ in rows])
-    cross, flows = cross_template_exchange(cluster, plan, nodes_of, total_params(m) * grad_bytes)
+        stage_of.append(rows_stage)
+    cross, flows = cross_template_exchange(
+        placed.cluster, plan, placed.nodes_of, total_params(inst.model) * placed.grad_bytes
+    )
     return PlanFeatures(
         templates,
         [pp.micro_batches for pp in plan.pipelines],
@@ -302,169 +195,177 @@ def plan_features(inst: Instance, plan: Plan) -> PlanFeatures:
     )
 
 
-def stage_nodes(plan: Plan) -> dict[tuple[int, int], list[str]]:
-    """(template, stage) → the node of each replica (of its first data-parallel rank, with
-    shards)."""
-    out: dict[tuple[int, int], list[str]] = {}
-    for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica)):
-        if e.rank == 0:
-            out.setdefault((e.pipeline, e.stage), []).append(e.node)
-    return out
+class _PlacedPlan:
+    """A placed plan with where its ranks sit and what every row's features share, found once, so
+    that each template's rows are built from it (`template`)."""
 
+    def __init__(self, inst: Instance, plan: Plan) -> None:
+        self.inst, self.plan, self.cluster = inst, plan, inst.cluster
+        self.nodes_of = stage_nodes(plan)
+        self.ranks_at = (
+            rank_nodes(plan)
+            if any(st.shards for pipe in plan.pipelines for st in pipe.stages)
+            else {}
+        )
+        # every data-parallel rank's node of each stage, all replicas (one per replica without
+        # shards)
+        self.everyone = {
+            (j, i): [n for nodes in self.ranks_at[(j, i)] for n in nodes]
+            if st.shards
+            else self.nodes_of[(j, i)]
+            for j, pipe in enumerate(plan.pipelines)
+            for i, st in enumerate(pipe.stages)
+        }
+        # activations (or their gradients) of one sequence
+        self.sequence_bytes = cc.ACT_BYTES * inst.seq_len * inst.model.hidden
+        self.ring_load = dp_ring_load(self.cluster, plan, self.everyone)
+        self.grad_bytes = grad_comm_bytes(inst)
+        self.spans = tp_spans(self.cluster, plan)
 
-def rank_nodes(plan: Plan) -> dict[tuple[int, int], list[list[str]]]:
-    """(template, stage) → per replica, the node of each of the stage's data-parallel ranks in rank
-    order."""
-    out: dict[tuple[int, int], list[list[str]]] = {}
-    for e in sorted(plan.placement, key=lambda e: (e.pipeline, e.stage, e.replica, e.rank)):
-        per_replica = out.setdefault((e.pipeline, e.stage), [])
-        if e.rank == 0:
-            per_replica.append([])
-        per_replica[-1].append(e.node)
-    return out
+    def template(
+        self, j: int
+    ) -> tuple[np.ndarray, np.ndarray, list[GPUType], list[float], list[int], list[int]]:
+        """Template j's rows: (features (rows, N_PARTS, N_TERMS), ZeRO-2/3 passes (rows, 2,
+        N_TERMS), GPU types, memory bytes, ZeRO units, stage of each row)."""
+        inst, plan = self.inst, self.plan
+        pipe = plan.pipelines[j]
+        p = len(pipe.stages)
+        rows = [
+            (i, k, sh)
+            for i, st in enumerate(pipe.stages)
+            for k, sh in enumerate(st.ranks_of(plan.micro_batch))
+        ]
+        arr = np.zeros((len(rows), N_PARTS, N_TERMS))
+        z_arr = np.zeros((len(rows), 2, N_TERMS))
+        t_gpus, t_mem, z_units = [], [], []
+        sends: dict[tuple[int, int], list] = {}  # per (stage, direction), for the rows of one stage
+        for row, (i, k, sh) in enumerate(rows):
+            st = pipe.stages[i]
+            gpu = inst.gpu_types[sh.gpu]
+            first, last = i == 0, i == p - 1
+            mine = self._shard_nodes(j, i, k)
+            arr[row, :4] = self._work(j, i, sh.sequences, gpu, mine)
+            self._add_sends(arr[row], j, i, mine, sends)
+            params = stage_params(inst.model, st.layers, first, last, p)
+            self._add_data_parallel(arr[row], z_arr[row], j, i, gpu, mine, params)
+            z_units.append(st.layers + first + last)
+            t_gpus.append(gpu)
+            t_mem.append(
+                stage_memory(
+                    inst,
+                    plan,
+                    pipe.micro_batches,
+                    p,
+                    i,
+                    st,
+                    params,
+                    plan.replicas - pipe.replicas + len(self.everyone[(j, i)]),
+                    sh.sequences,
+                )
+            )
+        return arr, z_arr, t_gpus, t_mem, z_units, [i for i, _, _ in rows]
 
+    def _shard_nodes(self, j: int, i: int, k: int) -> list[str]:
+        """The nodes of row k's ranks of stage i (all replicas): its sends leave from them."""
+        st = self.plan.pipelines[j].stages[i]
+        if st.shards:
+            return [nodes[n] for nodes in self.ranks_at[(j, i)] for n in shard_ranks(st, k)]
+        return self.nodes_of[(j, i)]
 
-def shard_ranks(st, k: int) -> range:
-    """The rank indices (inside one replica) of shard k of stage `st` (range(1) without shards)."""
-    if not st.shards:
-        return range(1)
-    start = sum(sh.ranks for sh in st.shards[:k])
-    return range(start, start + st.shards[k].ranks)
-
-
-def rank_sequences(st, micro_batch: int) -> list[tuple[int, int]]:
-    """The sequences [first, end) of a micro-batch that each data-parallel rank of a stage runs, in
-    rank order: the shards' ranks take consecutive runs of `sequences` each."""
-    out, at = [], 0
-    for sh in st.ranks_of(micro_batch):
-        for _ in range(sh.ranks):
-            out.append((at, at + sh.sequences))
-            at += sh.sequences
-    return out
-
-
-def boundary_sends(
-    plan: Plan, j: int, i: int, to: int, nodes_of, ranks_at, sequence_bytes: float
-) -> list[tuple[str, str, float]]:
-    """Every send of one micro-batch from stage i to stage `to` of template j, all replicas: one per
-    replica (the whole micro-batch) between stages without shards, else `reshard_sends`."""
-    stages = plan.pipelines[j].stages
-    if not (stages[i].shards or stages[to].shards):
-        nbytes = plan.micro_batch * sequence_bytes
-        return [(a, b, nbytes) for a, b in zip(nodes_of[(j, i)], nodes_of[(j, to)], strict=True)]
-    return reshard_sends(plan, j, i, to, ranks_at, sequence_bytes)
-
-
-def reshard_sends(
-    plan: Plan,
-    j: int,
-    i: int,
-    to: int,
-    ranks_at,
-    sequence_bytes: float,
-    replicas: range | None = None,
-) -> list[tuple[str, str, float]]:
-    """Every send of one micro-batch's activations (or gradients) from stage i to stage `to` of
-    template j, in all replicas at once (or in `replicas`): (source node, destination node, bytes)
-    for each pair of ranks whose sequences overlap, `sequence_bytes` per sequence — one send per
-    replica when neither stage has shards."""
-    pipe = plan.pipelines[j]
-    src = rank_sequences(pipe.stages[i], plan.micro_batch)
-    dst = rank_sequences(pipe.stages[to], plan.micro_batch)
-    out = []
-    for r in replicas if replicas is not None else range(pipe.replicas):
-        for a, (lo, hi) in zip(ranks_at[(j, i)][r], src, strict=True):
-            for b, (lo2, hi2) in zip(ranks_at[(j, to)][r], dst, strict=True):
-                if min(hi, hi2) > max(lo, lo2):
-                    out.append((a, b, (min(hi, hi2) - max(lo, lo2)) * sequence_bytes))
-    return out
-
-
-def p2p_features(
-    cluster, src_nodes: list[str], dst_nodes: list[str], nbytes: float, tp: int
-) -> np.ndarray:
-    """One activation (or gradient) send across a stage boundary, `nbytes` from each replica's node
-    in `src_nodes` to its node in `dst_nodes`: the slowest replica's (`send_features`)."""
-    return send_features(
-        cluster, [(a, b, nbytes) for a, b in zip(src_nodes, dst_nodes, strict=True)], tp
-    )
-
-
-def send_features(
-    cluster, sends: list[tuple[str, str, float]], tp: int, sources: set[str] | None = None
-) -> np.ndarray:
-    """Features of the slowest of concurrent sends (source node, destination node, bytes) — of those
-    from `sources` when given, all of them sharing the links.
-
-    Each TP rank sends its 1/tp share (Megatron's scatter-gather); inside a node every rank has its
-    own link, across nodes all shares go through the node's bottleneck. The replicas of a template
-    cross the same boundary at about the same time (1F1B runs them in lockstep), so flows in the
-    same direction on one link share it: a send of b bytes over a link that carries B bytes of such
-    sends in all ends when the link has carried all B — it runs at b/B of the link (max-min shares,
-    which the simulator gives them, leave a link busy until its last byte; with equal sends that is
-    1/n of it each).
-    """
-    pairs = Counter(sends)
-    routes = {key: cluster.route(key[0], key[1]) for key in pairs}
-    carried: Counter = Counter()  # bytes over each link
-    for key, n in pairs.items():
-        if not routes[key].intra_node:
-            for edge in routes[key].edges:
-                carried[edge] += n * key[2]
-
-    def send(key) -> tuple:
-        route = routes[key]
-        if route.intra_node:
-            return route, key[2] / tp, route.effective_gbps
-        # c / (B / b): exactly c / n for n equal sends
-        return (
-            route,
-            key[2],
-            min(
-                c / (carried[e] / key[2])
-                for e, c in zip(route.edges, route.edge_effective, strict=True)
-            ),
+    def _work(self, j: int, i: int, sequences: int, gpu: GPUType, mine: list[str]) -> np.ndarray:
+        """The row's compute and TP features per micro-batch (`stage_work`): its TP collectives
+        inside the stage's nodes, or over the network when its TP group spans nodes."""
+        inst, st = self.inst, self.plan.pipelines[j].stages[i]
+        p = len(self.plan.pipelines[j].stages)
+        tp_path = self.spans.get((j, i)) or self.cluster.slowest_intra(list(dict.fromkeys(mine)))
+        return stage_work(
+            inst.model,
+            gpu,
+            sequences,
+            inst.seq_len,
+            st.tp,
+            st.sp,
+            inst.spec.training.attention,
+            st.recompute,
+            st.layers,
+            i == 0,
+            i == p - 1,
+            tp_path,
+            st.cp,
         )
 
-    def seconds(item) -> float:
-        route, nbytes, gbps = item
-        return nbytes / (gbps * comm.GBIT) + route.latency_us * 1e-6 + route.alpha_s
+    def _add_sends(
+        self, row: np.ndarray, j: int, i: int, mine: list[str], sends: dict[tuple[int, int], list]
+    ) -> None:
+        """Add the row's point-to-point sends per micro-batch to `row` (the sends of its stage
+        found once in `sends`).
 
-    route, nbytes, gbps = max(
-        (send(key) for key in pairs if sources is None or key[0] in sources), key=seconds
-    )
-    return comm.transfer(
-        nbytes, gbps, route.intra_node, latency_s=route.latency_us * 1e-6, alpha_s=route.alpha_s
-    )
+        The sender pays: activations forward to stage i+1, gradients back to stage i-1, once per
+        model chunk; with interleaving the last stage also passes activations on to the first
+        stage's next chunk, and the first stage passes gradients back to the last (vp − 1 times
+        each). Each of the tp·cp ranks sends its share (CP: its part of the sequence); every rank
+        sends the sequences it holds to the ranks of the neighbouring stage that hold them."""
+        plan = self.plan
+        st, p, vp = plan.pipelines[j].stages[i], len(plan.pipelines[j].stages), plan.virtual_stages
+        first, last = i == 0, i == p - 1
+        sources = set(mine) if st.shards else None
+        for way, times in ((1, vp if not last else vp - 1), (-1, vp if not first else vp - 1)):
+            if times:
+                if (i, way) not in sends:
+                    sends[(i, way)] = boundary_sends(
+                        plan, j, i, (i + way) % p, self.nodes_of, self.ranks_at, self.sequence_bytes
+                    )
+                row[P2P] += times * send_features(self.cluster, sends[(i, way)], st.width, sources)
 
-
-def shared_gbps(route, load: Counter) -> float:
-    """A flow's bandwidth along `route` when `load[e]` flows share each link e evenly (their max-min
-    fair share when all run at once); inside a node, the node's interconnect."""
-    if route.intra_node:
-        return route.effective_gbps
-    return min(c / max(1, load[e]) for e, c in zip(route.edges, route.edge_effective, strict=True))
-
-
-def slowest_transfer(sends: list[tuple], load: Counter) -> np.ndarray:
-    """Features of the slowest of concurrent sends (route, bytes) sharing links as `load` counts."""
-
-    def seconds(send) -> float:
-        route, nbytes = send
-        return (
-            nbytes / (shared_gbps(route, load) * comm.GBIT)
-            + route.latency_us * 1e-6
-            + route.alpha_s
+    def _add_data_parallel(
+        self,
+        row: np.ndarray,
+        passes: np.ndarray,
+        j: int,
+        i: int,
+        gpu: GPUType,
+        mine: list[str],
+        params: float,
+    ) -> None:
+        """Add the row's per-iteration features to `row`: its gradient all-reduce (sharing NICs
+        with the rings beside it) and optimizer step; and under ZeRO-2/3 its collectives per pass
+        to `passes`."""
+        plan, cluster = self.plan, self.cluster
+        pipe = plan.pipelines[j]
+        st = pipe.stages[i]
+        columns = nic_columns(cluster, mine, st.tp)
+        # the data-parallel group of a TP rank: every data-parallel rank of the stage's cp ranks
+        # each (Megatron-LM's DP×CP group)
+        every = self.everyone[(j, i)]
+        dp_nodes, dp_ranks = [n for n in every for _ in range(st.cp)], len(every) * st.cp
+        row[DP] = _dp_collective(
+            "all_reduce",
+            cluster,
+            dp_ranks,
+            dp_nodes,
+            params / st.tp * self.grad_bytes,
+            columns,
+            self.ring_load,
         )
-
-    route, nbytes = max(sends, key=seconds)
-    return comm.transfer(
-        nbytes,
-        shared_gbps(route, load),
-        route.intra_node,
-        latency_s=route.latency_us * 1e-6,
-        alpha_s=route.alpha_s,
-    )
+        # ZeRO-1: one shard per DP rank
+        group = (plan.replicas - pipe.replicas + len(every)) * st.cp
+        shard = group if plan.zero else 1
+        row[OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
+        row[OPT, ITER] = 1
+        if plan.zero >= 2:
+            zero_stage(
+                row,
+                passes,
+                plan.zero,
+                cluster,
+                dp_ranks,
+                dp_nodes,
+                params / st.tp,
+                self.grad_bytes,
+                columns,
+                gpu,
+                self.ring_load,
+            )
 
 
 def dp_ring_load(cluster, plan: Plan, everyone) -> Counter:

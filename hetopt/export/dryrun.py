@@ -78,6 +78,8 @@ def _reference(layers: int, sequences: int) -> tuple[float, dict]:
 
 
 def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
+    """One rank's process: its groups checked, its stage's share of the step run, its loss and
+    gradients compared with the single process; what it found written to `results`."""
     import torch
     import torch.distributed as dist
 
@@ -90,88 +92,144 @@ def _rank(rank: int, rankmap: dict, address: str, results: str) -> None:
     me = rankmap["ranks"][rank]
     found: dict = {"rank": rank}
     try:
-        # every group once, made by every rank in one order (torch.distributed needs all to call
-        # new_group)
-        groups: dict[tuple, object] = {}
-        for r in rankmap["ranks"]:
-            for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
-                members = tuple(sorted(r[key]))
-                if members not in groups:
-                    groups[members] = dist.new_group(list(members))
-        found["groups_ok"] = True
-        for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
-            members = tuple(sorted(me[key]))
-            total = torch.tensor([float(rank)])
-            dist.all_reduce(total, group=groups[members])
-            found["groups_ok"] &= int(total.item()) == sum(members) and rank in members
-        layers = sum(
-            r["layers"]
-            for r in rankmap["ranks"]
-            if r["replica"] == 0 and r["dp_rank"] == 0 and r["tp_rank"] == 0 and r["cp_rank"] == 0
-        )
+        groups = _new_groups(rankmap)
+        _check_groups(rank, me, groups, found)
+        layers = _model_layers(rankmap)
         replicas = len(me["dp_group"])
         batch = me["sequences"] * me["micro_batches"] * replicas
         embedding, blocks, head = _model(layers)
         mine = list(blocks)[me["first_layer"] : me["first_layer"] + me["layers"]]
-        params = {
-            f"blocks.{me['first_layer'] + i}.{n}": p
-            for i, b in enumerate(mine)
-            for n, p in b.named_parameters()
-        }
-        if me["embedding"]:
-            params |= {f"embedding.{n}": p for n, p in embedding.named_parameters()}
-        if me["head"]:
-            params |= {f"head.{n}": p for n, p in head.named_parameters()}
+        params = _stage_params(me, embedding, mine, head)
         inputs, targets = _batch(batch)
         total_loss = torch.zeros(1)
-        shape = (me["sequences"], SEQ, HIDDEN)
         for k in range(me["micro_batches"]):
-            first = (me["replica"] * me["micro_batches"] + k) * me["sequences"]
-            rows = slice(first, first + me["sequences"])
-            if me["embedding"]:
-                x_in = None
-                x = embedding(inputs[rows])
-            else:
-                x_in = torch.empty(shape)
-                dist.recv(x_in, src=me["pp_prev"][0])
-                x_in.requires_grad_(True)
-                x = x_in
-            for block in mine:
-                x = block(x)
-            if me["head"]:
-                loss = torch.nn.functional.cross_entropy(
-                    head(x).reshape(-1, VOCAB), targets[rows].reshape(-1)
-                )
-                # each micro-batch's share of the batch mean
-                loss = loss / (me["micro_batches"] * replicas)
-                total_loss += loss.detach()
-                loss.backward()
-            else:
-                dist.send(x.detach().contiguous(), dst=me["pp_next"][0])
-                grad = torch.empty(shape)
-                dist.recv(grad, src=me["pp_next"][0])
-                x.backward(grad)
-            if x_in is not None:
-                dist.send(x_in.grad.contiguous(), dst=me["pp_prev"][0])
+            loss = _micro_batch(me, k, replicas, (embedding, mine, head), inputs, targets)
+            if loss is not None:
+                total_loss += loss
         dp = groups[tuple(sorted(me["grad_group"]))]
         for p in params.values():
             dist.all_reduce(p.grad, group=dp)
-        ref_loss, ref_grads = _reference(layers, batch)
-        found["grad_error"] = max(
-            float((p.grad - ref_grads[name]).abs().max()) for name, p in params.items()
-        )
-        found["parameters"] = len(params)
-        if me["head"]:
-            dist.all_reduce(total_loss, group=dp)
-            found["loss"], found["loss_error"] = (
-                float(total_loss),
-                abs(float(total_loss) - ref_loss),
-            )
+        _compare(me, params, _reference(layers, batch), total_loss, dp, found)
     except Exception as exc:  # reported to the parent, which says which rank failed
         found["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         Path(results, f"{rank}.json").write_text(json.dumps(found))
         dist.destroy_process_group()
+
+
+GROUP_KEYS = ("tp_group", "cp_group", "dp_group", "grad_group")
+"""The process groups a rank map's entry names."""
+
+
+def _new_groups(rankmap: dict) -> dict[tuple, object]:
+    """Every group of the map once, made by every rank in one order (torch.distributed needs all to
+    call new_group)."""
+    import torch.distributed as dist
+
+    groups: dict[tuple, object] = {}
+    for r in rankmap["ranks"]:
+        for key in GROUP_KEYS:
+            members = tuple(sorted(r[key]))
+            if members not in groups:
+                groups[members] = dist.new_group(list(members))
+    return groups
+
+
+def _check_groups(rank: int, me: dict, groups: dict[tuple, object], found: dict) -> None:
+    """Each of the rank's groups holds it and answers an all-reduce with its members' ranks' sum;
+    recorded in `found` as it goes, so that a rank failing midway reports what it had checked."""
+    import torch
+    import torch.distributed as dist
+
+    found["groups_ok"] = True
+    for key in GROUP_KEYS:
+        members = tuple(sorted(me[key]))
+        total = torch.tensor([float(rank)])
+        dist.all_reduce(total, group=groups[members])
+        found["groups_ok"] &= int(total.item()) == sum(members) and rank in members
+
+
+def _model_layers(rankmap: dict) -> int:
+    """The model's layers: those of the stages of the first replica's first rank of each stage."""
+    return sum(
+        r["layers"]
+        for r in rankmap["ranks"]
+        if r["replica"] == 0 and r["dp_rank"] == 0 and r["tp_rank"] == 0 and r["cp_rank"] == 0
+    )
+
+
+def _stage_params(me: dict, embedding, mine: list, head) -> dict:
+    """The parameters the rank holds, named as the single process names them: its layers, and the
+    embedding or the head on the first or last stage."""
+    params = {
+        f"blocks.{me['first_layer'] + i}.{n}": p
+        for i, b in enumerate(mine)
+        for n, p in b.named_parameters()
+    }
+    if me["embedding"]:
+        params |= {f"embedding.{n}": p for n, p in embedding.named_parameters()}
+    if me["head"]:
+        params |= {f"head.{n}": p for n, p in head.named_parameters()}
+    return params
+
+
+def _micro_batch(me: dict, k: int, replicas: int, stage: tuple, inputs, targets):
+    """Micro-batch k of the rank's replica through its stage, forward then backward: activations
+    from pp_prev and to pp_next, gradients the other way. Returns its share of the batch's mean
+    loss on the last stage, else None."""
+    import torch
+    import torch.distributed as dist
+
+    embedding, mine, head = stage
+    shape = (me["sequences"], SEQ, HIDDEN)
+    first = (me["replica"] * me["micro_batches"] + k) * me["sequences"]
+    rows = slice(first, first + me["sequences"])
+    if me["embedding"]:
+        x_in = None
+        x = embedding(inputs[rows])
+    else:
+        x_in = torch.empty(shape)
+        dist.recv(x_in, src=me["pp_prev"][0])
+        x_in.requires_grad_(True)
+        x = x_in
+    for block in mine:
+        x = block(x)
+    share = None
+    if me["head"]:
+        loss = torch.nn.functional.cross_entropy(
+            head(x).reshape(-1, VOCAB), targets[rows].reshape(-1)
+        )
+        loss = loss / (me["micro_batches"] * replicas)  # each micro-batch's share of the batch mean
+        share = loss.detach()
+        loss.backward()
+    else:
+        dist.send(x.detach().contiguous(), dst=me["pp_next"][0])
+        grad = torch.empty(shape)
+        dist.recv(grad, src=me["pp_next"][0])
+        x.backward(grad)
+    if x_in is not None:
+        dist.send(x_in.grad.contiguous(), dst=me["pp_prev"][0])
+    return share
+
+
+def _compare(
+    me: dict, params: dict, reference: tuple[float, dict], total_loss, dp, found: dict
+) -> None:
+    """The rank's gradients (all-reduced) and, on the last stage, the batch's loss against the
+    single process's; recorded in `found` as it goes."""
+    import torch.distributed as dist
+
+    ref_loss, ref_grads = reference
+    found["grad_error"] = max(
+        float((p.grad - ref_grads[name]).abs().max()) for name, p in params.items()
+    )
+    found["parameters"] = len(params)
+    if me["head"]:
+        dist.all_reduce(total_loss, group=dp)
+        found["loss"], found["loss_error"] = (
+            float(total_loss),
+            abs(float(total_loss) - ref_loss),
+        )
 
 
 def check(rankmap: dict) -> dict:

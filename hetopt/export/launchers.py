@@ -19,7 +19,7 @@ import json
 import shlex
 
 from hetopt.export.rankmap import RankMap
-from hetopt.plan import Plan
+from hetopt.plan import Plan, Stage
 from hetopt.spec.instance import Instance
 
 FORMATS = ("megatron", "deepspeed", "torchrun", "rankmap")
@@ -32,8 +32,20 @@ def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]
 
     Parameters: plan — a plan; launcher — megatron or deepspeed; order — the rank map's order
     (Megatron needs one of its own). Returns: one line per blocking feature."""
-    out = []
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
+    out = _template_blockers(plan, stages, launcher)
+    if launcher == "megatron":
+        out += _megatron_feature_blockers(plan, stages)
+        out += _megatron_order_blockers(stages, order, blocked=bool(out))
+    else:
+        out += _deepspeed_feature_blockers(plan, stages)
+        out += _deepspeed_order_blockers(order, blocked=bool(out))
+    return out
+
+
+def _template_blockers(plan: Plan, stages: list[Stage], launcher: str) -> list[str]:
+    """What neither launcher runs: both run one template, its replicas and stages alike."""
+    out = []
     if len(plan.pipelines) > 1:
         out.append(
             f"{len(plan.pipelines)} pipeline templates with their own micro-batch shares "
@@ -46,46 +58,68 @@ def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]
         )
     if len({st.recompute for st in stages}) > 1:
         out.append(f"a recompute mode per stage ({launcher} takes one for the model)")
-    if launcher == "megatron":
-        if len({(st.tp, st.cp) for st in stages}) > 1:
-            out.append("stages at different TP or CP degrees (Megatron-LM takes one of each)")
-        if plan.zero == 2:
-            out.append(
-                "ZeRO-2 (Megatron-LM has the distributed optimizer, ZeRO-1, and Megatron-FSDP, "
-                "ZeRO-3)"
-            )
-        if plan.schedule == "gpipe":
-            out.append("the GPipe schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
-        if order == "node" and not out:
-            out.append(
-                "a placement whose nodes hold ranks out of Megatron's order (tp-cp-dp-pp or "
-                "tp-cp-pp-dp): the rank map still runs it"
-            )
-        if order == "tp-cp-pp-dp" and any(st.cp > 1 for st in stages):
-            out.append(
-                "context parallelism with replicas placed replica by replica (Megatron-LM's "
-                "--use-tp-pp-dp-mapping takes no CP): place stage by stage (search.placement: "
-                "[stage])"
-            )
-    else:
-        if any(st.tp > 1 or st.cp > 1 for st in stages):
-            out.append(
-                "tensor or context parallelism (DeepSpeed's pipeline engine has neither: "
-                "Megatron-DeepSpeed)"
-            )
-        if plan.zero >= 2:
-            out.append(f"ZeRO-{plan.zero} (DeepSpeed's pipeline engine runs ZeRO-0/1 only)")
-        if plan.schedule == "interleaved":
-            out.append("the interleaved schedule (DeepSpeed's pipeline engine runs its own 1F1B)")
-        if any(st.recompute == "selective" for st in stages):
-            out.append("selective recompute (DeepSpeed's pipeline checkpoints whole layers)")
-        if order != "tp-cp-dp-pp" and not out:
-            out.append(
-                "a placement whose nodes hold ranks out of DeepSpeed's order (its pipe-data "
-                "topology: the same stage of every copy together): place stage by stage "
-                "(search.placement: [stage])"
-            )
     return out
+
+
+def _megatron_feature_blockers(plan: Plan, stages: list[Stage]) -> list[str]:
+    """The plan's features Megatron-LM has no argument for."""
+    out = []
+    if len({(st.tp, st.cp) for st in stages}) > 1:
+        out.append("stages at different TP or CP degrees (Megatron-LM takes one of each)")
+    if plan.zero == 2:
+        out.append(
+            "ZeRO-2 (Megatron-LM has the distributed optimizer, ZeRO-1, and Megatron-FSDP, ZeRO-3)"
+        )
+    if plan.schedule == "gpipe":
+        out.append("the GPipe schedule (Megatron-LM runs 1F1B or interleaved 1F1B)")
+    return out
+
+
+def _megatron_order_blockers(stages: list[Stage], order: str, blocked: bool) -> list[str]:
+    """A rank order Megatron-LM cannot build; the node order is said only when nothing else
+    blocks, as the rank map runs it."""
+    out = []
+    if order == "node" and not blocked:
+        out.append(
+            "a placement whose nodes hold ranks out of Megatron's order (tp-cp-dp-pp or "
+            "tp-cp-pp-dp): the rank map still runs it"
+        )
+    if order == "tp-cp-pp-dp" and any(st.cp > 1 for st in stages):
+        out.append(
+            "context parallelism with replicas placed replica by replica (Megatron-LM's "
+            "--use-tp-pp-dp-mapping takes no CP): place stage by stage (search.placement: "
+            "[stage])"
+        )
+    return out
+
+
+def _deepspeed_feature_blockers(plan: Plan, stages: list[Stage]) -> list[str]:
+    """The plan's features DeepSpeed's pipeline engine lacks."""
+    out = []
+    if any(st.tp > 1 or st.cp > 1 for st in stages):
+        out.append(
+            "tensor or context parallelism (DeepSpeed's pipeline engine has neither: "
+            "Megatron-DeepSpeed)"
+        )
+    if plan.zero >= 2:
+        out.append(f"ZeRO-{plan.zero} (DeepSpeed's pipeline engine runs ZeRO-0/1 only)")
+    if plan.schedule == "interleaved":
+        out.append("the interleaved schedule (DeepSpeed's pipeline engine runs its own 1F1B)")
+    if any(st.recompute == "selective" for st in stages):
+        out.append("selective recompute (DeepSpeed's pipeline checkpoints whole layers)")
+    return out
+
+
+def _deepspeed_order_blockers(order: str, blocked: bool) -> list[str]:
+    """A rank order other than DeepSpeed's pipe-data topology; said only when nothing else
+    blocks."""
+    if order != "tp-cp-dp-pp" and not blocked:
+        return [
+            "a placement whose nodes hold ranks out of DeepSpeed's order (its pipe-data "
+            "topology: the same stage of every copy together): place stage by stage "
+            "(search.placement: [stage])"
+        ]
+    return []
 
 
 def layout_string(plan: Plan) -> str:

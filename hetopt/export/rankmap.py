@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from hetopt.plan import Plan
+from hetopt.plan import Pipeline, Plan
 from hetopt.spec.instance import Instance
 
 ORDERS = ("tp-cp-dp-pp", "tp-cp-pp-dp", "node")
@@ -286,6 +286,21 @@ def groups(
     r.cp_group = [
         by_coord[(r.template, r.replica, r.stage, shard, r.tp_rank, c)] for c in range(stage.cp)
     ]
+    r.dp_group, r.grad_group = _data_parallel_groups(pipe, r, by_coord, shared)
+    for step, name in ((-1, "pp_prev"), (1, "pp_next")):
+        other = r.stage + step
+        if 0 <= other < len(pipe.stages):
+            setattr(r, name, _neighbour_ranks(pipe, r, other, by_coord))
+    if len(plan.pipelines) > 1:
+        r.exchange_group = _exchange_group(r, ranks, shared)
+
+
+def _data_parallel_groups(
+    pipe: Pipeline, r: Rank, by_coord: dict, shared: dict
+) -> tuple[list[int], list[int]]:
+    """The rank's data-parallel group (its stage's ranks at its TP and CP rank, every replica and
+    shard) and gradient group (the same over every CP rank too), built once per stage."""
+    stage = pipe.stages[r.stage]
     key = (r.template, r.stage, r.tp_rank, r.cp_rank)
     if ("dp", *key) not in shared:
         shared[("dp", *key)] = [
@@ -300,39 +315,33 @@ def groups(
             for k in range(stage.dp_ranks)
             for c in range(stage.cp)
         ]
-    r.dp_group, r.grad_group = list(shared[("dp", *key)]), list(shared[("grad", *key[:3])])
-    for step, name in ((-1, "pp_prev"), (1, "pp_next")):
-        other = r.stage + step
-        if 0 <= other < len(pipe.stages):
-            nb = pipe.stages[other]
-            # the neighbour's tensor (context) ranks that match this one's modulo the smaller
-            # degree: the same pairs seen from either side, where the two stages' degrees differ
-            tps = [
-                u
-                for u in range(nb.tp)
-                if u % min(nb.tp, stage.tp) == r.tp_rank % min(nb.tp, stage.tp)
-            ]
-            cps = [
-                c
-                for c in range(nb.cp)
-                if c % min(nb.cp, stage.cp) == r.cp_rank % min(nb.cp, stage.cp)
-            ]
-            setattr(
-                r,
-                name,
-                [
-                    by_coord[(r.template, r.replica, other, k, u, c)]
-                    for k in range(nb.dp_ranks)
-                    for u in tps
-                    for c in cps
-                ],
-            )
-    if len(plan.pipelines) > 1:
-        lo, hi = r.first_layer, r.first_layer + r.layers
-        if ("exchange", r.template, lo, hi) not in shared:
-            shared[("exchange", r.template, lo, hi)] = [
-                o.rank
-                for o in ranks
-                if o.template != r.template and o.first_layer < hi and lo < o.first_layer + o.layers
-            ]
-        r.exchange_group = list(shared[("exchange", r.template, lo, hi)])
+    return list(shared[("dp", *key)]), list(shared[("grad", *key[:3])])
+
+
+def _neighbour_ranks(pipe: Pipeline, r: Rank, other: int, by_coord: dict) -> list[int]:
+    """The ranks of stage `other` (the one before or after r's) in r's replica that r sends to or
+    receives from."""
+    stage, nb = pipe.stages[r.stage], pipe.stages[other]
+    # the neighbour's tensor (context) ranks that match this one's modulo the smaller degree: the
+    # same pairs seen from either side, where the two stages' degrees differ
+    tps = [u for u in range(nb.tp) if u % min(nb.tp, stage.tp) == r.tp_rank % min(nb.tp, stage.tp)]
+    cps = [c for c in range(nb.cp) if c % min(nb.cp, stage.cp) == r.cp_rank % min(nb.cp, stage.cp)]
+    return [
+        by_coord[(r.template, r.replica, other, k, u, c)]
+        for k in range(nb.dp_ranks)
+        for u in tps
+        for c in cps
+    ]
+
+
+def _exchange_group(r: Rank, ranks: list[Rank], shared: dict) -> list[int]:
+    """With several templates: the ranks of the other templates whose layers overlap r's (their
+    gradients of those layers are summed across templates), built once per template and span."""
+    lo, hi = r.first_layer, r.first_layer + r.layers
+    if ("exchange", r.template, lo, hi) not in shared:
+        shared[("exchange", r.template, lo, hi)] = [
+            o.rank
+            for o in ranks
+            if o.template != r.template and o.first_layer < hi and lo < o.first_layer + o.layers
+        ]
+    return list(shared[("exchange", r.template, lo, hi)])

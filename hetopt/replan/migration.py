@@ -9,7 +9,7 @@ same shard — the same layer, TP degree and rank, and for the optimizer state t
 width and rank; the rest it fetches from the nearest GPU of the old plan that holds the same part
 (same node first, then the widest route).
 
-Time: the cost model's own (hetopt.cost.features.slowest_transfer, as the evaluator prices
+Time: the cost model's own (hetopt.cost.transfers.slowest_transfer, as the evaluator prices
 concurrent sends): the moves between each pair of nodes run at once as one flow each, the flows
 crossing a link sharing it evenly (`shared_gbps`), each an alpha-beta transfer over its route; the
 slowest flow's features priced with the calibrated network weights. The bytes between two nodes go
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from hetopt.cost.features import slowest_transfer
 from hetopt.cost.flops import embedding_params, head_params, layer_params
 from hetopt.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
+from hetopt.cost.transfers import slowest_transfer
 from hetopt.export.rankmap import RankMap, rank_map
 from hetopt.placement import place
 from hetopt.plan import Plan

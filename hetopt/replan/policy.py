@@ -45,7 +45,8 @@ from hetopt.placement import place
 from hetopt.plan import Plan, plan_json
 from hetopt.replan.decide import best_under, decide
 from hetopt.replan.migration import Migration, migration
-from hetopt.sim.engine import Record, SimResult, Simulation
+from hetopt.sim.engine import Simulation
+from hetopt.sim.replay import Record, SimResult
 from hetopt.sim.summary import iteration_stats, link_utilization, stage_peaks, tokens_within
 from hetopt.spec.instance import Instance
 from hetopt.spec.scenarios import BandwidthScenario, Change, levels_at

@@ -415,18 +415,35 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
     parts: list[Any] = [head]
     if r["plan"] is None:
         return Group(*parts)
+    head.append(_solve_summary(r))
+    parts.append(_plan_table(r["plan"], r["predicted"]))
+    parts.append(search_view(r["search"]))
+    parts += _fallback_notes(r["search"])
+    warm = r.get("warm_start")
+    if warm:
+        parts.append(_warm_start_note(warm))
+    if r["verified"]:
+        parts.append(simulation_view(r["verified"]))
+    return Group(*parts)
+
+
+def _solve_summary(r: dict[str, Any]) -> str:
+    """The heading's tail: the iteration time with its proof, the throughput, and who found it."""
     pred = r["predicted"]
     proof = (
         f"bound {r['bound_s']:.3f} s, gap {r['gap']:.2%}"
         if r["bound_s"] is not None and r["gap"] is not None
         else "no bound proven"
     )
-    head.append(
+    return (
         f"  iteration {r['objective_s']:.3f} s ({proof}); {pred['tokens_per_s']:,.0f} tokens/s, "
         f"MFU {pred['mfu']:.1%}; {r['planner']} / {r['formulation']} / {r['backend']} in "
         f"{r['solve_time_s']:.2f} s"
     )
-    plan = r["plan"]
+
+
+def _plan_table(plan: dict[str, Any], pred: dict[str, Any]) -> Table:
+    """One row per stage, or per shard of a stage with shards, as the predicted memory comes."""
     table = narrow_table(
         f"Plan (micro-batch {plan['micro_batch']}, {plan['schedule']}, ZeRO-{plan['zero']}; T "
         "template, × replicas, m micro-batches each, # stage, TP (·cp: context parallel), L "
@@ -439,62 +456,72 @@ def solve_view(inst: Any, r: dict[str, Any]) -> Group:
     k = 0  # memory comes per row: a stage, or each shard of a stage with shards
     for j, pipe in enumerate(plan["pipelines"]):
         for i, st in enumerate(pipe["stages"]):
-            # a stage with shards: one line per class, "ranks × class, sequences of each
-            # micro-batch"
-            classes = [
-                f"{sh['ranks']}×{sh['gpu']}@{sh['island']} ·{sh['sequences']} seq"
-                for sh in st.get("shards") or ()
-            ] or [f"{st['gpu']}@{st['island']}"]
-            for n, label in enumerate(classes):
+            for n, label in enumerate(_stage_classes(st)):
                 peak, limit = pred["peak_memory_gib"][k], pred["memory_limit_gib"][k]
-                lead = n == 0
                 table.add_row(
-                    str(j) if i == 0 and lead else "",
-                    str(pipe["replicas"]) if i == 0 and lead else "",
-                    str(pipe["micro_batches"]) if i == 0 and lead else "",
-                    str(i) if lead else "",
-                    label,
-                    (str(st["tp"]) + (f"·cp{st['cp']}" if st.get("cp", 1) > 1 else ""))
-                    if lead
-                    else "",
-                    str(st["layers"]) if lead else "",
-                    st["recompute"] if lead else "",
-                    f"{peak:.1f} / {limit:g}",
+                    *_stage_cells(j, pipe, i, st, label, lead=n == 0), f"{peak:.1f} / {limit:g}"
                 )
                 k += 1
-    parts.append(table)
-    parts.append(search_view(r["search"]))
-    # a backend that failed and who took its skeletons over
-    for f in r["search"].get("fallbacks", []):
+    return table
+
+
+def _stage_classes(st: dict[str, Any]) -> list[str]:
+    """A stage's device classes, one line each: a stage with shards lists "ranks × class,
+    sequences of each micro-batch"."""
+    return [
+        f"{sh['ranks']}×{sh['gpu']}@{sh['island']} ·{sh['sequences']} seq"
+        for sh in st.get("shards") or ()
+    ] or [f"{st['gpu']}@{st['island']}"]
+
+
+def _stage_cells(
+    j: int, pipe: dict[str, Any], i: int, st: dict[str, Any], label: str, lead: bool
+) -> list[str]:
+    """A stage row's cells but memory: the pipeline's on its first line, the stage's on its lead
+    line, so that a shard's line shows only its class."""
+    first = i == 0 and lead
+    return [
+        str(j) if first else "",
+        str(pipe["replicas"]) if first else "",
+        str(pipe["micro_batches"]) if first else "",
+        str(i) if lead else "",
+        label,
+        (str(st["tp"]) + (f"·cp{st['cp']}" if st.get("cp", 1) > 1 else "")) if lead else "",
+        str(st["layers"]) if lead else "",
+        st["recompute"] if lead else "",
+    ]
+
+
+def _fallback_notes(search: dict[str, Any]) -> list[Text]:
+    """A line per backend that failed, and who took its skeletons over."""
+    notes = []
+    for f in search.get("fallbacks", []):
         taker = (
             "no backend could solve them"
             if f["solved_by"] == "none"
             else f"{f['solved_by']} took over"
         )
-        parts.append(
+        notes.append(
             Text(
                 f"fallback: {f['failed']} failed on {f['skeletons']:,} skeleton(s) "
                 f"({f['detail']}); {taker}",
                 style="yellow",
             )
         )
-    warm = r.get("warm_start")
-    if warm:
-        fate = (
-            "no plan of the search space beats it: kept" if warm["kept"] else "beaten by the search"
+    return notes
+
+
+def _warm_start_note(warm: dict[str, Any]) -> Text:
+    """What became of the warm start: kept or beaten, and why a kept one outside the searched
+    space is feasible, not optimal."""
+    fate = "no plan of the search space beats it: kept" if warm["kept"] else "beaten by the search"
+    if warm.get("outside_space"):
+        fate += (
+            " — the plan lies outside the searched space ("
+            + "; ".join(warm["outside_space"])
+            + "): no plan of the space is better, so feasible, not optimal"
         )
-        if warm.get("outside_space"):
-            fate += (
-                " — the plan lies outside the searched space ("
-                + "; ".join(warm["outside_space"])
-                + "): no plan of the space is better, so feasible, not optimal"
-            )
-        parts.append(
-            Text(
-                f"warm start: {warm['planner']} at {warm['objective_s']:.3f} s — {fate}",
-                style="dim",
-            )
-        )
-    if r["verified"]:
-        parts.append(simulation_view(r["verified"]))
-    return Group(*parts)
+    return Text(
+        f"warm start: {warm['planner']} at {warm['objective_s']:.3f} s — {fate}",
+        style="dim",
+    )

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from hetopt.cost.profiles import Profiles
-from hetopt.plan import Plan
+from hetopt.plan import Plan, Stage
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.space import enumerate_recompute, tp_options, zero_stages
 from hetopt.search.types import SearchOptions, SearchStats, Segment, Skeleton, Template
@@ -255,8 +255,7 @@ def shard_point(
     template, 1F1B, the ZeRO stage `shard_zero`, sequence parallel, no context parallelism, one TP
     degree and recompute mode of the options, and its stages exactly the device groups of its layout
     (module docstring)."""
-    pipes = plan.pipelines
-    stages = [st for pipe in pipes for st in pipe.stages]
+    stages = [st for pipe in plan.pipelines for st in pipe.stages]
     tps, modes = {st.tp for st in stages}, {st.recompute for st in stages}
     zero = shard_zero(opts)
     if zero is None:
@@ -266,22 +265,31 @@ def shard_point(
             else "search.zero, cp or virtual_stages leave no room for them (ZeRO-0/1, CP 1 and "
             "1F1B needed)"
         )
-    if (
-        len(pipes) != 1
-        or plan.schedule != "1f1b"
-        or plan.virtual_stages != 1
-        or plan.zero != zero
-        or any(st.cp != 1 or not st.sp for st in stages)
-        or len(tps) != 1
-        or len(modes) != 1
-    ):
+    if not _shard_shaped(plan, stages, zero) or len(tps) != 1 or len(modes) != 1:
         return (
             f"the space's stages with shards: one template, 1F1B, ZeRO-{zero}, sequence "
             "parallel, no context parallelism, one TP degree and one recompute mode"
         )
     (tp,), (rc,) = tps, modes
-    pipe = pipes[0]
-    layouts = Layouts(inst, opts, profiles)
+    return _layout_point(Layouts(inst, opts, profiles), plan, tp, rc)
+
+
+def _shard_shaped(plan: Plan, stages: list[Stage], zero: int) -> bool:
+    """Whether the plan runs as every shard skeleton does: one template in 1F1B at ZeRO `zero`,
+    sequence parallel, without context parallelism."""
+    return not (
+        len(plan.pipelines) != 1
+        or plan.schedule != "1f1b"
+        or plan.virtual_stages != 1
+        or plan.zero != zero
+        or any(st.cp != 1 or not st.sp for st in stages)
+    )
+
+
+def _layout_point(layouts: Layouts, plan: Plan, tp: int, rc: str) -> str | None:
+    """Why a one-template plan at TP `tp` and recompute `rc` is not a layout's skeleton: its
+    options, replicas, depth or device groups (None when it is one)."""
+    opts, pipe = layouts.opts, plan.pipelines[0]
     ranks = layouts.usable(tp)
     if (
         tp not in opts.tp

@@ -489,13 +489,21 @@ def enumerate_recompute(
     return rc
 
 
-def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
-    """The plan space as families: divisibility of the batch is applied here, the rest in
-    `Family.groups`."""
-    classes = list(inst.cluster.device_classes.values())
-    # rules over the whole space are counted by the narrowed subspace's search (beyond_narrow: the
-    # rest)
-    whole = SearchStats() if opts.beyond_narrow else stats
+@dataclass(frozen=True)
+class _Shared:
+    """The choices every family of the space shares, fixed once before the micro-batch loop."""
+
+    recompute: tuple[str, ...]
+    """The recompute modes, or the least-work one of a per-stage mix."""
+    virtual: tuple[int, ...]
+    zero: tuple[int, ...]
+    modes: tuple[str, ...]
+    """Per-stage recompute: the modes each stage picks from (empty without it)."""
+
+
+def _shared_choices(inst: Instance, opts: SearchOptions, whole: SearchStats) -> _Shared:
+    """The recompute, virtual-stage and ZeRO choices the families share; what is dropped is counted
+    in `whole`."""
     rc = enumerate_recompute(inst, opts, whole)
     # interleaving splits every stage's layers into v chunks: v must divide the model's layers
     virtual = tuple(v for v in sorted(set(opts.virtual_stages)) if inst.model.layers % v == 0) or (
@@ -510,8 +518,19 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
     )
     if modes:
         rc = (least_work(modes),)
+    return _Shared(rc, virtual, zero, modes)
+
+
+def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
+    """The plan space as families: divisibility of the batch is applied here, the rest in
+    `Family.groups`."""
+    classes = list(inst.cluster.device_classes.values())
+    # rules over the whole space are counted by the narrowed subspace's search (beyond_narrow: the
+    # rest)
+    whole = SearchStats() if opts.beyond_narrow else stats
+    shared = _shared_choices(inst, opts, whole)
     # ZeRO-2/3 shard over one group of identical pipelines
-    pair_zero = tuple(z for z in zero if z <= 1)
+    pair_zero = tuple(z for z in shared.zero if z <= 1)
     for b in opts.micro_batch:
         total_mb = inst.micro_batches(b)
         if total_mb is None:
@@ -520,53 +539,81 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
         for cp in cp_options(inst, opts, whole):
             # ZeRO-2/3 are searched without context parallelism (their collectives' bounds assume
             # none)
-            single_zero = zero if cp == 1 else tuple(z for z in zero if z <= 1)
+            single_zero = shared.zero if cp == 1 else tuple(z for z in shared.zero if z <= 1)
             if not single_zero:
                 continue
-            for order, tps in class_runs(
-                inst, opts, classes, opts.max_classes, cp, opts.tp_per_stage
-            ):
-                if opts.beyond_narrow and len({dc.key for dc in order}) == len(order):
-                    continue  # one TP per class: the narrowed subspace's
-                stats.families += 1
-                yield Family(
-                    b,
-                    order,
-                    tps,
-                    False,
-                    total_mb,
-                    rc,
-                    virtual,
-                    inst.model.layers,
-                    single_zero,
-                    modes,
-                    cp=cp,
-                    placements=opts.placements,
-                )
+            yield from _single_families(
+                inst, opts, stats, classes, (b, total_mb, cp), shared, single_zero
+            )
             if opts.max_templates >= 2 and pair_zero:
-                # two templates side by side, on two classes or one class twice: its replicas in two
-                # templates with uneven shares (also a different depth or TP)
-                sides = list(
-                    class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes), cp)
+                yield from _pair_families(
+                    inst, opts, stats, classes, (b, total_mb, cp), shared, pair_zero
                 )
-                for i, side_a in enumerate(sides):
-                    # each unordered pair once (placement.placing_order: either order)
-                    for side_b in sides[i:]:
-                        if opts.beyond_narrow and len(side_a[0]) == len(side_b[0]) == 1:
-                            continue  # single-class sides: the narrowed subspace's
-                        stats.families += 1
-                        yield Family(
-                            b,
-                            side_a[0] + side_b[0],
-                            side_a[1] + side_b[1],
-                            True,
-                            total_mb,
-                            rc,
-                            zero_options=pair_zero,
-                            stage_modes=modes,
-                            split=len(side_a[0]),
-                            cp=cp,
-                        )
+
+
+def _single_families(
+    inst: Instance,
+    opts: SearchOptions,
+    stats: SearchStats,
+    classes: list[DeviceClass],
+    batch: tuple[int, int, int],
+    shared: _Shared,
+    zero: tuple[int, ...],
+) -> Iterator[Family]:
+    """The one-template families at micro-batch b (M micro-batches) and CP degree cp, `batch` =
+    (b, M, cp): every run of classes with its TP degrees."""
+    b, total_mb, cp = batch
+    for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp, opts.tp_per_stage):
+        if opts.beyond_narrow and len({dc.key for dc in order}) == len(order):
+            continue  # one TP per class: the narrowed subspace's
+        stats.families += 1
+        yield Family(
+            b,
+            order,
+            tps,
+            False,
+            total_mb,
+            shared.recompute,
+            shared.virtual,
+            inst.model.layers,
+            zero,
+            shared.modes,
+            cp=cp,
+            placements=opts.placements,
+        )
+
+
+def _pair_families(
+    inst: Instance,
+    opts: SearchOptions,
+    stats: SearchStats,
+    classes: list[DeviceClass],
+    batch: tuple[int, int, int],
+    shared: _Shared,
+    zero: tuple[int, ...],
+) -> Iterator[Family]:
+    """The two-template families at `batch` = (b, M, cp): two templates side by side, on two
+    classes or one class twice (its replicas in two templates with uneven shares, also a different
+    depth or TP)."""
+    b, total_mb, cp = batch
+    sides = list(class_runs(inst, opts, classes, min(opts.pair_classes, opts.max_classes), cp))
+    for i, side_a in enumerate(sides):
+        for side_b in sides[i:]:  # each unordered pair once (placement.placing_order: either order)
+            if opts.beyond_narrow and len(side_a[0]) == len(side_b[0]) == 1:
+                continue  # single-class sides: the narrowed subspace's
+            stats.families += 1
+            yield Family(
+                b,
+                side_a[0] + side_b[0],
+                side_a[1] + side_b[1],
+                True,
+                total_mb,
+                shared.recompute,
+                zero_options=zero,
+                stage_modes=shared.modes,
+                split=len(side_a[0]),
+                cp=cp,
+            )
 
 
 CP_RULE = "context parallelism: CP degrees the sequence, attention kernel or nodes do not allow"

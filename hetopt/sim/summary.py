@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from hetopt.plan import Plan, row_labels
-from hetopt.sim.engine import SimResult, Simulation
+from hetopt.sim.engine import Simulation
+from hetopt.sim.replay import SimResult
 from hetopt.spec.cluster import island_vertex
 from hetopt.spec.instance import Instance
 from hetopt.spec.scenarios import BandwidthScenario

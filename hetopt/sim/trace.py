@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from hetopt.outputs import atomic_path, write_text
-from hetopt.sim.engine import SimResult
+from hetopt.sim.replay import SimResult
 
 PLAN_PIDS = 1000
 """Trace process ids per plan of an adaptive replay: plan k's template j is process k·PLAN_PIDS + j

@@ -20,7 +20,7 @@ from hetopt.spec.scenarios import (
     outages,
     read_trace,
 )
-from hetopt.spec.schema import InstanceFile
+from hetopt.spec.schema import Generator, InstanceFile, Scenario
 
 Loc = tuple[str | int, ...]
 Finding = tuple[Loc, str, object]
@@ -206,6 +206,7 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
     link_names = (
         ", ".join(f"[{lk.a}, {lk.b}]" for lk in spec.cluster.network.links) or "none declared"
     )
+    horizon = spec.search.horizon_s or DEFAULT_HORIZON_S
     names: dict[str, int] = {}
     for i, sc in enumerate(spec.scenarios):
         if sc.name in names:
@@ -215,76 +216,94 @@ def check_scenarios(spec: InstanceFile, base_dir: Path) -> Iterator[Finding]:
                 sc.name,
             )
         names.setdefault(sc.name, i)
-        if sc.events and sc.generator is not None:
-            yield (
-                ("scenarios", i, "generator"),
-                "give either events or a generator, not both",
-                sc.generator.kind,
-            )
-        ends = [(("scenarios", i, "events", j, "link"), ev.link) for j, ev in enumerate(sc.events)]
-        if sc.generator is not None and sc.generator.kind != "trace":
-            ends.append((("scenarios", i, "generator", "link"), sc.generator.link))
-        for loc, link in ends:
-            if frozenset(link) not in links:
-                yield (
-                    loc,
-                    f"no such link in cluster.network.links; declared links: {link_names}",
-                    link,
-                )
-        gen = sc.generator
-        changes = [(ev.at_s, tuple(sorted(ev.link)), ev.gbps) for ev in sc.events]
-        where: tuple = ("scenarios", i, "events")
-        if gen is not None and gen.kind == "trace" and not (base_dir / gen.path).is_file():
-            yield (
-                ("scenarios", i, "generator", "path"),
-                f"trace file not found (looked for {(base_dir / gen.path).resolve()})",
-                gen.path,
-            )
-        elif gen is not None and gen.kind == "trace":
-            where = ("scenarios", i, "generator", "path")
-            try:
-                changes = read_trace(base_dir / gen.path, links)
-            except InputError as exc:
-                yield (
-                    ("scenarios", i, "generator", "path"),
-                    f"bad trace: {exc.render().removeprefix('error: ')}",
-                    gen.path,
-                )
-        horizon = spec.search.horizon_s or DEFAULT_HORIZON_S
-        step = STEP_KEYS.get(gen.kind) if gen is not None else None
-        if step and horizon / getattr(gen, step) > MAX_SCENARIO_CHANGES:
-            yield (
-                ("scenarios", i, "generator", step),
-                f"makes about {horizon / getattr(gen, step):,.0f} bandwidth changes over the "
-                f"{horizon:g} s horizon, more than {MAX_SCENARIO_CHANGES:,}; give at least "
-                f"{horizon / MAX_SCENARIO_CHANGES:g} s",
-                getattr(gen, step),
-            )
-        if gen is not None and gen.kind == "diurnal" and gen.amplitude_gbps >= gen.mean_gbps:
-            yield (
-                ("scenarios", i, "generator", "amplitude_gbps"),
-                f"must be below mean_gbps ({gen.mean_gbps}) so the bandwidth stays positive",
-                gen.amplitude_gbps,
-            )
-        if (
-            gen is not None
-            and gen.kind == "step"
-            and gen.until_s is not None
-            and gen.until_s <= gen.at_s
-        ):
-            yield (
-                ("scenarios", i, "generator", "until_s"),
-                f"must be after at_s ({gen.at_s})",
-                gen.until_s,
-            )
-        if gen is not None and gen.kind == "step" and gen.low_gbps == 0 and gen.until_s is None:
-            yield (
-                ("scenarios", i, "generator", "until_s"),
-                "a drop to 0 Gbit/s is an outage, and one that never ends leaves no plan across "
-                "the link able to finish; give the time the link comes back",
-                None,
-            )
+        yield from _check_scenario_links(i, sc, links, link_names)
+        where, changes, trace_problems = _scenario_changes(i, sc, base_dir, links)
+        yield from trace_problems
+        if sc.generator is not None:
+            yield from _check_generator(i, sc.generator, horizon)
         yield from check_outages_end(where, changes)
+    yield from _check_probabilities(spec)
+
+
+def _check_scenario_links(
+    i: int, sc: Scenario, links: set[frozenset[str]], link_names: str
+) -> Iterator[Finding]:
+    """A scenario has one source of changes, and every link it changes is declared: a change on an
+    unknown link would silently price nothing."""
+    if sc.events and sc.generator is not None:
+        yield (
+            ("scenarios", i, "generator"),
+            "give either events or a generator, not both",
+            sc.generator.kind,
+        )
+    ends = [(("scenarios", i, "events", j, "link"), ev.link) for j, ev in enumerate(sc.events)]
+    if sc.generator is not None and sc.generator.kind != "trace":
+        ends.append((("scenarios", i, "generator", "link"), sc.generator.link))
+    for loc, link in ends:
+        if frozenset(link) not in links:
+            yield (
+                loc,
+                f"no such link in cluster.network.links; declared links: {link_names}",
+                link,
+            )
+
+
+def _scenario_changes(
+    i: int, sc: Scenario, base_dir: Path, links: set[frozenset[str]]
+) -> tuple[Loc, list, list[Finding]]:
+    """The changes whose outages must end, the key path to blame for them, and the problems of a
+    measured trace: its changes are only known once its file is read."""
+    changes = [(ev.at_s, tuple(sorted(ev.link)), ev.gbps) for ev in sc.events]
+    where: Loc = ("scenarios", i, "events")
+    gen = sc.generator
+    if gen is None or gen.kind != "trace":
+        return where, changes, []
+    path_loc: Loc = ("scenarios", i, "generator", "path")
+    if not (base_dir / gen.path).is_file():
+        found = f"trace file not found (looked for {(base_dir / gen.path).resolve()})"
+        return where, changes, [(path_loc, found, gen.path)]
+    try:
+        return path_loc, read_trace(base_dir / gen.path, links), []
+    except InputError as exc:
+        bad = f"bad trace: {exc.render().removeprefix('error: ')}"
+        return path_loc, changes, [(path_loc, bad, gen.path)]
+
+
+def _check_generator(i: int, gen: Generator, horizon: float) -> Iterator[Finding]:
+    """A generator's parameters make a trace that can be replayed: not too many changes over the
+    horizon, a positive bandwidth, and a drop that ends after it starts."""
+    step = STEP_KEYS.get(gen.kind)
+    if step and horizon / getattr(gen, step) > MAX_SCENARIO_CHANGES:
+        yield (
+            ("scenarios", i, "generator", step),
+            f"makes about {horizon / getattr(gen, step):,.0f} bandwidth changes over the "
+            f"{horizon:g} s horizon, more than {MAX_SCENARIO_CHANGES:,}; give at least "
+            f"{horizon / MAX_SCENARIO_CHANGES:g} s",
+            getattr(gen, step),
+        )
+    if gen.kind == "diurnal" and gen.amplitude_gbps >= gen.mean_gbps:
+        yield (
+            ("scenarios", i, "generator", "amplitude_gbps"),
+            f"must be below mean_gbps ({gen.mean_gbps}) so the bandwidth stays positive",
+            gen.amplitude_gbps,
+        )
+    if gen.kind == "step" and gen.until_s is not None and gen.until_s <= gen.at_s:
+        yield (
+            ("scenarios", i, "generator", "until_s"),
+            f"must be after at_s ({gen.at_s})",
+            gen.until_s,
+        )
+    if gen.kind == "step" and gen.low_gbps == 0 and gen.until_s is None:
+        yield (
+            ("scenarios", i, "generator", "until_s"),
+            "a drop to 0 Gbit/s is an outage, and one that never ends leaves no plan across "
+            "the link able to finish; give the time the link comes back",
+            None,
+        )
+
+
+def _check_probabilities(spec: InstanceFile) -> Iterator[Finding]:
+    """The scenarios' probabilities sum to 1, so that an expected cost over them is one."""
     if spec.scenarios:
         total = math.fsum(sc.probability for sc in spec.scenarios)
         if abs(total - 1.0) > PROBABILITY_TOLERANCE:

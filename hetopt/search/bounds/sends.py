@@ -12,11 +12,11 @@ from collections import Counter
 
 from hetopt.cost.comm import group_gbps, reduce_scatter, transfer
 from hetopt.cost.compute import ACT_BYTES
-from hetopt.cost.features import shared_gbps, slowest_transfer
 from hetopt.cost.flops import layer_params, total_params
 from hetopt.cost.memory import WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import LAT, LINK, NET, STEP
+from hetopt.cost.transfers import shared_gbps, slowest_transfer
 from hetopt.evaluate import (
     grad_comm_bytes,
     p2p_features,
