@@ -27,8 +27,8 @@ Rounding, and what OPTIMAL means. Times are integers in units of 1/S s, S a powe
 problem: the least that keeps the rounding error below FINE_ENOUGH of REL_TOLERANCE of a lower bound
 on the objective (PlanProblem.lower_bound_s, search.bounds.placed_bound), and never so large that an
 objective value reaches 2^53 (exact in the doubles of CP-SAT's LP); MIN_SCALE … MAX_SCALE. Finer
-than needed only slows CP-SAT: a two-template CVaR problem of 8 layers over 3 scenarios was not
-proven in 60 s at 1/S = 1 ns, and at once at 100 ns or 10 ns, with the same answer. Each table entry
+than needed only slows CP-SAT, by orders of magnitude on small robust problems (an example:
+docs/benchmarks.md, figures behind constants). Each table entry
 and constant is rounded once (error ≤ ½ unit), so for every split the integer scenario time T̃_s
 differs from the evaluator's T_s by at most (units)
 

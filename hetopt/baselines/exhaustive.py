@@ -128,8 +128,9 @@ def exhaustive_objectives(
 
 
 PARALLEL_FROM_PRICINGS = 30_000
-"""From this many evaluator calls (plans × scenarios, about 0.3 ms each) the space is priced in
-worker processes, each taking every n-th skeleton: starting a worker costs about 1.5 s."""
+"""From this many evaluator calls (plans × scenarios) the space is priced in worker processes,
+each taking every n-th skeleton; below it, starting the workers costs more than they save (the
+timings it was set from: docs/benchmarks.md, figures behind constants)."""
 
 
 def _workers(pricings: int, workers: int | None) -> int:

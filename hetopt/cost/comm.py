@@ -10,9 +10,9 @@ Hierarchical all-reduce across nodes: reduce-scatter inside each node, all-reduc
 share across nodes, all-gather inside each node; NCCL pipelines chunks through the phases, so the
 intra-node bytes hide behind the inter-node ones (or the reverse): the slower phase's seconds count,
 every step counts. The max is taken on the features (seconds at the fabrics' achieved bandwidth),
-before the profile's LINK and NET weights multiply them: exact when both are 1, and with the A100
-fit's LINK of 1.24 the hidden intra-node seconds are priced as if at NET's weight (at most 24% of
-the intra-node phase too cheap).
+before the profile's LINK and NET weights multiply them: exact when the two are equal; where a
+fitted LINK exceeds NET the hidden intra-node seconds are priced as if at NET's weight (too cheap by
+at most 1 − NET/LINK of the intra-node phase).
 """
 
 from __future__ import annotations

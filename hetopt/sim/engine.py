@@ -39,7 +39,7 @@ from hetopt.spec.scenarios import BandwidthScenario
 
 SAMPLE_PASSES = 200_000
 """An iteration of more forward and backward passes than this (Σ replicas × stages × chunks × 2 ×
-micro-batches over the templates; one to a few seconds of replay on one core) is not replayed whole:
+micro-batches over the templates; its replay time: docs/benchmarks.md) is not replayed whole:
 two samples of fewer micro-batches are, and its time is extrapolated from them
 (`Simulation.run`)."""
 
@@ -52,8 +52,9 @@ DEADLINE_EVERY = 4096
 """Events between two looks at the clock in a replay with a deadline."""
 
 REPLAY_PASSES = 5_000_000
-"""A replay starts no new iteration after this many passes (about 30 s on one core) — the horizon or
-the iterations asked for are cut short there, and the result says so."""
+"""A replay starts no new iteration after this many passes (how long that takes:
+docs/benchmarks.md) — the horizon or the iterations asked for are cut short there, and the result
+says so."""
 
 
 class Simulation(PricedPlan):

@@ -118,8 +118,8 @@ def check_gpu_types(spec: InstanceFile) -> Iterator[Finding]:
 
 
 MAX_CLUSTER_GPUS = 131_072
-"""The most GPUs a cluster may have: 16× the largest benchmarked search (8,192 GPUs, 1.6 GiB); a
-billion nodes would take gigabytes to build before any search."""
+"""The most GPUs a cluster may have: 16× the largest benchmarked search (8,192 GPUs:
+docs/benchmarks.md); a billion nodes would take gigabytes to build before any search."""
 
 
 def check_node_groups(spec: InstanceFile) -> Iterator[Finding]:
