@@ -20,6 +20,7 @@ from hetopt.placement import place
 from hetopt.plan import Plan, PlannedFor, plan_json
 from hetopt.planners import ALIASES, solve_ilp
 from hetopt.search.formulation import SolveStatus, clock
+from hetopt.search.orchestrate import Progress
 from hetopt.search.robust import OBJECTIVES, plan_objective, planning_scenarios
 from hetopt.search.run import SearchResult
 from hetopt.search.types import SearchOptions, SearchRequest
@@ -43,42 +44,67 @@ def search_time_limit_s(time_limit_s: float) -> float:
 
 
 def solve(
-    inst: Instance,
+    request: SearchRequest,
     planner: str = "ilp",
-    formulation: str | None = None,
-    backend: str = "highs",
-    time_limit_s: float = 60.0,
-    objective: str = "stable",
-    seed: int = 0,
-    export_model: str | None = None,
     simulate_iterations: int | None = None,
-    profiles: Profiles | None = None,
-    progress=None,
     warm_start: bool = True,
-    executor: str = "process",
-    address: str | None = None,
-    replay_progress: Callable[[int, int], None] | None = None,
     runnable: str | None = None,
+    progress: Progress | None = None,
+    replay_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Plan the instance, verify the plan and replay it under every scenario: `hetopt solve --json`.
 
-    Parameters: inst — the instance; planner — `ilp` (the exact search), `exhaustive`, or a
-    heuristic of HEURISTICS (status `feasible`: a plan without a bound); formulation, backend,
-    time_limit_s, objective, seed, export_model, warm_start — as solve_exact takes them;
-    simulate_iterations — iterations per scenario in the replay (default: the instance's horizon);
-    profiles — calibrated weights; progress — progress(skeletons solved, incumbent s); executor,
-    address — where the search solves skeletons side by side (`process` or `ray`,
-    hetopt/executors.py);
-    replay_progress — replay_progress(scenarios replayed, scenarios); runnable — megatron or
-    deepspeed: search only the plans that launcher runs as they are (hetopt.export.runnable), then
-    the free space with the other half of the search's time, for what the restriction costs. The
-    whole call keeps to time_limit_s: the search gets search_time_limit_s of it, the replay what is
-    left (at least one iteration per scenario).
+    Parameters: request — the instance and how to search it (SearchRequest); its `time_limit_s`
+    bounds the whole call: the search gets search_time_limit_s of it, the replay what is left (at
+    least one iteration per scenario); planner — `ilp` (the exact search), `exhaustive`, or a
+    heuristic of HEURISTICS (status `feasible`: a plan without a bound); simulate_iterations —
+    iterations per scenario in the replay (default: the instance's horizon); warm_start — as
+    hetopt.planners.solve_ilp takes it; runnable — megatron or deepspeed: search only the plans that
+    launcher runs as they are (hetopt.export.runnable), then the free space with the other half of
+    the search's time, for what the restriction costs; progress — progress(skeletons solved,
+    incumbent s); replay_progress — replay_progress(scenarios replayed, scenarios).
     Returns: the solve JSON object of docs/cli-output.md (plus `executor`; with runnable,
     `runnable`: the launcher, the free space's status and objective, and the cost, objective ÷ free
     − 1).
     Raises: InputError for a bad planner, objective, time limit or executor."""
     planner = ALIASES.get(planner, planner)  # `hetopt`: bench's former name of the exact planner
+    _check(planner, request)
+    profiles = request.weights
+    request = replace(request, profiles=profiles)
+    free_inst, inst = request.inst, request.inst
+    if runnable is not None:
+        inst = runnable_instance(inst, runnable)
+    deadline = time.time() + request.time_limit_s
+    compare = runnable is not None and planner not in HEURISTICS and planner != "exhaustive"
+    search_s = search_time_limit_s(request.time_limit_s) / (2 if compare else 1)
+    search = replace(
+        request, inst=inst, time_limit_s=search_s, options=SearchOptions.from_instance(inst)
+    )
+    result = _plan(search, planner, warm_start, progress)
+    free = None
+    if compare:  # the free space, for what running the plan as it is costs
+        free = solve_ilp(
+            replace(search, inst=free_inst, options=None, export_model=None), warm_start=warm_start
+        )
+    result = replace(result, time_limit_s=request.time_limit_s)
+    out = report(
+        inst,
+        planner,
+        result,
+        request.objective,
+        simulate_iterations,
+        profiles,
+        deadline,
+        replay_progress,
+    )
+    if runnable is not None:
+        out["runnable"] = _runnable_cost(runnable, result, free)
+    return out
+
+
+def _check(planner: str, request: SearchRequest) -> None:
+    """Bad input before any work: an unknown planner or objective, a time limit that is no number
+    of seconds, an unknown executor (InputError, exit 2)."""
     if planner not in PLANNERS:
         raise InputError(
             "--planner",
@@ -92,34 +118,32 @@ def solve(
                 )
             ],
         )
-    if objective not in OBJECTIVES:
-        hint = did_you_mean(objective, OBJECTIVES)
+    if request.objective not in OBJECTIVES:
+        hint = did_you_mean(request.objective, OBJECTIVES)
         raise InputError(
             "--objective",
             [
                 Problem(
                     "--objective",
                     f"unknown objective{hint}; choose one of {', '.join(OBJECTIVES)}",
-                    objective,
+                    request.objective,
                     True,
                 )
             ],
         )
-    check_time_limit(time_limit_s)
-    executor = check_executor(executor, address)
-    profiles = profiles or Profiles()
-    free_inst = inst
-    if runnable is not None:
-        inst = runnable_instance(inst, runnable)
-    options = SearchOptions.from_instance(inst)
-    deadline = time.time() + time_limit_s
-    compare = runnable is not None and planner not in HEURISTICS and planner != "exhaustive"
-    search_s = search_time_limit_s(time_limit_s) / (2 if compare else 1)
-    start = clock()
+    check_time_limit(request.time_limit_s)
+    check_executor(request.executor, request.address)
+
+
+def _plan(
+    request: SearchRequest, planner: str, warm_start: bool, progress: Progress | None
+) -> SearchResult:
+    """The chosen planner's answer: the exact search, exhaustive enumeration or a heuristic."""
     if planner == "exhaustive":
-        ex = exhaustive(inst, options, profiles, objective=objective)
+        start = clock()
+        ex = exhaustive(request.inst, request.options, request.weights, objective=request.objective)
         status = SolveStatus.OPTIMAL if ex.plan is not None else SolveStatus.INFEASIBLE
-        result = SearchResult(
+        return SearchResult(
             status,
             ex.plan,
             ex.objective_s,
@@ -127,49 +151,20 @@ def solve(
             clock() - start,
             "enumeration",
             "none",
-            time_limit_s,
-            seed,
+            request.time_limit_s,
+            request.seed,
             ex.stats,
         )
-    elif planner in HEURISTICS:
-        result = run_heuristic(inst, planner, search_s, seed, profiles, objective)
-    else:
-        request = SearchRequest(
-            inst,
-            formulation,
-            backend,
-            search_s,
-            seed,
-            options,
-            profiles,
-            objective,
-            executor=executor,
-            address=address,
-            export_model=export_model,
+    if planner in HEURISTICS:
+        return run_heuristic(
+            request.inst,
+            planner,
+            request.time_limit_s,
+            request.seed,
+            request.weights,
+            request.objective,
         )
-        result = solve_ilp(request, progress, warm_start)
-    free = None
-    if compare:  # the free space, for what running the plan as it is costs
-        request = SearchRequest(
-            free_inst,
-            formulation,
-            backend,
-            search_s,
-            seed,
-            None,
-            profiles,
-            objective,
-            executor=executor,
-            address=address,
-        )
-        free = solve_ilp(request, warm_start=warm_start)
-    result = replace(result, time_limit_s=time_limit_s)
-    out = report(
-        inst, planner, result, objective, simulate_iterations, profiles, deadline, replay_progress
-    )
-    if runnable is not None:
-        out["runnable"] = _runnable_cost(runnable, result, free)
-    return out
+    return solve_ilp(request, progress, warm_start)
 
 
 def _runnable_cost(

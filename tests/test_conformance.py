@@ -678,7 +678,7 @@ def test_regression_the_search_records_fallbacks_and_json_shows_them(monkeypatch
     monkeypatch.setattr(orchestrate, "PARALLEL_AFTER_S", math.inf)  # workers would miss the patch
     _highs_not_solved(monkeypatch)
     inst = load_instance("tests/small/s2-a100-v100.yaml")
-    out = solve(inst, "ilp", None, "highs", 60, "stable", 0, None, warm_start=False)
+    out = solve(SearchRequest(inst, backend="highs", time_limit_s=60), warm_start=False)
     assert out["status"] == "optimal" and out["backend"] == "highs"
     fallbacks = out["search"]["fallbacks"]
     assert fallbacks and {f["failed"] for f in fallbacks} == {"highs"}

@@ -96,6 +96,7 @@ def solve(
     import json as _json
 
     from hetopt.report.tables import solve_view
+    from hetopt.search.types import SearchRequest
     from hetopt.solve import solve as run_solve
     from hetopt.spec.instance import load_instance, with_memory_headroom
 
@@ -117,21 +118,24 @@ def solve(
             status.update(f"planning {inst.name}: {solved} skeletons solved, {best}", step=False)
 
         try:
-            result = run_solve(
+            request = SearchRequest(
                 inst,
-                planner,
                 formulation,
                 backend,
                 time_limit,
-                objective,
                 seed,
-                export_model,
-                progress=progress,
-                warm_start=not no_warm_start,
+                objective=objective,
                 executor=executor,
                 address=address,
-                replay_progress=_replay_progress(status),
+                export_model=export_model,
+            )
+            result = run_solve(
+                request,
+                planner,
+                warm_start=not no_warm_start,
                 runnable=runnable,
+                progress=progress,
+                replay_progress=_replay_progress(status),
             )
         except (KeyboardInterrupt, Terminated) as stop:
             status.stop()
