@@ -1,4 +1,4 @@
-"""The search's bounds (hetopt/search/bounds.py) and tree (hetopt/search/tree.py).
+"""The search's bounds (hetopt/search/bounds/) and tree (hetopt/search/tree/).
 
 Each bound must hold for every skeleton under the node it keys; `compute_lower_bound` itself is
 checked against every split of sampled skeletons in test_planner.py (bound ≤ the skeleton's

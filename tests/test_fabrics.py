@@ -1,4 +1,4 @@
-"""The fabric model (hetopt/cost/fabrics.py): every fabric has a profile, the model meets the
+"""The fabric model (hetopt/spec/fabrics.py): every fabric has a profile, the model meets the
 measured bus bandwidths of the collectives CSV, and the evaluator prices slow fabrics below line
 rate."""
 

@@ -98,7 +98,7 @@ def test_custom_gpu_with_family_gets_that_familys_efficiency():
     assert p.derived and p.family == "turing" and "turing" in p.method
     assert p.weights[GEMM] == pytest.approx(shipped["T4"].weights[GEMM])
     assert p.weights[KERN] == pytest.approx(shipped["T4"].weights[KERN])
-    # half the power per TFLOP/s: the power cap lowers η by √2 (gemm_fit.derived_eta)
+    # half the power per TFLOP/s: the power cap lowers η by √2 (cost.derive.derived_eta)
     capped = custom_gpu(
         "Capped", t4.peak_tflops, 16, t4.hbm_gbps, t4.intra_node_gbps, "test", "turing", 35
     )

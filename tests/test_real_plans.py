@@ -257,7 +257,7 @@ def test_tp_over_two_four_gpu_nodes_is_priced_over_the_nic(tmp_path):
     act = 2 * 1 * 512 * 1024
     fwd_tp = plan_features(inst, placed).templates[0][0, FWD_TP]
     net_bytes = (2 * 2 + 1) * act + 3 * 4 * 512
-    # at the NIC fabric's achieved bandwidth: 100 Gbit/s is InfiniBand by default (cost/fabrics.py)
+    # at the NIC fabric's achieved bandwidth: 100 Gbit/s is InfiniBand by default (spec/fabrics.py)
     assert fwd_tp[NET] == pytest.approx(net_bytes / (100 * fabrics.get("infiniband").eta * GBIT))
     assert fwd_tp[STEP] == (2 * 2 + 1 + 3) * (3 + 2 + 3)
     # inside each node, reduce-scatter + all-gather move 2·3/4 of the bytes over NVLink 2 at its

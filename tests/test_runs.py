@@ -1,5 +1,5 @@
-"""End-to-end runs (hetopt/cost/runs.py): rows → layouts and measured times, reasons, nothing
-dropped."""
+"""End-to-end runs (hetopt/calibrate/runs.py, rows.py, accuracy.py): rows → layouts and measured
+times, reasons, nothing dropped."""
 
 from __future__ import annotations
 

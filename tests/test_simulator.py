@@ -249,7 +249,7 @@ def test_halving_the_uplink_during_the_dp_all_reduce_costs_what_its_traffic_expl
     uplink_bytes = stable.link_bytes[("island:rack0", "island:rack1")]
     assert uplink_bytes == pytest.approx(halved.link_bytes[("island:rack0", "island:rack1")])
     # The ring's flow across the uplink ran at 400 Gbit/s and now at 200, each times the link
-    # fabric's η (hetopt/cost/fabrics.py): it takes bytes·8/(400e9·η) longer.
+    # fabric's η (hetopt/spec/fabrics.py): it takes bytes·8/(400e9·η) longer.
     eta = demo.cluster.graph.edges["island:rack0", "island:rack1"]["eta"]
     expected_delay = uplink_bytes * 8 / (200e9 * eta) - uplink_bytes * 8 / (400e9 * eta)
     delay = halved.iteration_times_s[0] - stable.iteration_times_s[0]

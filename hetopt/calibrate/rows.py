@@ -59,7 +59,7 @@ fewer links)."""
 
 
 INTRA_FABRIC = {"H100-96GB-500W": {"intra_fabric": "nvlink4"}}
-"""Custom types default to PCIe inside a node (cost.fabrics); these have NVLink."""
+"""Custom types default to PCIe inside a node (spec.fabrics); these have NVLink."""
 
 
 _SOURCE_RULES = [
@@ -119,7 +119,7 @@ def map_gpu(row: dict) -> tuple[str, list[str], dict]:
                 [
                     f"GPU '{variant}': custom type H100-96GB-500W of the hopper family at 500 W "
                     "(H100-SXM's peak, HBM bandwidth and NVLink 4; its efficiency derived from the "
-                    "family by the power rule, cost.gemm_fit.derived_eta)"
+                    "family by the power rule, cost.derive.derived_eta)"
                 ],
                 {"H100-96GB-500W": H100_96GB_500W},
             )
@@ -201,7 +201,7 @@ NIC_FABRICS = (
     ("infiniband", "infiniband"),
     ("rdma", "infiniband"),
 )
-"""Words of `inter_node_fabric` → hetopt fabric (cost.fabrics); generic 'RDMA' counts as
+"""Words of `inter_node_fabric` → hetopt fabric (spec.fabrics); generic 'RDMA' counts as
 InfiniBand."""
 
 

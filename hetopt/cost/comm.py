@@ -4,7 +4,7 @@ Ring all-reduce of B bytes over n ranks moves 2(n−1)/n · B bytes per rank in 
 reduce-scatter and all-gather move half of that in n − 1 steps (Thakur et al. 2005; Patarasuk & Yuan
 2009). A transfer over an intra-node link is a LINK term, over NICs and island links a NET term:
 seconds at the path's effective bandwidth (nominal × the fabric's achieved fraction η,
-hetopt/cost/fabrics.py). Each step counts once in STEP (the framework's per-step overhead, a
+hetopt/spec/fabrics.py). Each step counts once in STEP (the framework's per-step overhead, a
 calibrated weight) and pays the path's physical latency plus the fabric's per-step latency α in LAT.
 Hierarchical all-reduce across nodes: reduce-scatter inside each node, all-reduce of the node's
 share across nodes, all-gather inside each node; NCCL pipelines chunks through the phases, so the

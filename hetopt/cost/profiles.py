@@ -1,13 +1,14 @@
 """Which calibrated parameters price which GPU type.
 
 Every catalog type has a shipped profile (hetopt/cost/profiles/<GPU>.json: GEMM curve fitted per
-type, the rest from the A100-80GB fit; see cost/gemm_fit.py); a profile given with --profile (fitted
-with `hetopt calibrate` or measured with `hetopt calibrate --measure`) replaces it. A custom GPU
-type that names its `family` derives from that family's measured types (gemm_fit.derive_from_family:
-their mean efficiency, scaled by its power per peak TFLOP/s). A custom type without a family derives
-from the calibrated type nearest in published peak tensor throughput (log ratio), and its method
-says so: it keeps that type's efficiencies and fixed latencies, while the cost features scale with
-its own published peak FLOP/s, HBM and link bandwidths.
+type, the rest from the A100-80GB fit; see calibrate/gemm.py); a profile given with --profile
+(fitted with `hetopt calibrate` or measured with `hetopt calibrate --measure`) replaces it. A custom
+GPU type that names its `family` derives from that family's measured types
+(cost.derive.derive_from_family: their mean efficiency, scaled by its power per peak TFLOP/s). A
+custom type without a family derives from the calibrated type nearest in published peak tensor
+throughput (log ratio), and its method says so: it keeps that type's efficiencies and fixed
+latencies, while the cost features scale with its own published peak FLOP/s, HBM and link
+bandwidths.
 
 The instance's `training.framework` then divides the device-compute weights by that stack's fitted
 compute efficiency (cost/stacks.py; 1 for megatron, the stack the profiles were fitted on).

@@ -186,7 +186,7 @@ def shipped_profiles() -> dict[str, CostParams]:
     """Calibration profiles shipped with the package (hetopt/cost/profiles/*.json), by GPU type."""
     found = {}
     for entry in resources.files("hetopt.cost").joinpath("profiles").iterdir():
-        # fabrics.json and stacks.json are the fabric and framework tables (cost/fabrics.py,
+        # fabrics.json and stacks.json are the fabric and framework tables (spec/fabrics.py,
         # cost/stacks.py)
         if entry.name.endswith(".json") and entry.name not in ("fabrics.json", "stacks.json"):
             try:

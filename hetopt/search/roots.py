@@ -24,7 +24,7 @@ from hetopt.spec.instance import Instance
 def enumerate_roots(
     inst: Instance, opts: SearchOptions, stats: SearchStats, profiles: Profiles | None = None
 ) -> Iterator[Family | Skeleton]:
-    """The roots of the plan space, the search tree's (search.tree.Tree.roots): every family; with
+    """The roots of the plan space, the search tree's (hetopt.search.tree.roots): every family; with
     search.shards every skeleton with shards, whose layouts follow the speeds of `profiles` (default
     the shipped ones); with search.max_templates 3 (default) every family of three templates
     (hetopt.search.triples.TripleFamily); with search.uniform_layouts the skeleton of every uniform

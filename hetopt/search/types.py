@@ -257,7 +257,7 @@ class SearchOptions:
     three templates (which the subspace holds)."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
-    search/bounds.py price TP on the intra-node interconnect and would not bound a group over the
+    search/bounds/ price TP on the intra-node interconnect and would not bound a group over the
     network)."""
 
     @classmethod
@@ -296,7 +296,7 @@ class SearchStats:
     solved: int = 0
     fallbacks: Counter = field(default_factory=Counter)
     """Skeletons a backend failed on, by (that backend, the backend that took it over or "none", the
-    solver's words) — hetopt.search.backends.solve_skeleton."""
+    solver's words) — hetopt.search.dispatch.solve_skeleton."""
 
     def add(self, other: SearchStats) -> None:
         """Counts `other` in too: a search of a disjoint part of the same space."""

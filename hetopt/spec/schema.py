@@ -27,7 +27,7 @@ LinkEnds = Annotated[
 ]
 Recompute = Literal["none", "selective", "full"]
 FabricName = Literal[FABRIC_NAMES]
-"""A fabric of hetopt/cost/fabrics.py (achieved bandwidth fraction and per-step latency)."""
+"""A fabric of hetopt/spec/fabrics.py (achieved bandwidth fraction and per-step latency)."""
 
 
 class Section(BaseModel):

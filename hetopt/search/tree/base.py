@@ -23,8 +23,8 @@ MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the
 
 
 class Tree:
-    """The search tree of one instance: its roots and what expanding a node needs (bounds, memory
-    tests).
+    """The search tree of one instance: what expanding a node needs (bounds, memory tests, the
+    incumbent); its roots come from hetopt.search.tree.roots.
 
     Parameters: inst — the instance; options — the plan space; stats — counters this run fills;
     bounds — this run's `Bounds` (their caches live as long as the tree)."""

@@ -81,7 +81,7 @@ class TripleGroupNode(Node):
     lowest: tuple[int, int, int] = (1, 1, 1)
     replicas: tuple[int, int, int] | None = None
     level: float = math.inf
-    """The search's threshold when the box was made and found to reach it (`Tree.reaches`)."""
+    """The search's threshold when the box was made and found to reach it (`reaches`)."""
 
     pruned_as = "bound: three-template replica-count boxes never expanded"
 
