@@ -221,7 +221,7 @@ def test_timeout_returns_status_and_exit_1_when_no_plan_was_found():
 
 
 def test_timeout_returns_the_warm_start_plan_with_its_gap():
-    result = run_hetopt("solve", str(DEMO), "--time-limit", "0.05", "--json")
+    result = run_hetopt("solve", str(DEMO), "--time-limit", "0.5", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["status"] == "timeout" and data["plan"] is not None
