@@ -16,10 +16,10 @@ from hetopt.baselines.common import PlannerResult
 from hetopt.baselines.registry import PLANNERS as BASELINES
 from hetopt.cost.profiles import Profiles
 from hetopt.search.formulation import clock
-from hetopt.search.orchestrate import Progress, solve_exact
+from hetopt.search.orchestrate import solve_exact
 from hetopt.search.robust import plan_objective, planning_scenarios
 from hetopt.search.run import SearchResult
-from hetopt.search.types import SearchRequest, Seed
+from hetopt.search.types import Progress, SearchRequest, Seed
 from hetopt.spec.instance import Instance
 
 EXACT = "ilp"
@@ -61,10 +61,10 @@ def solve_ilp(
     """The exact search of hetopt.search.orchestrate.solve_exact, started from heuristic plans.
 
     Parameters: request — what to search (its time limit holds for the heuristics and the search
-    together); progress — progress(skeletons solved, incumbent s); warm_start — start from the
-    heuristics' best plan and search the default subspace first (SearchRequest.narrow_first);
-    False: the search alone; known — plans known already (`hetopt replan`: the running plan
-    re-split).
+    together); progress — progress(SearchProgress), on each new incumbent and solved skeleton;
+    warm_start — start from the heuristics' best plan and search the default subspace first
+    (SearchRequest.narrow_first); False: the search alone; known — plans known already (`hetopt
+    replan`: the running plan re-split).
     Returns: the search's result, its solve time counted from the heuristics' start.
     """
     start = clock()

@@ -20,10 +20,9 @@ from hetopt.placement import place
 from hetopt.plan import Plan, PlannedFor, plan_json
 from hetopt.planners import ALIASES, solve_ilp
 from hetopt.search.formulation import SolveStatus, clock
-from hetopt.search.orchestrate import Progress
 from hetopt.search.robust import OBJECTIVES, plan_objective, planning_scenarios
 from hetopt.search.run import SearchResult
-from hetopt.search.types import SearchOptions, SearchRequest
+from hetopt.search.types import Progress, SearchOptions, SearchRequest
 from hetopt.simulate import simulate
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -61,8 +60,9 @@ def solve(
     iterations per scenario in the replay (default: the instance's horizon); warm_start — as
     hetopt.planners.solve_ilp takes it; runnable — megatron or deepspeed: search only the plans that
     launcher runs as they are (hetopt.export.runnable), then the free space with the other half of
-    the search's time, for what the restriction costs; progress — progress(skeletons solved,
-    incumbent s); replay_progress — replay_progress(scenarios replayed, scenarios).
+    the search's time, for what the restriction costs; progress — progress(SearchProgress), on each
+    new incumbent and solved skeleton; replay_progress — replay_progress(scenarios replayed,
+    scenarios).
     Returns: the solve JSON object of docs/cli-output.md (plus `executor`; with runnable,
     `runnable`: the launcher, the free space's status and objective, and the cost, objective ÷ free
     − 1).

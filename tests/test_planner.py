@@ -1316,3 +1316,20 @@ def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
         == rest
         < sum(1 for _ in enumerate_families(inst, opts, SearchStats()))
     )
+
+
+def test_progress_reports_incumbents_that_only_fall_and_bounds_no_plan_beats():
+    """The live line's figures (SearchProgress): every bound reported mid-search is a true lower
+    bound (at most the proven optimum), every incumbent is a real plan's time (at least the
+    optimum), the incumbent never rises, and the last event closes the gap."""
+    inst = load_instance(SMALL_DIR / "s4-three-types.yaml")
+    events = []
+    r = solve_ilp(SearchRequest(inst, time_limit_s=60), progress=events.append)
+    assert r.status == SolveStatus.OPTIMAL and events
+    incumbents = [e.incumbent_s for e in events]
+    assert incumbents == sorted(incumbents, reverse=True)
+    tol = r.objective_s * 1e-7
+    assert all(e.bound_s <= r.objective_s + tol for e in events)
+    assert all(e.incumbent_s >= r.objective_s - tol for e in events if math.isfinite(e.incumbent_s))
+    assert [e.solved for e in events] == sorted(e.solved for e in events)
+    assert events[-1].incumbent_s == pytest.approx(r.objective_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -30,6 +30,9 @@ from hetopt.errors import (
 from hetopt.lifeline import Terminated
 from hetopt.outputs import check_output, write_text
 from hetopt.progress import Progress
+
+if TYPE_CHECKING:  # the search's modules load when a command runs, not with the CLI
+    from hetopt.search.types import SearchProgress
 
 
 def solve(
@@ -113,9 +116,8 @@ def solve(
     inst = with_memory_headroom(load_instance(instance) if instance else _demo(), memory_headroom)
     with Progress(err, f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
 
-        def progress(solved: int, incumbent: float) -> None:
-            best = f"best so far {incumbent:.3f} s" if incumbent < float("inf") else "no plan yet"
-            status.update(f"planning {inst.name}: {solved} skeletons solved, {best}", step=False)
+        def progress(now: SearchProgress) -> None:
+            status.update(f"planning {inst.name}: {_standing(now)}", step=False)
 
         try:
             request = SearchRequest(
@@ -290,3 +292,12 @@ def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
 
 MODEL_SUFFIXES = {"pulp": (".lp", ".mps"), "cp-sat": (".pb.txt", ".pb")}
 """What --export-model writes: PuLP's LP or MPS text, or CP-SAT's model proto (text or binary)."""
+
+
+def _standing(now: SearchProgress) -> str:
+    """The search's live line: skeletons solved, the incumbent, the bound and the gap."""
+    solved = f"{now.solved:,} skeletons solved"
+    if not math.isfinite(now.incumbent_s):
+        return f"{solved}, no plan yet"
+    bound = f"bound {now.bound_s:.3f} s, gap {now.gap:.1%}" if now.bound_s > 0 else "no bound yet"
+    return f"best {now.incumbent_s:.3f} s, {bound}, {solved}"

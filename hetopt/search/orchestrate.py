@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from hetopt.executors import check_executor, open_pool
 from hetopt.lifeline import Terminated
@@ -38,7 +38,7 @@ from hetopt.search.leaves import LeafContext, plan_problem, solve_leaf
 from hetopt.search.robust import planning_scenarios
 from hetopt.search.run import SearchResult, SearchRun
 from hetopt.search.tree.base import SkeletonNode, Tree
-from hetopt.search.types import SearchOptions, SearchRequest, Seed
+from hetopt.search.types import Progress, SearchOptions, SearchRequest, Seed
 
 PARALLEL_AFTER_S = 2.0
 """By default workers start once skeletons have been solved for this long: starting worker
@@ -52,9 +52,6 @@ and the subspace's bound stays open beside the rest's (`SearchRun.subspace`). Th
 pairs keep weak bounds, and best-first over the whole space can spend the limit before it solves a
 skeleton; tp_per_stage multiplies the families. Searching the subspace first, then only the rest,
 searches each skeleton once."""
-
-Progress = Callable[[int, float], None]
-"""progress(skeletons solved, incumbent seconds), after each solved skeleton."""
 
 
 def solve_exact(
@@ -96,6 +93,8 @@ def solve_exact(
             best = _narrow_first(request, options, best, progress, run)
         run.seed(best)
         run.plant(tree)  # after the seeds: within what time they leave
+        if progress is not None:
+            progress(run.standing())
         loop.solve()
     except BaseException as stop:
         loop.abort()  # Ctrl-C, SIGTERM or an error: the workers stop now, not after their jobs
@@ -164,10 +163,12 @@ class _Loop:
             self.pending = launched
 
     def _absorb(self, batch: list[SkeletonNode], outcomes: list) -> None:
-        for node, outcome in zip(batch, outcomes, strict=True):
+        for k, (node, outcome) in enumerate(zip(batch, outcomes, strict=True)):
             self.run.absorb(node, *outcome)
             if self.progress is not None and outcome[0] == "solved":
-                self.progress(self.run.stats.solved, self.run.incumbent)
+                # the leaves still open: the rest of this batch and any other in flight
+                others = [n for n in self.in_flight() if all(n is not b for b in batch)]
+                self.progress(self.run.standing([*batch[k + 1 :], *others]))
 
     def in_flight(self) -> list[SkeletonNode]:
         """The leaves selected and not absorbed: their bounds stay open."""

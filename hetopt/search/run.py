@@ -16,7 +16,7 @@ from hetopt.search.formulation import SolveStatus, SplitSolution, clock
 from hetopt.search.roots import outside_space
 from hetopt.search.tree.base import Node, SkeletonNode, Tree
 from hetopt.search.tree.roots import roots
-from hetopt.search.types import SearchOptions, SearchStats, Seed, Skeleton
+from hetopt.search.types import SearchOptions, SearchProgress, SearchStats, Seed, Skeleton
 from hetopt.spec.instance import Instance
 
 OPTIMALITY_TOLERANCE = 1e-9
@@ -236,6 +236,21 @@ class SearchRun:
         if not self.planted:  # roots not listed yet: nothing is proven about them
             self.open_bound = 0.0
         return self
+
+    def standing(self, in_flight: list | tuple = ()) -> SearchProgress:
+        """Where the search stands: its counts, its incumbent and the smallest bound of what is not
+        finished (the heap's, the leaves being solved and what is proven open already)."""
+        bounds = [self.open_bound, self.selecting, *(node.bound for node in in_flight)]
+        if self.heap:
+            bounds.append(self.heap[0][0])
+        bound = 0.0 if not self.planted else min(bounds)
+        return SearchProgress(
+            clock() - self.start,
+            self.stats.solved,
+            self.stats.enumerated,
+            self.incumbent,
+            min(bound, self.incumbent),
+        )
 
     def answer(self, formulation: str, backend: str, seed: int) -> SearchResult:
         wall = clock() - self.start

@@ -6,8 +6,9 @@ Nothing here searches or prices: every other module of hetopt.search builds on t
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hetopt.cost.profiles import Profiles
@@ -358,6 +359,34 @@ class Affine:
 
     def at(self, layers: float) -> float:
         return self.slope * layers + self.intercept
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """Where a search stands, for a progress line or a benchmark's trace (`Progress`)."""
+
+    elapsed_s: float
+    """Seconds since the search began (the time limit's clock)."""
+    solved: int
+    """Skeletons solved so far."""
+    enumerated: int
+    """Skeletons generated so far."""
+    incumbent_s: float
+    """The best plan's objective so far, seconds; inf while there is none."""
+    bound_s: float
+    """The smallest lower bound on what is not finished, seconds: no plan of the space beats it
+    (0 while the tree's roots are still being listed)."""
+
+    @property
+    def gap(self) -> float:
+        """(incumbent − bound) / incumbent; inf while there is no plan."""
+        if not math.isfinite(self.incumbent_s) or self.incumbent_s <= 0:
+            return math.inf
+        return max(0.0, (self.incumbent_s - min(self.bound_s, self.incumbent_s)) / self.incumbent_s)
+
+
+Progress = Callable[[SearchProgress], None]
+"""progress(where the search stands), on each new incumbent and after each solved skeleton."""
 
 
 @dataclass(frozen=True)
