@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from hetopt.errors import InputError, Problem
 from hetopt.plan import NodeGPUs, Pipeline, PlacementEntry, Plan, Stage
-from hetopt.spec.cluster import Cluster
+from hetopt.spec.cluster import Cluster, Node
 from hetopt.spec.instance import Instance
 
 KEYS = ("tp", "pp", "dp", "mb", "vp", "recompute", "sp", "zero", "schedule", "cp")
@@ -115,14 +115,16 @@ def split_layers(layers: int, stages: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(stages)]
 
 
-def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Plan:
-    """The plan a homogeneous layout describes on this cluster, with its placement."""
+def expand_layout(
+    inst: Instance, layout: Layout, source: str = "layout", nodes: list[Node] | None = None
+) -> Plan:
+    """The plan a homogeneous layout describes on this cluster, with its placement.
+
+    Parameters: nodes — the nodes it is laid out over, in rank order (default every node, as
+    declared); the others stay idle."""
     where = f"{source} {layout}"
-    gpus = [
-        (node.name, local, node)
-        for node in inst.cluster.nodes.values()
-        for local in range(node.gpus)
-    ]
+    nodes = list(inst.cluster.nodes.values()) if nodes is None else nodes
+    gpus = [(node.name, local, node) for node in nodes for local in range(node.gpus)]
     # GPUs of one stage of one replica: its TP groups, one per CP rank
     width = layout.tp * layout.cp
     used = width * layout.pp * layout.dp
@@ -132,7 +134,9 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         problems.append(
             Problem(
                 "tp*cp*pp*dp" if layout.cp > 1 else "tp*pp*dp",
-                f"must equal the cluster's {len(gpus)} GPUs",
+                f"must equal the cluster's {len(gpus)} GPUs"
+                if len(nodes) == len(inst.cluster.nodes)
+                else f"must equal the {len(gpus)} GPUs laid out",
                 used,
                 True,
             )
@@ -183,7 +187,7 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
         raise InputError(where, problems)
 
     layers = split_layers(m.layers, layout.pp)
-    templates, placement = layout_ranks(inst.cluster, layout, where)
+    templates, placement = layout_ranks(inst.cluster, layout, where, nodes)
     micro_batches = inst.micro_batches(layout.mb, layout.dp)
     pipelines = [
         Pipeline(
@@ -215,15 +219,15 @@ def expand_layout(inst: Instance, layout: Layout, source: str = "layout") -> Pla
 
 
 def layout_ranks(
-    cluster: Cluster, layout: Layout, where: str = "layout"
+    cluster: Cluster, layout: Layout, where: str = "layout", nodes: list[Node] | None = None
 ) -> tuple[list[tuple[tuple, int]], list[PlacementEntry]]:
     """Megatron-LM's rank order over `cluster` (TP fastest, then CP, DP, PP; nodes as declared): the
     templates its replicas form — (device class of each stage, replicas) in order of first
-    appearance — and the placement of every stage of every replica. Raises InputError where a
-    stage's TP group cannot lie in one node or on whole nodes of one type."""
-    gpus = [
-        (node.name, local, node) for node in cluster.nodes.values() for local in range(node.gpus)
-    ]
+    appearance — and the placement of every stage of every replica. `nodes`: the nodes laid out
+    over, in rank order (default all). Raises InputError where a stage's TP group cannot lie in one
+    node or on whole nodes of one type."""
+    nodes = list(cluster.nodes.values()) if nodes is None else nodes
+    gpus = [(node.name, local, node) for node in nodes for local in range(node.gpus)]
     width = layout.tp * layout.cp
     templates: dict[tuple, list[int]] = {}
     groups: dict[tuple[int, int], list[tuple[str, list[int]]]] = {}

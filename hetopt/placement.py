@@ -246,9 +246,9 @@ def _widest_first(cluster: Cluster, names: list[str], previous: str | None) -> s
 
 def megatron_placed(plan: Plan, cluster: Cluster) -> Plan:
     """A uniform layout's plan placed in Megatron-LM's rank order (hetopt.layout.layout_ranks: TP
-    fastest, then CP, DP, PP over the nodes as declared); raises InfeasibleError where the plan is
-    no layout of every GPU of `cluster` or its templates are not those the rank order forms, in that
-    order."""
+    fastest, then CP, DP, PP over the nodes as declared) over every node of the device classes it
+    uses (the others idle); raises InfeasibleError where the plan is no layout of every GPU of those
+    classes or its templates are not those the rank order forms, in that order."""
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
     layout = Layout(
         tp=stages[0].tp,
@@ -256,14 +256,18 @@ def megatron_placed(plan: Plan, cluster: Cluster) -> Plan:
         cp=stages[0].cp,
         dp=sum(pipe.replicas for pipe in plan.pipelines),
     )
+    classes = {(st.gpu, st.island) for st in stages}
+    nodes = [n for n in cluster.nodes.values() if (n.gpu, n.island) in classes]
     if (
         len({(st.tp, st.cp) for st in stages}) > 1
         or any(len(p.stages) != layout.pp for p in plan.pipelines)
-        or layout.tp * layout.cp * layout.pp * layout.dp != cluster.total_gpus
+        or layout.tp * layout.cp * layout.pp * layout.dp != sum(n.gpus for n in nodes)
     ):
-        raise InfeasibleError("Megatron's rank order places a uniform layout over every GPU only")
+        raise InfeasibleError(
+            "Megatron's rank order places a uniform layout over every GPU of its classes only"
+        )
     try:
-        templates, placement = layout_ranks(cluster, layout)
+        templates, placement = layout_ranks(cluster, layout, nodes=nodes)
     except InputError as e:
         raise InfeasibleError(f"Megatron's rank order: {e}") from None
     mine = [

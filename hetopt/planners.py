@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from hetopt.baselines.common import PlannerResult
+from hetopt.baselines.data_parallel import data_parallel
 from hetopt.baselines.registry import PLANNERS as BASELINES
 from hetopt.cost.profiles import Profiles
 from hetopt.search.formulation import clock
@@ -28,11 +29,17 @@ ALIASES = {"hetopt": EXACT}
 """Names `--planners` still takes: `hetopt` named the exact planner in bench results before
 2026-12."""
 
-WARM_START_PLANNERS = ("amp-like", "proportional")
-"""Cheap heuristics whose best plan starts the search. They also reach plans outside the search's
-space (uniform layouts across every device class, templates over more classes than max_classes),
-so the answer is never worse than theirs. `megatron`'s plans are among amp-like's candidates (the
-same layouts, even split)."""
+WARM_START_PLANNERS: dict[str, Callable[..., PlannerResult]] = {
+    "data-parallel": data_parallel,
+    "amp-like": BASELINES["amp-like"],
+    "proportional": BASELINES["proportional"],
+}
+"""Cheap heuristics whose best plan starts the search, so the answer is never worse than theirs:
+the plans a user writes first (pure data parallelism and shallow pipelines over each island, GPU
+type and the fastest GPUs), uniform layouts over every GPU with a heterogeneity-aware split, and
+pipelines cut in proportion to speed. Every plan they keep is a point of the space
+(baselines.common.Candidates). `megatron`'s plans are among amp-like's candidates (the same
+layouts, even split)."""
 WARM_SHARE = 0.05
 """The share of the time limit each warm-start heuristic gets."""
 
@@ -44,8 +51,8 @@ def heuristic_seeds(
     `budget_s`); none where a heuristic finds no plan that fits."""
     scenarios = planning_scenarios(inst, objective)
     seeds = []
-    for name in WARM_START_PLANNERS:
-        found = BASELINES[name](inst, budget_s, profiles)
+    for name, planner in WARM_START_PLANNERS.items():
+        found = planner(inst, budget_s, profiles)
         if found.plan is not None:
             value = plan_objective(inst, found.plan, profiles, scenarios, objective)
             seeds.append(Seed(name, value, found.plan))

@@ -232,8 +232,10 @@ def test_on_five_device_classes_the_heuristics_plans_are_points_of_the_space(tmp
     space (before: outside it, max_classes 4), and proportional's templates per class are the 3 of
     most throughput (search.max_templates). Narrowed to 4 classes and 2 templates, each heuristic
     offers only the space's points: proportional 2 templates, amp-like nothing (its layouts use
-    every GPU), saying why; the search proves its optimum — exhaustive enumeration's 0.1012930 s, a
-    pipeline V100 → L4 → A100 → H100 with the T4 idle — and keeps no warm start from outside the
+    every GPU), saying why; the search proves its optimum — exhaustive enumeration's 0.0893428 s,
+    Megatron's pp = 2, dp = 2 layout over the four fastest types, (H100 → L4) ‖ (A100 → V100), with
+    the T4 idle (a uniform layout over a subset of the classes; before they were in the space, a
+    pipeline V100 → L4 → A100 → H100 at 0.1012930 s) — and keeps no warm start from outside the
     space."""
     from hetopt.baselines.registry import PLANNERS
     from hetopt.planners import solve_ilp
@@ -266,7 +268,11 @@ def test_on_five_device_classes_the_heuristics_plans_are_points_of_the_space(tmp
     amp = PLANNERS["amp-like"](inst, 20.0)
     assert amp.plan is None and "template 0: 5 device classes (the space: at most 4)" in amp.note
     r = solve_ilp(SearchRequest(inst, time_limit_s=60))
-    assert r.status.value == "optimal" and r.objective_s == pytest.approx(0.1012930, abs=1e-7)
+    assert r.status.value == "optimal" and r.objective_s == pytest.approx(0.0893428, abs=1e-7)
+    assert sorted([st.gpu for st in p.stages] for p in r.plan.pipelines) == [
+        ["A100-80GB", "V100-16GB"],
+        ["H100-SXM", "L4"],
+    ]
     assert not (r.warm_start or {}).get("outside_space")
 
 

@@ -4,13 +4,16 @@ GPU, its replicas' templates in lockstep — one layer split for all of them."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+from conftest import run_hetopt
 
 from hetopt.baselines.exhaustive import compositions, exhaustive
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
+from hetopt.export.dryrun import consistency
 from hetopt.planners import solve_ilp
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.dispatch import pick
@@ -19,7 +22,7 @@ from hetopt.search.leaves import plan_problem
 from hetopt.search.robust import planning_scenarios
 from hetopt.search.roots import enumerate_skeletons, outside_space
 from hetopt.search.types import SearchOptions, SearchRequest, SearchStats
-from hetopt.search.uniform import lockstep_layout, lockstep_skeletons
+from hetopt.search.uniform import layout_subsets, lockstep_layout, lockstep_skeletons
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
 
@@ -204,3 +207,50 @@ def test_a_layout_in_megatrons_own_rank_order_is_searched():
         warm_start=False,
     )
     assert without.objective_s == pytest.approx(0.7381, abs=1e-4)
+
+
+def test_data_parallelism_over_four_of_five_zones_is_four_templates_of_the_space_and_exports(
+    tmp_path,
+):
+    """s24: five zones of one 2-GPU A100 node, four near (200 Gbit/s) and one far (10 Gbit/s); the
+    global batch of 8 does not split over 10 GPUs. Exhaustive enumeration's optimum (0.0155536 s;
+    tests/test_planner.py holds every small instance to it on every backend) is pure data
+    parallelism over the four near zones, the far one idle: four templates in lockstep, a uniform
+    layout over a subset of the device classes (`layout_subsets`, the chain of nearest islands).
+    The search proves it and starts from it (the `data-parallel` warm start); it verifies, and
+    exports as a rank map and a torchrun script whose groups agree with each other."""
+    path = SMALL / "s24-five-zones.yaml"
+    inst = load_instance(path)
+    opts = SearchOptions.from_instance(inst)
+    near = tuple(("A100-40GB", z) for z in ("us-a", "us-b", "us-c", "us-d"))
+    assert near in layout_subsets(inst)
+    r = solve_ilp(SearchRequest(inst, time_limit_s=60))
+    assert r.status == SolveStatus.OPTIMAL and r.objective_s == pytest.approx(0.0155536, abs=1e-7)
+    assert r.warm_start["planner"] == "data-parallel"
+    assert r.warm_start["objective_s"] == pytest.approx(r.objective_s, rel=1e-9)
+    pipes = r.plan.pipelines
+    assert len(pipes) == 4 and sorted(p.stages[0].island for p in pipes) == sorted(
+        z for _, z in near
+    )
+    assert all(len(p.stages) == 1 and p.replicas == 2 for p in pipes)
+    assert outside_space(inst, r.plan, opts) == [] and lockstep_layout(inst, r.plan, opts)
+    assert check_plan(inst, r.plan) == []
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(r.plan.model_dump_json())
+    out = tmp_path / "torchrun"
+    result = run_hetopt(
+        "export", str(plan_path), "--instance", str(path), "--format", "torchrun",
+        "--out", str(out), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(result.stdout)["files"]) == [
+        "rank_env.json",
+        "rankmap.json",
+        "torchrun.sh",
+    ]
+    rankmap = json.loads((out / "rankmap.json").read_text())
+    assert rankmap["world_size"] == 8 and len(rankmap["nodes"]) == 4
+    assert consistency(rankmap) == []
+    # every replica's gradients meet every other's: its template's group, then the exchange
+    for rank in rankmap["ranks"]:
+        assert sorted({*rank["dp_group"], *rank["exchange_group"]}) == list(range(8))

@@ -249,8 +249,8 @@ class SearchOptions:
     shards: bool = True
     """Also search stages with shards: Metis's device groups (hetopt.search.shards)."""
     uniform_layouts: bool = True
-    """Also search every uniform layout over all the GPUs, its templates in lockstep
-    (hetopt.search.uniform)."""
+    """Also search every uniform layout over the GPUs of a set of device classes, its templates in
+    lockstep (hetopt.search.uniform)."""
     beyond_narrow: bool = False
     """Only the skeletons outside the subspace with pair_classes 1 and tp_per_stage off (set by the
     search itself once it has searched that subspace first: orchestrate._narrow_first): pairs with a

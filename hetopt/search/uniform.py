@@ -1,5 +1,5 @@
-"""Uniform layouts in the plan space: Megatron-LM's (tp, pp, dp) over every GPU, with one layer
-split.
+"""Uniform layouts in the plan space: Megatron-LM's (tp, pp, dp) over every GPU of a set of device
+classes (`layout_subsets`; the rest idle), with one layer split.
 
 A uniform layout (hetopt.layout) lays ranks out as Megatron-LM does — tensor-parallel fastest, then
 data-parallel, then pipeline — over the cluster's GPUs in the order the node groups are declared. On
@@ -27,6 +27,8 @@ placement orders: Megatron's rank order itself, where the templates share nodes 
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -37,6 +39,7 @@ from hetopt.plan import Plan
 from hetopt.search.membership import outside_families
 from hetopt.search.space import cp_options, enumerate_recompute, tp_divides_heads, zero_stages
 from hetopt.search.types import SearchOptions, SearchStats, Skeleton, Template, orders, segments_of
+from hetopt.spec.cluster import Cluster, Node
 from hetopt.spec.instance import Instance
 
 
@@ -61,19 +64,67 @@ def uniform_layouts(
                     yield Layout(tp=tp, pp=pp, dp=dp, mb=mb, recompute=rc)
 
 
-def max_tp(inst: Instance) -> int:
-    """The largest TP group that fits in every node (a uniform layout puts TP groups on all of
-    them)."""
-    return min(n.gpus for n in inst.cluster.nodes.values())
+def max_tp(inst: Instance, nodes: list[Node] | None = None) -> int:
+    """The largest TP group that fits in every node of `nodes` (default all: a uniform layout puts
+    TP groups on all of them)."""
+    return min(n.gpus for n in (inst.cluster.nodes.values() if nodes is None else nodes))
 
 
-def layout_plan(inst: Instance, layout: Layout) -> Plan | None:
-    """The plan of a layout on this cluster, or None where it cannot be laid out (a TP group across
-    nodes)."""
+def layout_plan(inst: Instance, layout: Layout, nodes: list[Node] | None = None) -> Plan | None:
+    """The plan of a layout on this cluster (over `nodes`, default all), or None where it cannot be
+    laid out (a TP group across nodes)."""
     try:
-        return expand_layout(inst, layout)
+        return expand_layout(inst, layout, nodes=nodes)
     except InputError:
         return None
+
+
+ClassSet = tuple[tuple[str, str], ...]
+"""Device classes (GPU type, island), in the order the cluster declares them."""
+
+
+def layout_subsets(inst: Instance) -> list[ClassSet]:
+    """The sets of device classes a uniform layout of the space is laid over, every GPU of the set
+    used and the rest idle: every class of the cluster; each island; each GPU type; the fastest
+    classes (by peak, then by GPUs), one more at a time; and on each island a chain of islands,
+    adding at each step the island of the widest link to those taken. These are the plans a user
+    writes first — pure data parallelism on one island, one GPU type or the fastest GPUs, or over
+    the nearest islands — and data parallelism over any number of islands (a template per
+    island)."""
+    cluster = inst.cluster
+    keys = list(cluster.device_classes)
+
+    def speed(key: tuple[str, str]) -> tuple[float, int]:
+        return (inst.gpu_types[key[0]].peak_tflops, cluster.device_classes[key].gpus)
+
+    fastest = sorted(keys, key=speed, reverse=True)
+    sets = [set(keys)]
+    sets += [{k for k in keys if k[1] == island} for island in cluster.islands]
+    sets += [{k for k in keys if k[0] == gpu} for gpu in {k[0] for k in keys}]
+    sets += [set(fastest[:n]) for n in range(1, len(fastest))]
+    for island in cluster.islands:
+        taken = [island]
+        while len(taken) < len(cluster.islands):
+            rest = [i for i in cluster.islands if i not in taken]
+            taken.append(max(rest, key=lambda i: max(_island_gbps(cluster, i, t) for t in taken)))
+            sets.append({k for k in keys if k[1] in taken})
+    unique = {tuple(k for k in keys if k in chosen) for chosen in sets}
+    return sorted(unique, key=lambda c: (-len(c), [keys.index(k) for k in c]))
+
+
+def _island_gbps(cluster: Cluster, a: str, b: str) -> float:
+    """The bandwidth of the widest path between two islands: its narrowest link (inf within one
+    island, or through the ideal fabric where no link joins them)."""
+    path = cluster.island_path(a, b)
+    return min(
+        (cluster.graph.edges[u, v]["gbps"] for u, v in itertools.pairwise(path)), default=math.inf
+    )
+
+
+def class_nodes(inst: Instance, classes: ClassSet) -> list[Node]:
+    """The nodes of `classes`, as the cluster declares them (a layout's rank order)."""
+    chosen = set(classes)
+    return [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) in chosen]
 
 
 def _searched(inst: Instance, opts: SearchOptions) -> bool:
@@ -99,27 +150,34 @@ def _narrow(opts: SearchOptions) -> SearchOptions:
 def lockstep_skeletons(
     inst: Instance, opts: SearchOptions, stats: SearchStats
 ) -> Iterator[Skeleton]:
-    """The skeleton of every uniform layout over all the GPUs whose plans the families of the
-    default space do not hold, in each placement order worth trying; counted in
-    `stats.enumerated`."""
+    """The skeleton of every uniform layout over the GPUs of each set of `layout_subsets` whose
+    plans the families of the default space do not hold, in each placement order worth trying;
+    counted in `stats.enumerated`."""
     if not _searched(inst, opts):
         return
     narrow, modes = _narrow(opts), enumerate_recompute(inst, opts)
-    for layout in uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst)):
-        plan = layout_plan(inst, layout) if layout.recompute in modes else None
-        if (
-            plan is None
-            or not _within_classes(plan, opts)
-            or not outside_families(inst, plan, narrow, None)
-        ):
-            continue  # a point of the families already
-        templates = tuple(
-            Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines
-        )
-        # Megatron's own rank order (its templates share nodes stage by stage) and hetopt's two
-        for order in ("megatron", *orders(sum(t.replicas for t in templates))):
-            stats.enumerated += 1
-            yield Skeleton(layout.mb, layout.recompute, templates, order=order, lockstep=True)
+    seen: set[tuple] = set()
+    for classes in layout_subsets(inst):
+        nodes = class_nodes(inst, classes)
+        gpus = sum(n.gpus for n in nodes)
+        for layout in uniform_layouts(inst, gpus, opts, max_tp(inst, nodes)):
+            plan = layout_plan(inst, layout, nodes) if layout.recompute in modes else None
+            if (
+                plan is None
+                or not _within_classes(plan, opts)
+                or not outside_families(inst, plan, narrow, None)
+            ):
+                continue  # a point of the families already
+            templates = tuple(
+                Template(segments_of(p), p.replicas, p.micro_batches) for p in plan.pipelines
+            )
+            if (layout.mb, layout.recompute, templates) in seen:
+                continue  # two sets of classes whose layouts form the same templates
+            seen.add((layout.mb, layout.recompute, templates))
+            # Megatron's own rank order (its templates share nodes stage by stage) and hetopt's two
+            for order in ("megatron", *orders(sum(t.replicas for t in templates))):
+                stats.enumerated += 1
+                yield Skeleton(layout.mb, layout.recompute, templates, order=order, lockstep=True)
 
 
 def lockstep_layout(inst: Instance, plan: Plan, opts: SearchOptions) -> Layout | None:
@@ -153,9 +211,15 @@ def lockstep_layout(inst: Instance, plan: Plan, opts: SearchOptions) -> Layout |
         mb=plan.micro_batch,
         recompute=stages[0].recompute,
     )
-    if layout not in set(uniform_layouts(inst, inst.cluster.total_gpus, opts, max_tp(inst))):
+    used = {(st.gpu, st.island) for st in stages}
+    classes = next((c for c in layout_subsets(inst) if set(c) == used), None)
+    if classes is None:
         return None
-    expected = layout_plan(inst, layout)
+    nodes = class_nodes(inst, classes)
+    gpus = sum(n.gpus for n in nodes)
+    if layout not in set(uniform_layouts(inst, gpus, opts, max_tp(inst, nodes))):
+        return None
+    expected = layout_plan(inst, layout, nodes)
     if (
         expected is None
         or _templates(expected) != _templates(plan)

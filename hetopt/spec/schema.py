@@ -306,11 +306,12 @@ class SearchSection(Section):
     )
     uniform_layouts: bool = Field(
         True,
-        description="Also search every uniform layout over all the GPUs (Megatron-LM's tp, pp, "
-        "dp in its rank order; on a mixed cluster its replicas form several templates, each over "
-        "the classes its stages land on), all its templates running one layer split chosen by the "
-        "integer program; with max_templates 2 or more, however many templates a layout forms. "
-        "Default true; false leaves out those the families do not hold.",
+        description="Also search every uniform layout over the GPUs of a set of device classes "
+        "(every class, each island, each GPU type, the fastest classes, chains of nearest islands; "
+        "the other GPUs idle): Megatron-LM's tp, pp, dp in its rank order; on a mixed cluster its "
+        "replicas form several templates, each over the classes its stages land on, all running "
+        "one layer split chosen by the integer program; with max_templates 2 or more, however many "
+        "templates a layout forms. Default true; false leaves out those the families do not hold.",
     )
     recompute_per_stage: bool = Field(
         False,
