@@ -32,6 +32,9 @@ NO_FITTING_PLAN = {
     # 4 stages at TP 1 with recompute on stage 0 fit, and few splits: 400 random draws of a
     # skeleton, a split and a mode per stage miss them
     "s13-recompute-per-stage": {"random"},
+    # 10 GPUs of one type and a global batch of 8: no uniform layout over every GPU (or every GPU of
+    # the one type) splits the batch; the optimum leaves a zone idle
+    "s24-five-zones": {"megatron", "fastest-subset", "amp-like"},
 }
 
 

@@ -92,6 +92,8 @@ def solve_exact(
         if narrow_first:
             best = _narrow_first(request, options, best, progress, run)
         run.seed(best)
+        if progress is not None and best is not None:  # the first incumbent, before the roots
+            progress(run.standing())
         run.plant(tree)  # after the seeds: within what time they leave
         if progress is not None:
             progress(run.standing())
