@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hetopt.placement import ORDERS
+from hetopt.search.symmetry import canonical, island_blocks
 from hetopt.search.types import (
     DEFAULT_RECOMPUTE,
     SearchOptions,
@@ -563,9 +564,13 @@ def _single_families(
     """The one-template families at micro-batch b (M micro-batches) and CP degree cp, `batch` =
     (b, M, cp): every run of classes with its TP degrees."""
     b, total_mb, cp = batch
+    blocks = island_blocks(inst) if opts.symmetry else {}
     for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp, opts.tp_per_stage):
         if opts.beyond_narrow and len({dc.key for dc in order}) == len(order):
             continue  # one TP per class: the narrowed subspace's
+        if not canonical(order, blocks):
+            stats.pruned[SYMMETRY_RULE] += 1
+            continue
         stats.families += 1
         yield Family(
             b,
@@ -581,6 +586,9 @@ def _single_families(
             cp=cp,
             placements=opts.placements,
         )
+
+
+SYMMETRY_RULE = "symmetry: one-template families of interchangeable islands (searched once)"
 
 
 def _pair_families(

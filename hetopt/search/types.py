@@ -248,6 +248,10 @@ class SearchOptions:
     sequence, the attention kernel and ZeRO allow."""
     shards: bool = True
     """Also search stages with shards: Metis's device groups (hetopt.search.shards)."""
+    symmetry: bool = True
+    """Search one-template families of interchangeable islands in canonical form only
+    (hetopt.search.symmetry): the same optimum, fewer families. False searches every twin (the
+    tests' check that the two agree)."""
     uniform_layouts: bool = True
     """Also search every uniform layout over the GPUs of a set of device classes, its templates in
     lockstep (hetopt.search.uniform)."""
