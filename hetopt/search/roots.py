@@ -14,7 +14,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan
 from hetopt.search.membership import outside_families
 from hetopt.search.shards import Layouts
-from hetopt.search.space import Family, enumerate_families
+from hetopt.search.space import Family, SingleBatch, enumerate_families
 from hetopt.search.triples import triple_families
 from hetopt.search.types import SearchOptions, SearchStats, Skeleton
 from hetopt.search.uniform import lockstep_layout, lockstep_skeletons
@@ -22,15 +22,20 @@ from hetopt.spec.instance import Instance
 
 
 def enumerate_roots(
-    inst: Instance, opts: SearchOptions, stats: SearchStats, profiles: Profiles | None = None
-) -> Iterator[Family | Skeleton]:
+    inst: Instance,
+    opts: SearchOptions,
+    stats: SearchStats,
+    profiles: Profiles | None = None,
+    lazy: bool = False,
+) -> Iterator[Family | SingleBatch | Skeleton]:
     """The roots of the plan space, the search tree's (hetopt.search.tree.roots): every family; with
     search.shards every skeleton with shards, whose layouts follow the speeds of `profiles` (default
     the shipped ones); with search.max_templates 3 (default) every family of three templates
     (hetopt.search.triples.TripleFamily); with search.uniform_layouts the skeleton of every uniform
     layout the families do not hold (hetopt.search.uniform). With `beyond_narrow` the families only
-    (the narrowed subspace holds the rest)."""
-    yield from enumerate_families(inst, opts, stats)
+    (the narrowed subspace holds the rest). With `lazy` the one-template families of each
+    micro-batch size and CP degree come as one `SingleBatch` (`enumerate_families`)."""
+    yield from enumerate_families(inst, opts, stats, lazy)
     if opts.beyond_narrow:
         return
     if opts.uniform_layouts:

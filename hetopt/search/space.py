@@ -522,9 +522,14 @@ def _shared_choices(inst: Instance, opts: SearchOptions, whole: SearchStats) -> 
     return _Shared(rc, virtual, zero, modes)
 
 
-def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) -> Iterator[Family]:
+def enumerate_families(
+    inst: Instance, opts: SearchOptions, stats: SearchStats, lazy: bool = False
+) -> Iterator[Family | SingleBatch]:
     """The plan space as families: divisibility of the batch is applied here, the rest in
-    `Family.groups`."""
+    `Family.groups`. With `lazy` the one-template families of each micro-batch size and CP degree
+    come as one `SingleBatch` (the search tree lists them class by class,
+    hetopt.search.tree.choices) where it can list them so: one TP per class, and not only the rest
+    of a narrowed subspace."""
     classes = list(inst.cluster.device_classes.values())
     # rules over the whole space are counted by the narrowed subspace's search (beyond_narrow: the
     # rest)
@@ -543,13 +548,51 @@ def enumerate_families(inst: Instance, opts: SearchOptions, stats: SearchStats) 
             single_zero = shared.zero if cp == 1 else tuple(z for z in shared.zero if z <= 1)
             if not single_zero:
                 continue
-            yield from _single_families(
-                inst, opts, stats, classes, (b, total_mb, cp), shared, single_zero
-            )
+            singles = SingleBatch((b, total_mb, cp), shared, single_zero)
+            if lazy and singles.listed_lazily(opts):
+                yield singles
+            else:
+                yield from _single_families(inst, opts, stats, classes, singles)
             if opts.max_templates >= 2 and pair_zero:
                 yield from _pair_families(
                     inst, opts, stats, classes, (b, total_mb, cp), shared, pair_zero
                 )
+
+
+@dataclass(frozen=True)
+class SingleBatch:
+    """What the one-template families at one micro-batch size b (M micro-batches) and CP degree
+    share, `batch` = (b, M, cp): the families over every run of classes with its TP degrees."""
+
+    batch: tuple[int, int, int]
+    shared: _Shared
+    zero: tuple[int, ...]
+
+    def listed_lazily(self, opts: SearchOptions) -> bool:
+        """Whether the search tree can list these families class by class: one TP per class
+        (without search.tp_per_stage), and the whole space (not only the rest of a narrowed
+        subspace, whose families all run a class at two TP degrees)."""
+        return not opts.tp_per_stage and not opts.beyond_narrow
+
+    def family(
+        self, inst: Instance, opts: SearchOptions, order: tuple[DeviceClass, ...], tps: tuple
+    ) -> Family:
+        """The family over the classes `order` (in stage order) at TP degrees `tps`."""
+        b, total_mb, cp = self.batch
+        return Family(
+            b,
+            order,
+            tps,
+            False,
+            total_mb,
+            self.shared.recompute,
+            self.shared.virtual,
+            inst.model.layers,
+            self.zero,
+            self.shared.modes,
+            cp=cp,
+            placements=opts.placements,
+        )
 
 
 def _single_families(
@@ -557,13 +600,10 @@ def _single_families(
     opts: SearchOptions,
     stats: SearchStats,
     classes: list[DeviceClass],
-    batch: tuple[int, int, int],
-    shared: _Shared,
-    zero: tuple[int, ...],
+    singles: SingleBatch,
 ) -> Iterator[Family]:
-    """The one-template families at micro-batch b (M micro-batches) and CP degree cp, `batch` =
-    (b, M, cp): every run of classes with its TP degrees."""
-    b, total_mb, cp = batch
+    """The one-template families of `singles`: every run of classes with its TP degrees."""
+    cp = singles.batch[2]
     blocks = island_blocks(inst) if opts.symmetry else {}
     for order, tps in class_runs(inst, opts, classes, opts.max_classes, cp, opts.tp_per_stage):
         if opts.beyond_narrow and len({dc.key for dc in order}) == len(order):
@@ -572,20 +612,7 @@ def _single_families(
             stats.pruned[SYMMETRY_RULE] += 1
             continue
         stats.families += 1
-        yield Family(
-            b,
-            order,
-            tps,
-            False,
-            total_mb,
-            shared.recompute,
-            shared.virtual,
-            inst.model.layers,
-            zero,
-            shared.modes,
-            cp=cp,
-            placements=opts.placements,
-        )
+        yield singles.family(inst, opts, order, tps)
 
 
 SYMMETRY_RULE = "symmetry: one-template families of interchangeable islands (searched once)"
