@@ -84,6 +84,18 @@ class FamilyBounds:
     def bucket_bound(
         self, family, replicas: int, max_stages: int, fixed: tuple[int, ...] = ()
     ) -> float:
+        """Every skeleton of a family at R replicas with the first classes' stage counts `fixed`:
+        the larger of `pipeline_bucket` and `replica_bound` (inf where no replica fits)."""
+        return self.pipeline_bucket(family, replicas, max_stages, fixed, replica=True)
+
+    def pipeline_bucket(
+        self,
+        family,
+        replicas: int,
+        max_stages: int,
+        fixed: tuple[int, ...] = (),
+        replica: bool = False,
+    ) -> float:
         """`family_bound` at one replica count R, with the first classes' stage counts `fixed`: each
         replica has n_k stages of class k — n_k as fixed, else 1 ≤ n_k ≤ ⌊G_k/(t_k·R)⌋ — and at most
         P = min(max_stages, layers, M/R) in all (the free stages go to the fastest classes first);
@@ -92,7 +104,7 @@ class FamilyBounds:
         c_i/a_i) / max Σ_k n_k/a_k. With m = M/R micro-batches T ≥ (m − 1)·max τ + Σ τ, and Σ τ ≥
         max τ ≥ λ as well as Σ τ ≥ N·a_min + Σ_k n_k·(a_k − a_min) + Σ c_i (a layer on each stage,
         the rest at the fastest class's per-layer time), least at the smallest counts: T ≥ (m − 1)·λ
-        + max(λ, that sum)."""
+        + max(λ, that sum). With `replica` the larger of that and `replica_bound`."""
         parts = self._bucket_parts(family, replicas, max_stages)
         if parts is None:
             return 0.0
@@ -106,18 +118,41 @@ class FamilyBounds:
         if left < 0 or any(hi < lo for _, lo, hi in classes):
             # no replica of this family fits at R with these counts: the bucket is empty
             return math.inf
-        rate = sum(lo / a for a, lo, _ in classes)
-        for a, lo, hi in sorted(classes):
-            k = min(hi - lo, left)
-            rate += k / a
-            left -= k
+        rate = _most_rate(classes, cap)
         layers = self.inst.model.layers
         lam = (layers + send_weight) / rate
         a_min = min(per_layer)
         least_sum = layers * a_min + sum(lo * (a - a_min) for a, lo, _ in classes) + send_sum
         # interleaved: m·max τ + (Σ τ − max τ)/v, least at the most chunks
         v = max(family.virtual_options)
-        return (m - 1 / v) * lam + max(lam, least_sum) / v
+        bound = (m - 1 / v) * lam + max(lam, least_sum) / v
+        if not replica:
+            return bound
+        return max(bound, self.replica_bound(family, replicas, m, classes, cap))
+
+    def replica_bound(self, family, replicas: int, m: int, classes: list, cap: int) -> float:
+        """What each stage cannot shed, summed over a replica's stages (1F1B, ZeRO ≤ 1): stage i's
+        last backward ends no earlier than m·(f_i + b_i) (the pipeline is at least (m − 1)·τ_i + Σ
+        τ, and the stages before it finish their last backward and sends after it), and its
+        gradient all-reduce DP_i starts o·b_i before that (dp_finish), so T ≥ m·f_i + (m − o)·b_i
+        + DP_i ≥ e_k·L_i with e_k = m·a^f_k + (m − o_k)·a^b_k + δ_k(R), intercepts ≤ 0 folded in
+        (`replica_lines`: DP over the inter-node ring of the stage's R replicas). Then max_i e_i·L_i
+        ≥ N / Σ_i 1/e_i, most at the stage counts `classes` allow ((e, least, most) as
+        `bucket_bound`'s, at most `cap` stages). 0 where it does not apply (interleaving, ZeRO-2/3)
+        or some e_k ≤ 0."""
+        if max(family.virtual_options) > 1 or any(z >= 2 for z in family.zero_at(replicas)):
+            return 0.0
+        rc = least_work(family.recompute_options)
+        unshed = []
+        for dc, tp, (_, lo, hi) in zip(family.classes, family.tps, classes, strict=True):
+            (af, cf), (ab, cb), (delta, c_dp), o = self.templates.replica_lines(
+                dc.gpu, dc.island, tp, family.cp, family.micro_batch, rc, replicas
+            )
+            e = m * af + (m - o) * ab + delta + min(m * cf + (m - o) * cb + c_dp, 0.0)
+            if e <= 0:
+                return 0.0
+            unshed.append((e, lo, hi))
+        return self.inst.model.layers / _most_rate(unshed, cap)
 
     def _bucket_parts(self, family, replicas: int, max_stages: int):
         """What `bucket_bound` needs of a family at R whatever counts are fixed: m, P, a_k, the most
@@ -154,3 +189,16 @@ class FamilyBounds:
                 (m, cap, per_layer, most, sum(c / a for a, c in sends), sum(c for _, c in sends)),
             )
         return self._buckets[key][1]
+
+
+def _most_rate(classes: list[tuple[float, int, int]], cap: int) -> float:
+    """The most Σ_k n_k/a_k over stage counts least_k ≤ n_k ≤ most_k with Σ n_k ≤ cap, `classes` =
+    (a_k, least_k, most_k) (feasible): the least counts, then the free stages to the smallest a_k
+    first."""
+    left = cap - sum(lo for _, lo, _ in classes)
+    rate = sum(lo / a for a, lo, _ in classes)
+    for a, lo, hi in sorted(classes):
+        k = min(hi - lo, left)
+        rate += k / a
+        left -= k
+    return rate

@@ -72,6 +72,7 @@ class TemplateBounds:
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
         self._real_levels: dict[tuple, tuple[float, float]] = {}
+        self._replica_lines: dict[tuple, tuple | None] = {}
 
     def stage_line(
         self,
@@ -435,6 +436,58 @@ class TemplateBounds:
             params.launch_serial,
             params.dp_overlap,
         )
+
+    def replica_lines(
+        self,
+        gpu_name: str,
+        island: str,
+        tp: int,
+        cp: int,
+        micro_batch: int,
+        recompute: str,
+        replicas: int,
+    ) -> tuple[Line, Line, Line, float]:
+        """What a stage of class (gpu_name, island) at TP t and CP c cannot shed among R replicas:
+        (forward, backward, DP, o) with a middle stage's passes y ≥ a·L + c (`pass_lines`), its
+        gradient all-reduce DP(L) ≥ δ·L + c_dp and o its GPU type's dp_overlap. DP is the
+        inter-node ring of `stage0_drain`, which holds for every stage of the class (the first and
+        last only add the embedding and head); (0, 0) where one node can hold every replica's
+        stage (no network ring to bound)."""
+        key = (gpu_name, island, tp, cp, micro_batch, recompute, replicas)
+        if key not in self._replica_lines:
+            self._replica_lines[key] = self._replica_lines_of(*key)
+        return self._replica_lines[key]
+
+    def _replica_lines_of(
+        self,
+        gpu_name: str,
+        island: str,
+        tp: int,
+        cp: int,
+        micro_batch: int,
+        recompute: str,
+        replicas: int,
+    ) -> tuple[Line, Line, Line, float]:
+        inst, width = self.inst, tp * cp
+        params = self.profiles.for_gpu(inst.gpu_types[gpu_name], inst.spec.training.framework)
+        forward, backward = self.pass_lines(gpu_name, tp, micro_batch, recompute, False, False, cp)
+        o = float(params.dp_overlap)
+        nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (gpu_name, island)]
+        per_node = max(n.gpus // width for n in nodes)
+        ring = self.sends.class_ring((gpu_name, island), width, replicas)
+        if replicas <= 1 or per_node < 1 or replicas <= per_node or ring is None:
+            return forward, backward, (0.0, 0.0), o
+        ring_nodes, gbps, latency_s, alpha_s = ring
+        grad_bytes = grad_comm_bytes(inst)
+
+        def dp_s(layers: int) -> float:
+            rank_bytes = stage_params(inst.model, layers, False, False, 3) / tp * grad_bytes
+            return float(
+                all_reduce(tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s) @ params.w
+            )
+
+        dp1, dp2 = dp_s(1), dp_s(2)
+        return forward, backward, (dp2 - dp1, 2 * dp1 - dp2), o
 
     def drained_bound(
         self,
