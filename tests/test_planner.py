@@ -1333,3 +1333,65 @@ def test_progress_reports_incumbents_that_only_fall_and_bounds_no_plan_beats():
     assert all(e.incumbent_s >= r.objective_s - tol for e in events if math.isfinite(e.incumbent_s))
     assert [e.solved for e in events] == sorted(e.solved for e in events)
     assert events[-1].incumbent_s == pytest.approx(r.objective_s)
+
+
+@pytest.mark.parametrize("name", ["s3-two-islands", "s6-h100-a100", "s7-consumer"])
+def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_bound(name):
+    """`TemplateBounds.replica_bound` (each stage's compute and its gradient all-reduce over the
+    inter-node ring of its replicas) never exceeds the best split that fits in memory of any
+    skeleton (every split tried), for each of its templates; the test counts the templates whose
+    pipeline bound it raised, and needs some."""
+    from hetopt.baselines.exhaustive import compositions
+    from hetopt.cost.profiles import Profiles
+    from hetopt.errors import InfeasibleError
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.leaves import plan_problem
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.types import SearchStats
+
+    inst, profiles = load_instance(Path(__file__).parent / "small" / f"{name}.yaml"), Profiles()
+    scenarios = planning_scenarios(inst, "stable")
+    bounds = Bounds(inst, profiles)
+    raised = checked = 0
+    for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
+        for sk in itertools.islice(group.skeletons(), 6):
+            if sk.zero > 1 or sk.virtual_stages > 1:
+                continue
+            total = sum(t.replicas for t in sk.templates)
+            replica = [
+                bounds.templates.replica_bound(
+                    sk.micro_batch,
+                    sk.recompute,
+                    t.segments,
+                    t.replicas,
+                    t.micro_batches,
+                    bounds.memory.stage_caps(sk.micro_batch, sk.recompute, t.segments, total, 1),
+                )
+                for t in sk.templates
+            ]
+            plain = [
+                bounds.templates.pipeline_bound(
+                    sk.micro_batch, sk.recompute, t.segments, t.micro_batches, total, t.replicas
+                )
+                for t in sk.templates
+            ]
+            try:
+                problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+            except InfeasibleError:
+                continue
+            caps = problem.base.max_layers()
+            splits = (
+                [n for t in split for n in t]
+                for split in itertools.product(
+                    *(compositions(inst.model.layers, d) for d in sk.depths)
+                )
+            )
+            fitting = (s for s in splits if all(n <= c for n, c in zip(s, caps, strict=True)))
+            best = min((problem.iteration_time(s) for s in fitting), default=math.inf)
+            if not math.isfinite(best):
+                continue
+            checked += 1
+            assert max(replica) <= best * (1 + 1e-12), sk.describe()
+            raised += any(r > p * (1 + 1e-9) for r, p in zip(replica, plain, strict=True))
+    assert checked > 0 and raised > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from hetopt.search.bounds.templates import TemplateBounds
-from hetopt.search.types import least_work
+from hetopt.search.types import Segment, least_work
 
 
 class FamilyBounds:
@@ -131,24 +131,18 @@ class FamilyBounds:
         return max(bound, self.replica_bound(family, replicas, m, classes, cap))
 
     def replica_bound(self, family, replicas: int, m: int, classes: list, cap: int) -> float:
-        """What each stage cannot shed, summed over a replica's stages (1F1B, ZeRO ≤ 1): stage i's
-        last backward ends no earlier than m·(f_i + b_i) (the pipeline is at least (m − 1)·τ_i + Σ
-        τ, and the stages before it finish their last backward and sends after it), and its
-        gradient all-reduce DP_i starts o·b_i before that (dp_finish), so T ≥ m·f_i + (m − o)·b_i
-        + DP_i ≥ e_k·L_i with e_k = m·a^f_k + (m − o_k)·a^b_k + δ_k(R), intercepts ≤ 0 folded in
-        (`replica_lines`: DP over the inter-node ring of the stage's R replicas). Then max_i e_i·L_i
-        ≥ N / Σ_i 1/e_i, most at the stage counts `classes` allow ((e, least, most) as
-        `bucket_bound`'s, at most `cap` stages). 0 where it does not apply (interleaving, ZeRO-2/3)
-        or some e_k ≤ 0."""
+        """What each stage cannot shed (1F1B, ZeRO ≤ 1), over a replica's stages: T ≥ e_k·L_i for a
+        stage of class k (`TemplateBounds.unshed_per_layer`: its compute and its gradient
+        all-reduce over the inter-node ring of the R replicas), so max_i e_i·L_i ≥ N / Σ_i 1/e_i,
+        most at the stage counts `classes` allow ((a, least, most) as `bucket_bound`'s, at most
+        `cap` stages). 0 where it does not apply (interleaving, ZeRO-2/3) or some e_k is 0."""
         if max(family.virtual_options) > 1 or any(z >= 2 for z in family.zero_at(replicas)):
             return 0.0
         rc = least_work(family.recompute_options)
         unshed = []
         for dc, tp, (_, lo, hi) in zip(family.classes, family.tps, classes, strict=True):
-            (af, cf), (ab, cb), (delta, c_dp), o = self.templates.replica_lines(
-                dc.gpu, dc.island, tp, family.cp, family.micro_batch, rc, replicas
-            )
-            e = m * af + (m - o) * ab + delta + min(m * cf + (m - o) * cb + c_dp, 0.0)
+            seg = Segment(dc.gpu, dc.island, tp, 1, family.cp)
+            e = self.templates.unshed_per_layer(seg, family.micro_batch, rc, replicas, m)
             if e <= 0:
                 return 0.0
             unshed.append((e, lo, hi))

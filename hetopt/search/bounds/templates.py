@@ -33,6 +33,7 @@ from hetopt.search.bounds.lines import (
     drained_pipeline,
     integer_level,
     pipeline_at,
+    segment_parts,
     sum_bound,
     water_level,
 )
@@ -446,14 +447,18 @@ class TemplateBounds:
         micro_batch: int,
         recompute: str,
         replicas: int,
+        first: bool = False,
+        last: bool = False,
+        deep: bool = True,
     ) -> tuple[Line, Line, Line, float]:
         """What a stage of class (gpu_name, island) at TP t and CP c cannot shed among R replicas:
-        (forward, backward, DP, o) with a middle stage's passes y ≥ a·L + c (`pass_lines`), its
-        gradient all-reduce DP(L) ≥ δ·L + c_dp and o its GPU type's dp_overlap. DP is the
-        inter-node ring of `stage0_drain`, which holds for every stage of the class (the first and
-        last only add the embedding and head); (0, 0) where one node can hold every replica's
-        stage (no network ring to bound)."""
-        key = (gpu_name, island, tp, cp, micro_batch, recompute, replicas)
+        (forward, backward, DP, o) with its passes y ≥ a·L + c (`pass_lines`; `first`, `last`: it
+        holds the embedding, the head), its gradient all-reduce DP(L) ≥ δ·L + c_dp and o its GPU
+        type's dp_overlap. DP is the inter-node ring of `stage0_drain`, which holds for every stage
+        of the class; (0, 0) where one node can hold every replica's stage (no network ring to
+        bound). `deep`: the template has more than one stage (the last keeps its own copy of tied
+        embeddings)."""
+        key = (gpu_name, island, tp, cp, micro_batch, recompute, replicas, first, last, deep)
         if key not in self._replica_lines:
             self._replica_lines[key] = self._replica_lines_of(*key)
         return self._replica_lines[key]
@@ -467,10 +472,13 @@ class TemplateBounds:
         micro_batch: int,
         recompute: str,
         replicas: int,
+        first: bool,
+        last: bool,
+        deep: bool,
     ) -> tuple[Line, Line, Line, float]:
         inst, width = self.inst, tp * cp
         params = self.profiles.for_gpu(inst.gpu_types[gpu_name], inst.spec.training.framework)
-        forward, backward = self.pass_lines(gpu_name, tp, micro_batch, recompute, False, False, cp)
+        forward, backward = self.pass_lines(gpu_name, tp, micro_batch, recompute, first, last, cp)
         o = float(params.dp_overlap)
         nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (gpu_name, island)]
         per_node = max(n.gpus // width for n in nodes)
@@ -481,13 +489,83 @@ class TemplateBounds:
         grad_bytes = grad_comm_bytes(inst)
 
         def dp_s(layers: int) -> float:
-            rank_bytes = stage_params(inst.model, layers, False, False, 3) / tp * grad_bytes
+            held = stage_params(inst.model, layers, first, last, 2 if deep else 1)
+            rank_bytes = held / tp * grad_bytes
             return float(
                 all_reduce(tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s) @ params.w
             )
 
         dp1, dp2 = dp_s(1), dp_s(2)
+        if dp1 < 0 or dp2 < dp1 or 2 * dp1 < dp2:  # a weight < 0 (no profile has one): no bound
+            return forward, backward, (0.0, 0.0), o
         return forward, backward, (dp2 - dp1, 2 * dp1 - dp2), o
+
+    def unshed_per_layer(
+        self,
+        seg,
+        micro_batch: int,
+        recompute: str,
+        replicas: int,
+        micro_batches: int,
+    ) -> float:
+        """e with T ≥ e·L for a stage of segment `seg` holding L layers, in a template of R replicas
+        and m micro-batches each (1F1B, ZeRO ≤ 1): the stage's last backward ends no earlier than
+        m·(f + b) (the pipeline is at least (m − 1)·τ + Σ τ, and the stages before it finish their
+        last backward and sends after it: dp_finish), and its gradient all-reduce DP starts o·b
+        before that, so T ≥ m·f + (m − o)·b + DP. With each line y ≥ a·L + c ≥ max(0, a + min(c,
+        0))·L for L ≥ 1 (a time is never negative; `replica_lines`), e = m·f' + (m − o)·b' + δ',
+        which rises with m and R (δ: the ring spans more nodes)."""
+        (af, cf), (ab, cb), (delta, c_dp), o = self.replica_lines(
+            seg.gpu, seg.island, seg.tp, seg.cp, micro_batch, recompute, replicas
+        )
+        m = micro_batches
+
+        def per_layer(a: float, c: float) -> float:
+            return max(0.0, a + min(c, 0.0))
+
+        return m * per_layer(af, cf) + (m - o) * per_layer(ab, cb) + per_layer(delta, c_dp)
+
+    def replica_bound(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        replicas: int,
+        micro_batches: int,
+        caps: list[int] | None = None,
+    ) -> float:
+        """What each stage of a template of R replicas and m micro-batches each cannot shed (1F1B,
+        ZeRO ≤ 1): stage i's last backward ends no earlier than m·(f_i + b_i), and its gradient
+        all-reduce DP_i starts o·b_i before that (`unshed_per_layer`), so T ≥ m·f_i + (m − o)·b_i +
+        DP_i ≥ e_i·L_i + c_i with each part's line (`replica_lines`: the first stage's embedding,
+        the last's head). T ≥ the least max_i (e_i·L_i + c_i) over integer splits within the memory
+        `caps` (`integer_level`). It rises with m and R where every e_i ≥ 0 and each stage's
+        f + b line is at least 0 at one layer (else 0: no bound)."""
+        lines: list[Line] = []
+        depth, m = sum(seg.stages for seg in segments), micro_batches
+        parts = [
+            (seg, part)
+            for k, seg in enumerate(segments)
+            for part in segment_parts(sum(g.stages for g in segments[:k]), seg.stages, depth)
+        ]
+        for seg, (first, last, count) in parts:
+            (af, cf), (ab, cb), (d, c_dp), o = self.replica_lines(
+                seg.gpu,
+                seg.island,
+                seg.tp,
+                seg.cp,
+                micro_batch,
+                recompute,
+                replicas,
+                first,
+                last,
+                depth > 1,
+            )
+            e, c = m * af + (m - o) * ab + d, m * cf + (m - o) * cb + c_dp
+            if e <= 0 or af + ab < 0 or af + ab + cf + cb < 0:
+                return 0.0
+            lines += [(e, c)] * count
+        return integer_level(lines, self.inst.model.layers, caps)
 
     def drained_bound(
         self,
@@ -506,7 +584,8 @@ class TemplateBounds:
         1)·max τ + Σ τ]: the bound of v·m micro-batches, divided by v (memory caps at one chunk:
         interleaving only holds more). `memory`: the recompute modes of the memory caps (per-stage
         recompute: the most any of them holds; default `recompute`), whose most-work mode prices
-        stage 0's backward pass beside its all-reduce (the longest pass: the least drain)."""
+        stage 0's backward pass beside its all-reduce (the longest pass: the least drain). Without
+        interleaving, at ZeRO ≤ 1, also at least `replica_bound` (what each stage cannot shed)."""
         segments, m, v = template.segments, template.micro_batches, virtual_stages
         memory = memory or recompute
         key = (
@@ -539,6 +618,14 @@ class TemplateBounds:
                 lines = self.stage_lines(micro_batch, recompute, segments, flows)
                 bound = max(
                     bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain, v)
+                )
+            if v == 1 and zero <= 1 and math.isfinite(bound):  # what no stage can shed
+                caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
+                bound = max(
+                    bound,
+                    self.replica_bound(
+                        micro_batch, recompute, segments, template.replicas, m, caps
+                    ),
                 )
             self._drained[key] = bound
         return self._drained[key]
