@@ -6,7 +6,10 @@ its parent's. Leaves are single skeletons, solved by a formulation. The best-fir
 (hetopt.search.orchestrate) pops the node of smallest bound. A node whose bound reaches the
 incumbent is pruned with everything under it (`Node.count_pruned`).
 
-    FamilyNode         device classes × TP degrees × micro-batch (space.Family), a root
+    ChoiceNode         one-template families of one micro-batch size, a root: each class in
+    │                  the cluster's order left out or in at one TP degree (choices.py)
+    └─ FamilyNode      device classes × TP degrees × micro-batch (space.Family); a pair
+    │                  family is a root of its own
     ├─ BucketNode      one template at one replica count R, the first classes' stage counts fixed
     │  └─ BucketNode   … the next class's count fixed, down to the last class
     │     └─ GroupNode    stages per class at R (space.SkeletonGroup)
@@ -31,6 +34,6 @@ incumbent is pruned with everything under it (`Node.count_pruned`).
 What cannot hold the model in memory even at its most ZeRO sharding is dropped on expansion and
 counted (`MEMORY_RULE`, `MEMORY_GROUPS_RULE`).
 
-The modules: `base` (Tree, Node, SkeletonNode, the rules), `families`, `pairs`, `triples` (the
-nodes of each kind) and `roots` (the roots as nodes).
+The modules: `base` (Tree, Node, SkeletonNode, the rules), `choices`, `families`, `pairs`,
+`triples` (the nodes of each kind) and `roots` (the roots as nodes).
 """
