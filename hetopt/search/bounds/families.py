@@ -16,6 +16,7 @@ class FamilyBounds:
         self.templates, self.sends, self.memory = templates, templates.sends, templates.memory
         self.inst, self.profiles = templates.inst, templates.profiles
         self._buckets: dict[tuple, tuple] = {}
+        self._unshed_rates: dict[tuple, tuple] = {}
 
     def bound(self, family) -> float:
         """Every skeleton of a family from throughput alone: a stage of class k at TP t_k takes τ ≥
@@ -138,15 +139,33 @@ class FamilyBounds:
         `cap` stages). 0 where it does not apply (interleaving, ZeRO-2/3) or some e_k is 0."""
         if max(family.virtual_options) > 1 or any(z >= 2 for z in family.zero_at(replicas)):
             return 0.0
-        rc = least_work(family.recompute_options)
-        unshed = []
-        for dc, tp, (_, lo, hi) in zip(family.classes, family.tps, classes, strict=True):
-            seg = Segment(dc.gpu, dc.island, tp, 1, family.cp)
-            e = self.templates.unshed_per_layer(seg, family.micro_batch, rc, replicas, m)
-            if e <= 0:
-                return 0.0
-            unshed.append((e, lo, hi))
+        per_layer = self._unshed(family, replicas, m)
+        if per_layer is None:
+            return 0.0
+        unshed = [(e, lo, hi) for e, (_, lo, hi) in zip(per_layer, classes, strict=True)]
         return self.inst.model.layers / _most_rate(unshed, cap)
+
+    def _unshed(self, family, replicas: int, m: int) -> list[float] | None:
+        """e_k of each class of a family at R replicas and m micro-batches each
+        (`TemplateBounds.unshed_per_layer`), memoised: the buckets of one R share them. None where
+        some e_k is 0, or where every e_k ≤ m·a_k: then N / max Σ n_k/e_k ≤ m·N / max Σ n_k/a_k ≤
+        m·λ, which the pipeline bound already holds."""
+        key = (id(family), replicas, m)  # the entry keeps its family alive: no id is reused
+        if key not in self._unshed_rates or self._unshed_rates[key][0] is not family:
+            rc, b, cp = least_work(family.recompute_options), family.micro_batch, family.cp
+            rates: list[float] | None = []
+            above = False
+            for dc, tp in zip(family.classes, family.tps, strict=True):
+                e = self.templates.unshed_per_layer(
+                    Segment(dc.gpu, dc.island, tp, 1, cp), b, rc, replicas, m
+                )
+                if e <= 0:
+                    rates = None
+                    break
+                rates.append(e)
+                above = above or e > m * self.templates.per_layer_s(dc.gpu, tp, b, rc, cp)
+            self._unshed_rates[key] = (family, rates if above else None)
+        return self._unshed_rates[key][1]
 
     def _bucket_parts(self, family, replicas: int, max_stages: int):
         """What `bucket_bound` needs of a family at R whatever counts are fixed: m, P, a_k, the most

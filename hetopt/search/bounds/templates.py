@@ -73,7 +73,8 @@ class TemplateBounds:
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
         self._real_levels: dict[tuple, tuple[float, float]] = {}
-        self._replica_lines: dict[tuple, tuple | None] = {}
+        self._replica_lines: dict[tuple, tuple] = {}
+        self._unshed: dict[tuple, float] = {}
 
     def stage_line(
         self,
@@ -515,15 +516,18 @@ class TemplateBounds:
         before that, so T ≥ m·f + (m − o)·b + DP. With each line y ≥ a·L + c ≥ max(0, a + min(c,
         0))·L for L ≥ 1 (a time is never negative; `replica_lines`), e = m·f' + (m − o)·b' + δ',
         which rises with m and R (δ: the ring spans more nodes)."""
-        (af, cf), (ab, cb), (delta, c_dp), o = self.replica_lines(
-            seg.gpu, seg.island, seg.tp, seg.cp, micro_batch, recompute, replicas
-        )
-        m = micro_batches
+        key = (seg.gpu, seg.island, seg.tp, seg.cp, micro_batch, recompute, replicas, micro_batches)
+        if key not in self._unshed:
+            (af, cf), (ab, cb), (delta, c_dp), o = self.replica_lines(*key[:-1])
+            m = micro_batches
 
-        def per_layer(a: float, c: float) -> float:
-            return max(0.0, a + min(c, 0.0))
+            def per_layer(a: float, c: float) -> float:
+                return max(0.0, a + min(c, 0.0))
 
-        return m * per_layer(af, cf) + (m - o) * per_layer(ab, cb) + per_layer(delta, c_dp)
+            self._unshed[key] = (
+                m * per_layer(af, cf) + (m - o) * per_layer(ab, cb) + per_layer(delta, c_dp)
+            )
+        return self._unshed[key]
 
     def replica_bound(
         self,
@@ -533,6 +537,7 @@ class TemplateBounds:
         replicas: int,
         micro_batches: int,
         caps: list[int] | None = None,
+        beaten: float = 0.0,
     ) -> float:
         """What each stage of a template of R replicas and m micro-batches each cannot shed (1F1B,
         ZeRO ≤ 1): stage i's last backward ends no earlier than m·(f_i + b_i), and its gradient
@@ -540,9 +545,14 @@ class TemplateBounds:
         DP_i ≥ e_i·L_i + c_i with each part's line (`replica_lines`: the first stage's embedding,
         the last's head). T ≥ the least max_i (e_i·L_i + c_i) over integer splits within the memory
         `caps` (`integer_level`). It rises with m and R where every e_i ≥ 0 and each stage's
-        f + b line is at least 0 at one layer (else 0: no bound)."""
-        lines: list[Line] = []
+        f + b line is at least 0 at one layer (else 0: no bound). Where the real-valued level plus
+        one layer of the steepest stage stays at or below `beaten` (a bound known already), 0 is
+        returned without the integer level: uncapped, it cannot exceed that sum; the caps could
+        raise it further, a strength given up for speed (106,000 integer levels cost 16 s of a
+        4,096-GPU search)."""
+        weighted: list[tuple[float, float, int]] = []
         depth, m = sum(seg.stages for seg in segments), micro_batches
+        shed = True  # every stage's all-reduce hides behind o·b
         parts = [
             (seg, part)
             for k, seg in enumerate(segments)
@@ -564,8 +574,16 @@ class TemplateBounds:
             e, c = m * af + (m - o) * ab + d, m * cf + (m - o) * cb + c_dp
             if e <= 0 or af + ab < 0 or af + ab + cf + cb < 0:
                 return 0.0
-            lines += [(e, c)] * count
-        return integer_level(lines, self.inst.model.layers, caps)
+            weighted.append((e, c, count))
+            shed = shed and d <= o * ab and c_dp <= o * cb
+        if shed:  # every line at most m·(f + b)'s: the pipeline bound holds this one already
+            return 0.0
+        layers = self.inst.model.layers
+        steepest = max(e for e, _, _ in weighted)
+        if water_level(weighted, layers, depth) + steepest <= beaten:
+            return 0.0
+        lines = [(e, c) for e, c, count in weighted for _ in range(count)]
+        return integer_level(lines, layers, caps)
 
     def drained_bound(
         self,
@@ -624,7 +642,7 @@ class TemplateBounds:
                 bound = max(
                     bound,
                     self.replica_bound(
-                        micro_batch, recompute, segments, template.replicas, m, caps
+                        micro_batch, recompute, segments, template.replicas, m, caps, bound
                     ),
                 )
             self._drained[key] = bound
