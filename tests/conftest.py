@@ -46,3 +46,21 @@ def once_per_run(name: str, compute, tmp_path_factory, worker_id: str):
         value = compute()
         path.write_bytes(pickle.dumps(value))
         return value
+
+
+def best_fitting_split(inst, problem, sk) -> float:
+    """The brute-force optimum of a skeleton's program: the least iteration time over every layer
+    split (each template's layers in its stages, each stage ≥ 1) within the memory caps; inf where
+    no split fits."""
+    import itertools
+    import math
+
+    from hetopt.baselines.exhaustive import compositions
+
+    caps = problem.base.max_layers()
+    splits = (
+        [n for t in split for n in t]
+        for split in itertools.product(*(compositions(inst.model.layers, d) for d in sk.depths))
+    )
+    fitting = (s for s in splits if all(n <= c for n, c in zip(s, caps, strict=True)))
+    return min((problem.iteration_time(s) for s in fitting), default=math.inf)

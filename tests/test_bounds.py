@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import DEMO, REPO
+from conftest import DEMO, REPO, best_fitting_split
 
 from hetopt.cost.profiles import Profiles
 from hetopt.search.bounds.run import Bounds
@@ -176,7 +176,6 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
     and its gradient all-reduce) never exceeds the best split that fits in memory of any skeleton
     under it (every split tried, priced as the evaluator prices); the test counts the buckets whose
     key that raised above the pipeline bound alone, and needs some where rings cross nodes."""
-    from hetopt.baselines.exhaustive import compositions
     from hetopt.errors import InfeasibleError
     from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
@@ -194,14 +193,7 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
             problem = plan_problem(inst, sk, profiles, scenarios, "stable")
         except InfeasibleError:
             return math.inf
-        caps = problem.base.max_layers()
-        layers = inst.model.layers
-        splits = (
-            [n for t in split for n in t]
-            for split in itertools.product(*(compositions(layers, d) for d in sk.depths))
-        )
-        fitting = (s for s in splits if all(n <= c for n, c in zip(s, caps, strict=True)))
-        return min((problem.iteration_time(s) for s in fitting), default=math.inf)
+        return best_fitting_split(inst, problem, sk)
 
     stack: list[tuple] = [(r, []) for r in roots(tree) if isinstance(r, ChoiceNode)]
     while stack:

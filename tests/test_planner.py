@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DEMO, once_per_run, run_hetopt
+from conftest import DEMO, best_fitting_split, once_per_run, run_hetopt
 
 from hetopt.baselines.exhaustive import exhaustive
 from hetopt.evaluate import evaluate
@@ -479,7 +479,6 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     import dataclasses
     import random
 
-    from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
     from hetopt.search.bounds.placed import placed_bound
@@ -507,21 +506,7 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
             except InfeasibleError:
                 continue
             # the bounds promise: no split that fits in memory is faster
-            caps = problem.base.max_layers()
-            splits = (
-                [n for t in split for n in t]
-                for split in itertools.product(
-                    *(compositions(inst.model.layers, d) for d in sk.depths)
-                )
-            )
-            best = min(
-                (
-                    problem.iteration_time(layers)
-                    for layers in splits
-                    if all(n <= c for n, c in zip(layers, caps, strict=True))
-                ),
-                default=math.inf,
-            )
+            best = best_fitting_split(inst, problem, sk)
             if not math.isfinite(best):
                 continue
             assert bounds.skeletons.bound(sk) <= best * (1 + 1e-12)
@@ -782,7 +767,6 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
     drain to the pipeline bound before placement, and `placed_bound` the placed one: neither may
     exceed the best split that fits in memory (every split tried), and the test only counts
     skeletons the drain raised."""
-    from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
     from hetopt.search.bounds.placed import placed_bound
@@ -812,21 +796,7 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
                 problem = plan_problem(inst, sk, profiles, scenarios, objective)
             except InfeasibleError:
                 continue
-            caps = problem.base.max_layers()
-            splits = (
-                [n for t in split for n in t]
-                for split in itertools.product(
-                    *(compositions(inst.model.layers, d) for d in sk.depths)
-                )
-            )
-            best = min(
-                (
-                    problem.iteration_time(layers)
-                    for layers in splits
-                    if all(n <= c for n, c in zip(layers, caps, strict=True))
-                ),
-                default=math.inf,
-            )
+            best = best_fitting_split(inst, problem, sk)
             assert bound <= best * (1 + 1e-12), sk.describe()
             assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
             raised += 1
@@ -1341,7 +1311,6 @@ def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_
     inter-node ring of its replicas) never exceeds the best split that fits in memory of any
     skeleton (every split tried), for each of its templates; the test counts the templates whose
     pipeline bound it raised, and needs some."""
-    from hetopt.baselines.exhaustive import compositions
     from hetopt.cost.profiles import Profiles
     from hetopt.errors import InfeasibleError
     from hetopt.search.bounds.run import Bounds
@@ -1380,15 +1349,7 @@ def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_
                 problem = plan_problem(inst, sk, profiles, scenarios, "stable")
             except InfeasibleError:
                 continue
-            caps = problem.base.max_layers()
-            splits = (
-                [n for t in split for n in t]
-                for split in itertools.product(
-                    *(compositions(inst.model.layers, d) for d in sk.depths)
-                )
-            )
-            fitting = (s for s in splits if all(n <= c for n, c in zip(s, caps, strict=True)))
-            best = min((problem.iteration_time(s) for s in fitting), default=math.inf)
+            best = best_fitting_split(inst, problem, sk)
             if not math.isfinite(best):
                 continue
             checked += 1

@@ -23,9 +23,9 @@ def data_parallel(
     """The fastest uniform layout over a set of device classes, shallowest pipelines first, within
     `time_limit_s`; a heuristic (no bound). Each layout is tried with the even layer split and the
     min-max split (hetopt.baselines.uniform.min_max_split). Two rules of the cost model skip
-    layouts that cannot win (`_dominated`): recomputing only adds compute, so a recompute mode is
-    tried only where the ones of less work do not fit; and a larger micro-batch only holds more
-    activations, so it is not tried where a smaller one fits in no mode."""
+    layouts that cannot win: recomputing only adds compute, so a recompute mode is tried only where
+    the ones of less work do not fit; and a larger micro-batch only holds more activations, so it
+    is not tried where a smaller one fits in no mode."""
     profiles = profiles or Profiles()
     options = SearchOptions.from_instance(inst)
     cands = Candidates(inst, profiles, time_limit_s)
@@ -37,26 +37,23 @@ def data_parallel(
         for layout in uniform_layouts(inst, gpus, options, max_tp(inst, nodes)):
             order = (layout.pp, rank, layout.tp, layout.mb, modes.index(layout.recompute))
             tries.append((order, layout, nodes))
-    fitted: dict[tuple, bool] = {}  # (rank, pp, tp, mb) → whether some mode fits
-    for (pp, rank, tp, mb, _), layout, nodes in sorted(tries, key=lambda t: t[0]):
+    fits_at: dict[tuple, bool] = {}  # (rank, pp, tp, mb) → whether some mode fits there
+    too_big: dict[tuple, int] = {}  # (rank, pp, tp) → the least micro-batch no mode fits at
+    for (pp, rank, tp, mb, mode_index), layout, nodes in sorted(tries, key=lambda t: t[0]):
         if cands.out_of_time:
             break
-        if _dominated(fitted, (rank, pp, tp), mb):
-            continue
+        if fits_at.get((rank, pp, tp, mb)) or mb > too_big.get((rank, pp, tp), mb):
+            continue  # a mode of less work fits here, or no mode fit a smaller micro-batch
         plan = layout_plan(inst, layout, nodes)
         if plan is None:
             continue
         cands.offer(plan)
-        fits = cands.last is not None and cands.last.fits
-        fitted[rank, pp, tp, mb] = fitted.get((rank, pp, tp, mb), False) or fits
+        if cands.last is None:  # outside the space or refused: nothing learnt about memory
+            continue
+        fits = cands.last.fits
+        fits_at[rank, pp, tp, mb] = fits_at.get((rank, pp, tp, mb), False) or fits
+        if mode_index == len(modes) - 1 and not fits_at[rank, pp, tp, mb]:
+            too_big[rank, pp, tp] = min(too_big.get((rank, pp, tp), mb), mb)
         if pp > 1 and fits and (layers := min_max_split(inst, profiles, plan)) is not None:
             cands.offer(with_layers(plan, layers))
     return cands.result("data-parallel")
-
-
-def _dominated(fitted: dict[tuple, bool], layout: tuple[int, int, int], mb: int) -> bool:
-    """Whether a layout (subset rank, pp, tp) at micro-batch `mb` cannot beat what was tried: a
-    mode of less work fits at this micro-batch, or no mode fit at a smaller one."""
-    if fitted.get((*layout, mb)):
-        return True
-    return any(not fits for (*key, b), fits in fitted.items() if tuple(key) == layout and b < mb)

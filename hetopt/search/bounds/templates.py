@@ -73,7 +73,7 @@ class TemplateBounds:
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
         self._real_levels: dict[tuple, tuple[float, float]] = {}
-        self._replica_lines: dict[tuple, tuple] = {}
+        self._ring_lines: dict[tuple, tuple[float, float] | None] = {}
         self._unshed: dict[tuple, float] = {}
 
     def stage_line(
@@ -363,12 +363,8 @@ class TemplateBounds:
         pipeline, as a function of stage 0's layers L (None where it is 0 for every L): DP(L) −
         o·pass(L) (dp_finish).
 
-        DP(L) ≥ the inter-node ring of a hierarchical all-reduce (comm.hierarchical_all_reduce: its
-        intra-node part only adds): the stage's R replicas, TP groups of t GPUs, take at least ⌈R/k⌉
-        nodes with k = ⌊g/t⌋ of them in a node of g GPUs, ring at no more than the widest route
-        between two nodes of the class under the fastest planning cluster, each node pushing its t
-        columns. pass(L) is the backward pass with TP over the class's interconnect (None where its
-        nodes differ inside)."""
+        DP(L) ≥ the inter-node ring of its R replicas (`ring_dp_line`). pass(L) is the backward
+        pass with TP over the class's interconnect (None where its nodes differ inside)."""
         seg, depth = segments[0], sum(sg.stages for sg in segments)
         # stage 0 is also the last only in a one-stage template; nothing else of the template
         # matters
@@ -379,36 +375,20 @@ class TemplateBounds:
 
     def _stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
         inst, seg = self.inst, segments[0]
+        depth = sum(sg.stages for sg in segments)  # 1: stage 0 is also the last (it holds the head)
+        dp = self.ring_dp_line(seg, replicas, True, depth == 1, depth)
+        if dp is None:
+            return None
         nodes = [
             n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (seg.gpu, seg.island)
         ]
-        per_node = max(n.gpus // seg.width for n in nodes)
-        if replicas <= 1 or per_node < 1 or replicas <= per_node:
-            return None  # one node can hold every replica's stage 0: no network ring to bound
-        # with CP each replica's cp ranks reduce inside its node first: the ring between nodes is as
-        # without
-        ring = self.sends.class_ring((seg.gpu, seg.island), seg.width, replicas)
-        if ring is None:
-            return None
-        ring_nodes, gbps, latency_s, alpha_s = ring
         gpu = inst.gpu_types[seg.gpu]
         params = self.profiles.for_gpu(gpu, inst.spec.training.framework)
-        depth = sum(sg.stages for sg in segments)  # 1: stage 0 is also the last (it holds the head)
-        grad_bytes = grad_comm_bytes(inst)
         intra = {inst.cluster.route(n.name, n.name) for n in nodes}
         if len({(r.effective_gbps, r.alpha_s, r.latency_us, r.mesh_peers) for r in intra}) > 1:
             # nodes of the class differ inside: no one interconnect bounds every stage's pass
             return None
         slow = next(iter(intra))
-
-        def dp_s(layers: int) -> float:
-            rank_bytes = (
-                stage_params(inst.model, layers, True, depth == 1, depth) / seg.tp * grad_bytes
-            )
-            return float(
-                all_reduce(seg.tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s)
-                @ params.w
-            )
 
         def backward(layers: int) -> tuple[float, float]:
             work = stage_work(
@@ -429,77 +409,76 @@ class TemplateBounds:
             host, dev = host_device(work, params.w)
             return float(host[BWD]), float(dev[BWD] + dev[BWD_TP])
 
-        # DP, host and device time are affine in L: read each off at 1 and 2 layers
-        (dp1, dp2), ((h1, d1), (h2, d2)) = (dp_s(1), dp_s(2)), (backward(1), backward(2))
+        # host and device time are affine in L: read each off at 1 and 2 layers
+        (h1, d1), (h2, d2) = backward(1), backward(2)
         return _Drain(
-            Affine(dp2 - dp1, 2 * dp1 - dp2),
+            Affine(*dp),
             Affine(h2 - h1, 2 * h1 - h2),
             Affine(d2 - d1, 2 * d1 - d2),
             params.launch_serial,
             params.dp_overlap,
         )
 
+    def ring_dp_line(
+        self, seg, replicas: int, first: bool, last: bool, depth: int
+    ) -> tuple[float, float] | None:
+        """(δ, c) with DP(L) ≥ δ·L + c for the gradient all-reduce of a stage of segment `seg`
+        holding L layers among its R replicas (`first`, `last`: with the embedding, the head; a
+        template of `depth` stages): the inter-node ring of a hierarchical all-reduce
+        (comm.hierarchical_all_reduce: its intra-node part only adds). The replicas, TP groups of t
+        GPUs, take at least ⌈R/k⌉ nodes with k = ⌊g/t⌋ of them in a node of g GPUs, ring at no
+        more than the widest route between two nodes of the class under the fastest planning
+        cluster (`class_ring`), each node pushing its t columns (with CP each replica's cp ranks
+        reduce inside its node first: the ring between nodes is as without). None where one node
+        can hold every replica's stage, or a weight < 0 (no profile has one) bends the line."""
+        key = (seg.gpu, seg.island, seg.tp, seg.cp, replicas, first, last, depth > 1)
+        if key in self._ring_lines:
+            return self._ring_lines[key]
+        inst, width = self.inst, seg.width
+        nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == key[:2]]
+        per_node = max(n.gpus // width for n in nodes)
+        ring = self.sends.class_ring(key[:2], width, replicas)
+        line = None
+        if replicas > 1 and per_node >= 1 and replicas > per_node and ring is not None:
+            ring_nodes, gbps, latency_s, alpha_s = ring
+            w = self.profiles.for_gpu(inst.gpu_types[seg.gpu], inst.spec.training.framework).w
+            grad_bytes = grad_comm_bytes(inst)
+
+            def dp_s(layers: int) -> float:
+                held = stage_params(inst.model, layers, first, last, depth)
+                rank_bytes = held / seg.tp * grad_bytes
+                transfer = all_reduce(
+                    seg.tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s
+                )
+                return float(transfer @ w)
+
+            dp1, dp2 = dp_s(1), dp_s(2)  # affine in L: read off at 1 and 2 layers
+            if 0 <= dp1 <= dp2 <= 2 * dp1:
+                line = (dp2 - dp1, 2 * dp1 - dp2)
+        self._ring_lines[key] = line
+        return line
+
     def replica_lines(
         self,
-        gpu_name: str,
-        island: str,
-        tp: int,
-        cp: int,
-        micro_batch: int,
-        recompute: str,
-        replicas: int,
-        first: bool = False,
-        last: bool = False,
-        deep: bool = True,
-    ) -> tuple[Line, Line, Line, float]:
-        """What a stage of class (gpu_name, island) at TP t and CP c cannot shed among R replicas:
-        (forward, backward, DP, o) with its passes y ≥ a·L + c (`pass_lines`; `first`, `last`: it
-        holds the embedding, the head), its gradient all-reduce DP(L) ≥ δ·L + c_dp and o its GPU
-        type's dp_overlap. DP is the inter-node ring of `stage0_drain`, which holds for every stage
-        of the class; (0, 0) where one node can hold every replica's stage (no network ring to
-        bound). `deep`: the template has more than one stage (the last keeps its own copy of tied
-        embeddings)."""
-        key = (gpu_name, island, tp, cp, micro_batch, recompute, replicas, first, last, deep)
-        if key not in self._replica_lines:
-            self._replica_lines[key] = self._replica_lines_of(*key)
-        return self._replica_lines[key]
-
-    def _replica_lines_of(
-        self,
-        gpu_name: str,
-        island: str,
-        tp: int,
-        cp: int,
+        seg,
         micro_batch: int,
         recompute: str,
         replicas: int,
         first: bool,
         last: bool,
-        deep: bool,
+        depth: int,
     ) -> tuple[Line, Line, Line, float]:
-        inst, width = self.inst, tp * cp
-        params = self.profiles.for_gpu(inst.gpu_types[gpu_name], inst.spec.training.framework)
-        forward, backward = self.pass_lines(gpu_name, tp, micro_batch, recompute, first, last, cp)
-        o = float(params.dp_overlap)
-        nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == (gpu_name, island)]
-        per_node = max(n.gpus // width for n in nodes)
-        ring = self.sends.class_ring((gpu_name, island), width, replicas)
-        if replicas <= 1 or per_node < 1 or replicas <= per_node or ring is None:
-            return forward, backward, (0.0, 0.0), o
-        ring_nodes, gbps, latency_s, alpha_s = ring
-        grad_bytes = grad_comm_bytes(inst)
-
-        def dp_s(layers: int) -> float:
-            held = stage_params(inst.model, layers, first, last, 2 if deep else 1)
-            rank_bytes = held / tp * grad_bytes
-            return float(
-                all_reduce(tp * rank_bytes, ring_nodes, gbps, False, latency_s, alpha_s) @ params.w
-            )
-
-        dp1, dp2 = dp_s(1), dp_s(2)
-        if dp1 < 0 or dp2 < dp1 or 2 * dp1 < dp2:  # a weight < 0 (no profile has one): no bound
-            return forward, backward, (0.0, 0.0), o
-        return forward, backward, (dp2 - dp1, 2 * dp1 - dp2), o
+        """What a stage of segment `seg` cannot shed among R replicas: (forward, backward, DP, o)
+        with its passes y ≥ a·L + c (`pass_lines`; `first`, `last`: it holds the embedding, the
+        head), its gradient all-reduce DP(L) ≥ δ·L + c_dp (`ring_dp_line`; (0, 0) where it has no
+        ring between nodes) and o its GPU type's dp_overlap."""
+        inst = self.inst
+        params = self.profiles.for_gpu(inst.gpu_types[seg.gpu], inst.spec.training.framework)
+        forward, backward = self.pass_lines(
+            seg.gpu, seg.tp, micro_batch, recompute, first, last, seg.cp
+        )
+        dp = self.ring_dp_line(seg, replicas, first, last, depth) or (0.0, 0.0)
+        return forward, backward, dp, float(params.dp_overlap)
 
     def unshed_per_layer(
         self,
@@ -518,7 +497,10 @@ class TemplateBounds:
         which rises with m and R (δ: the ring spans more nodes)."""
         key = (seg.gpu, seg.island, seg.tp, seg.cp, micro_batch, recompute, replicas, micro_batches)
         if key not in self._unshed:
-            (af, cf), (ab, cb), (delta, c_dp), o = self.replica_lines(*key[:-1])
+            # a middle stage of a deep template: the first and last only add work and bytes
+            (af, cf), (ab, cb), (delta, c_dp), o = self.replica_lines(
+                seg, micro_batch, recompute, replicas, False, False, 3
+            )
             m = micro_batches
 
             def per_layer(a: float, c: float) -> float:
@@ -560,16 +542,7 @@ class TemplateBounds:
         ]
         for seg, (first, last, count) in parts:
             (af, cf), (ab, cb), (d, c_dp), o = self.replica_lines(
-                seg.gpu,
-                seg.island,
-                seg.tp,
-                seg.cp,
-                micro_batch,
-                recompute,
-                replicas,
-                first,
-                last,
-                depth > 1,
+                seg, micro_batch, recompute, replicas, first, last, depth
             )
             e, c = m * af + (m - o) * ab + d, m * cf + (m - o) * cb + c_dp
             if e <= 0 or af + ab < 0 or af + ab + cf + cb < 0:
