@@ -1356,3 +1356,64 @@ def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_
             assert max(replica) <= best * (1 + 1e-12), sk.describe()
             raised += any(r > p * (1 + 1e-9) for r, p in zip(replica, plain, strict=True))
     assert checked > 0 and raised > 0
+
+
+def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeypatch):
+    """A wide tree whose inner bounds all sit below every leaf's (as on the stress suite's
+    two-GPU clouds, where best-first expanded for 30 s and solved nothing): 50 inner nodes keyed
+    1.0, each over a dead end keyed 1.0 (its leaves beaten by the incumbent, 2.5) and a node keyed
+    1.5 over leaves keyed 2.0 and 3.0 (pruned as made). Best-first expands every node keyed below
+    2.0 before its first leaf; a dive goes down the first subtree's dead end, backtracks, and hands
+    out that subtree's leaf after three expansions. Every node it did not expand stays in the heap
+    with its bound, so the open bound is still 1.0."""
+    from dataclasses import dataclass
+
+    from hetopt.search import run as run_module
+    from hetopt.search.run import SearchRun
+    from hetopt.search.tree.base import Node, SkeletonNode
+
+    expanded = []
+
+    @dataclass(frozen=True)
+    class Inner(Node):
+        name: str = ""
+
+        def expand(self, tree):
+            expanded.append(self.name)
+            if self.name.endswith("/dead"):
+                kids = [SkeletonNode(3.0, None, refined=True)]
+            elif self.name.endswith("/alive"):
+                kids = [SkeletonNode(b, None, refined=True) for b in (3.0, 2.0)]
+            else:
+                kids = [Inner(1.0, self.name + "/dead"), Inner(1.5, self.name + "/alive")]
+            return [n for n in kids if not tree.beaten(n.bound)]
+
+    class FakeTree:
+        incumbent = 2.5
+
+        def beaten(self, bound):
+            return bound >= self.incumbent
+
+    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
+    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
+
+    def select(dive: bool) -> list:
+        expanded.clear()
+        # a dive due at once, or never
+        monkeypatch.setattr(run_module, "DIVE_AFTER", 0 if dive else math.inf)
+        monkeypatch.setattr(run_module, "DIVE_SHARE", 1.0)
+        return run.select(1)
+
+    def plant() -> None:
+        run.tree, run.planted, run.incumbent = FakeTree(), True, 2.5
+        run.heap = [(1.0, next(run.tie), Inner(1.0, str(k))) for k in range(50)]
+
+    plant()
+    assert [n.bound for n in select(dive=False)] == [2.0] and len(expanded) == 150
+    plant()
+    batch = select(dive=True)
+    assert expanded == ["0", "0/dead", "0/alive"] and [n.bound for n in batch] == [2.0]
+    assert sorted(b for b, _, _ in run.heap) == [1.0] * 49  # the rest untouched
+    assert run.standing(batch).bound_s == 1.0
+    # the next dive starts from the least open node
+    assert [n.bound for n in select(dive=True)] == [2.0] and expanded[0] == "1"

@@ -23,6 +23,21 @@ OPTIMALITY_TOLERANCE = 1e-9
 """Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling
 tolerance)."""
 
+DIVE_AFTER = 200
+"""A dive starts when best-first selection has made this many nodes since it last handed out a
+leaf: on a wide tree whose inner bounds sit below every leaf's, best-first alone expands for
+minutes before its first leaf, and the incumbent stays the warm start's. Counted in nodes made,
+not seconds, so that the order of the search, and so its answer, is the same on every machine."""
+DIVE_SHARE = 0.3
+"""The most of the nodes made that dives make: the rest go to best-first, which raises the
+bound."""
+DIVE_MOST = 20_000
+"""A dive that has made this many nodes without an open leaf stops; what it has not expanded goes
+back in the heap."""
+HAND_OVER = 500
+"""Selection hands the leaves it has to the workers once it has made this many nodes since its
+first."""
+
 
 @dataclass
 class SearchResult:
@@ -96,6 +111,9 @@ class SearchRun:
         rel_tolerance)."""
         # every root of the tree is in the heap (else nothing is proven about the rest)
         self.planted = False
+        self.made = 0  # nodes made by expanding, in all
+        self.last_leaf = 0  # `made` when selection last handed out a leaf
+        self.dived = 0  # nodes made by dives
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families
@@ -158,11 +176,19 @@ class SearchRun:
             self.open_bound = min(self.open_bound, self.heap[0][0])
             return []
         batch: list[SkeletonNode] = []
+        first_leaf = math.inf  # `made` when the batch took its first leaf
         while self.heap and len(batch) < size and self._open(self.heap[0][0]):
             if self.left_s() <= 0:  # expanding a large tree takes seconds: the limit holds here too
                 self.timed_out = self.out_of_time = True
                 self.open_bound = min(self.open_bound, self.heap[0][0])
                 break
+            if self.made - first_leaf >= HAND_OVER:
+                break  # the workers start on these while the next batch is selected
+            if self.made - self.last_leaf >= DIVE_AFTER and self.dived <= DIVE_SHARE * self.made:
+                if (leaf := self._dive()) is not None:
+                    batch.append(leaf)
+                    first_leaf = min(first_leaf, self.made)
+                continue
             # held by no heap while it is selected
             self.selecting = min(self.selecting, self.heap[0][0])
             _, _, node = heapq.heappop(self.heap)
@@ -177,14 +203,58 @@ class SearchRun:
                     continue
             if node.is_leaf:
                 batch.append(node)
+                first_leaf = min(first_leaf, self.made)
+                self.last_leaf = self.made
             else:
-                for child in node.expand(self.tree):
+                kids = node.expand(self.tree)
+                self.made += 1 + len(kids)
+                for child in kids:
                     heapq.heappush(self.heap, (child.bound, next(self.tie), child))
         self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
         if not batch and self.heap and not self._open(self.heap[0][0]):
             # expanding made only nodes the incumbent beats: the search ends here
             return self._prune_rest()
         return batch
+
+    def _dive(self) -> SkeletonNode | None:
+        """From the open node of least bound down to one open leaf, depth first: at each level the
+        child of least bound (a leaf first on a tie), backtracking where a path ends in nothing
+        open; every node it leaves unexpanded goes back in the heap. A plan of the most promising
+        region now, not after every node below the incumbent is expanded. None where nothing open
+        is found within DIVE_MOST nodes made."""
+        assert self.tree is not None
+        began = self.made
+        self.selecting = min(self.selecting, self.heap[0][0])
+        # each level's nodes by falling bound: the least is popped first
+        levels: list[list[Node]] = [[heapq.heappop(self.heap)[2]]]
+        try:
+            while levels:
+                if not levels[-1]:
+                    levels.pop()
+                    continue
+                if self.made - began >= DIVE_MOST or self.left_s() <= 0:
+                    return None
+                node = levels[-1].pop()
+                if not self._open(node.bound):
+                    node.count_pruned(self.stats)
+                    continue
+                if not node.is_leaf:
+                    kids = node.expand(self.tree)
+                    self.made += 1 + len(kids)
+                    levels.append(sorted(kids, key=_dive_order, reverse=True))
+                    continue
+                if not node.refined:
+                    node = self.tree.refine(node)
+                if self._open(node.bound):
+                    return node
+                node.count_pruned(self.stats)
+            return None
+        finally:
+            for level in levels:
+                for node in level:
+                    heapq.heappush(self.heap, (node.bound, next(self.tie), node))
+            self.dived += self.made - began
+            self.last_leaf = self.made
 
     def _prune_rest(self) -> list[SkeletonNode]:
         """Every open node is proven no better: counted as pruned, the heap emptied; no leaves
@@ -320,6 +390,11 @@ class SearchRun:
             errors=self.errors,
             proof_tolerance=self.proof_tolerance,
         )
+
+
+def _dive_order(node: Node) -> tuple[float, bool]:
+    """A dive's preference among siblings: the least bound, a leaf first on a tie."""
+    return node.bound, not node.is_leaf
 
 
 def _record_fallbacks(
