@@ -44,28 +44,39 @@ heterogeneity-aware split, and pipelines cut in proportion to speed. Every plan 
 point of the space (baselines.common.Candidates). `megatron`'s plans are among amp-like's
 candidates (the same layouts, even split)."""
 WARM_SHARE = 0.05
-"""The share of the time limit each warm-start heuristic gets, at most WARM_MOST_S."""
+"""The share of the time limit each warm-start heuristic gets on average, at most WARM_MOST_S."""
 WARM_MOST_S = 0.75
-"""The most seconds a warm-start heuristic gets, whatever the limit: the first incumbent comes
-within seconds, and a long search proves more than a longer heuristic finds (at 4,096 GPUs three
-heuristics at 5% each took 11.5 s of a 120 s limit for a plan 1.7% off the optimum). On the stress
-suite (benchmarks/stress, 2026-12-06) the four at 0.75 s each find the plan they find at 1.5 s on
-all but a few instances."""
+"""The most seconds a warm-start heuristic gets on average, whatever the limit: the first incumbent
+comes within seconds, and a long search proves more than a longer heuristic finds (at 4,096 GPUs
+three heuristics at 5% each took 11.5 s of a 120 s limit for a plan 1.7% off the optimum). On the
+stress suite (benchmarks/stress, 2026-12-06) the four at 0.75 s each find the plan they find at
+1.5 s on all but a few instances, `data-parallel` the one that gains most from more."""
+WARM_ORDER = {"proportional": 1.0, "amp-like": 1.0, "shares": 1.5, "data-parallel": 2.5}
+"""The order the warm starts run in, and each one's weight in the budget: the ones that often end
+early first, so that what they leave goes to the later ones; `data-parallel` last and with most, as
+it gains most from more time (on the stress suite at 1.5 s against 0.75 s: wan5-03 15.62 s against
+17.69 s, scale1024-halls-00 3.57 s against 3.90 s at 0.5 s)."""
 
 
 def heuristic_seeds(
     inst: Instance, profiles: Profiles, objective: str, budget_s: float
 ) -> list[Seed]:
-    """The plans of WARM_START_PLANNERS, each priced under the objective (each planner gets
-    `budget_s`); none where a heuristic finds no plan that fits."""
+    """The plans of WARM_START_PLANNERS, each priced under the objective, in the planners' order
+    (the first is kept on a tie); none where a heuristic finds no plan that fits. `budget_s` is
+    each planner's on average: they run in WARM_ORDER, each with its weight's part of what is left
+    of all of theirs."""
     scenarios = planning_scenarios(inst, objective)
-    seeds = []
-    for name, planner in WARM_START_PLANNERS.items():
-        found = planner(inst, budget_s, profiles)
+    found_by: dict[str, Seed] = {}
+    deadline = clock() + budget_s * len(WARM_ORDER)
+    weight_left = sum(WARM_ORDER.values())
+    for name, weight in WARM_ORDER.items():
+        share_s = max(0.0, deadline - clock()) * weight / weight_left
+        weight_left -= weight
+        found = WARM_START_PLANNERS[name](inst, share_s, profiles)
         if found.plan is not None:
             value = plan_objective(inst, found.plan, profiles, scenarios, objective)
-            seeds.append(Seed(name, value, found.plan))
-    return seeds
+            found_by[name] = Seed(name, value, found.plan)
+    return [found_by[name] for name in WARM_START_PLANNERS if name in found_by]
 
 
 def solve_ilp(

@@ -54,3 +54,19 @@ def test_shares_never_beat_the_exhaustive_optimum_and_stay_in_the_space(name):
     assert shared.objective_s >= best * (1 - 1e-9)
     if name == "s5-l4-a10g":
         assert shared.objective_s == pytest.approx(best, rel=1e-9)
+
+
+def test_every_warm_start_runs_and_the_budget_left_goes_to_the_next():
+    """The warm starts run in WARM_ORDER, each with an equal part of what is left: on s11 the
+    first three end early, and all four seeds come back in the planners' order."""
+    from hetopt.cost.profiles import Profiles
+    from hetopt.planners import WARM_ORDER, WARM_START_PLANNERS, heuristic_seeds
+
+    assert sorted(WARM_ORDER) == sorted(WARM_START_PLANNERS)
+    inst = load_instance(SMALL / "s11-uneven-shares.yaml")
+    seeds = heuristic_seeds(inst, Profiles(), "stable", 1.0)
+    names = [s.planner for s in seeds]
+    assert names == [n for n in WARM_START_PLANNERS if n in names]
+    assert "shares" in names
+    best = min(seeds, key=lambda s: s.objective_s)
+    assert best.objective_s == pytest.approx(2.152, abs=5e-4)

@@ -157,6 +157,8 @@ def _shapes(
                 fitting += 1
                 m0, m1 = depth, depth + max(1, math.ceil(total / replicas))
                 t0, t1 = tau(seg, replicas, m0), tau(seg, replicas, m1)
+                if not (math.isfinite(t0) and math.isfinite(t1)):
+                    continue  # no bound to share out by
                 per_mb = max((t1 - t0) / (m1 - m0), 1e-12)
                 found.append(Shape(seg, replicas, t0 - per_mb * m0, per_mb))
     return found
