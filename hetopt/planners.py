@@ -54,8 +54,8 @@ stress suite (benchmarks/stress, 2026-12-06) the four at 0.75 s each find the pl
 WARM_ORDER = {"proportional": 1.0, "amp-like": 1.0, "shares": 1.5, "data-parallel": 2.5}
 """The order the warm starts run in, and each one's weight in the budget: the ones that often end
 early first, so that what they leave goes to the later ones; `data-parallel` last and with most, as
-it gains most from more time (on the stress suite at 1.5 s against 0.75 s: wan5-03 15.62 s against
-17.69 s, scale1024-halls-00 3.57 s against 3.90 s at 0.5 s)."""
+it gains most from more time (stress suite, the planner alone: wan5-03 15.62 s at 1.5 s against
+17.69 s at 0.75 s; scale1024-halls-00 3.57 s at 0.75 s against 3.90 s at 0.5 s)."""
 
 
 def heuristic_seeds(

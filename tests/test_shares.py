@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hetopt.baselines.common import PlannerResult
 from hetopt.baselines.data_parallel import data_parallel
 from hetopt.baselines.exhaustive import exhaustive
 from hetopt.baselines.shares import shares
@@ -56,17 +57,48 @@ def test_shares_never_beat_the_exhaustive_optimum_and_stay_in_the_space(name):
         assert shared.objective_s == pytest.approx(best, rel=1e-9)
 
 
-def test_every_warm_start_runs_and_the_budget_left_goes_to_the_next():
-    """The warm starts run in WARM_ORDER, each with an equal part of what is left: on s11 the
-    first three end early, and all four seeds come back in the planners' order."""
+def test_every_warm_start_runs_and_the_budget_left_goes_to_the_next(monkeypatch):
+    """The warm starts run in WARM_ORDER, each with its weight's part of what is left of all their
+    budgets: planners that return at once leave it all to the last (4 × 1 s here, so the first gets
+    4·1/6 s of weight 1 in 6 and the last about all 4 s); the seeds come back in
+    WARM_START_PLANNERS' order (the first kept on a tie), and on s11 the best is the shared-out plan
+    (2.152 s, the instance's header)."""
+    import hetopt.planners as planners
     from hetopt.cost.profiles import Profiles
-    from hetopt.planners import WARM_ORDER, WARM_START_PLANNERS, heuristic_seeds
 
-    assert sorted(WARM_ORDER) == sorted(WARM_START_PLANNERS)
+    assert sorted(planners.WARM_ORDER) == sorted(planners.WARM_START_PLANNERS)
     inst = load_instance(SMALL / "s11-uneven-shares.yaml")
-    seeds = heuristic_seeds(inst, Profiles(), "stable", 1.0)
-    names = [s.planner for s in seeds]
-    assert names == [n for n in WARM_START_PLANNERS if n in names]
-    assert "shares" in names
-    best = min(seeds, key=lambda s: s.objective_s)
-    assert best.objective_s == pytest.approx(2.152, abs=5e-4)
+    given: dict[str, float] = {}
+
+    def instant(name):
+        def planner(inst, time_limit_s, profiles):
+            given[name] = time_limit_s
+            return shares(inst, 10.0) if name == "shares" else PlannerResult(name, None, 0, 0, "")
+
+        return planner
+
+    fakes = {name: instant(name) for name in planners.WARM_START_PLANNERS}
+    monkeypatch.setattr(planners, "WARM_START_PLANNERS", fakes)
+    seeds = planners.heuristic_seeds(inst, Profiles(), "stable", 1.0)
+    assert list(given) == list(planners.WARM_ORDER)
+    total = sum(planners.WARM_ORDER.values())
+    first = next(iter(planners.WARM_ORDER))
+    assert given[first] == pytest.approx(4.0 * planners.WARM_ORDER[first] / total, abs=0.05)
+    # `shares` ran for real before it: the last gets what is left of the 4 s, not its 2.5/6
+    assert given["data-parallel"] > 4.0 * 2.5 / total + 0.05
+    assert [s.planner for s in seeds] == ["shares"]
+    assert seeds[0].objective_s == pytest.approx(2.152, abs=5e-4)
+
+    monkeypatch.setattr(planners, "WARM_START_PLANNERS", {n: instant_seed(n) for n in fakes})
+    seeds = planners.heuristic_seeds(inst, Profiles(), "stable", 1.0)
+    assert [s.planner for s in seeds] == list(fakes)  # the planners' order, not the run order
+
+
+def instant_seed(name):
+    """A warm start that returns s11's shared-out plan at once, as planner `name`."""
+
+    def planner(inst, time_limit_s, profiles):
+        found = shares(inst, 10.0)
+        return PlannerResult(name, found.plan, found.objective_s, 0, "heuristic")
+
+    return planner

@@ -12,12 +12,12 @@ from pathlib import Path
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError
 from hetopt.evaluate import Evaluation, evaluate
-from hetopt.layout import Layout
+from hetopt.layout import Layout, split_layers
 from hetopt.placement import place
-from hetopt.plan import Plan
+from hetopt.plan import Pipeline, Plan, Stage
 from hetopt.search.formulation import clock
 from hetopt.search.roots import outside_space
-from hetopt.search.types import SearchOptions
+from hetopt.search.types import SearchOptions, Segment
 from hetopt.search.uniform import layout_plan, max_tp, uniform_layouts
 from hetopt.spec.instance import Instance, instance_from_spec
 
@@ -140,3 +140,18 @@ def sub_instance(inst: Instance, gpu: str | None = None, as_gpu: str | None = No
     spec = spec.model_copy(update={"cluster": cluster, "scenarios": []})
     base = inst.path.parent if inst.path is not None else Path(".")
     return instance_from_spec(spec, inst.name, base)
+
+
+def even_pipeline(
+    inst: Instance, seg: Segment, replicas: int, micro_batches: int, recompute: str
+) -> Pipeline:
+    """A template of one device class: `replicas` replicas of `seg.stages` stages at TP `seg.tp`,
+    the layers split as evenly as possible (hetopt.layout.split_layers), `micro_batches` each."""
+    return Pipeline(
+        replicas=replicas,
+        micro_batches=micro_batches,
+        stages=[
+            Stage(layers=n, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=recompute)
+            for n in split_layers(inst.model.layers, seg.stages)
+        ],
+    )

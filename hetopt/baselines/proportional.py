@@ -15,10 +15,10 @@ Its plans are points of the search space (`Candidates` times no other).
 
 from __future__ import annotations
 
-from hetopt.baselines.common import Candidates, PlannerResult
+from hetopt.baselines.common import Candidates, PlannerResult, even_pipeline
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
-from hetopt.plan import Pipeline, Plan, Stage
+from hetopt.plan import Plan
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.leaves import speed_split
 from hetopt.search.linear import split_problem
@@ -115,18 +115,8 @@ def per_class_templates(inst, profiles, options, classes, b, rc, tp, total_mb) -
     ):
         return None
     shares[fastest] += rest // shapes[fastest][2]
-    pipelines = []
-    for (dc, depth, r, _), m in zip(shapes, shares, strict=True):
-        base, extra = divmod(layers, depth)
-        stages = [
-            Stage(
-                layers=base + (1 if i < extra else 0),
-                gpu=dc.gpu,
-                island=dc.island,
-                tp=tp,
-                recompute=rc,
-            )
-            for i in range(depth)
-        ]
-        pipelines.append(Pipeline(replicas=r, micro_batches=m, stages=stages))
+    pipelines = [
+        even_pipeline(inst, Segment(dc.gpu, dc.island, tp, depth), r, m, rc)
+        for (dc, depth, r, _), m in zip(shapes, shares, strict=True)
+    ]
     return Plan(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1, pipelines=pipelines)

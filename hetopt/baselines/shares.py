@@ -2,7 +2,7 @@
 program — the warm start for clusters where the batch does not divide evenly among the replicas.
 
 A *shape* is one replica of one device class: TP degree t, d stages of even layers, t·d GPUs, the
-fewest stages that hold the model at that TP and the next (more stages, less memory per GPU). A
+fewest stages that hold the model at that TP and the next two (more stages, less memory per GPU). A
 plan of this planner is at most search.max_templates templates, each n replicas of one shape with m
 micro-batches each (so one class may hold two templates of one shape, m and m + 1: the remainder of
 a batch that does not divide). Which shapes, how many replicas and how many micro-batches each is
@@ -29,12 +29,12 @@ import numpy as np
 from scipy.optimize import Bounds as Box
 from scipy.optimize import LinearConstraint, milp
 
-from hetopt.baselines.common import Candidates, PlannerResult
+from hetopt.baselines.common import Candidates, PlannerResult, even_pipeline
 from hetopt.baselines.uniform import min_max_split
 from hetopt.cost.profiles import Profiles
 from hetopt.layout import split_layers
 from hetopt.placement import place
-from hetopt.plan import Pipeline, Plan, Stage
+from hetopt.plan import Plan
 from hetopt.search.backends.base import quiet_stdout
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.space import tp_options
@@ -106,11 +106,11 @@ def shares(
                 if not chosen:
                     continue
                 even = _plan(inst, b, rc, chosen)
-                for plan in (even, _balanced(inst, profiles, even)):
+                placements = orders(sum(n for _, n, _ in chosen), options.placements)
+                for plan in filter(None, (even, _balanced(inst, profiles, even))):
                     # replica-major keeps a replica's stages together, stage-major its all-reduce
-                    for order in orders(sum(n for _, n, _ in chosen), options.placements):
-                        if plan is not None:
-                            cands.offer(place(plan, inst.cluster, order))
+                    for order in placements:
+                        cands.offer(place(plan, inst.cluster, order))
     return cands.result("shares")
 
 
@@ -256,15 +256,5 @@ def _balanced(inst: Instance, profiles: Profiles, plan: Plan) -> Plan | None:
 
 def _plan(inst: Instance, b: int, rc: str, chosen: list[tuple[Segment, int, int]]) -> Plan:
     """The plan of the templates `chosen`: (segment, replicas, micro-batches), layers even."""
-    pipelines = [
-        Pipeline(
-            replicas=n,
-            micro_batches=m,
-            stages=[
-                Stage(layers=layers, gpu=seg.gpu, island=seg.island, tp=seg.tp, recompute=rc)
-                for layers in split_layers(inst.model.layers, seg.stages)
-            ],
-        )
-        for seg, n, m in chosen
-    ]
+    pipelines = [even_pipeline(inst, seg, n, m, rc) for seg, n, m in chosen]
     return Plan(micro_batch=b, schedule="1f1b", virtual_stages=1, zero=1, pipelines=pipelines)
