@@ -51,6 +51,7 @@ def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
         "s14-pair-sides",
         "s15-context-parallel",
         "s16-tp-per-stage",
+        "s25-allreduce",
     ],
 )
 def test_every_node_bound_holds_for_every_skeleton_under_it(name):
@@ -215,3 +216,74 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
     assert checked > 0
     # measured: 8 buckets raised on s3, 4 on s6 and s7 (their rings cross nodes at few replicas)
     assert (raised > 0) == raises
+
+
+def test_side_by_side_boxes_keyed_by_what_no_replica_sheds_hold_for_every_split():
+    """s25 (gradients that take longer to all-reduce among replicas on different nodes than a
+    micro-batch takes to compute): a pair range or triple box first reaching the top of the heap
+    goes back keyed by the least level at which its templates take the micro-batches counting
+    their all-reduce (`PairBounds.least`, `TripleBounds.least`). Every such key is at most the best
+    split that fits in memory of every skeleton under it (each split priced as the evaluator
+    prices), and the keys rise well above the throughput keys they replace."""
+    from hetopt.errors import InfeasibleError
+    from hetopt.search.leaves import plan_problem
+    from hetopt.search.robust import planning_scenarios
+
+    inst, profiles = load_instance(SMALL / "s25-allreduce.yaml"), Profiles()
+    scenarios = planning_scenarios(inst, "stable")
+    tree = Tree(inst, SearchOptions.from_instance(inst), SearchStats(), Bounds(inst, profiles))
+    raised: dict[str, float] = {}
+    checked = 0
+
+    def best_split(sk) -> float:
+        try:
+            problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+        except InfeasibleError:
+            return math.inf
+        return best_fitting_split(inst, problem, sk)
+
+    stack: list[tuple] = [(r, 0.0) for r in roots(tree)]
+    while stack:
+        node, key = stack.pop()
+        if node.is_leaf:
+            best = best_split(node.skeleton)
+            checked += math.isfinite(best)
+            assert key <= best * (1 + 1e-12), (key, best, node.skeleton.describe())
+            continue
+        kids = node.expand(tree)
+        if getattr(node, "sharp", True) is False and len(kids) == 1 and kids[0].sharp:
+            kind = type(node).__name__
+            raised[kind] = max(raised.get(kind, 1.0), kids[0].bound / node.bound)
+            key = max(key, kids[0].bound)
+        stack += [(child, key) for child in kids]
+    assert checked > 100
+    # measured: the least level rises to 10.2 times a pair range's throughput key, 4.2 times a box's
+    assert raised["PairRangeNode"] > 5 and raised["TripleGroupNode"] > 3
+
+
+def test_the_least_level_is_below_the_first_level_that_reaches_and_close_to_it():
+    """`least_level` on step functions: never above the least level θ* whose reach is M (a lower
+    bound), within its tolerance of it, `high` where even `high` falls short, inf where no level
+    reaches."""
+    import random
+
+    from hetopt.search.bounds.reach import least_level
+
+    rng = random.Random(3)
+    for _ in range(300):
+        steps = sorted(rng.uniform(0.01, 10.0) for _ in range(rng.randint(1, 6)))
+        total = len(steps)
+
+        def reach(level: float, steps=steps) -> int:
+            return sum(level > s for s in steps)  # takes the j-th micro-batch above steps[j]
+
+        star = steps[-1]  # the least level reaching M, as an infimum
+        low = rng.uniform(0.0, star)
+        high = rng.choice((math.inf, star * rng.uniform(1.0, 3.0), star * rng.uniform(0.5, 1.0)))
+        level = least_level(reach, total, low, high)
+        if high < star or (high == star and reach(high) < total):
+            assert level == high
+            continue
+        assert low <= level <= star
+        assert level >= star * (1 - 1e-3) or star - level <= (high - low) / 2**15
+    assert least_level(lambda level: 0, 3, 0.5, math.inf) == math.inf

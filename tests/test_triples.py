@@ -316,14 +316,14 @@ def test_what_the_templates_can_take_never_drops_a_point_below_the_incumbent():
 
 
 def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
-    """`_class_reach` against brute force: the most Σ_j takes_j(R_j) over the replica counts of a
+    """`class_reach` against brute force: the most Σ_j takes_j(R_j) over the replica counts of a
     box whose GPUs fit the class, for one, two and three templates on it (random takes, widths and
     boxes)."""
     import random
 
     import numpy as np
 
-    from hetopt.search.bounds.triples import _class_reach
+    from hetopt.search.bounds.reach import class_reach
 
     rng = random.Random(12)
     for _ in range(300):
@@ -343,4 +343,4 @@ def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
                     best,
                     sum(int(t[r - low]) for t, r, low in zip(takes, counts, lowest, strict=True)),
                 )
-        assert _class_reach(takes, lowest, widths, gpus) == best
+        assert class_reach(takes, lowest, widths, gpus) == best

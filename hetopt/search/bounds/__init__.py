@@ -18,6 +18,7 @@ The modules mirror the enumerators and the search tree's nodes:
 - `families`: one-template families and buckets (`FamilyBounds`);
 - `pairs`: two templates side by side (`PairBounds`);
 - `triples`: three templates side by side (`TripleBounds`);
+- `reach`: what single-class templates side by side take below a level (`TemplateReach`);
 - `skeletons`: one skeleton, a leaf (`SkeletonBounds`);
 - `placed`: a placed and linearised skeleton (`placed_bound`);
 - `run`: `Bounds`, every kind of one search run together.
@@ -41,6 +42,9 @@ Each bound, the set it keys, and its statement:
 - `TripleBounds.table` (a triple family's groups): `bound` of each, at once (numpy)
 - `TripleBounds.bound` (three templates, a box of R): M / Σ_j R_j/λ_j ∨ the next, least at a corner
 - `TripleBounds.replicas_bound` (three templates at R_j): M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)
+- `PairBounds.least`, `TripleBounds.least` (a box of replica counts) and `family_least` (a pair
+  or triple family): the least T at which Σ_j R_j·cap_j(R_j; T) ≥ M, cap_j the most micro-batches
+  whose drained bound (with the all-reduce no replica sheds) lies below T
 - `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone
 - `SendBounds.ring_exchange_s` (three templates): each pair a hop of the ring: the slowest
   exchange

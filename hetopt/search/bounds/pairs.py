@@ -8,15 +8,17 @@ import math
 
 import numpy as np
 
+from hetopt.search.bounds.reach import TemplateReach, class_reach, least_level
 from hetopt.search.bounds.templates import TemplateBounds
-from hetopt.search.types import least_work
+from hetopt.search.types import Template, least_work
 
 
 class PairBounds:
     """The pairs' bounds, memoised on this object (one search run's)."""
 
-    def __init__(self, templates: TemplateBounds) -> None:
+    def __init__(self, templates: TemplateBounds, reach: TemplateReach) -> None:
         self.templates, self.sends, self.memory = templates, templates.sends, templates.memory
+        self.reaching = reach
         self.inst, self.profiles = templates.inst, templates.profiles
         self._pairs: dict[tuple, tuple] = {}
 
@@ -118,6 +120,105 @@ class PairBounds:
             for (lam, s), lo, hi in zip(lines, lowest, replicas, strict=True)
         ]
         return region_least(*sides, group.shared, total) + self.sends.exchange_s(group.a, group.b)
+
+    def reach(
+        self,
+        group,
+        modes: tuple[str, ...],
+        lowest: tuple[int, int],
+        replicas: tuple[int, int],
+        threshold: float,
+        memo: bool = True,
+    ) -> int:
+        """The most micro-batches two single-class templates (`single_class`) can take in all below
+        `threshold` (hetopt.search.bounds.reach), over the box of replica counts lowest_j ≤ R_j ≤
+        replicas_j that fit on the class they share, in any of the recompute modes `modes`: each
+        template's level is `threshold` less the exchange and its own optimizer step at M replicas
+        (T ≥ D_j(m_j) + T_cross + T_opt, T_opt ≥ each template's, which falls with the replicas).
+        Below M, no skeleton of the box beats `threshold`."""
+        total, sides = group.total_micro_batches, (group.a, group.b)
+        tops = (max(group.a_replicas), max(group.b_replicas))
+        cross = self.sends.exchange_s(group.a, group.b)
+        most = -1
+        for rc in modes:
+            takes = [
+                self.reaching.takes(
+                    group.micro_batch,
+                    rc,
+                    group.stage_modes or (rc,),
+                    side,
+                    group.zero,
+                    total,
+                    top,
+                    threshold
+                    - cross
+                    - self.templates.optimizer_bound(Template(side, 1, 1), total, group.zero),
+                    memo,
+                )[low - 1 : high]
+                for side, top, low, high in zip(sides, tops, lowest, replicas, strict=True)
+            ]
+            if group.shared:  # the one class both use
+                ((ga, gb, gpus),) = group.shared
+                here = class_reach(takes, list(lowest), [ga, gb], gpus)
+            else:
+                here = int(takes[0].max()) + int(takes[1].max())
+            most = max(most, here)
+        return most
+
+    def least(
+        self,
+        group,
+        modes: tuple[str, ...],
+        lowest: tuple[int, int],
+        replicas: tuple[int, int],
+        bound: float,
+        threshold: float,
+    ) -> float:
+        """`TripleBounds.least` for two single-class templates: the least level at which the box's
+        templates take the M micro-batches, at least `bound`, probed up to `threshold`."""
+        return least_level(
+            lambda level: self.reach(group, modes, lowest, replicas, level, memo=False),
+            group.total_micro_batches,
+            bound,
+            threshold,
+        )
+
+    def family_least(self, family, opts, bound: float, threshold: float) -> float:
+        """`least` of a whole pair family of single-class sides (`single_class_family`): the least
+        level at which any of its groups could take the M micro-batches below `threshold` less the
+        exchange (`TemplateReach.runs_reach` over each side's templates), at least `bound`."""
+        sides = family.pair_sides(opts, self.inst.model.layers)
+        runs = [
+            (dc.key, dc.gpus, [(segments, per[dc.key][0]) for _, segments, per in side])
+            for ((dc,), _), side in zip(family.sides, sides, strict=True)
+        ]
+        cross = self.sends.exchange_s(*(classes for classes, _ in family.sides))
+        return least_level(
+            lambda level: self.reaching.runs_reach(
+                family.micro_batch,
+                family.recompute_options,
+                family.stage_modes,
+                family.zero_options[0],
+                family.total_micro_batches,
+                runs,
+                level - cross,
+                memo=False,
+            ),
+            family.total_micro_batches,
+            bound,
+            threshold,
+        )
+
+
+def single_class_family(family) -> bool:
+    """Whether each side of a pair family lies on one class (`PairBounds.family_least`)."""
+    return all(len(classes) == 1 for classes, _ in family.sides)
+
+
+def single_class(group) -> bool:
+    """Whether both templates of a pair group lie on one class each (`PairBounds.reach` holds for
+    them: looser memory caps only lower a single-class template's drained bound)."""
+    return len(group.a) == 1 and len(group.b) == 1
 
 
 def pair_grid(

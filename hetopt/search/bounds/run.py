@@ -6,6 +6,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.search.bounds.families import FamilyBounds
 from hetopt.search.bounds.memory import MemoryBounds
 from hetopt.search.bounds.pairs import PairBounds
+from hetopt.search.bounds.reach import TemplateReach
 from hetopt.search.bounds.sends import SendBounds
 from hetopt.search.bounds.skeletons import SkeletonBounds
 from hetopt.search.bounds.templates import TemplateBounds
@@ -27,6 +28,7 @@ class Bounds:
         self.memory = MemoryBounds(inst, profiles)
         self.templates = TemplateBounds(self.sends, self.memory)
         self.families = FamilyBounds(self.templates)
-        self.pairs = PairBounds(self.templates)
-        self.triples = TripleBounds(self.templates)
+        self.reach = TemplateReach(self.templates)
+        self.pairs = PairBounds(self.templates, self.reach)
+        self.triples = TripleBounds(self.templates, self.reach)
         self.skeletons = SkeletonBounds(self.templates)

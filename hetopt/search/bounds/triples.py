@@ -8,10 +8,8 @@ import math
 
 import numpy as np
 
-from hetopt.search.bounds.lines import (
-    first_true,
-)
 from hetopt.search.bounds.pairs import pair_at
+from hetopt.search.bounds.reach import TemplateReach, class_reach, least_level
 from hetopt.search.bounds.templates import TemplateBounds
 from hetopt.search.types import Template, least_work
 
@@ -19,12 +17,12 @@ from hetopt.search.types import Template, least_work
 class TripleBounds:
     """The triples' bounds, memoised on this object (one search run's)."""
 
-    def __init__(self, templates: TemplateBounds) -> None:
+    def __init__(self, templates: TemplateBounds, reach: TemplateReach) -> None:
         self.templates, self.sends, self.memory = templates, templates.sends, templates.memory
+        self.reaching = reach
         self.inst, self.profiles = templates.inst, templates.profiles
         self._rings: dict[tuple, float] = {}
         self._triples: dict[tuple, float] = {}
-        self._takes: dict[tuple, np.ndarray] = {}
 
     def family_bound(self, family) -> float:
         """Every skeleton of a triple family (hetopt.search.triples.TripleFamily) from throughput
@@ -161,30 +159,13 @@ class TripleBounds:
             )
         return self._triples[key]
 
-    def drained(
-        self,
-        micro_batch: int,
-        recompute: str,
-        side: tuple,
-        zero: int,
-        replicas: int,
-        micro_batches: int,
-        replicas_total: int,
-    ) -> float:
-        """D(m; R): `drained_bound` of one template of a triple (its segments `side`, R replicas, m
-        micro-batches each), memory caps in its own recompute mode at `replicas_total` replicas."""
-        return self.templates.drained_bound(
-            micro_batch,
-            recompute,
-            Template(side, replicas, micro_batches),
-            replicas_total,
-            1,
-            zero,
-            (recompute,),
-        )
-
     def reach(
-        self, group, lowest: tuple[int, int, int], replicas: tuple[int, int, int], threshold: float
+        self,
+        group,
+        lowest: tuple[int, int, int],
+        replicas: tuple[int, int, int],
+        threshold: float,
+        memo: bool = True,
     ) -> int:
         """The most micro-batches a triple group's templates can take in all below `threshold`, over
         the box of replica counts lowest_j ≤ R_j ≤ replicas_j and the group's recompute modes: Σ_j
@@ -206,14 +187,14 @@ class TripleBounds:
                     - ring
                     - self.templates.optimizer_bound(Template(side, 1, 1), total, group.zero)
                 )
-                every = self.takes(
-                    group.micro_batch, rc, side, group.zero, total, group.tops[j], room
+                every = self.reaching.takes(
+                    group.micro_batch, rc, (rc,), side, group.zero, total, group.tops[j], room, memo
                 )
                 takes.append(every[lowest[j] - 1 : replicas[j]])
             most = max(
                 most,
                 sum(
-                    _class_reach(
+                    class_reach(
                         [takes[j] for j in js],
                         [lowest[j] for j in js],
                         [group.width(j) for j in js],
@@ -224,67 +205,60 @@ class TripleBounds:
             )
         return most
 
-    def takes(
+    def least(
         self,
-        micro_batch: int,
-        recompute: str,
-        side: tuple,
-        zero: int,
-        total: int,
-        top: int,
-        room: float,
-    ) -> np.ndarray:
-        """What one template of a triple can take below a level: for R = 1 … top replicas, R·cap(R)
-        with cap(R) the most micro-batches m ≥ p (its depth) whose `drained_bound` lies below
-        `room`, memory caps at `total` (= M) replicas (the loosest any triple has; looser caps only
-        lower the bound of a single-class template, whose stages share one slope — not so in
-        general: `pipeline_at` with stages of different slopes can rise as caps loosen), and at most
-        M in all; −(M + 1) where no m does. A triple group at replica counts R_j and shares m_j with
-        every D_j(m_j) < room_j has Σ_j R_j·m_j = M ≤ Σ_j takes_j(R_j): where even the most of each
-        over a box of replica counts falls short of M, no point of the box is below the level
-        (search.tree.TripleGroupNode).
+        group,
+        lowest: tuple[int, int, int],
+        replicas: tuple[int, int, int],
+        bound: float,
+        threshold: float,
+    ) -> float:
+        """A bound of every skeleton of a box of replica counts that counts what no replica sheds:
+        the least level at which the box's templates take the M micro-batches (`reach`,
+        `least_level`), at least `bound` (a key known already), probed up to `threshold` (the
+        incumbent less its tolerance; inf: none) — `threshold` itself where the box takes them
+        only above it."""
+        return least_level(
+            lambda level: self.reach(group, lowest, replicas, level, memo=False),
+            group.total_micro_batches,
+            bound,
+            threshold,
+        )
 
-        D(m; R) rises with m (each pipeline piece is (m − 1)·Λ + Σ τ) and with R (stage 0's ring
-        spans ⌈R/k⌉ nodes, `class_ring`; R flows share island links, `send_s`), so cap(R) falls with
-        R: it is filled by halving [1, top], a run of equal ends being equal throughout."""
-        key = (micro_batch, recompute, side, zero, total, top, room)
-        if key in self._takes:
-            return self._takes[key]
-        depth = sum(seg.stages for seg in side)
-
-        def cap(r: int, lo: int, hi: int) -> int:
-            """The most m in [lo, hi] below the level (lo − 1 where none), knowing it is at least lo
-            − 1."""
-            return (
-                lo
-                + first_true(
-                    hi - lo + 1,
-                    lambda i: (
-                        self.drained(micro_batch, recompute, side, zero, r, lo + i, total) >= room
-                    ),
-                )
-                - 1
+    def family_reach(self, family, threshold: float, memo: bool = True) -> int:
+        """The most micro-batches any group of a triple family (hetopt.search.triples.TripleFamily)
+        can take in all below `threshold`, at least each group's `reach` over all its replica
+        counts (`TemplateReach.runs_reach`), less the ring exchange among the runs' classes (a
+        group's: the same classes)."""
+        ring = self.sends.ring_exchange_s(tuple((dc,) for dc, _ in family.runs))
+        runs = [
+            (
+                dc.key,
+                dc.gpus,
+                [(segments, next(iter(per.values()))[0]) for _, segments, per in sides],
             )
+            for (dc, _), sides in zip(family.runs, family.sides, strict=True)
+        ]
+        return self.reaching.runs_reach(
+            family.micro_batch,
+            family.recompute_options,
+            (),
+            family.zero,
+            family.total_micro_batches,
+            runs,
+            threshold - ring,
+            memo,
+        )
 
-        caps = np.zeros(top + 1, dtype=np.int64)
-        caps[1] = cap(1, depth, total)
-        if top > 1:
-            caps[top] = cap(top, depth, int(caps[1]))
-        spans = [(1, top)] if top > 1 else []
-        while spans:
-            lo, hi = spans.pop()
-            if hi - lo <= 1:
-                continue
-            if caps[lo] == caps[hi]:
-                caps[lo : hi + 1] = caps[lo]
-                continue
-            mid = (lo + hi) // 2
-            caps[mid] = cap(mid, int(caps[hi]) + 1, int(caps[lo]))
-            spans += [(lo, mid), (mid, hi)]
-        replicas = np.arange(top + 1)
-        takes = np.where(caps >= depth, np.minimum(replicas * caps, total), -(total + 1))[1:]
-        self._takes[key] = takes
-        return takes
+    def family_least(self, family, bound: float, threshold: float) -> float:
+        """`least` of a whole triple family: the least level at which its groups could take the M
+        micro-batches (`family_reach`), at least `bound`, probed up to `threshold`."""
+        return least_level(
+            lambda level: self.family_reach(family, level, memo=False),
+            family.total_micro_batches,
+            bound,
+            threshold,
+        )
 
 
 def class_rate(rates: list, per_gpu: list, classes: list, gpus: dict):
@@ -303,28 +277,3 @@ def class_rate(rates: list, per_gpu: list, classes: list, gpus: dict):
             alone = np.minimum(alone, gpus[key] * best)
         total = total + alone
     return total
-
-
-def _class_reach(takes: list[np.ndarray], lowest: list[int], widths: list[int], gpus: int) -> int:
-    """The most Σ_j takes_j[R_j − lowest_j] of the templates on one class whose R_j·g_j fit its G
-    GPUs (`TripleBounds.reach`), exactly: one template its most; two the most over the pairs that
-    fit; three the most over the third's counts of its takes plus the most of the pairs that fit in
-    what is left (pairs by GPUs used, with a running most). −(2^40) where no counts fit."""
-    if len(takes) == 1:
-        return int(takes[0].max())
-    a, b = (
-        np.arange(low, low + len(t)) * w
-        for t, low, w in zip(takes[:2], lowest[:2], widths[:2], strict=True)
-    )
-    used = (a[:, None] + b[None, :]).ravel()
-    value = (takes[0][:, None] + takes[1][None, :]).ravel()
-    if len(takes) == 2:
-        fit = used <= gpus
-        return int(value[fit].max()) if fit.any() else -(2**40)
-    order = np.argsort(used, kind="stable")
-    used, most = used[order], np.maximum.accumulate(value[order])
-    left = gpus - np.arange(lowest[2], lowest[2] + len(takes[2])) * widths[2]
-    k = np.searchsorted(used, left, side="right") - 1  # the pairs that fit in what the third leaves
-    if not (k >= 0).any():
-        return -(2**40)
-    return int((takes[2][k >= 0] + most[k[k >= 0]]).max())

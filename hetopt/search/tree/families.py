@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hetopt.search.bounds.pairs import single_class_family
 from hetopt.search.space import DIVISIBILITY, SHARED, Family, SkeletonGroup
 from hetopt.search.tree.base import (
     BOUND_RULE,
@@ -46,9 +47,17 @@ class FamilyNode(Node):
                 )
                 for r in self.family.replica_counts(tree.stats)
             ]
-        elif not self.refined:  # back in the heap at the least bound of its groups
+        elif not self.refined:  # back at the least bound of its groups and what no replica sheds
             table = tree.bounds.pairs.table(self.family, tree.options)[1]
-            out = [FamilyNode(float(table.min(initial=math.inf)), self.family, refined=True)]
+            least = max(self.bound, float(table.min(initial=math.inf)))
+            if single_class_family(self.family) and not tree.beaten(least):
+                least = tree.bounds.pairs.family_least(
+                    self.family, tree.options, least, tree.threshold
+                )
+            if tree.beaten(least):
+                tree.stats.pruned[self.pruned_as] += 1
+                return []
+            out = [FamilyNode(least, self.family, refined=True)]
         else:
             out = self._pair_groups(tree)
         return children(self, out)

@@ -4,9 +4,10 @@ replica counts, and its subgroups at fixed replica counts, whose shares are bise
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetopt.search.bounds.lines import first_true
+from hetopt.search.bounds.pairs import single_class
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.space import PairGroup
 from hetopt.search.tree.base import (
@@ -53,11 +54,23 @@ class PairRangeNode(Node):
     rb: int
     rows: bool
     modes: tuple[str, ...]
+    sharp: bool = False
+    """Whether the key counts what no replica sheds yet (`PairBounds.least`, two single-class
+    templates only): computed when the range first reaches the top of the heap."""
 
     pruned_as = "bound: two-template replica-count ranges never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
         g, out = self.group, []
+        if not self.sharp and single_class(g):  # back in the heap at what no replica sheds
+            lowest = (1 if self.rows else self.ra, 1)
+            least = tree.bounds.pairs.least(
+                g, self.modes, lowest, (self.ra, self.rb), self.bound, tree.threshold
+            )
+            if tree.beaten(least):
+                tree.stats.pruned[self.pruned_as] += 1
+                return []
+            return children(self, [replace(self, bound=least, sharp=True)])
         if self.rows:  # the top row as a range of its own, and the rows below
             out.append(range_node(tree, g, self.ra, self.rb, False, self.modes))
             if self.ra > 1:

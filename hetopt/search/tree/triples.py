@@ -4,7 +4,7 @@ replica counts halved down to single counts, and the shares at fixed counts."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,10 +40,14 @@ class TripleFamilyNode(Node):
 
     def expand(self, tree: Tree) -> list[Node]:
         table, why = tree.bounds.triples.table(self.family)
-        if not self.refined:
-            return children(
-                self, [TripleFamilyNode(float(table.min(initial=math.inf)), self.family, True)]
-            )
+        if not self.refined:  # back at the least of its groups' keys and what no replica sheds
+            least = max(self.bound, float(table.min(initial=math.inf)))
+            if not tree.beaten(least):
+                least = tree.bounds.triples.family_least(self.family, least, tree.threshold)
+            if tree.beaten(least):
+                tree.stats.pruned[self.pruned_as] += 1
+                return []
+            return children(self, [TripleFamilyNode(least, self.family, True)])
         family, stats = self.family, tree.stats
         mirrored = family.mirrored()
         finite = np.isfinite(table) & ~mirrored
@@ -82,12 +86,22 @@ class TripleGroupNode(Node):
     replicas: tuple[int, int, int] | None = None
     level: float = math.inf
     """The search's threshold when the box was made and found to reach it (`reaches`)."""
+    sharp: bool = False
+    """Whether the key is the least level at which the box takes its micro-batches yet
+    (`TripleBounds.least`): computed when the box first reaches the top of the heap, most boxes
+    never do."""
 
     pruned_as = "bound: three-template replica-count boxes never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
         g, lo = self.group, self.lowest
         hi = self.replicas or g.tops
+        if not self.sharp:  # back in the heap at what no replica sheds, or pruned
+            least = tree.bounds.triples.least(g, lo, hi, self.bound, tree.threshold)
+            if tree.beaten(least):
+                tree.stats.pruned[self.pruned_as] += 1
+                return []
+            return children(self, [replace(self, bound=least, sharp=True)])
         if tree.threshold < self.level and not reaches(tree, g, lo, hi):  # the incumbent fell since
             tree.stats.pruned[self.pruned_as] += 1
             return []
@@ -184,9 +198,10 @@ class TripleShares:
 
     def drained(self, j: int, micro_batches: int) -> float:
         g = self.group
-        return self.bounds.triples.drained(
+        return self.bounds.reach.drained(
             g.micro_batch,
             self.recompute,
+            (self.recompute,),
             g.sides[j],
             g.zero,
             self.replicas[j],
