@@ -267,7 +267,7 @@ def test_the_least_level_is_below_the_first_level_that_reaches_and_close_to_it()
     reaches."""
     import random
 
-    from hetopt.search.bounds.reach import least_level
+    from hetopt.search.bounds.reach import TOLERANCE, least_level
 
     rng = random.Random(3)
     for _ in range(300):
@@ -285,5 +285,5 @@ def test_the_least_level_is_below_the_first_level_that_reaches_and_close_to_it()
             assert level == high
             continue
         assert low <= level <= star
-        assert level >= star * (1 - 1e-3) or star - level <= (high - low) / 2**15
+        assert level >= star * (1 - TOLERANCE) or star - level <= (high - low) / 2**15
     assert least_level(lambda level: 0, 3, 0.5, math.inf) == math.inf
