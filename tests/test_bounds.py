@@ -257,7 +257,7 @@ def test_side_by_side_boxes_keyed_by_what_no_replica_sheds_hold_for_every_split(
             key = max(key, kids[0].bound)
         stack += [(child, key) for child in kids]
     assert checked > 100
-    # measured: the least level rises to 10.2 times a pair range's throughput key, 4.2 times a box's
+    # measured: the least level rises to 10.0 times a pair range's throughput key, 4.2 times a box's
     assert raised["PairRangeNode"] > 5 and raised["TripleGroupNode"] > 3
 
 
