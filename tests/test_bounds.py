@@ -26,6 +26,19 @@ from hetopt.spec.instance import load_instance
 SMALL = Path(__file__).parent / "small"
 
 
+def _best_split(inst, profiles, scenarios, sk) -> float:
+    """The best split of a skeleton that fits in memory, every split priced as the evaluator prices
+    (inf where no split fits)."""
+    from hetopt.errors import InfeasibleError
+    from hetopt.search.leaves import plan_problem
+
+    try:
+        problem = plan_problem(inst, sk, profiles, scenarios, "stable")
+    except InfeasibleError:
+        return math.inf
+    return best_fitting_split(inst, problem, sk)
+
+
 def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
     """Every leaf under `node` with the stored bounds of its ancestors."""
     if node.is_leaf:
@@ -177,8 +190,6 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
     and its gradient all-reduce) never exceeds the best split that fits in memory of any skeleton
     under it (every split tried, priced as the evaluator prices); the test counts the buckets whose
     key that raised above the pipeline bound alone, and needs some where rings cross nodes."""
-    from hetopt.errors import InfeasibleError
-    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.tree.choices import ChoiceNode
     from hetopt.search.tree.families import BucketNode, FamilyNode, GroupNode
@@ -190,11 +201,7 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
     checked, raised = 0, 0
 
     def best_split(sk) -> float:
-        try:
-            problem = plan_problem(inst, sk, profiles, scenarios, "stable")
-        except InfeasibleError:
-            return math.inf
-        return best_fitting_split(inst, problem, sk)
+        return _best_split(inst, profiles, scenarios, sk)
 
     stack: list[tuple] = [(r, []) for r in roots(tree) if isinstance(r, ChoiceNode)]
     while stack:
@@ -225,8 +232,6 @@ def test_side_by_side_boxes_keyed_by_what_no_replica_sheds_hold_for_every_split(
     their all-reduce (`PairBounds.least`, `TripleBounds.least`). Every such key is at most the best
     split that fits in memory of every skeleton under it (each split priced as the evaluator
     prices), and the keys rise well above the throughput keys they replace."""
-    from hetopt.errors import InfeasibleError
-    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
 
     inst, profiles = load_instance(SMALL / "s25-allreduce.yaml"), Profiles()
@@ -236,11 +241,7 @@ def test_side_by_side_boxes_keyed_by_what_no_replica_sheds_hold_for_every_split(
     checked = 0
 
     def best_split(sk) -> float:
-        try:
-            problem = plan_problem(inst, sk, profiles, scenarios, "stable")
-        except InfeasibleError:
-            return math.inf
-        return best_fitting_split(inst, problem, sk)
+        return _best_split(inst, profiles, scenarios, sk)
 
     stack: list[tuple] = [(r, 0.0) for r in roots(tree)]
     while stack:

@@ -138,6 +138,10 @@ def _shapes(
     t = bounds.templates
 
     def tau(seg: Segment, replicas: int, m: int) -> float:
+        # the two parts of drained_bound that rank shapes well; drained_bound itself (with stage
+        # 0's drain and R flows sharing island links) draws a steeper line through two points, and
+        # its shares were slower on four of six stress instances (wan4-02 0.209 s -> 0.233 s,
+        # scale768-fourhalls-02 1.145 s -> 1.322 s; the evaluator prices either way)
         return max(
             t.pipeline_bound(b, rc, (seg,), m, replicas),
             t.replica_bound(b, rc, (seg,), replicas, m),

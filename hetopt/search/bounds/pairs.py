@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
-from hetopt.search.bounds.reach import TemplateReach, class_reach, least_level
+from hetopt.search.bounds.reach import TemplateReach, classes_reach, least_level
 from hetopt.search.bounds.templates import TemplateBounds
-from hetopt.search.types import Template, least_work
+from hetopt.search.types import least_work
 
 
 class PairBounds:
@@ -133,12 +133,14 @@ class PairBounds:
         """The most micro-batches two single-class templates (`single_class`) can take in all below
         `threshold` (hetopt.search.bounds.reach), over the box of replica counts lowest_j ≤ R_j ≤
         replicas_j that fit on the class they share, in any of the recompute modes `modes`: each
-        template's level is `threshold` less the exchange and its own optimizer step at M replicas
-        (T ≥ D_j(m_j) + T_cross + T_opt, T_opt ≥ each template's, which falls with the replicas).
-        Below M, no skeleton of the box beats `threshold`."""
+        template's level is `threshold` less the exchange (the takes take off its own optimizer
+        step). Below M, no skeleton of the box beats `threshold`."""
         total, sides = group.total_micro_batches, (group.a, group.b)
         tops = (max(group.a_replicas), max(group.b_replicas))
-        cross = self.sends.exchange_s(group.a, group.b)
+        keys = [(side[0].gpu, side[0].island) for side in sides]
+        widths = [sum(seg.stages * seg.width for seg in side) for side in sides]
+        gpus = {key: self.inst.cluster.device_classes[key].gpus for key in keys}
+        level = threshold - self.sends.exchange_s(group.a, group.b)
         most = -1
         for rc in modes:
             takes = [
@@ -150,19 +152,12 @@ class PairBounds:
                     group.zero,
                     total,
                     top,
-                    threshold
-                    - cross
-                    - self.templates.optimizer_bound(Template(side, 1, 1), total, group.zero),
+                    level,
                     memo,
                 )[low - 1 : high]
                 for side, top, low, high in zip(sides, tops, lowest, replicas, strict=True)
             ]
-            if group.shared:  # the one class both use
-                ((ga, gb, gpus),) = group.shared
-                here = class_reach(takes, list(lowest), [ga, gb], gpus)
-            else:
-                here = int(takes[0].max()) + int(takes[1].max())
-            most = max(most, here)
+            most = max(most, classes_reach(takes, list(lowest), widths, keys, gpus))
         return most
 
     def least(

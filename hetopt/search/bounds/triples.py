@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from hetopt.search.bounds.pairs import pair_at
-from hetopt.search.bounds.reach import TemplateReach, class_reach, least_level
+from hetopt.search.bounds.reach import TemplateReach, classes_reach, least_level
 from hetopt.search.bounds.templates import TemplateBounds
 from hetopt.search.types import Template, least_work
 
@@ -169,40 +169,24 @@ class TripleBounds:
     ) -> int:
         """The most micro-batches a triple group's templates can take in all below `threshold`, over
         the box of replica counts lowest_j ≤ R_j ≤ replicas_j and the group's recompute modes: Σ_j
-        of the most `triple_takes` of template j in the box, its level `threshold` less the ring
-        exchange and its own optimizer step at M replicas (the least: T ≥ D_j(m_j) + T_cross +
-        T_opt, T_opt ≥ each template's). Below M, no skeleton of the box beats `threshold`."""
+        of the most `TemplateReach.takes` of template j in the box, its level `threshold` less the
+        ring exchange (the takes take off its own optimizer step). Below M, no skeleton of the box
+        beats `threshold`."""
         total = group.total_micro_batches
-        ring = self.ring(group.sides)
-        on: dict[tuple[str, str], list[int]] = {}
-        for j, side in enumerate(group.sides):
-            on.setdefault((side[0].gpu, side[0].island), []).append(j)
-        gpus = dict(group.gpus)
+        keys = [(side[0].gpu, side[0].island) for side in group.sides]
+        widths = [group.width(j) for j in range(3)]
+        level = threshold - self.ring(group.sides)
         most = -1
         for rc in group.recompute_options:
-            takes = []
-            for j, side in enumerate(group.sides):
-                room = (
-                    threshold
-                    - ring
-                    - self.templates.optimizer_bound(Template(side, 1, 1), total, group.zero)
+            takes = [
+                self.reaching.takes(
+                    group.micro_batch, rc, (rc,), side, group.zero, total, top, level, memo
+                )[low - 1 : high]
+                for side, top, low, high in zip(
+                    group.sides, group.tops, lowest, replicas, strict=True
                 )
-                every = self.reaching.takes(
-                    group.micro_batch, rc, (rc,), side, group.zero, total, group.tops[j], room, memo
-                )
-                takes.append(every[lowest[j] - 1 : replicas[j]])
-            most = max(
-                most,
-                sum(
-                    class_reach(
-                        [takes[j] for j in js],
-                        [lowest[j] for j in js],
-                        [group.width(j) for j in js],
-                        gpus[key],
-                    )
-                    for key, js in on.items()
-                ),
-            )
+            ]
+            most = max(most, classes_reach(takes, list(lowest), widths, keys, dict(group.gpus)))
         return most
 
     def least(

@@ -117,6 +117,16 @@ def rekey(node: Node, bound: float) -> Node:
     return replace(node, bound=bound)
 
 
+def sharpened(tree: Tree, node: Node, bound: float, **fields) -> list[Node]:
+    """A node back in the heap at a bound of its own, its `fields` marking it sharpened (a node
+    keyed first by a cheap bound, sharpened when it first reaches the top); nothing, counted as
+    pruned under its rule, where the incumbent beats that bound."""
+    if tree.beaten(bound):
+        tree.stats.pruned[node.pruned_as] += 1
+        return []
+    return children(node, [replace(node, bound=bound, **fields)])
+
+
 @dataclass(frozen=True)
 class SkeletonNode(Node):
     """A leaf: one skeleton, solved by a formulation."""

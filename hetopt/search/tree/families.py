@@ -21,6 +21,7 @@ from hetopt.search.tree.base import (
     Tree,
     children,
     memory_modes,
+    sharpened,
 )
 from hetopt.search.tree.pairs import pair_group_node
 from hetopt.search.types import (
@@ -54,10 +55,7 @@ class FamilyNode(Node):
                 least = tree.bounds.pairs.family_least(
                     self.family, tree.options, least, tree.threshold
                 )
-            if tree.beaten(least):
-                tree.stats.pruned[self.pruned_as] += 1
-                return []
-            out = [FamilyNode(least, self.family, refined=True)]
+            return sharpened(tree, self, least, refined=True)
         else:
             out = self._pair_groups(tree)
         return children(self, out)

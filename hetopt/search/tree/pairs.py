@@ -4,7 +4,7 @@ replica counts, and its subgroups at fixed replica counts, whose shares are bise
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hetopt.search.bounds.lines import first_true
 from hetopt.search.bounds.pairs import single_class
@@ -19,6 +19,7 @@ from hetopt.search.tree.base import (
     children,
     memory_modes,
     rekey,
+    sharpened,
 )
 from hetopt.search.types import (
     least_work,
@@ -67,10 +68,7 @@ class PairRangeNode(Node):
             least = tree.bounds.pairs.least(
                 g, self.modes, lowest, (self.ra, self.rb), self.bound, tree.threshold
             )
-            if tree.beaten(least):
-                tree.stats.pruned[self.pruned_as] += 1
-                return []
-            return children(self, [replace(self, bound=least, sharp=True)])
+            return sharpened(tree, self, least, sharp=True)
         if self.rows:  # the top row as a range of its own, and the rows below
             out.append(range_node(tree, g, self.ra, self.rb, False, self.modes))
             if self.ra > 1:

@@ -4,7 +4,7 @@ replica counts halved down to single counts, and the shares at fixed counts."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from hetopt.search.tree.base import (
     Node,
     Tree,
     children,
+    sharpened,
 )
 from hetopt.search.triples import TRIPLE_SHARED
 from hetopt.search.types import (
@@ -44,10 +45,7 @@ class TripleFamilyNode(Node):
             least = max(self.bound, float(table.min(initial=math.inf)))
             if not tree.beaten(least):
                 least = tree.bounds.triples.family_least(self.family, least, tree.threshold)
-            if tree.beaten(least):
-                tree.stats.pruned[self.pruned_as] += 1
-                return []
-            return children(self, [TripleFamilyNode(least, self.family, True)])
+            return sharpened(tree, self, least, refined=True)
         family, stats = self.family, tree.stats
         mirrored = family.mirrored()
         finite = np.isfinite(table) & ~mirrored
@@ -98,10 +96,7 @@ class TripleGroupNode(Node):
         hi = self.replicas or g.tops
         if not self.sharp:  # back in the heap at what no replica sheds, or pruned
             least = tree.bounds.triples.least(g, lo, hi, self.bound, tree.threshold)
-            if tree.beaten(least):
-                tree.stats.pruned[self.pruned_as] += 1
-                return []
-            return children(self, [replace(self, bound=least, sharp=True)])
+            return sharpened(tree, self, least, sharp=True)
         if tree.threshold < self.level and not reaches(tree, g, lo, hi):  # the incumbent fell since
             tree.stats.pruned[self.pruned_as] += 1
             return []
