@@ -187,9 +187,10 @@ def test_the_pair_region_bound_is_below_every_replica_count_in_the_region_and_ti
 )
 def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket(name, raises):
     """A bucket's key with what each stage cannot shed (`FamilyBounds.replica_bound`: its compute
-    and its gradient all-reduce) never exceeds the best split that fits in memory of any skeleton
-    under it (every split tried, priced as the evaluator prices); the test counts the buckets whose
-    key that raised above the pipeline bound alone, and needs some where rings cross nodes."""
+    and its gradient all-reduce), and a choice's replica-aware key (`ChoiceBounds`), never exceed
+    the best split that fits in memory of any skeleton under it (every split tried, priced as the
+    evaluator prices); the test counts the buckets whose key that raised above the pipeline bound
+    alone, and needs some where rings cross nodes, and choices raised above throughput alone."""
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.tree.choices import ChoiceNode
     from hetopt.search.tree.families import BucketNode, FamilyNode, GroupNode
@@ -198,7 +199,7 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
     scenarios = planning_scenarios(inst, "stable")
     tree = Tree(inst, SearchOptions.from_instance(inst), SearchStats(), Bounds(inst, profiles))
     families = tree.bounds.families
-    checked, raised = 0, 0
+    checked, raised, choices_raised = 0, 0, 0
 
     def best_split(sk) -> float:
         return _best_split(inst, profiles, scenarios, sk)
@@ -218,9 +219,13 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
             plain = families.pipeline_bucket(f, r, tree.options.max_stages, node.fixed)
             raised += node.bound > plain * (1 + 1e-9)
             keys = [*keys, node.bound]
+        if isinstance(node, ChoiceNode):  # the replica-aware choice bound above throughput alone
+            plain = node.rates.throughput_bound(node.singles, node.chosen, tree.options.max_classes)
+            choices_raised += node.bound > plain * (1 + 1e-9)
+            keys = [*keys, node.bound]
         if isinstance(node, (ChoiceNode, FamilyNode, BucketNode)):
             stack += [(child, keys) for child in node.expand(tree)]
-    assert checked > 0
+    assert checked > 0 and choices_raised > 0
     # measured: 8 buckets raised on s3, 4 on s6 and s7 (their rings cross nodes at few replicas)
     assert (raised > 0) == raises
 

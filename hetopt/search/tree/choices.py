@@ -10,7 +10,10 @@ in at their TP degrees and the open ones at their best, at most search.max_class
     T ≥ M·N / (Σ_{k in} G_k/(t_k·c·a_k(t_k)) + the largest of max_t G_j/(t·c·a_j(t)), j open),
 
 which is at most each family's `FamilyBounds.bound` (that adds the sends at each change of class,
-w ≥ 0, to N). With every class decided, the node's children are the families: every order of the
+w ≥ 0, to N), or the larger replica-aware bound (hetopt.search.bounds.choices): a template's
+replicas each need a stage of every class in, so the smallest class caps R, and a replica holds at
+most P stages; with every class decided it adds the sends of the cheapest order and the pipeline's
+fill. With every class decided, the node's children are the families: every order of the
 classes in, as a `FamilyNode` (only the canonical orders under interchangeable islands,
 hetopt.search.symmetry).
 """
@@ -21,6 +24,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from hetopt.search.bounds.choices import ChoiceBounds
 from hetopt.search.space import SYMMETRY_RULE, SingleBatch, tp_options
 from hetopt.search.symmetry import canonical, island_blocks
 from hetopt.search.tree.base import Node, Tree, children
@@ -50,10 +54,32 @@ class ClassRates:
             self.rate.append(rates)
         self.best = [max(r.values(), default=0.0) for r in self.rate]
         self.blocks = island_blocks(inst) if opts.symmetry else {}
+        shared = singles.shared
+        one_f1b = max(shared.virtual) == 1
+        self.replicas = ChoiceBounds(
+            tree.bounds.templates,
+            self.classes,
+            self.tps,
+            singles.batch,
+            rc,
+            opts.max_stages,
+            max(shared.virtual),
+            unshed=one_f1b and all(z < 2 for z in singles.zero),
+            unshed_one=one_f1b and singles.zero[0] < 2,
+        )
 
     def bound(self, singles: SingleBatch, chosen: tuple[int, ...], most: int) -> float:
-        """The bound of every family whose first classes are `chosen` (module docstring); inf where
-        no family is left (no class in, and none open)."""
+        """The bound of every family whose first classes are `chosen`: the larger of
+        `throughput_bound` and the replica-aware bound (`ChoiceBounds`); inf where no family is
+        left."""
+        room = most - sum(1 for t in chosen if t)
+        if room < 0:
+            return math.inf
+        return max(self.throughput_bound(singles, chosen, most), self.replicas.bound(chosen, room))
+
+    def throughput_bound(self, singles: SingleBatch, chosen: tuple[int, ...], most: int) -> float:
+        """The module docstring's throughput bound of every family whose first classes are
+        `chosen`; inf where no family is left (no class in, and none open)."""
         ins = [self.rate[i][t] for i, t in enumerate(chosen) if t]
         room = most - len(ins)
         if room < 0:
