@@ -16,6 +16,7 @@ The modules mirror the enumerators and the search tree's nodes:
 - `sends`: sends, ZeRO-2/3 collectives and the templates' exchange (`SendBounds`);
 - `templates`: one template's lines, pipeline and drain (`TemplateBounds`);
 - `families`: one-template families and buckets (`FamilyBounds`);
+- `choices`: the one-template families with their first classes decided (`ChoiceBounds`);
 - `pairs`: two templates side by side (`PairBounds`);
 - `triples`: three templates side by side (`TripleBounds`);
 - `reach`: what single-class templates side by side take below a level (`TemplateReach`);
@@ -26,6 +27,9 @@ The modules mirror the enumerators and the search tree's nodes:
 Each bound, the set it keys, and its statement:
 
 - `FamilyBounds.bound` (a family, classes × TP): T ≥ M·N / Σ_k G_k/(t_k·a_k)
+- `ChoiceBounds.bound` (the families of a choice node): least over R of T ≥ N / Σ_k n_k/w_k,
+  w_k = max(m·a_k, e_k), n_k ≥ 1 per class in, Σ n_k ≤ P; every class decided, also the fill
+  and the sends of the cheapest order (a least spanning tree)
 - `FamilyBounds.bucket_bound` (a family at R, counts fixed): T ≥ (m − 1)·λ + max(λ, N·min a),
   λ = N/max Σ n_k/a_k
 - `TemplateBounds.group_bound` (a one-template group): T ≥ (m − 1)·λ* + S (real water level λ*)
