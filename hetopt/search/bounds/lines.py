@@ -13,6 +13,9 @@ import bisect
 import heapq
 import itertools
 import math
+from collections.abc import Sequence
+
+import numpy as np
 
 Line = tuple[float, float]
 """(a, c): τ(L) ≥ a·L + c, seconds per micro-batch."""
@@ -87,14 +90,19 @@ def least_level(tau, stages: int, layers: int, caps: list[int] | None = None) ->
 
 
 def cheapest_sum(
-    lines: list[Line], layers: int, level: float, caps: list[int] | None = None
+    lines: list[Line],
+    layers: int,
+    level: float,
+    caps: Sequence[int] | None = None,
+    order: Sequence[int] | None = None,
 ) -> float:
     """g(Λ): the least Σ_i (a_i·L_i + c_i) with every a_i·L_i + c_i ≤ Λ and L_i ≤ caps_i (level caps
     rounded up a hair, which only lowers g: the bound stays valid); one layer per stage, the rest on
-    the cheapest stages first."""
+    the cheapest stages first (`order`: the stages by their lines, where the caller has it)."""
     total = sum(a + c for a, c in lines)
     left = layers - len(lines)
-    order = sorted(range(len(lines)), key=lambda i: lines[i])
+    if order is None:
+        order = sorted(range(len(lines)), key=lambda i: lines[i])
     for i in order:
         if left <= 0:
             break
@@ -127,15 +135,36 @@ def water_level(weighted: list[tuple[float, float, int]], layers: int, depth: in
     return lam
 
 
-def pipeline_at(lines, caps: list[int], layers: int, micro_batches: int) -> float:
+def pipeline_at(lines, caps: Sequence[int], layers: int, micro_batches: int) -> float:
     """`TemplateBounds.pipeline_bound` for given stage lines and memory caps (inf where no split
     fits)."""
-    lam = integer_level(list(lines), layers, caps)
-    if not math.isfinite(lam):
-        return math.inf  # no split fits in memory
-    return fill_and_drain(
-        lam, lambda level: cheapest_sum(list(lines), layers, level, caps), micro_batches
-    )
+    return Pipeline(lines, caps, layers).at(micro_batches)
+
+
+class Pipeline:
+    """`pipeline_at` of fixed stage lines and caps at any number of micro-batches: λ, g(λ) and S =
+    g(∞) do not depend on m, so they are found once (the least levels price one template at many
+    m); each m then costs one evaluation of g."""
+
+    def __init__(self, lines, caps: Sequence[int], layers: int) -> None:
+        self.lines, self.caps, self.layers = list(lines), caps, layers
+        self.order = sorted(range(len(self.lines)), key=lambda i: self.lines[i])
+        self.level = integer_level(self.lines, layers, list(caps))
+        if math.isfinite(self.level):
+            self.least_sum, self.at_level = self.g(math.inf), self.g(self.level)
+
+    def g(self, level: float) -> float:
+        return cheapest_sum(self.lines, self.layers, level, self.caps, self.order)
+
+    def at(self, micro_batches: int) -> float:
+        """`fill_and_drain` at m micro-batches (inf where no split fits in memory)."""
+        if not math.isfinite(self.level):
+            return math.inf
+        m, s = micro_batches, self.least_sum
+        if m <= 1:
+            return max(self.level, s)
+        delta = (self.at_level - s) / (m - 1)
+        return (m - 1) * self.level + self.g(self.level + delta)
 
 
 def fill_and_drain(level: float, g, micro_batches: int) -> float:
@@ -204,7 +233,7 @@ def tabled_pipeline(tables: list[list[float]], layers: int, micro_batches: int) 
 
 def drained_pipeline(
     lines: list[Line],
-    caps: list[int],
+    caps: Sequence[int],
     layers: int,
     micro_batches: int,
     drain,
@@ -217,40 +246,62 @@ def drained_pipeline(
     backward ends the pipeline). Interleaved with v chunks the pipeline is m·max τ + (Σ τ − max
     τ)/v: (m − 1/v)·max + (τ_0 + S_rest)/v. One greedy pass gives λ_rest and S_rest at every N −
     L_0; inf when no split fits the caps."""
-    m, p, v = micro_batches, len(lines), virtual_stages
-    a0, c0 = lines[0]
-    if p == 1:
-        if caps[0] < layers:
-            return math.inf
-        t0 = a0 * layers + c0
-        return m * t0 + max(0.0, drain(layers))  # one stage: no bubble to divide
-    rest, rest_caps = lines[1:], caps[1:]
-    if min(rest_caps) < 1 or caps[0] < 1:
-        return math.inf
-    # λ_rest(n) and S_rest(n) for n = p − 1 … min(Σ caps, layers − 1), by one greedy pass each
-    counts = [1] * len(rest)
-    level = max(a + c for a, c in rest)
-    levels, sums = [level], [sum(a + c for a, c in rest)]
-    heap = [(2 * a + c, i) for i, (a, c) in enumerate(rest) if rest_caps[i] > 1]
-    heapq.heapify(heap)
-    slots = sorted(
-        a for (a, _), cap in zip(rest, rest_caps, strict=True) for _ in range(min(cap, layers) - 1)
-    )
-    top = min(sum(min(cap, layers) for cap in rest_caps), layers - 1)
-    for k in range(top - len(rest)):
-        t, i = heapq.heappop(heap)
-        counts[i] += 1
-        level = max(level, t)
-        a, c = rest[i]
-        if counts[i] < rest_caps[i]:
-            heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
-        levels.append(level)
-        sums.append(sums[-1] + slots[k])
-    best = math.inf
-    for l0 in range(max(1, layers - top), min(caps[0], layers - len(rest)) + 1):
-        k = layers - l0 - len(rest)
-        t0 = a0 * l0 + c0
-        best = min(
-            best, (m - 1 / v) * max(t0, levels[k]) + (t0 + sums[k]) / v + max(0.0, drain(l0))
+    return DrainedPipeline(lines, caps, layers, drain).at(micro_batches, virtual_stages)
+
+
+class DrainedPipeline:
+    """`drained_pipeline` of fixed stage lines, caps and drain at any m and v: per L_0 the terms
+    τ_0(L_0), λ_rest, S_rest and max(0, drain(L_0)) do not depend on m, so they are tabled once and
+    each m is one pass over the table."""
+
+    def __init__(self, lines: list[Line], caps: Sequence[int], layers: int, drain) -> None:
+        p = len(lines)
+        a0, c0 = lines[0]
+        self.single: float | None = None  # one stage: (τ_0(N), drain) with no bubble to divide
+        self.t0 = self.levels = self.sums = self.drains = np.zeros(0)
+        if p == 1:
+            if caps[0] >= layers:
+                self.single = a0 * layers + c0
+                self.drains = np.array([max(0.0, drain(layers))])
+            return
+        rest, rest_caps = lines[1:], caps[1:]
+        if min(rest_caps) < 1 or caps[0] < 1:
+            return
+        # λ_rest(n) and S_rest(n) for n = p − 1 … min(Σ caps, layers − 1), by one greedy pass each
+        counts = [1] * len(rest)
+        level = max(a + c for a, c in rest)
+        levels, sums = [level], [sum(a + c for a, c in rest)]
+        heap = [(2 * a + c, i) for i, (a, c) in enumerate(rest) if rest_caps[i] > 1]
+        heapq.heapify(heap)
+        slots = sorted(
+            a
+            for (a, _), cap in zip(rest, rest_caps, strict=True)
+            for _ in range(min(cap, layers) - 1)
         )
-    return best
+        top = min(sum(min(cap, layers) for cap in rest_caps), layers - 1)
+        for k in range(top - len(rest)):
+            t, i = heapq.heappop(heap)
+            counts[i] += 1
+            level = max(level, t)
+            a, c = rest[i]
+            if counts[i] < rest_caps[i]:
+                heapq.heappush(heap, ((counts[i] + 1) * a + c, i))
+            levels.append(level)
+            sums.append(sums[-1] + slots[k])
+        firsts = range(max(1, layers - top), min(caps[0], layers - len(rest)) + 1)
+        ks = [layers - l0 - len(rest) for l0 in firsts]
+        self.t0 = np.array([a0 * l0 + c0 for l0 in firsts])
+        self.levels = np.array([levels[k] for k in ks])
+        self.sums = np.array([sums[k] for k in ks])
+        self.drains = np.array([max(0.0, drain(l0)) for l0 in firsts])
+
+    def at(self, micro_batches: int, virtual_stages: int = 1) -> float:
+        m, v = micro_batches, virtual_stages
+        if self.single is not None:
+            return m * self.single + float(self.drains[0])
+        if not len(self.t0):
+            return math.inf
+        terms = (
+            (m - 1 / v) * np.maximum(self.t0, self.levels) + (self.t0 + self.sums) / v + self.drains
+        )
+        return float(terms.min())

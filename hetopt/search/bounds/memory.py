@@ -41,6 +41,7 @@ class MemoryBounds:
         self.inst, self.profiles = inst, profiles
         self._fits: dict[tuple, bool] = {}
         self._memory: dict[tuple, ClassMemory] = {}
+        self._caps: dict[tuple, tuple[int, ...]] = {}
 
     def template_fits(
         self,
@@ -80,13 +81,27 @@ class MemoryBounds:
         segments: tuple,
         replicas_total: int,
         zero: int = 1,
-    ) -> list[int]:
+    ) -> tuple[int, ...]:
         """The most layers each stage of a template holds in memory (at most the model's layers; 0
         when it cannot hold one), ZeRO stage `zero` sharded over `replicas_total`: the evaluator's
         memory model, affine in L. With a tuple of recompute modes (per-stage recompute) the most
-        any of them holds: each mode's memory rises with L, so a stage holds every L up to that."""
+        any of them holds: each mode's memory rises with L, so a stage holds every L up to that.
+        Memoised: the least levels ask for the same caps at every micro-batch count."""
+        key = (micro_batch, recompute, segments, replicas_total, zero)
+        if key not in self._caps:
+            self._caps[key] = self._stage_caps(*key)
+        return self._caps[key]
+
+    def _stage_caps(
+        self,
+        micro_batch: int,
+        recompute: str | tuple[str, ...],
+        segments: tuple,
+        replicas_total: int,
+        zero: int,
+    ) -> tuple[int, ...]:
         if not isinstance(recompute, str):
-            return [
+            return tuple(
                 max(col)
                 for col in zip(
                     *(
@@ -95,7 +110,7 @@ class MemoryBounds:
                     ),
                     strict=True,
                 )
-            ]
+            )
         inst = self.inst
         p = sum(seg.stages for seg in segments)
         n_layers = inst.model.layers
@@ -120,7 +135,7 @@ class MemoryBounds:
                         else min(n_layers, int((limit - intercept) / slope + 1e-9))
                     )
             start += seg.stages
-        return caps
+        return tuple(caps)
 
     def class_memory(
         self,

@@ -42,6 +42,7 @@ class TemplateReach:
     def __init__(self, templates) -> None:
         self.templates = templates
         self._takes: dict[tuple, np.ndarray] = {}
+        self._drained_of: dict[tuple, Callable[[int, int], float]] = {}
 
     def drained(
         self,
@@ -56,15 +57,36 @@ class TemplateReach:
     ) -> float:
         """D(m; R): `drained_bound` of one template (its segments `side`, R replicas, m
         micro-batches each), memory caps in the modes `memory` at `replicas_total` replicas."""
-        return self.templates.drained_bound(
-            micro_batch,
-            recompute,
-            Template(side, replicas, micro_batches),
-            replicas_total,
-            1,
-            zero,
-            memory,
+        return self.drained_of(micro_batch, recompute, memory, side, zero, replicas_total)(
+            replicas, micro_batches
         )
+
+    def drained_of(
+        self,
+        micro_batch: int,
+        recompute: str,
+        memory: tuple[str, ...],
+        side: tuple,
+        zero: int,
+        replicas_total: int,
+    ) -> Callable[[int, int], float]:
+        """`drained` of one template as a function of (R, m), memoised on (R, m) alone: the least
+        levels ask for it a million times a minute, most of them asked before."""
+        key = (micro_batch, recompute, memory, side, zero, replicas_total)
+        if key not in self._drained_of:
+            known: dict[tuple[int, int], float] = {}
+            bound = self.templates.drained_bound
+
+            def at(replicas: int, micro_batches: int) -> float:
+                value = known.get((replicas, micro_batches))
+                if value is None:
+                    template = Template(side, replicas, micro_batches)
+                    value = bound(micro_batch, recompute, template, replicas_total, 1, zero, memory)
+                    known[(replicas, micro_batches)] = value
+                return value
+
+            self._drained_of[key] = at
+        return self._drained_of[key]
 
     def takes(
         self,
@@ -97,9 +119,10 @@ class TemplateReach:
             return self._takes[key]
         depth = sum(seg.stages for seg in side)
         room = level - self.templates.optimizer_bound(Template(side, 1, 1), total, zero)
+        drained = self.drained_of(micro_batch, recompute, memory, side, zero, total)
 
         def below(r: int, m: int) -> bool:
-            return self.drained(micro_batch, recompute, memory, side, zero, r, m, total) < room
+            return drained(r, m) < room
 
         def cap(r: int, lo: int, hi: int) -> int:
             """The most m in [lo, hi] below the level (lo − 1 where none), knowing it is at least lo

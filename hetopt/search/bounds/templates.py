@@ -27,12 +27,12 @@ from hetopt.evaluate import (
     stage_work,
 )
 from hetopt.search.bounds.lines import (
+    DrainedPipeline,
     Line,
+    Pipeline,
     _positions,
     cheapest_sum,
-    drained_pipeline,
     integer_level,
-    pipeline_at,
     segment_parts,
     sum_bound,
     water_level,
@@ -70,6 +70,8 @@ class TemplateBounds:
         self._templates: dict[tuple, tuple[float, float]] = {}
         self._capped: dict[tuple, tuple[float, float]] = {}
         self._pipelines: dict[tuple, float] = {}
+        self._pipeline_parts: dict[tuple, Pipeline] = {}
+        self._drained_parts: dict[tuple, DrainedPipeline] = {}
         self._drains: dict[tuple, _Drain | None] = {}
         self._drained: dict[tuple, float] = {}
         self._real_levels: dict[tuple, tuple[float, float]] = {}
@@ -345,18 +347,36 @@ class TemplateBounds:
         memory = memory or recompute
         key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero, memory)
         if key not in self._pipelines:
-            caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
             kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
             self._pipelines[key] = max(
-                pipeline_at(
-                    self.stage_lines(micro_batch, recompute, segments, flows, zero, collectives),
-                    caps,
-                    self.inst.model.layers,
-                    micro_batches,
-                )
-                for collectives in kinds
+                self._pipeline(
+                    micro_batch, recompute, segments, replicas_total, flows, zero, memory, kind
+                ).at(micro_batches)
+                for kind in kinds
             )
         return self._pipelines[key]
+
+    def _pipeline(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        replicas_total: int,
+        flows: int,
+        zero: int,
+        memory: str | tuple[str, ...],
+        collectives: bool,
+    ) -> Pipeline:
+        """`pipeline_bound`'s stage lines and caps at any micro-batches (`lines.Pipeline`),
+        memoised: what does not depend on m is found once."""
+        key = (micro_batch, recompute, segments, replicas_total, flows, zero, memory, collectives)
+        if key not in self._pipeline_parts:
+            self._pipeline_parts[key] = Pipeline(
+                self.stage_lines(micro_batch, recompute, segments, flows, zero, collectives),
+                self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero),
+                self.inst.model.layers,
+            )
+        return self._pipeline_parts[key]
 
     def stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
         """A lower bound on how long the gradient all-reduce of a template's stage 0 outlasts the
@@ -605,11 +625,15 @@ class TemplateBounds:
                 else None
             )
             if drain is not None and math.isfinite(bound):
-                caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
-                lines = self.stage_lines(micro_batch, recompute, segments, flows)
-                bound = max(
-                    bound, drained_pipeline(lines, caps, self.inst.model.layers, m, drain, v)
-                )
+                parts = (micro_batch, recompute, memory, longest, segments, flows, replicas_total)
+                if (*parts, zero) not in self._drained_parts:
+                    self._drained_parts[(*parts, zero)] = DrainedPipeline(
+                        self.stage_lines(micro_batch, recompute, segments, flows),
+                        self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero),
+                        self.inst.model.layers,
+                        drain,
+                    )
+                bound = max(bound, self._drained_parts[(*parts, zero)].at(m, v))
             if v == 1 and zero <= 1 and math.isfinite(bound):  # what no stage can shed
                 caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
                 bound = max(
