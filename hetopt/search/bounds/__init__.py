@@ -28,8 +28,9 @@ Each bound, the set it keys, and its statement:
 
 - `FamilyBounds.bound` (a family, classes × TP): T ≥ M·N / Σ_k G_k/(t_k·a_k)
 - `ChoiceBounds.bound` (the families of a choice node): least over R of T ≥ N / Σ_k n_k/w_k,
-  w_k = max(m·a_k, e_k), n_k ≥ 1 per class in, Σ n_k ≤ P; every class decided, also the fill
-  and the sends of the cheapest order (a least spanning tree)
+  w_k = max(m·a_k, e_k), n_k ≥ 1 per class in, Σ n_k ≤ P; two classes in or more, also the
+  fill and the sends of the cheapest order (a least spanning tree; with classes open, the least
+  edge into each class and island in but one)
 - `FamilyBounds.bucket_bound` (a family at R, counts fixed): T ≥ (m − 1)·λ + max(λ, N·min a),
   λ = N/max Σ n_k/a_k
 - `TemplateBounds.group_bound` (a one-template group): T ≥ (m − 1)·λ* + S (real water level λ*)

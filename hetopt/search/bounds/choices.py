@@ -21,10 +21,18 @@ so with Σ L_i = N, T ≥ N / Σ_i 1/w_i = N / Σ_k n_k/w_k, n_k the stages of c
 and T ≥ N / min((a), (b)) at each R that divides M (`Family.replica_counts`), least over R. Each
 family under the node is bounded so at each of its replica counts, so the least over R bounds them
 all.
+
+With two classes in or more, the key also takes the pipeline's fill and the sends beside the
+changes of class (`_pipeline`): an order is a path through the classes in. With every class decided
+the path's sends are at least a least spanning tree's; with some open, the path may pass through
+open classes, and rooted at any class in, every other class in (and every other island of a class
+in) has an edge of its own into it, at least its least edge to any class that could be in
+(`_least_reach`): on clusters of islands joined by slow links, the WAN sends a choice must pay.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -61,6 +69,7 @@ class ChoiceBounds:
         self.keys = [(dc.gpu, dc.island) for dc in classes]
         self.per_layer: list[dict[int, float]] = []
         self._edges: dict[tuple[int, int, int, int], np.ndarray] = {}
+        self._least_edges: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         tops = [dc.gpus // (min(t) * cp) for dc, t in zip(classes, tps, strict=True) if t]
         self.replicas = np.array(
             [r for r in range(1, max(tops, default=0) + 1) if total_mb % r == 0], dtype=float
@@ -102,6 +111,18 @@ class ChoiceBounds:
                 else np.full_like(self.cap, np.inf)
                 for weight in self.weight
             ]
+        # each class's most Σ n/a and least a at each R over its TP degrees (compute alone: the
+        # pipeline bound's units), for the open classes of `_open_pipeline`
+        self.pipe_rate: list[np.ndarray] = []
+        self.pipe_least: list[np.ndarray] = []
+        for k, most in enumerate(self.most):
+            rate, least_a = np.zeros_like(self.cap), np.full_like(self.cap, np.inf)
+            for t, n in most.items():
+                a = self.per_layer[k][t]
+                rate = np.maximum(rate, n / a if a > 0 else np.inf)
+                least_a = np.where(n >= 1, np.minimum(least_a, a), least_a)
+            self.pipe_rate.append(rate)
+            self.pipe_least.append(least_a)
         # the open classes from i on: the best `room` of them (cumulative, descending), least w
         self.open_sum: list[np.ndarray] = []
         self.open_least: list[np.ndarray] = []
@@ -115,9 +136,13 @@ class ChoiceBounds:
                 np.min(np.array(least_w[i:]).reshape(-1, len(self.cap)), axis=0, initial=np.inf)
             )
 
-    def bound(self, chosen: tuple[int, ...], room: int) -> float:
+    def bound(
+        self, chosen: tuple[int, ...], room: int, order: tuple[int, ...] | None = None
+    ) -> float:
         """Every family whose first classes are `chosen` (a TP degree each, 0: out), with at most
-        `room` of the open classes in; inf where no replica count is left."""
+        `room` of the open classes in; inf where no replica count is left. `order`: every class
+        decided, the one family that runs the classes in in this order (class indices), whose
+        sends are those of its path, not of the least spanning tree."""
         ins = [(k, t) for k, t in enumerate(chosen) if t]
         if not len(self.cap):
             return math.inf
@@ -141,17 +166,22 @@ class ChoiceBounds:
             budget = np.where(self.cap > len(ins), budget, rate_in)
             rate = np.minimum(most_sum, budget)
             times = np.where(fits, self.layers / rate, np.inf)
-            if len(chosen) == len(self.keys) and len(ins) > 1:
-                times = np.maximum(times, self._pipeline(ins))
+            opens = [k for k in range(len(chosen), len(self.keys)) if self.most[k]]
+            if len(ins) > 1 and (not opens or room <= 0):  # the classes in are the family's
+                times = np.maximum(times, self._pipeline(ins, order))
+            elif len(ins) > 1:
+                times = np.maximum(times, self._open_pipeline(ins, opens, room))
         best = float(np.min(times, initial=np.inf))
         return 0.0 if math.isnan(best) else best
 
-    def _pipeline(self, ins: list[tuple[int, int]]) -> np.ndarray:
+    def _pipeline(
+        self, ins: list[tuple[int, int]], order: tuple[int, ...] | None = None
+    ) -> np.ndarray:
         """`FamilyBounds.pipeline_bucket` of every order of the classes `ins` (k, t_k), every class
         decided, at each R: T ≥ (m − 1/v)·λ + max(λ, S)/v with λ = (N + W)/max Σ n_k/a_k and S =
         N·a_min + Σ_k (a_k − a_min) + C, where W and C are the least Σ c_i/a_i and Σ c_i of the
-        sends beside the changes of class of any order (`_least_tree`) and Σ n_k/a_k is bounded as
-        (a) and (b) of the module docstring."""
+        sends beside the changes of class of any order (`_least_tree`), or those of `order`'s path
+        where one is given, and Σ n_k/a_k is bounded as (a) and (b) of the module docstring."""
         a = np.array([self.per_layer[k][t] for k, t in ins])
         if a.min() <= 0:
             return np.zeros_like(self.cap)
@@ -160,13 +190,119 @@ class ChoiceBounds:
             (most / a[:, None]).sum(axis=0),
             (1 / a).sum() + np.maximum(self.cap - len(ins), 0) / a.min(),
         )
-        weighted, plain = self._least_tree(ins)
+        tp = dict(ins)
+        path = [self._edge(k, tp[k], j, tp[j]) for k, j in itertools.pairwise(order or ())]
+        if order is None or any(float(np.min(part)) < 0 for pair in path for part in pair):
+            weighted, plain = self._least_tree(ins)
+        else:  # one family: the sends at its changes of class, in its order (wrapping round
+            # under interleaving only adds sends, none negative)
+            weighted, plain = sum(w for w, _ in path), sum(c for _, c in path)
         least_sum = self.layers * a.min() + (a - a.min()).sum() + plain
         m, v = self.batch[1] / self.replicas, self.virtual
         with np.errstate(divide="ignore", invalid="ignore"):
             lam = (self.layers + weighted) / rate
             times = (m - 1 / v) * lam + np.maximum(lam, least_sum) / v
         return np.where(rate > 0, times, np.inf)  # rate 0: no replica fits at R
+
+    def _open_pipeline(self, ins: list[tuple[int, int]], opens: list[int], room: int) -> np.ndarray:
+        """`_pipeline` of the families whose classes are `ins` (k, t_k) and at most `room` of the
+        open classes `opens`: with Σ n_k/a_k bounded as (a) and (b) of the module docstring, the
+        open classes at their best TP degree, a_min the least a of any class that could be in, and
+        W and C the least Σ c_i/a_i and Σ c_i that an order reaching every class in, through open
+        classes or not, must pay (`_least_reach`)."""
+        a = np.array([self.per_layer[k][t] for k, t in ins])
+        if a.min() <= 0 or any(self.per_layer[k][t] <= 0 for k in opens for t in self.most[k]):
+            return np.zeros_like(self.cap)
+        most = np.array([self.most[k][t] for k, t in ins])
+        opened = np.zeros_like(self.cap)
+        if opens:
+            ranked = -np.sort(-np.array([self.pipe_rate[k] for k in opens]), axis=0)
+            opened = ranked[: min(room, len(opens))].sum(axis=0)
+        a_min = np.minimum(
+            a.min(), np.min([self.pipe_least[k] for k in opens], axis=0, initial=np.inf)
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.minimum(
+                (most / a[:, None]).sum(axis=0) + opened,
+                (1 / a).sum() + np.maximum(self.cap - len(ins), 0) / a_min,
+            )
+            weighted, plain = self._least_reach(ins, opens)
+            least_sum = self.layers * a_min + (a[:, None] - a_min).sum(axis=0) + plain
+            m, v = self.batch[1] / self.replicas, self.virtual
+            lam = (self.layers + weighted) / rate
+            times = (m - 1 / v) * lam + np.maximum(lam, least_sum) / v
+        return np.where(rate > 0, times, np.inf)
+
+    def _least_reach(
+        self, ins: list[tuple[int, int]], opens: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """At each R, lower bounds on Σ c_i/a_i and on Σ c_i over the sends of any order of the
+        classes `ins` and some of `opens` (each at any TP degree). The order is a path, so rooted
+        at any class in, every other class in has its own parent edge, at least the least edge it
+        has to any class that could be in: the sum of those least edges less the smallest. So too
+        for islands: the path's edges between islands join the islands it visits, so every island
+        of a class in but the root's has its own edge out of it, at least the least edge from a
+        class that could be in on that island to one elsewhere. The larger of the two sums."""
+        nodes = [(k, (t,)) for k, t in ins] + [(k, tuple(self.most[k])) for k in opens]
+
+        edges = {
+            (u, v): self._least_edge(*nodes[u], *nodes[v])
+            for u in range(len(nodes))
+            for v in range(u + 1, len(nodes))
+        }
+
+        if any(float(np.min(part)) < 0 for pair in edges.values() for part in pair):
+            # an order's sends are at least the edges it keeps only where none is negative (no
+            # shipped profile has a negative weight; a custom one might)
+            return np.zeros_like(self.cap), np.zeros_like(self.cap)
+
+        def edge(u: int, v: int) -> tuple[np.ndarray, np.ndarray]:
+            return edges[min(u, v), max(u, v)]
+
+        def rooted(outs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+            """Σ over the groups of nodes `outs` (its own nodes, the others) of the least edge
+            leaving it, less the smallest; 0 with fewer than two groups."""
+            if len(outs) < 2:
+                return np.zeros_like(self.cap), np.zeros_like(self.cap)
+            sums = []
+            for part in (0, 1):
+                least = np.array(
+                    [
+                        np.min(
+                            [
+                                edge(u, v)[part]
+                                for u in own
+                                for v in range(len(nodes))
+                                if v not in own
+                            ],
+                            axis=0,
+                        )
+                        for own in outs
+                    ]
+                )
+                sums.append(least.sum(axis=0) - least.min(axis=0))
+            return sums[0], sums[1]
+
+        by_class = rooted([[u] for u in range(len(ins))])
+        islands = sorted({self.keys[k][1] for k, _ in ins})
+        by_island = rooted(
+            [[u for u, (k, _) in enumerate(nodes) if self.keys[k][1] == isl] for isl in islands]
+        )
+        return np.maximum(by_class[0], by_island[0]), np.maximum(by_class[1], by_island[1])
+
+    def _least_edge(
+        self, k: int, tks: tuple[int, ...], j: int, tjs: tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`_edge` between classes k and j, each at the least over its TP degrees `tks`, `tjs`
+        (both parts apart), memoised."""
+        key = (k, tks, j, tjs)
+        if key not in self._least_edges:
+            pairs = [self._edge(k, t, j, tj) for t in tks for tj in tjs]
+            self._least_edges[key] = (
+                np.min([w for w, _ in pairs], axis=0),
+                np.min([c for _, c in pairs], axis=0),
+            )
+        return self._least_edges[key]
 
     def _least_tree(self, ins: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         """At each R, lower bounds on Σ c_i/a_i and on Σ c_i over the stages beside the changes of

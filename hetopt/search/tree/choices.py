@@ -12,9 +12,10 @@ in at their TP degrees and the open ones at their best, at most search.max_class
 which is at most each family's `FamilyBounds.bound` (that adds the sends at each change of class,
 w ≥ 0, to N), or the larger replica-aware bound (hetopt.search.bounds.choices): a template's
 replicas each need a stage of every class in, so the smallest class caps R, and a replica holds at
-most P stages; with every class decided it adds the sends of the cheapest order and the pipeline's
-fill. With every class decided, the node's children are the families: every order of the
-classes in, as a `FamilyNode` (only the canonical orders under interchangeable islands,
+most P stages; with two classes in or more it adds the pipeline's fill and the sends of the
+cheapest order (with some classes open, the least sends that reach every class and island in).
+With every class decided, the node's children are the families: every order of the classes in,
+as a `FamilyNode` (only the canonical orders under interchangeable islands,
 hetopt.search.symmetry).
 """
 
@@ -68,14 +69,23 @@ class ClassRates:
             unshed_one=one_f1b and singles.zero[0] < 2,
         )
 
-    def bound(self, singles: SingleBatch, chosen: tuple[int, ...], most: int) -> float:
+    def bound(
+        self,
+        singles: SingleBatch,
+        chosen: tuple[int, ...],
+        most: int,
+        order: tuple[int, ...] | None = None,
+    ) -> float:
         """The bound of every family whose first classes are `chosen`: the larger of
         `throughput_bound` and the replica-aware bound (`ChoiceBounds`); inf where no family is
-        left."""
+        left. `order`: every class decided, of the one family in that order (class indices)."""
         room = most - sum(1 for t in chosen if t)
         if room < 0:
             return math.inf
-        return max(self.throughput_bound(singles, chosen, most), self.replicas.bound(chosen, room))
+        return max(
+            self.throughput_bound(singles, chosen, most),
+            self.replicas.bound(chosen, room, order),
+        )
 
     def throughput_bound(self, singles: SingleBatch, chosen: tuple[int, ...], most: int) -> float:
         """The module docstring's throughput bound of every family whose first classes are
@@ -123,17 +133,26 @@ class ChoiceNode(Node):
 
     def _families(self, tree: Tree) -> list[Node]:
         """Every family over the classes in: each order of them (the canonical ones), keyed by its
-        `FamilyBounds.bound` (those the incumbent beats pruned as they are made)."""
-        picked = [(dc, t) for dc, t in zip(self.rates.classes, self.chosen, strict=True) if t]
+        `FamilyBounds.bound` and the choices' bound with the sends of its own order's path (those
+        the incumbent beats pruned as they are made)."""
+        picked = [
+            (k, dc, t)
+            for k, (dc, t) in enumerate(zip(self.rates.classes, self.chosen, strict=True))
+            if t
+        ]
         out: list[Node] = []
         for run in itertools.permutations(picked):
-            order = tuple(dc for dc, _ in run)
+            order = tuple(dc for _, dc, _ in run)
             if not canonical(order, self.rates.blocks):
                 tree.stats.pruned[SYMMETRY_RULE] += 1
                 continue
             tree.stats.families += 1
-            family = self.singles.family(tree.inst, tree.options, order, tuple(t for _, t in run))
+            family = self.singles.family(tree.inst, tree.options, order, tuple(t for *_, t in run))
             bound = tree.bounds.families.bound(family)
+            if len(run) > 1 and not tree.beaten(bound):  # its own sends, not the least tree's
+                path = tuple(k for k, _, _ in run)
+                most = tree.options.max_classes
+                bound = max(bound, self.rates.bound(self.singles, self.chosen, most, path))
             if tree.beaten(bound):  # pruned as it is made
                 tree.stats.pruned[FamilyNode.pruned_as] += 1
                 continue
