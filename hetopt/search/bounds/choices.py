@@ -18,7 +18,9 @@ so with Σ L_i = N, T ≥ N / Σ_i 1/w_i = N / Σ_k n_k/w_k, n_k the stages of c
     (b) Σ_{k in} 1/w_k + (P − |in|)/w_min   one stage per class in, the others at the least w any
                                             class could give,
 
-and T ≥ N / min((a), (b)) at each R that divides M (`Family.replica_counts`), least over R. Each
+and T ≥ N / min((a), (b)) at each R that divides M (`Family.replica_counts`). Each class in holds
+a stage of one layer at least, so also T ≥ w_k for every class in: a slow class beside fast ones
+costs a whole layer's time, which the rate alone spreads thin. The least over R. Each
 family under the node is bounded so at each of its replica counts, so the least over R bounds them
 all.
 
@@ -166,6 +168,8 @@ class ChoiceBounds:
             budget = np.where(self.cap > len(ins), budget, rate_in)
             rate = np.minimum(most_sum, budget)
             times = np.where(fits, self.layers / rate, np.inf)
+            for k, t in ins:  # each class in holds a stage of one layer at least: T ≥ w_k
+                times = np.maximum(times, self.weight[k][t])
             opens = [k for k in range(len(chosen), len(self.keys)) if self.most[k]]
             if len(ins) > 1 and (not opens or room <= 0):  # the classes in are the family's
                 times = np.maximum(times, self._pipeline(ins, order))
