@@ -5,9 +5,16 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 
-from hetopt.search.bounds.lines import DrainedPipeline, Pipeline, drained_pipeline, pipeline_at
+from hetopt.search.bounds.lines import (
+    DrainedPipeline,
+    Pipeline,
+    drained_pipeline,
+    least_drain,
+    pipeline_at,
+)
 
 
 def splits(stages: int, layers: int, caps: list[int]):
@@ -70,3 +77,40 @@ def test_a_drained_pipeline_tabled_once_bounds_every_split_at_every_m_and_v(seed
             assert table.at(m, v) == pytest.approx(min(times), rel=1e-12)
         else:
             assert table.at(m, v) <= min(times) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_least_drain_is_below_every_split_and_at_least_stage_0s(seed):
+    """least_drain against every split: at most the least max_i (e_i(L_i) − Σ_{k<i} c_k(L_k)) ∨ 0
+    (a relaxation: the greedy pass may hold more layers than the model has), and at least stage 0's
+    least drain (it waits on nothing) less the bisection's last step."""
+    rng = random.Random(seed)
+    stages = rng.randint(1, 5)
+    layers = rng.randint(stages, 10)
+    caps = [rng.randint(1, layers) for _ in range(stages)]
+    rising = seed % 2 == 0
+    own, chain = [], []
+    for cap in caps:
+        n = np.arange(1, cap + 1, dtype=float)
+        if rising:
+            own.append(rng.uniform(0.0, 3.0) * n + rng.uniform(-4.0, 1.0))
+            chain.append(rng.uniform(0.0, 1.0) * n + rng.uniform(0.0, 0.5))
+        else:  # any tables: the bound must hold all the same
+            own.append(np.array([rng.uniform(-3.0, 5.0) for _ in n]))
+            chain.append(np.array([rng.uniform(0.0, 2.0) for _ in n]))
+    drains = [
+        max(
+            0.0,
+            max(
+                own[i][s[i] - 1] - sum(chain[k][s[k] - 1] for k in range(i)) for i in range(stages)
+            ),
+        )
+        for s in splits(stages, layers, caps)
+    ]
+    got = least_drain(own, chain, layers)
+    if not drains:
+        assert got == 0.0
+        return
+    assert got <= min(drains) + 1e-12
+    span = max(abs(float(e.max())) for e in own)
+    assert got >= max(0.0, float(own[0].min())) - span / 64**3 - 1e-9

@@ -21,7 +21,7 @@ The modules mirror the enumerators and the search tree's nodes:
 - `triples`: three templates side by side (`TripleBounds`);
 - `reach`: what single-class templates side by side take below a level (`TemplateReach`);
 - `skeletons`: one skeleton, a leaf (`SkeletonBounds`);
-- `placed`: a placed and linearised skeleton (`placed_bound`);
+- `placed`: a placed and linearised skeleton (`placed_bound`, `every_stage_drain`);
 - `run`: `Bounds`, every kind of one search run together.
 
 Each bound, the set it keys, and its statement:
@@ -38,6 +38,8 @@ Each bound, the set it keys, and its statement:
 - `PairBounds.range_bound` (a two-template range): M / Σ_j R_j/λ_j ∨ `bound`, least at a vertex
 - `PairBounds.bound` (two templates at R_a, R_b): M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)
 - `SkeletonBounds.bound` (one skeleton): T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt
+- `TemplateBounds.drain_excess` (one template at R): T ≥ P + E, E the least over splits of
+  max_i [D̂_i − Σ_{k≤i} (τ̂_k − f̂_k)] (every stage's all-reduce past the pipeline, `least_drain`)
 - `SkeletonBounds.shard_bound` (one skeleton with shards): T ≥ (m − 1)·λ + S, each stage its
   steepest rank's line
 - `SkeletonBounds.lockstep_bound` (a uniform layout's skeleton): T ≥ (m − 1)·λ + min_j S_j, τ_i
@@ -50,7 +52,9 @@ Each bound, the set it keys, and its statement:
 - `PairBounds.least`, `TripleBounds.least` (a box of replica counts) and `family_least` (a pair
   or triple family): the least T at which Σ_j R_j·cap_j(R_j; T) ≥ M, cap_j the most micro-batches
   whose drained bound (with the all-reduce no replica sheds) lies below T
-- `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone
+- `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone;
+  c at most the nodes the smaller template can use (`template_nodes`), no node paired with itself
+  where none holds a TP group of each (`apart`)
 - `SendBounds.ring_exchange_s` (three templates): each pair a hop of the ring: the slowest
   exchange
 

@@ -305,3 +305,43 @@ class DrainedPipeline:
             (m - 1 / v) * np.maximum(self.t0, self.levels) + (self.t0 + self.sums) / v + self.drains
         )
         return float(terms.min())
+
+
+def least_drain(own: list[np.ndarray], chain: list[np.ndarray], layers: int) -> float:
+    """The least E ≥ 0 such that some split of `layers` (stage i at 1 … len(own[i]) layers) keeps
+    every stage's drain e_i(L_i) − Σ_{k<i} c_k(L_k) ≤ E: `own[i][L − 1]` = e_i(L), `chain[k][L − 1]`
+    = c_k(L) ≥ 0 (a lower bound: the bisection's lower end, which fails).
+
+    A greedy pass from stage 0 gives each stage the most layers whose drain is ≤ E. If some split
+    keeps every drain ≤ E, the greedy pass holds at least as many layers at every stage (by
+    induction: it has waited at least as long, c made to rise with L by its running maximum, which
+    only lowers the bound), so it reaches `layers`; where it does not, E is too small. The largest
+    L with e(L) ≤ x is the largest with min_{L' ≥ L} e(L') ≤ x, nondecreasing in L: one
+    searchsorted per stage, for many levels at once."""
+    if not own or min(len(e) for e in own) < 1 or sum(len(e) for e in own) < layers:
+        return 0.0
+    own = [np.minimum.accumulate(np.asarray(e, dtype=float)[::-1])[::-1] for e in own]
+    chain = [np.maximum.accumulate(np.maximum(np.asarray(c, dtype=float), 0.0)) for c in chain]
+
+    def fits(levels: np.ndarray) -> np.ndarray:
+        waited, held = np.zeros_like(levels), np.zeros(levels.shape, dtype=int)
+        ok = np.ones(levels.shape, dtype=bool)
+        for e, c in zip(own, chain, strict=True):
+            n = np.searchsorted(e, levels + waited, side="right")
+            ok &= n >= 1
+            n = np.maximum(n, 1)
+            held += n
+            waited += c[n - 1]
+        return ok & (held >= layers)
+
+    if fits(np.zeros(1))[0]:
+        return 0.0
+    # at the most e every stage takes all it can hold, and that is `layers` at least
+    low, high = 0.0, max(float(e[-1]) for e in own)
+    for _ in range(4):  # each round narrows [low, high] 64-fold
+        levels = np.linspace(low, high, 65)
+        first = int(np.argmax(fits(levels)))  # levels[-1] = high fits
+        low, high = float(levels[max(first - 1, 0)]), float(levels[first])
+        if first == 0:
+            break
+    return low

@@ -93,9 +93,13 @@ class PairBounds:
         T ≥ (m_j − 1)·λ_j + S_j, m_j ≤ (T − S_j)/λ_j + 1, so M ≤ Σ R_j·((T − S_j)/λ_j + 1); then the
         templates' exchange. λ_j, S_j over the splits that fit in memory in the modes `memory`."""
         lines = self.lines(group, recompute, memory, sum(replicas))
-        return pair_at(lines, replicas, group.total_micro_batches) + self.sends.exchange_s(
-            group.a, group.b
-        )
+        return pair_at(lines, replicas, group.total_micro_batches) + self.exchange(group, replicas)
+
+    def exchange(self, group, replicas: tuple[int, int]) -> float:
+        """`exchange_s` of a pair group's templates at most `replicas` each (their nodes cap the
+        channels: `SendBounds.nodes_at`)."""
+        sides = (group.a, group.b)
+        return self.sends.exchange_s(*sides, nodes=self.sends.nodes_at(sides, replicas))
 
     def range_bound(
         self,
@@ -119,7 +123,7 @@ class PairBounds:
             (lam, s, float(lo), float(hi))
             for (lam, s), lo, hi in zip(lines, lowest, replicas, strict=True)
         ]
-        return region_least(*sides, group.shared, total) + self.sends.exchange_s(group.a, group.b)
+        return region_least(*sides, group.shared, total) + self.exchange(group, replicas)
 
     def reach(
         self,
@@ -140,7 +144,7 @@ class PairBounds:
         keys = [(side[0].gpu, side[0].island) for side in sides]
         widths = [sum(seg.stages * seg.width for seg in side) for side in sides]
         gpus = {key: self.inst.cluster.device_classes[key].gpus for key in keys}
-        level = threshold - self.sends.exchange_s(group.a, group.b)
+        level = threshold - self.exchange(group, replicas)
         most = -1
         for rc in modes:
             takes = [

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from hetopt.cost.pricing import overlap_host_device
 from hetopt.search.bounds.lines import (
     drained_pipeline,
+    least_drain,
     pipeline_at,
     stage_tables,
     tabled_pipeline,
@@ -80,6 +84,7 @@ def placed_bound(problem) -> float:
                     lines, caps, layers, pr.micro_batches, lambda n, pr=pr: _drain(pr, n), v
                 ),
             )
+            drain = max(drain, every_stage_drain(pr, caps))
             t_opt = max(t_opt, max(f.at(1) for f in pr.opt))
         times.append(max(t_sync + max(0.0, drain), drained) + sc.cross_s + t_opt)
     return aggregate(times, list(problem.probabilities), problem.objective, problem.alpha)
@@ -98,6 +103,48 @@ def exposed_at_least(pr, i: int) -> float:
         compute = d.slope + s * h.slope + min(d.intercept + s * h.intercept, 0.0)
         out += max(0.0, min(compute, z.slope + min(z.intercept, 0.0)))
     return out / units
+
+
+def every_stage_drain(pr, caps: list[int]) -> float:
+    """E ≥ 0 with T ≥ T_sync + E: the least, over the splits within `caps`, of how long the last
+    gradient all-reduce outlasts the pipeline (pricing.dp_finish).
+
+    Stage i's last backward pass ends Σ_{k<i} c_k + s_i before T_sync (c_k = y^b_k(L_k) + s_k its
+    backward pass and gradient send, s_k half its sends, s_0 = 0), so its all-reduce ends at
+    T_sync + e_i(L_i) − Σ_{k<i} c_k(L_k), e_i(L) = D_i(L) − o_i·y^b_i(L) − s_i: `least_drain`.
+    With per-stage recompute, e_i at its least and c_k at its most over the modes."""
+    if pr.depth < 2:
+        return 0.0
+    sends = [0.0, *(0.5 * c for c in pr.p2p[1:])]
+    own, chain = _stage_drain_tables(pr, caps)
+    return least_drain(
+        [e - s for e, s in zip(own, sends, strict=True)],
+        [c + s for c, s in zip(chain, sends, strict=True)],
+        pr.layers,
+    )
+
+
+def _stage_drain_tables(pr, caps: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per stage, at L = 1 … cap: D(L) − o·y^b(L) at its least over the modes, and y^b(L) at its
+    most (the evaluator's prices: SplitProblem.dp_s, hidden_s, pass_s); affine parts at once."""
+    if pr.mixed or pr.tabulated:
+        own, chain = [], []
+        for i in range(pr.depth):
+            ns = range(1, caps[i] + 1)
+            own.append(
+                np.array([min(v.dp_s(i, n) - v.hidden_s(i, n) for v in pr.variants()) for n in ns])
+            )
+            chain.append(np.array([max(v.pass_s(i, n, "b") for v in pr.variants()) for n in ns]))
+        return own, chain
+    own, chain = [], []
+    for i in range(pr.depth):
+        n = np.arange(1, caps[i] + 1, dtype=float)
+        h = pr.host_bwd[i].slope * n + pr.host_bwd[i].intercept
+        d = pr.dev_bwd[i].slope * n + pr.dev_bwd[i].intercept
+        backward = overlap_host_device(h, d, pr.serial[i])
+        own.append(pr.dp[i].slope * n + pr.dp[i].intercept - pr.dp_overlap[i] * backward)
+        chain.append(backward)
+    return own, chain
 
 
 def _drain(pr, n: int) -> float:

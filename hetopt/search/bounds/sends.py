@@ -181,7 +181,51 @@ class SendBounds:
             min(r.alpha_s for r in routes),
         )
 
-    def exchange_s(self, side_a: tuple, side_b: tuple, others: tuple = ()) -> float:
+    def template_nodes(self, segments: tuple, replicas: int, tp_in_node: bool = True) -> int:
+        """The most distinct nodes a template of `replicas` replicas of `segments` can use
+        (features.template_nodes counts them): each rank of a stage (one per CP rank) is a TP group
+        inside one node, or, wider than every node of its class, ⌈t/g⌉ whole nodes of one size g
+        ≥ the class's smallest (placement rules); never more GPUs than it has, nor more nodes than
+        its class holds. `tp_in_node` False (Megatron's rank order, which may cut a group at a node
+        boundary): a node per GPU at most."""
+        classes = self.inst.cluster.device_classes
+        per_class: Counter = Counter()
+        for seg in segments:
+            sizes = [n.gpus for n in classes[seg.gpu, seg.island].nodes]
+            group = seg.tp
+            if tp_in_node:
+                group = 1 if seg.tp <= max(sizes) else min(seg.tp, -(-seg.tp // min(sizes)))
+            per_class[seg.gpu, seg.island] += replicas * seg.stages * seg.cp * group
+        return sum(min(n, len(classes[key].nodes)) for key, n in per_class.items())
+
+    def nodes_at(self, sides: tuple, replicas: tuple) -> tuple[int, ...]:
+        """`template_nodes` of each template (its segments, at most its replicas): a cap that only
+        rises with the replicas, so a box of replica counts takes its top corner's."""
+        return tuple(self.template_nodes(s, r) for s, r in zip(sides, replicas, strict=True))
+
+    def apart(self, side_a: tuple, side_b: tuple) -> bool:
+        """Whether no node can hold a stage of each of two templates (segments `side_a`, `side_b`):
+        each TP group sits inside one node or takes whole nodes (placement rules), so a node of g
+        GPUs holds groups of both only if g ≥ t_a + t_b for their narrowest groups in its class.
+        False for sides of device classes (no TP degree yet)."""
+        if not all(hasattr(s, "tp") for s in (*side_a, *side_b)):
+            return False
+        classes = self.inst.cluster.device_classes
+        for key in {(s.gpu, s.island) for s in side_a} & {(s.gpu, s.island) for s in side_b}:
+            ta = min(s.tp for s in side_a if (s.gpu, s.island) == key)
+            tb = min(s.tp for s in side_b if (s.gpu, s.island) == key)
+            if any(n.gpus >= ta + tb for n in classes[key].nodes):
+                return False
+        return True
+
+    def exchange_s(
+        self,
+        side_a: tuple,
+        side_b: tuple,
+        others: tuple = (),
+        nodes: tuple | None = None,
+        tp_in_node: bool = True,
+    ) -> float:
         """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates'
         exchange (features.cross_template_exchange) sends the model's gradients G from each template
         to the other over at most c = min(nodes of a's classes, nodes of b's) node pairs, so some
@@ -191,23 +235,36 @@ class SendBounds:
         types' weights (the exchange is priced with one template's first stage's; every weight of a
         transfer is ≥ 0, else no bound: 0). `others`: the segments of the plan's other templates,
         whose GPU types' weights are counted too (a ring of three is priced with whichever template
-        comes first)."""
+        comes first). `nodes`: the most nodes each of the two templates can use (`template_nodes`),
+        which also caps c: the evaluator spreads a hop over as many node pairs as the smaller
+        template has nodes. Where no node can hold a stage of each template (`apart`; with
+        `tp_in_node`, False for Megatron's rank order, which may cut a group at a node boundary) a
+        node is never paired with itself."""
         keys = tuple(
             tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b)
         )
         weighed = tuple(sorted({seg.gpu for side in (side_a, side_b, *others) for seg in side}))
-        return self._exchange_parts(keys, weighed)[0]
+        apart = tp_in_node and self.apart(side_a, side_b)
+        return self._exchange_parts(keys, weighed, min(nodes) if nodes else None, apart)[0]
 
     def _exchange_parts(
-        self, keys: tuple, weighed: tuple[str, ...]
+        self,
+        keys: tuple,
+        weighed: tuple[str, ...],
+        most_channels: int | None = None,
+        apart: bool = False,
     ) -> tuple[float, float, float, float]:
         """(`exchange_s`, its flow's least raw seconds — bytes over bandwidth plus latency, what
         features.slowest_transfer ranks flows by —, the least of the weights of those terms and the
         least step weight over the GPU types `weighed`); all 0 where a weight of a transfer is
-        negative."""
-        if (keys, weighed) not in self._exchange:
-            inst, classes = self.inst, self.inst.cluster.device_classes
-            channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
+        negative. `most_channels`: the most node pairs the hop can use, if fewer than its
+        classes' nodes; `apart`: no node holds both ends of a flow."""
+        inst, classes = self.inst, self.inst.cluster.device_classes
+        channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
+        if most_channels is not None:
+            channels = min(channels, most_channels)
+        memo = (keys, weighed, channels, apart)
+        if memo not in self._exchange:
             nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
             weights = [
                 self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
@@ -218,7 +275,10 @@ class SendBounds:
             for cluster in self.clusters:
                 # a hop each way round the ring
                 for src, dst in ends + [(kb, ka) for ka, kb in ends]:
-                    for a, b in self.node_pairs(src, dst):
+                    pairs = self.node_pairs(src, dst)
+                    if apart and any(a != b for a, b in pairs):
+                        pairs = [(a, b) for a, b in pairs if a != b]
+                    for a, b in pairs:
                         route = cluster.route(a, b)
                         features = transfer(
                             nbytes,
@@ -231,17 +291,19 @@ class SendBounds:
                         raw = min(raw, float(features[LINK] + features[NET] + features[LAT]))
             transfer_terms = [LINK, NET, STEP, LAT]
             if all(min(w[transfer_terms]) >= 0 for w in weights):
-                self._exchange[keys, weighed] = (
+                self._exchange[memo] = (
                     best,
                     raw,
                     min(min(w[[LINK, NET, LAT]]) for w in weights),
                     min(w[STEP] for w in weights),
                 )
             else:
-                self._exchange[keys, weighed] = (0.0, 0.0, 0.0, 0.0)
-        return self._exchange[keys, weighed]
+                self._exchange[memo] = (0.0, 0.0, 0.0, 0.0)
+        return self._exchange[memo]
 
-    def ring_exchange_s(self, sides: tuple) -> float:
+    def ring_exchange_s(
+        self, sides: tuple, nodes: tuple | None = None, tp_in_node: bool = True
+    ) -> float:
         """T_cross ≥ this for the templates whose segments are `sides`: with two, `exchange_s`; with
         three (a ring a → b → c → a in any order, so every pair of them is a hop, each flow carrying
         4G/3 ≥ G of gradients over at most as many channels as `exchange_s` counts) the evaluator
@@ -250,9 +312,9 @@ class SendBounds:
         are the most of all flows', so at least every hop's least: T_cross ≥ ω·max_pairs raw + σ (ω
         the least weight of the seconds' terms, σ the least step weight, over all three templates'
         GPU types). The larger of the two; 0 with one template, or more than three (no pair need be
-        a hop)."""
+        a hop). `nodes`: the most nodes each template can use, `tp_in_node` (`exchange_s`)."""
         if len(sides) == 2:
-            return self.exchange_s(*sides)
+            return self.exchange_s(*sides, nodes=nodes, tp_in_node=tp_in_node)
         if len(sides) != 3:
             return 0.0
         weighed = tuple(sorted({seg.gpu for side in sides for seg in side}))
@@ -263,6 +325,8 @@ class SendBounds:
                     for side in (sides[i], sides[j])
                 ),
                 weighed,
+                min(nodes[i], nodes[j]) if nodes else None,
+                tp_in_node and self.apart(sides[i], sides[j]),
             )
             for i, j in ((0, 1), (0, 2), (1, 2))
         ]

@@ -32,6 +32,7 @@ class SkeletonBounds:
         if sk.lockstep:
             return self.lockstep_bound(sk)
         replicas_total = sum(t.replicas for t in sk.templates)
+        grouped = sk.order != "megatron"  # each TP group inside a node (Megatron's order may cut)
         # per-stage recompute: compute at the least-work mode, memory at the most any mode holds,
         # and the all-reduce's overlap with stage 0's backward pass at the most-work mode — each the
         # side no mix of modes can beat
@@ -49,7 +50,13 @@ class SkeletonBounds:
                 for t in sk.templates
             )
             + max(self.templates.optimizer_bound(t, replicas_total, sk.zero) for t in sk.templates)
-            + self.sends.ring_exchange_s(tuple(t.segments for t in sk.templates))
+            + self.sends.ring_exchange_s(
+                tuple(t.segments for t in sk.templates),
+                tuple(
+                    self.sends.template_nodes(t.segments, t.replicas, grouped) for t in sk.templates
+                ),
+                grouped,
+            )
         )
 
     def shard_bound(self, sk: Skeleton) -> float:

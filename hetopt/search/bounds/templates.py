@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from hetopt.cost.comm import all_reduce
 from hetopt.cost.compute import optimizer_step
 from hetopt.cost.flops import layer_params
@@ -33,6 +35,7 @@ from hetopt.search.bounds.lines import (
     _positions,
     cheapest_sum,
     integer_level,
+    least_drain,
     segment_parts,
     sum_bound,
     water_level,
@@ -77,6 +80,7 @@ class TemplateBounds:
         self._real_levels: dict[tuple, tuple[float, float]] = {}
         self._ring_lines: dict[tuple, tuple[float, float] | None] = {}
         self._unshed: dict[tuple, float] = {}
+        self._excess: dict[tuple, float] = {}
 
     def stage_line(
         self,
@@ -634,6 +638,21 @@ class TemplateBounds:
                         drain,
                     )
                 bound = max(bound, self._drained_parts[(*parts, zero)].at(m, v))
+            if v == 1 and zero <= 1 and math.isfinite(bound):
+                excess = self.drain_excess(
+                    micro_batch,
+                    recompute,
+                    segments,
+                    template.replicas,
+                    replicas_total,
+                    zero,
+                    memory,
+                )
+                if excess > 0:  # every stage's all-reduce, beside the pipeline at one flow's sends
+                    pipe = self.pipeline_bound(
+                        micro_batch, recompute, segments, m, replicas_total, 1, zero, memory
+                    )
+                    bound = max(bound, pipe + excess)
             if v == 1 and zero <= 1 and math.isfinite(bound):  # what no stage can shed
                 caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
                 bound = max(
@@ -644,6 +663,53 @@ class TemplateBounds:
                 )
             self._drained[key] = bound
         return self._drained[key]
+
+    def drain_excess(
+        self,
+        micro_batch: int,
+        recompute: str,
+        segments: tuple,
+        replicas: int,
+        replicas_total: int,
+        zero: int,
+        memory: str | tuple[str, ...],
+    ) -> float:
+        """E with T ≥ P + E for a template of R replicas (1F1B, ZeRO ≤ 1), P its `pipeline_bound`
+        with one flow's sends: what every stage's gradient all-reduce adds to the pipeline.
+
+        Stage i's last backward pass ends Σ_{k<i} c_k + s_i before T_sync, its all-reduce starts
+        o_i·b_i before that and takes DP_i (dp_finish), and c_k + s_k ≤ τ_k − f_k, o·b_i + s_i ≤
+        τ_i − f_i (f the forward pass). With T_sync ≥ (m − 1)·max τ + Σ τ: T ≥ (m − 1)·max τ +
+        Σ_{k>i} τ_k + Σ_{k≤i} f_k + DP_i for every i. With lines τ ≥ τ̂ (`stage_lines`, one flow),
+        f ≥ f̂ (`pass_lines`), DP ≥ D̂ (`ring_dp_line`, 0 without a ring between nodes) that is
+        (m − 1)·max τ̂ + Σ τ̂ + D̂_i − Σ_{k≤i} (τ̂_k − f̂_k); the least over splits of the first part
+        is P, of the max over i of the rest `least_drain` (chain c_k = τ̂_k − f̂_k, own e_i =
+        D̂_i − c_i), within the memory caps. Independent of m, and rises with R (D̂ does);
+        memoised."""
+        key = (micro_batch, recompute, segments, replicas, replicas_total, zero, memory)
+        if key not in self._excess:
+            depth = sum(seg.stages for seg in segments)
+            caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
+            taus = self.stage_lines(micro_batch, recompute, segments, 1, zero)
+            own, chain, rings = [], [], False
+            stages = [seg for seg in segments for _ in range(seg.stages)]
+            for i, seg in enumerate(stages):
+                first, last = i == 0, i == depth - 1
+                (af, cf), _ = self.pass_lines(
+                    seg.gpu, seg.tp, micro_batch, recompute, first, last, seg.cp
+                )
+                ring = self.ring_dp_line(seg, replicas, first, last, depth)
+                rings = rings or ring is not None
+                d, c_dp = ring or (0.0, 0.0)
+                n = np.arange(1, caps[i] + 1, dtype=float)
+                back = (taus[i][0] - af) * n + (taus[i][1] - cf)
+                own.append(d * n + c_dp - back)
+                chain.append(back)
+            excess = 0.0
+            if depth > 1 and rings:
+                excess = least_drain(own, chain, self.inst.model.layers)
+            self._excess[key] = excess
+        return self._excess[key]
 
     def group_bound(
         self,

@@ -140,20 +140,24 @@ class TripleBounds:
         step."""
         return self.bound(group, replicas, replicas)
 
-    def ring(self, sides: tuple) -> float:
-        """`ring_exchange_s` of a triple's templates, memoised."""
-        if sides not in self._rings:
-            self._rings[sides] = self.sends.ring_exchange_s(sides)
-        return self._rings[sides]
+    def ring(self, sides: tuple, replicas: tuple[int, int, int]) -> float:
+        """`ring_exchange_s` of a triple's templates at most `replicas` each (their nodes cap the
+        channels: `SendBounds.nodes_at`), memoised."""
+        key = (sides, replicas)
+        if key not in self._rings:
+            self._rings[key] = self.sends.ring_exchange_s(
+                sides, self.sends.nodes_at(sides, replicas)
+            )
+        return self._rings[key]
 
     def constant(self, group, replicas_total: int) -> float:
         """What follows every pipeline of a triple at `replicas_total` replicas in all, or fewer:
         the ring exchange among its templates (`ring_exchange_s`) and the slowest template's
         optimizer step (`optimizer_bound`, which only falls as ZeRO-1 shards over more replicas)."""
-        key = (group.sides, replicas_total, group.zero)
+        key = (group.sides, group.tops, replicas_total, group.zero)
         if key not in self._triples:
             sides = group.sides
-            self._triples[key] = self.ring(sides) + max(
+            self._triples[key] = self.ring(sides, group.tops) + max(
                 self.templates.optimizer_bound(Template(side, 1, 1), replicas_total, group.zero)
                 for side in sides
             )
@@ -175,7 +179,7 @@ class TripleBounds:
         total = group.total_micro_batches
         keys = [(side[0].gpu, side[0].island) for side in group.sides]
         widths = [group.width(j) for j in range(3)]
-        level = threshold - self.ring(group.sides)
+        level = threshold - self.ring(group.sides, replicas)
         most = -1
         for rc in group.recompute_options:
             takes = [

@@ -145,7 +145,7 @@ class ShareBounds:
         first = group.templates_at(ra, rb, self.shares[0])
         self.constant = max(
             bounds.templates.optimizer_bound(t, ra + rb, group.zero) for t in first
-        ) + bounds.sends.exchange_s(group.a, group.b)
+        ) + bounds.pairs.exchange(group, (ra, rb))
 
     def parts(self, i: int) -> tuple[float, float]:
         """(D_a, D_b) at the i-th share."""
