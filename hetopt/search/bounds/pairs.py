@@ -144,7 +144,9 @@ class PairBounds:
         keys = [(side[0].gpu, side[0].island) for side in sides]
         widths = [sum(seg.stages * seg.width for seg in side) for side in sides]
         gpus = {key: self.inst.cluster.device_classes[key].gpus for key in keys}
-        level = threshold - self.exchange(group, replicas)
+        # the exchange at the group's tops, the same for every box: the takes stay memoised per
+        # level
+        level = threshold - self.exchange(group, tops)
         most = -1
         for rc in modes:
             takes = [

@@ -36,6 +36,10 @@ class SendBounds:
         self._sends: dict[tuple, float] = {}
         self._zero: dict[tuple, float] = {}
         self._exchange: dict[tuple, float] = {}
+        self._template_nodes: dict[tuple, int] = {}
+        self._node_sizes: dict[tuple[str, str], tuple[int, int]] = {}
+        self._apart: dict[tuple, bool] = {}
+        self._channels: dict[tuple, int] = {}
 
     def send_s(
         self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int, flows: int = 1
@@ -187,16 +191,28 @@ class SendBounds:
         inside one node, or, wider than every node of its class, ⌈t/g⌉ whole nodes of one size g
         ≥ the class's smallest (placement rules); never more GPUs than it has, nor more nodes than
         its class holds. `tp_in_node` False (Megatron's rank order, which may cut a group at a node
-        boundary): a node per GPU at most."""
-        classes = self.inst.cluster.device_classes
-        per_class: Counter = Counter()
-        for seg in segments:
-            sizes = [n.gpus for n in classes[seg.gpu, seg.island].nodes]
-            group = seg.tp
-            if tp_in_node:
-                group = 1 if seg.tp <= max(sizes) else min(seg.tp, -(-seg.tp // min(sizes)))
-            per_class[seg.gpu, seg.island] += replicas * seg.stages * seg.cp * group
-        return sum(min(n, len(classes[key].nodes)) for key, n in per_class.items())
+        boundary): a node per GPU at most. Memoised."""
+        key = (segments, replicas, tp_in_node)
+        if key not in self._template_nodes:
+            classes = self.inst.cluster.device_classes
+            per_class: Counter = Counter()
+            for seg in segments:
+                narrow, wide = self.node_sizes(seg.gpu, seg.island)
+                group = seg.tp
+                if tp_in_node:
+                    group = 1 if seg.tp <= wide else min(seg.tp, -(-seg.tp // narrow))
+                per_class[seg.gpu, seg.island] += replicas * seg.stages * seg.cp * group
+            self._template_nodes[key] = sum(
+                min(n, len(classes[k].nodes)) for k, n in per_class.items()
+            )
+        return self._template_nodes[key]
+
+    def node_sizes(self, gpu: str, island: str) -> tuple[int, int]:
+        """The fewest and the most GPUs a node of a class has, memoised."""
+        if (gpu, island) not in self._node_sizes:
+            sizes = [n.gpus for n in self.inst.cluster.device_classes[gpu, island].nodes]
+            self._node_sizes[gpu, island] = (min(sizes), max(sizes))
+        return self._node_sizes[gpu, island]
 
     def nodes_at(self, sides: tuple, replicas: tuple) -> tuple[int, ...]:
         """`template_nodes` of each template (its segments, at most its replicas): a cap that only
@@ -210,13 +226,14 @@ class SendBounds:
         False for sides of device classes (no TP degree yet)."""
         if not all(hasattr(s, "tp") for s in (*side_a, *side_b)):
             return False
-        classes = self.inst.cluster.device_classes
-        for key in {(s.gpu, s.island) for s in side_a} & {(s.gpu, s.island) for s in side_b}:
-            ta = min(s.tp for s in side_a if (s.gpu, s.island) == key)
-            tb = min(s.tp for s in side_b if (s.gpu, s.island) == key)
-            if any(n.gpus >= ta + tb for n in classes[key].nodes):
-                return False
-        return True
+        if (side_a, side_b) not in self._apart:
+            apart = True
+            for key in {(s.gpu, s.island) for s in side_a} & {(s.gpu, s.island) for s in side_b}:
+                ta = min(s.tp for s in side_a if (s.gpu, s.island) == key)
+                tb = min(s.tp for s in side_b if (s.gpu, s.island) == key)
+                apart = apart and self.node_sizes(*key)[1] < ta + tb
+            self._apart[side_a, side_b] = apart
+        return self._apart[side_a, side_b]
 
     def exchange_s(
         self,
@@ -259,12 +276,15 @@ class SendBounds:
         least step weight over the GPU types `weighed`); all 0 where a weight of a transfer is
         negative. `most_channels`: the most node pairs the hop can use, if fewer than its
         classes' nodes; `apart`: no node holds both ends of a flow."""
-        inst, classes = self.inst, self.inst.cluster.device_classes
-        channels = min(sum(len(classes[k].nodes) for k in side) for side in keys)
+        if keys not in self._channels:
+            classes = self.inst.cluster.device_classes
+            self._channels[keys] = min(sum(len(classes[k].nodes) for k in side) for side in keys)
+        channels = self._channels[keys]
         if most_channels is not None:
             channels = min(channels, most_channels)
         memo = (keys, weighed, channels, apart)
         if memo not in self._exchange:
+            inst = self.inst
             nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
             weights = [
                 self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w

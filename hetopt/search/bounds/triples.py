@@ -179,7 +179,8 @@ class TripleBounds:
         total = group.total_micro_batches
         keys = [(side[0].gpu, side[0].island) for side in group.sides]
         widths = [group.width(j) for j in range(3)]
-        level = threshold - self.ring(group.sides, replicas)
+        # the ring at the group's tops, the same for every box: the takes stay memoised per level
+        level = threshold - self.ring(group.sides, group.tops)
         most = -1
         for rc in group.recompute_options:
             takes = [
