@@ -38,8 +38,9 @@ Each bound, the set it keys, and its statement:
 - `PairBounds.range_bound` (a two-template range): M / Σ_j R_j/λ_j ∨ `bound`, least at a vertex
 - `PairBounds.bound` (two templates at R_a, R_b): M ≤ Σ_j R_j·((T − S_j)/λ_j + 1)
 - `SkeletonBounds.bound` (one skeleton): T ≥ max_j [(m_j − 1)·λ_j + g_j(λ_j + Δ_j)] + T_opt
-- `TemplateBounds.drain_excess` (one template at R): T ≥ P + E, E the least over splits of
-  max_i [D̂_i − Σ_{k≤i} (τ̂_k − f̂_k)] (every stage's all-reduce past the pipeline, `least_drain`)
+- `TemplateBounds.drain_excess` (one template at R, in the least levels' drained bound): T ≥ P +
+  E, E the least over splits of max_i [D̂_i − Σ_{k≤i} (τ̂_k − f̂_k)] (every stage's all-reduce
+  past the pipeline, `least_drain`)
 - `SkeletonBounds.shard_bound` (one skeleton with shards): T ≥ (m − 1)·λ + S, each stage its
   steepest rank's line
 - `SkeletonBounds.lockstep_bound` (a uniform layout's skeleton): T ≥ (m − 1)·λ + min_j S_j, τ_i

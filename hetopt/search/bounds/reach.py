@@ -81,7 +81,9 @@ class TemplateReach:
                 value = known.get((replicas, micro_batches))
                 if value is None:
                     template = Template(side, replicas, micro_batches)
-                    value = bound(micro_batch, recompute, template, replicas_total, 1, zero, memory)
+                    value = bound(
+                        micro_batch, recompute, template, replicas_total, 1, zero, memory, True
+                    )
                     known[(replicas, micro_batches)] = value
                 return value
 

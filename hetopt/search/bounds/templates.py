@@ -591,6 +591,7 @@ class TemplateBounds:
         virtual_stages: int = 1,
         zero: int = 1,
         memory: str | tuple[str, ...] | None = None,
+        every_stage: bool = False,
     ) -> float:
         """One template's `pipeline_bound` (memory caps at ZeRO stage `zero` over `replicas_total`),
         raised by its stage 0's gradient all-reduce where that must outlast the pipeline
@@ -600,7 +601,10 @@ class TemplateBounds:
         interleaving only holds more). `memory`: the recompute modes of the memory caps (per-stage
         recompute: the most any of them holds; default `recompute`), whose most-work mode prices
         stage 0's backward pass beside its all-reduce (the longest pass: the least drain). Without
-        interleaving, at ZeRO ≤ 1, also at least `replica_bound` (what each stage cannot shed)."""
+        interleaving, at ZeRO ≤ 1, also at least `replica_bound` (what each stage cannot shed) and,
+        with `every_stage`, the pipeline at one flow's sends plus `drain_excess` (every stage's
+        all-reduce: the least levels ask for it; a skeleton's own bound does not, where it cost
+        more search time than it saved)."""
         segments, m, v = template.segments, template.micro_batches, virtual_stages
         memory = memory or recompute
         key = (
@@ -613,6 +617,7 @@ class TemplateBounds:
             v,
             zero,
             memory,
+            every_stage,
         )
         if key not in self._drained:
             flows = template.replicas
@@ -638,7 +643,7 @@ class TemplateBounds:
                         drain,
                     )
                 bound = max(bound, self._drained_parts[(*parts, zero)].at(m, v))
-            if v == 1 and zero <= 1 and math.isfinite(bound):
+            if every_stage and v == 1 and zero <= 1 and math.isfinite(bound):
                 excess = self.drain_excess(
                     micro_batch,
                     recompute,
