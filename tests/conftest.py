@@ -48,6 +48,21 @@ def once_per_run(name: str, compute, tmp_path_factory, worker_id: str):
         return value
 
 
+def placed_optimum(inst, profiles, scenarios, sk, objective: str = "stable"):
+    """A skeleton's placed program (hetopt.search.leaves.plan_problem) and its brute-force optimum
+    (`best_fitting_split`); (None, inf) where it cannot be placed."""
+    import math
+
+    from hetopt.errors import InfeasibleError
+    from hetopt.search.leaves import plan_problem
+
+    try:
+        problem = plan_problem(inst, sk, profiles, scenarios, objective)
+    except InfeasibleError:
+        return None, math.inf
+    return problem, best_fitting_split(inst, problem, sk)
+
+
 def best_fitting_split(inst, problem, sk) -> float:
     """The brute-force optimum of a skeleton's program: the least iteration time over every layer
     split (each template's layers in its stages, each stage ≥ 1) within the memory caps; inf where

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DEMO, REPO, best_fitting_split
+from conftest import DEMO, REPO, placed_optimum
 
 from hetopt.cost.profiles import Profiles
 from hetopt.search.bounds.run import Bounds
@@ -30,14 +30,7 @@ SMALL = Path(__file__).parent / "small"
 def _best_split(inst, profiles, scenarios, sk) -> float:
     """The best split of a skeleton that fits in memory, every split priced as the evaluator prices
     (inf where no split fits)."""
-    from hetopt.errors import InfeasibleError
-    from hetopt.search.leaves import plan_problem
-
-    try:
-        problem = plan_problem(inst, sk, profiles, scenarios, "stable")
-    except InfeasibleError:
-        return math.inf
-    return best_fitting_split(inst, problem, sk)
+    return placed_optimum(inst, profiles, scenarios, sk)[1]
 
 
 def _leaf_bounds(tree: Tree, node, path: list) -> list[tuple[list, float]]:
@@ -351,9 +344,7 @@ def test_every_stages_drain_holds_for_every_split_and_raises_the_bounds():
     pipeline, each template's drained bound with it and each skeleton's placed bound stay at most
     the skeleton's best split that fits in memory (each split priced as the evaluator prices), and
     both rise above what they were without it on some skeletons."""
-    from hetopt.errors import InfeasibleError
     from hetopt.search.bounds import placed
-    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import enumerate_groups
 
@@ -364,11 +355,7 @@ def test_every_stages_drain_holds_for_every_split_and_raises_the_bounds():
         templates = Bounds(inst, profiles).templates
         for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats()):
             for sk in itertools.islice(group.skeletons(), 3):
-                try:
-                    problem = plan_problem(inst, sk, profiles, scenarios, "stable")
-                except InfeasibleError:
-                    continue
-                best = best_fitting_split(inst, problem, sk)
+                problem, best = placed_optimum(inst, profiles, scenarios, sk)
                 if not math.isfinite(best):
                     continue
                 checked += 1

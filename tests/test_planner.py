@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DEMO, best_fitting_split, once_per_run, run_hetopt
+from conftest import DEMO, once_per_run, placed_optimum, run_hetopt
 
 from hetopt.baselines.exhaustive import exhaustive
 from hetopt.evaluate import evaluate
@@ -480,10 +480,8 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     import random
 
     from hetopt.cost.profiles import Profiles
-    from hetopt.errors import InfeasibleError
     from hetopt.search.bounds.placed import placed_bound
     from hetopt.search.bounds.run import Bounds
-    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import enumerate_groups
     from hetopt.search.types import SearchStats
@@ -501,12 +499,8 @@ def test_every_skeleton_bound_is_below_its_own_optimum(name, objective):
     checked, chunks, zeros, cps, split = set(), set(), set(), set(), set()
     for group in rng.sample(groups, len(groups) if name == "s12-zero" else min(30, len(groups))):
         for sk in itertools.islice(group.skeletons(), 8):
-            try:
-                problem = plan_problem(inst, sk, profiles, scenarios, objective)
-            except InfeasibleError:
-                continue
             # the bounds promise: no split that fits in memory is faster
-            best = best_fitting_split(inst, problem, sk)
+            problem, best = placed_optimum(inst, profiles, scenarios, sk, objective)
             if not math.isfinite(best):
                 continue
             assert bounds.skeletons.bound(sk) <= best * (1 + 1e-12)
@@ -768,10 +762,8 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
     exceed the best split that fits in memory (every split tried), and the test only counts
     skeletons the drain raised."""
     from hetopt.cost.profiles import Profiles
-    from hetopt.errors import InfeasibleError
     from hetopt.search.bounds.placed import placed_bound
     from hetopt.search.bounds.run import Bounds
-    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import enumerate_groups
     from hetopt.search.types import SearchStats
@@ -792,11 +784,9 @@ def test_the_drain_bound_holds_where_it_raises_the_pipeline_bound(name, objectiv
             bound = bounds.skeletons.bound(sk)
             if not math.isfinite(bound) or bound <= plain * (1 + 1e-9):
                 continue
-            try:
-                problem = plan_problem(inst, sk, profiles, scenarios, objective)
-            except InfeasibleError:
+            problem, best = placed_optimum(inst, profiles, scenarios, sk, objective)
+            if problem is None:
                 continue
-            best = best_fitting_split(inst, problem, sk)
             assert bound <= best * (1 + 1e-12), sk.describe()
             assert placed_bound(problem) <= best * (1 + 1e-12), sk.describe()
             raised += 1
@@ -1312,9 +1302,7 @@ def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_
     skeleton (every split tried), for each of its templates; the test counts the templates whose
     pipeline bound it raised, and needs some."""
     from hetopt.cost.profiles import Profiles
-    from hetopt.errors import InfeasibleError
     from hetopt.search.bounds.run import Bounds
-    from hetopt.search.leaves import plan_problem
     from hetopt.search.robust import planning_scenarios
     from hetopt.search.space import enumerate_groups
     from hetopt.search.types import SearchStats
@@ -1345,11 +1333,7 @@ def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_
                 )
                 for t in sk.templates
             ]
-            try:
-                problem = plan_problem(inst, sk, profiles, scenarios, "stable")
-            except InfeasibleError:
-                continue
-            best = best_fitting_split(inst, problem, sk)
+            best = placed_optimum(inst, profiles, scenarios, sk)[1]
             if not math.isfinite(best):
                 continue
             checked += 1

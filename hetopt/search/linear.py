@@ -228,10 +228,11 @@ class SplitProblem:
             if kind == "f"
             else (self.host_bwd, self.dev_bwd, self.zero_bwd)
         )
-        compute = float(overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i]))
+        # scalars or an array of layer counts (placed.every_stage_drain prices every count at once)
+        compute = overlap_host_device(h[i].at(layers), d[i].at(layers), self.serial[i])
         if not z:
             return compute
-        return float(streamed_pass(compute, z[i].at(layers), layers + self.zero_units[i]))
+        return streamed_pass(compute, z[i].at(layers), layers + self.zero_units[i])
 
     def max_layers(self) -> list[int]:
         """The most layers each stage can hold in memory (in any of its modes, per-stage

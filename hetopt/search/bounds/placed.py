@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 
-from hetopt.cost.pricing import overlap_host_device
 from hetopt.search.bounds.lines import (
     drained_pipeline,
     least_drain,
@@ -126,24 +125,13 @@ def every_stage_drain(pr, caps: list[int]) -> float:
 
 def _stage_drain_tables(pr, caps: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per stage, at L = 1 … cap: D(L) − o·y^b(L) at its least over the modes, and y^b(L) at its
-    most (the evaluator's prices: SplitProblem.dp_s, hidden_s, pass_s); affine parts at once."""
-    if pr.mixed or pr.tabulated:
-        own, chain = [], []
-        for i in range(pr.depth):
-            ns = range(1, caps[i] + 1)
-            own.append(
-                np.array([min(v.dp_s(i, n) - v.hidden_s(i, n) for v in pr.variants()) for n in ns])
-            )
-            chain.append(np.array([max(v.pass_s(i, n, "b") for v in pr.variants()) for n in ns]))
-        return own, chain
-    own, chain = [], []
+    most, priced by the evaluator's own accessors (SplitProblem.dp_s, hidden_s, pass_s) at every L
+    at once."""
+    own, chain, variants = [], [], pr.variants()
     for i in range(pr.depth):
         n = np.arange(1, caps[i] + 1, dtype=float)
-        h = pr.host_bwd[i].slope * n + pr.host_bwd[i].intercept
-        d = pr.dev_bwd[i].slope * n + pr.dev_bwd[i].intercept
-        backward = overlap_host_device(h, d, pr.serial[i])
-        own.append(pr.dp[i].slope * n + pr.dp[i].intercept - pr.dp_overlap[i] * backward)
-        chain.append(backward)
+        own.append(np.min([v.dp_s(i, n) - v.hidden_s(i, n) for v in variants], axis=0))
+        chain.append(np.max([v.pass_s(i, n, "b") for v in variants], axis=0))
     return own, chain
 
 
