@@ -6,6 +6,7 @@ optimum)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import itertools
@@ -374,3 +375,68 @@ def test_every_stages_drain_holds_for_every_split_and_raises_the_bounds():
                     if t.rows is None and t.max_layers()[0] >= 1
                 )
     assert checked > 100 and raised > 0 and placed_raised > 0, (checked, raised, placed_raised)
+
+
+LAB_DESKTOPS = """
+name: lab-desktops
+model: {layers: 4, hidden: 1024, heads: 8, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 8}
+cluster:
+  nodes:
+    - {name: a, count: 3, gpu: A100-80GB, gpus_per_node: 1, island: lab-a, nic_gbps: 10}
+    - {name: v, count: 3, gpu: V100-32GB, gpus_per_node: 1, island: lab-b, nic_gbps: 10}
+  network: {links: [{a: lab-a, b: lab-b, gbps: 1, latency_us: 3000}]}
+search: {tp: [1], micro_batch: [1, 2], recompute: [none], max_stages: 3, max_templates: 3}
+"""
+
+
+def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_every_split(
+    tmp_path, monkeypatch
+):
+    """Two labs of single-GPU desktops joined by 1 Gbit/s (the stress suite's single-labs shape).
+    Two stages of one class never share a node of one GPU, so their sends cross NICs
+    (`SendBounds.stages_apart`); two templates on different islands exchange every gradient over the
+    island link, however many node pairs carry it (`sends._cut_features`). Every one-, two- and
+    three-template skeleton's bound stays at most its best split that fits (each priced as the
+    evaluator prices), and each of the two raises some skeleton's bound."""
+    from hetopt.search import bounds as bounds_module
+    from hetopt.search.bounds import sends as sends_module
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.triples import triple_groups
+
+    path = tmp_path / "lab-desktops.yaml"
+    path.write_text(LAB_DESKTOPS)
+    inst, profiles = load_instance(path), Profiles()
+    scenarios = planning_scenarios(inst, "stable")
+    opts = SearchOptions.from_instance(inst)
+    skeletons = [
+        sk
+        for group in enumerate_groups(inst, opts, SearchStats())
+        for sk in itertools.islice(group.skeletons(), 2)
+    ] + [
+        sk
+        for group in triple_groups(inst, opts, SearchStats())
+        for sk in itertools.islice(group.skeletons(), 1)
+    ]
+    bounds = Bounds(inst, profiles)
+    checked, per_kind = 0, collections.Counter()
+    for sk in skeletons:
+        _, best = placed_optimum(inst, profiles, scenarios, sk)
+        if not math.isfinite(best):
+            continue
+        checked += 1
+        per_kind[len(sk.templates)] += 1
+        assert bounds.skeletons.bound(sk) <= best * (1 + 1e-12), sk.describe()
+    assert checked > 50 and set(per_kind) == {1, 2, 3}, (checked, per_kind)
+    # without either, some bounds fall
+    with_both = [bounds.skeletons.bound(sk) for sk in skeletons]
+    monkeypatch.setattr(bounds_module.sends.SendBounds, "stages_apart", lambda *a: False)
+    no_apart = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
+    monkeypatch.undo()
+    monkeypatch.setattr(sends_module, "_cut_features", lambda route, nbytes: np.zeros(1))
+    no_cut = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(no_apart, with_both, strict=True))
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(no_cut, with_both, strict=True))
+    assert any(a < b * (1 - 1e-6) for a, b in zip(no_apart, with_both, strict=True))
+    assert any(a < b * (1 - 1e-6) for a, b in zip(no_cut, with_both, strict=True))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
+
 from hetopt.cost.comm import group_gbps, reduce_scatter, transfer
 from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.flops import layer_params, total_params
@@ -42,7 +44,13 @@ class SendBounds:
         self._channels: dict[tuple, int] = {}
 
     def send_s(
-        self, src: tuple[str, str], dst: tuple[str, str], tp: int, micro_batch: int, flows: int = 1
+        self,
+        src: tuple[str, str],
+        dst: tuple[str, str],
+        tp: int,
+        micro_batch: int,
+        flows: int = 1,
+        apart: bool = False,
     ) -> float:
         """Least seconds of one activation (or gradient) send from a stage of device class `src`
         (GPU type, island) of `tp` GPUs (its TP·CP ranks, each sending its share) to a stage of
@@ -51,19 +59,24 @@ class SendBounds:
         node, so a send between classes always crosses NICs. Alone on its links — except that
         between islands the `flows` replicas of a template all cross the same island links at once
         (every route from one island to another takes the same island path, Cluster.island_path), so
-        each gets at most 1/flows of them (their max-min share, as p2p_features prices it)."""
+        each gets at most 1/flows of them (their max-min share, as p2p_features prices it).
+        `apart`: the two stages never share a node (`stages_apart`), so a node is not paired with
+        itself."""
         if src[1] == dst[1]:
             # inside one island the replicas share no island link (their NICs are not bounded)
             flows = 1
-        key = (src, dst, tp, micro_batch, flows)
+        key = (src, dst, tp, micro_batch, flows, apart)
         if key not in self._sends:
             inst = self.inst
             nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
             w = self.profiles.for_gpu(inst.gpu_types[src[0]], inst.spec.training.framework).w
+            pairs = self.node_pairs(src, dst)
+            if apart and any(a != b for a, b in pairs):
+                pairs = [(a, b) for a, b in pairs if a != b]
             self._sends[key] = min(
                 float(self._send_features(cluster, a, b, nbytes, tp, flows) @ w)
                 for cluster in self.clusters
-                for a, b in self.node_pairs(src, dst)
+                for a, b in pairs
             )
         return self._sends[key]
 
@@ -207,6 +220,15 @@ class SendBounds:
             )
         return self._template_nodes[key]
 
+    def stages_apart(self, gpu: str, island: str, tp: int) -> bool:
+        """Whether two consecutive stages of one class at TP `tp` never send inside one node: no
+        node of the class has more than t GPUs, so a TP group fills its node or takes whole nodes
+        (placement rules) and leaves no room for the next stage's; in Megatron's rank order (tp,
+        cp, dp, pp) a stage's replica r and the next stage's are t·cp·R ≥ t ranks apart, and ranks
+        that far apart are never on one node of at most t GPUs. The evaluator sends from a stage's
+        first node to the next one's (transfers.boundary_sends)."""
+        return self.node_sizes(gpu, island)[1] <= tp
+
     def node_sizes(self, gpu: str, island: str) -> tuple[int, int]:
         """The fewest and the most GPUs a node of a class has, memoised."""
         if (gpu, island) not in self._node_sizes:
@@ -292,6 +314,11 @@ class SendBounds:
             ]
             best, raw = math.inf, math.inf
             ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
+            # each side on one island, not the same: every flow of a hop crosses the island path
+            cut = len({k[1] for k in keys[0]}) == len({k[1] for k in keys[1]}) == 1 and (
+                keys[0][0][1] != keys[1][0][1]
+            )
+            total_bytes = total_params(inst.model) * grad_comm_bytes(inst)
             for cluster in self.clusters:
                 # a hop each way round the ring
                 for src, dst in ends + [(kb, ka) for ka, kb in ends]:
@@ -307,6 +334,8 @@ class SendBounds:
                             latency_s=route.latency_us * 1e-6,
                             alpha_s=route.alpha_s,
                         )
+                        if cut:
+                            features = np.maximum(features, _cut_features(route, total_bytes))
                         best = min(best, min(float(features @ w) for w in weights))
                         raw = min(raw, float(features[LINK] + features[NET] + features[LAT]))
             transfer_terms = [LINK, NET, STEP, LAT]
@@ -353,3 +382,21 @@ class SendBounds:
         slowest = max(raw for _, raw, _, _ in parts)
         omega, sigma = parts[0][2], parts[0][3]
         return max(min(best for best, _, _, _ in parts), omega * slowest + sigma)
+
+
+def _cut_features(route, total_bytes: float) -> np.ndarray:
+    """Features no flow of a hop between two islands beats (`route` one of its flows' routes): the
+    hop's c flows each carry at least G/c of the G bytes (2(K−1)/K·G ≥ G), and all of them cross
+    the same island links one way (Cluster.island_path, the edges between the two NIC edges), so
+    each gets at most 1/c of the narrowest (its max-min share, as `shared_gbps` prices it):
+    (G/c)/(C/c) = G/C seconds on the wire, whatever c is."""
+    links = route.edge_effective[1:-1]
+    if not links:
+        return np.zeros_like(transfer(total_bytes, 1.0, False))
+    return transfer(
+        total_bytes,
+        min(links),
+        False,
+        latency_s=route.latency_us * 1e-6,
+        alpha_s=route.alpha_s,
+    )

@@ -230,7 +230,9 @@ class TemplateBounds:
         key = (seg, prv, nxt, micro_batch, recompute, flows, zero, collectives)
         if key not in self._segments:
             here = (seg.gpu, seg.island)
-            inner = self.sends.send_s(here, here, seg.width, micro_batch)
+            inner = self.sends.send_s(
+                here, here, seg.width, micro_batch, apart=self.sends.stages_apart(*here, seg.tp)
+            )
             k_pass = self.sends.zero_per_layer(seg, flows, zero)
             out = []
             for k, count in _positions(seg.stages):

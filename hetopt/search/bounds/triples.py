@@ -169,6 +169,14 @@ class TripleBounds:
             )
         return self._triples[key]
 
+    def constant_at(self, group, replicas: tuple[int, int, int]) -> float:
+        """`constant` at fixed replica counts: the ring exchange with the channels those counts
+        allow (`ring`, no more than at the group's tops) and the optimizer step at Σ R_j."""
+        return self.ring(group.sides, replicas) + max(
+            self.templates.optimizer_bound(Template(side, 1, 1), sum(replicas), group.zero)
+            for side in group.sides
+        )
+
     def reach(
         self,
         group,
