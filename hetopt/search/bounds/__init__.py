@@ -53,9 +53,13 @@ Each bound, the set it keys, and its statement:
 - `PairBounds.least`, `TripleBounds.least` (a box of replica counts) and `family_least` (a pair
   or triple family): the least T at which Σ_j R_j·cap_j(R_j; T) ≥ M, cap_j the most micro-batches
   whose drained bound (with the all-reduce no replica sheds) lies below T
+- `SendBounds.send_s` (one send between stages): the fastest pair of nodes, alone (between islands
+  1/R of the island link); two stages of one class at TP t on nodes of at most t GPUs never on one
+  node (`stages_apart`)
 - `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone;
   c at most the nodes the smaller template can use (`template_nodes`), no node paired with itself
-  where none holds a TP group of each (`apart`)
+  where none holds a TP group of each (`apart`); each side on an island of its own, T_cross ≥ G/C
+  over the island path's narrowest link C (its c flows share it, `_cut_features`)
 - `SendBounds.ring_exchange_s` (three templates): each pair a hop of the ring: the slowest
   exchange
 
