@@ -383,9 +383,13 @@ model: {layers: 4, hidden: 1024, heads: 8, vocab: 8000, max_seq_len: 512}
 training: {seq_len: 512, global_batch: 8}
 cluster:
   nodes:
-    - {name: a, count: 3, gpu: A100-80GB, gpus_per_node: 1, island: lab-a, nic_gbps: 10}
-    - {name: v, count: 3, gpu: V100-32GB, gpus_per_node: 1, island: lab-b, nic_gbps: 10}
-  network: {links: [{a: lab-a, b: lab-b, gbps: 1, latency_us: 3000}]}
+    - {name: a, count: 2, gpu: A100-80GB, gpus_per_node: 1, island: lab-a, nic_gbps: 10}
+    - {name: v, count: 2, gpu: V100-32GB, gpus_per_node: 1, island: lab-b, nic_gbps: 10}
+    - {name: c, count: 2, gpu: A100-80GB, gpus_per_node: 1, island: lab-c, nic_gbps: 10}
+  network:
+    links:
+      - {a: lab-a, b: lab-b, gbps: 10, latency_us: 3000}
+      - {a: lab-b, b: lab-c, gbps: 1, latency_us: 3000}
 search: {tp: [1], micro_batch: [1, 2], recompute: [none], max_stages: 3, max_templates: 3}
 """
 
@@ -393,10 +397,11 @@ search: {tp: [1], micro_batch: [1, 2], recompute: [none], max_stages: 3, max_tem
 def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_every_split(
     tmp_path, monkeypatch
 ):
-    """Two labs of single-GPU desktops joined by 1 Gbit/s (the stress suite's single-labs shape).
-    Two stages of one class never share a node of one GPU, so their sends cross NICs
-    (`SendBounds.stages_apart`); two templates on different islands exchange every gradient over the
-    island link, however many node pairs carry it (`sends._cut_features`). Every one-, two- and
+    """Three labs of single-GPU desktops in a chain, the last behind 1 Gbit/s (the stress suite's
+    single-labs shape). Two stages of one class never share a node of one GPU, so their sends
+    cross NICs (`SendBounds.stages_apart`); two templates on islands apart exchange every gradient
+    over the island links all their flows cross, however many node pairs carry it
+    (`sends._shared_island_gbps`), also where one template spans two labs. Every one-, two- and
     three-template skeleton's bound stays at most its best split that fits (each priced as the
     evaluator prices), and each of the two raises some skeleton's bound."""
     from hetopt.search import bounds as bounds_module
@@ -434,9 +439,30 @@ def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_ev
     monkeypatch.setattr(bounds_module.sends.SendBounds, "stages_apart", lambda *a: False)
     no_apart = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
     monkeypatch.undo()
-    monkeypatch.setattr(sends_module, "_cut_features", lambda route, nbytes: np.zeros(1))
+    monkeypatch.setattr(sends_module, "_shared_island_gbps", lambda *a: None)
     no_cut = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
     assert all(a <= b * (1 + 1e-12) for a, b in zip(no_apart, with_both, strict=True))
     assert all(a <= b * (1 + 1e-12) for a, b in zip(no_cut, with_both, strict=True))
     assert any(a < b * (1 - 1e-6) for a, b in zip(no_apart, with_both, strict=True))
     assert any(a < b * (1 - 1e-6) for a, b in zip(no_cut, with_both, strict=True))
+    # with pair_classes 2, a template over two labs beside one in the third
+    wide = dataclasses.replace(opts, pair_classes=2)
+    spanning = [
+        sk
+        for group in enumerate_groups(inst, wide, SearchStats())
+        for sk in itertools.islice(group.skeletons(), 1)
+        if len(sk.templates) == 2
+        and len(islands := [{g.island for g in t.segments} for t in sk.templates]) == 2
+        and max(map(len, islands)) > 1
+        and islands[0].isdisjoint(islands[1])
+    ]
+    assert spanning
+    monkeypatch.undo()
+    with_cut = []
+    for sk in spanning:
+        _, best = placed_optimum(inst, profiles, scenarios, sk)
+        with_cut.append(Bounds(inst, profiles).skeletons.bound(sk))
+        assert with_cut[-1] <= best * (1 + 1e-12) or not math.isfinite(best), sk.describe()
+    monkeypatch.setattr(sends_module, "_shared_island_gbps", lambda *a: None)
+    without = [Bounds(inst, profiles).skeletons.bound(sk) for sk in spanning]
+    assert any(a < b * (1 - 1e-6) for a, b in zip(without, with_cut, strict=True))

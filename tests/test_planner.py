@@ -1401,3 +1401,68 @@ def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeyp
     assert run.standing(batch).bound_s == 1.0
     # the next dive starts from the least open node
     assert [n.bound for n in select(dive=True)] == [2.0] and expanded[0] == "1"
+
+
+def test_dives_start_by_turns_in_each_kind_of_region_and_take_every_placement_order(monkeypatch):
+    """`SearchRun._dive_start`: the first dive starts at the least node, the second at the least
+    node of two templates, the third at the least of three (the least node where a kind has none),
+    each taken out of the heap with the rest left as a heap. `_other_orders`: a dive's leaf comes
+    with its siblings that are its skeleton in another placement order, tied before placement;
+    a sibling of another skeleton stays behind."""
+    import dataclasses
+    import heapq
+    from dataclasses import dataclass
+
+    from hetopt.search import run as run_module
+    from hetopt.search.run import SearchRun
+    from hetopt.search.tree.base import Node, SkeletonNode
+    from hetopt.search.types import Segment, Skeleton, Template
+
+    def skeleton(micro_batches: int, order: str) -> Skeleton:
+        seg = Segment("A100-80GB", "r0", 1, 1)
+        return Skeleton(1, "none", (Template((seg,), 2, micro_batches),), order)
+
+    @dataclass(frozen=True)
+    class Region(Node):
+        kind: int = 1
+        name: str = ""
+
+        @property
+        def templates(self) -> int:
+            return self.kind
+
+        def expand(self, tree):
+            return [  # tied: a dive takes the last first
+                SkeletonNode(2.0, skeleton(5, "stage"), refined=True),
+                SkeletonNode(2.0, skeleton(4, "replica"), refined=True),
+                SkeletonNode(2.0, skeleton(4, "stage"), refined=True),
+            ]
+
+    class FakeTree:
+        incumbent = 9.0
+
+        def beaten(self, bound):
+            return bound >= self.incumbent
+
+    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
+    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
+    run.tree, run.planted, run.incumbent = FakeTree(), True, 9.0
+    nodes = [Region(1.0, 1, "one-a"), Region(1.1, 1, "one-b"), Region(1.5, 2, "pair")]
+    nodes += [Region(1.7, 3, "triple-b"), Region(1.6, 3, "triple-a")]
+    run.heap = [(n.bound, next(run.tie), n) for n in nodes]
+    heapq.heapify(run.heap)
+    starts = [run._dive_start().name for _ in range(4)]
+    assert starts == ["one-a", "pair", "triple-a", "one-b"]
+    assert [n.name for _, _, n in sorted(run.heap)] == ["triple-b"]
+    # with no node of a kind, the least node
+    run.heap = [(n.bound, next(run.tie), n) for n in nodes[:2]]
+    heapq.heapify(run.heap)
+    assert [run._dive_start().name for _ in range(2)] == ["one-a", "one-b"]
+
+    monkeypatch.setattr(run_module, "DIVE_AFTER", 0)
+    monkeypatch.setattr(run_module, "DIVE_SHARE", 1.0)
+    run.dives, run.heap = 0, [(1.0, next(run.tie), Region(1.0, 1, "leaves"))]
+    batch = run.select(2)
+    assert [n.skeleton for n in batch] == [skeleton(4, "stage"), skeleton(4, "replica")]
+    assert [n.skeleton for _, _, n in run.heap] == [skeleton(5, "stage")]
+    assert dataclasses.replace(batch[0].skeleton, order="replica") == batch[1].skeleton

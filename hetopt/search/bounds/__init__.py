@@ -59,7 +59,7 @@ Each bound, the set it keys, and its statement:
 - `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone;
   c at most the nodes the smaller template can use (`template_nodes`), no node paired with itself
   where none holds a TP group of each (`apart`); each side on an island of its own, T_cross ≥ G/C
-  over the island path's narrowest link C (its c flows share it, `_cut_features`)
+  over the narrowest island link C all its flows cross (they share it, `_shared_island_gbps`)
 - `SendBounds.ring_exchange_s` (three templates): each pair a hop of the ring: the slowest
   exchange
 

@@ -313,20 +313,18 @@ class SendBounds:
                 for gpu in weighed
             ]
             best, raw = math.inf, math.inf
-            ends = [(ka, kb) for ka in keys[0] for kb in keys[1]]
-            # each side on one island, not the same: every flow of a hop crosses the island path
-            cut = len({k[1] for k in keys[0]}) == len({k[1] for k in keys[1]}) == 1 and (
-                keys[0][0][1] != keys[1][0][1]
-            )
             total_bytes = total_params(inst.model) * grad_comm_bytes(inst)
             for cluster in self.clusters:
                 # a hop each way round the ring
-                for src, dst in ends + [(kb, ka) for ka, kb in ends]:
-                    pairs = self.node_pairs(src, dst)
+                for here, there in ((keys[0], keys[1]), (keys[1], keys[0])):
+                    pairs = [
+                        pair for src in here for dst in there for pair in self.node_pairs(src, dst)
+                    ]
                     if apart and any(a != b for a, b in pairs):
                         pairs = [(a, b) for a, b in pairs if a != b]
-                    for a, b in pairs:
-                        route = cluster.route(a, b)
+                    routes = [cluster.route(a, b) for a, b in pairs]
+                    cut_gbps = _shared_island_gbps(routes, here, there)
+                    for route in routes:
                         features = transfer(
                             nbytes,
                             shared_gbps(route, Counter()),
@@ -334,8 +332,17 @@ class SendBounds:
                             latency_s=route.latency_us * 1e-6,
                             alpha_s=route.alpha_s,
                         )
-                        if cut:
-                            features = np.maximum(features, _cut_features(route, total_bytes))
+                        if cut_gbps is not None:
+                            features = np.maximum(
+                                features,
+                                transfer(
+                                    total_bytes,
+                                    cut_gbps,
+                                    False,
+                                    latency_s=route.latency_us * 1e-6,
+                                    alpha_s=route.alpha_s,
+                                ),
+                            )
                         best = min(best, min(float(features @ w) for w in weights))
                         raw = min(raw, float(features[LINK] + features[NET] + features[LAT]))
             transfer_terms = [LINK, NET, STEP, LAT]
@@ -384,19 +391,20 @@ class SendBounds:
         return max(min(best for best, _, _, _ in parts), omega * slowest + sigma)
 
 
-def _cut_features(route, total_bytes: float) -> np.ndarray:
-    """Features no flow of a hop between two islands beats (`route` one of its flows' routes): the
-    hop's c flows each carry at least G/c of the G bytes (2(K−1)/K·G ≥ G), and all of them cross
-    the same island links one way (Cluster.island_path, the edges between the two NIC edges), so
-    each gets at most 1/c of the narrowest (its max-min share, as `shared_gbps` prices it):
-    (G/c)/(C/c) = G/C seconds on the wire, whatever c is."""
-    links = route.edge_effective[1:-1]
-    if not links:
-        return np.zeros_like(transfer(total_bytes, 1.0, False))
-    return transfer(
-        total_bytes,
-        min(links),
-        False,
-        latency_s=route.latency_us * 1e-6,
-        alpha_s=route.alpha_s,
+def _shared_island_gbps(routes: list, here: tuple, there: tuple) -> float | None:
+    """What a hop of the templates' exchange from classes `here` to classes `there` gets at most
+    of the island links every one of its flows crosses (`routes`: one per pair of nodes that
+    stands for them), or None where there is none: the sides' islands apart, the edges between
+    the two NIC edges of a route are island links (Cluster.island_path, one path per pair of
+    islands), taken the same way by every flow. The hop's c flows carry at least G/c bytes each
+    (2(K−1)/K·G ≥ G in all) and share such a link C evenly (`shared_gbps`), so each takes at least
+    (G/c)/(C/c) = G/C on the wire, whatever c is: the hop runs at no more than the narrowest
+    shared link."""
+    if {k[1] for k in here} & {k[1] for k in there} or not routes:
+        return None
+    common = set.intersection(*(set(r.edges[1:-1]) for r in routes))
+    if not common:
+        return None
+    return min(
+        c for r in routes for e, c in zip(r.edges, r.edge_effective, strict=True) if e in common
     )
