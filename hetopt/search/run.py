@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hetopt.cost.flops import total_params
 from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
@@ -34,9 +34,6 @@ bound."""
 DIVE_MOST = 20_000
 """A dive that has made this many nodes without an open leaf stops; what it has not expanded goes
 back in the heap."""
-DIVE_KINDS = (None, 2, 3)
-"""Where dives start, by turns (`SearchRun._dive_start`): the least node (None), the least of two
-templates side by side, the least of three."""
 HAND_OVER = 500
 """Selection hands the leaves it has to the workers once it has made this many nodes since its
 first."""
@@ -117,7 +114,6 @@ class SearchRun:
         self.made = 0  # nodes made by expanding, in all
         self.last_leaf = 0  # `made` when selection last handed out a leaf
         self.dived = 0  # nodes made by dives
-        self.dives = 0  # dives started
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families
@@ -189,8 +185,8 @@ class SearchRun:
             if self.made - first_leaf >= HAND_OVER:
                 break  # the workers start on these while the next batch is selected
             if self.made - self.last_leaf >= DIVE_AFTER and self.dived <= DIVE_SHARE * self.made:
-                if leaves := self._dive():
-                    batch += leaves
+                if (leaf := self._dive()) is not None:
+                    batch.append(leaf)
                     first_leaf = min(first_leaf, self.made)
                 continue
             # held by no heap while it is selected
@@ -220,18 +216,17 @@ class SearchRun:
             return self._prune_rest()
         return batch
 
-    def _dive(self) -> list[SkeletonNode]:
-        """From a start node (`_dive_start`) down to one open leaf, depth first: at each level the
+    def _dive(self) -> SkeletonNode | None:
+        """From the open node of least bound down to one open leaf, depth first: at each level the
         child of least bound (a leaf first on a tie), backtracking where a path ends in nothing
         open; every node it leaves unexpanded goes back in the heap. A plan of the most promising
-        region now, not after every node below the incumbent is expanded. Returns the leaf with its
-        skeleton's siblings in other placement orders (`_other_orders`); [] where nothing open is
-        found within DIVE_MOST nodes made."""
+        region now, not after every node below the incumbent is expanded. None where nothing open
+        is found within DIVE_MOST nodes made."""
         assert self.tree is not None
         began = self.made
         self.selecting = min(self.selecting, self.heap[0][0])
         # each level's nodes by falling bound: the least is popped first
-        levels: list[list[Node]] = [[self._dive_start()]]
+        levels: list[list[Node]] = [[heapq.heappop(self.heap)[2]]]
         try:
             while levels:
                 if not levels[-1]:
@@ -251,50 +246,15 @@ class SearchRun:
                 if not node.refined:
                     node = self.tree.refine(node)
                 if self._open(node.bound):
-                    return [node, *self._other_orders(node, levels[-1])]
+                    return node
                 node.count_pruned(self.stats)
-            return []
+            return None
         finally:
             for level in levels:
                 for node in level:
                     heapq.heappush(self.heap, (node.bound, next(self.tie), node))
             self.dived += self.made - began
             self.last_leaf = self.made
-
-    def _other_orders(self, leaf: SkeletonNode, siblings: list[Node]) -> list[SkeletonNode]:
-        """The open leaves among a dive's last `siblings` that are `leaf`'s skeleton in another
-        placement order, taken out of the list: before placement their bounds tie, once placed
-        their times may not (types6-03: 9.15 s in replica order, 7.48 s in stage order)."""
-        out = []
-        for node in [n for n in siblings if n.is_leaf]:
-            if replace(node.skeleton, order=leaf.skeleton.order) != leaf.skeleton:
-                continue
-            siblings.remove(node)
-            node = node if node.refined else self.tree.refine(node)
-            if self._open(node.bound):
-                out.append(node)
-            else:
-                node.count_pruned(self.stats)
-        return out
-
-    def _dive_start(self) -> Node:
-        """The node a dive starts from, taken out of the heap: by turns the open node of least
-        bound, and the least of those whose skeletons have 2, then 3 templates side by side (the
-        least node overall where there is none). Where one-template families hold the least bounds,
-        best-first and dives from the top never leave them, while a plan of several templates,
-        each on a class of its own, may be much faster (types6-03 of the stress suite)."""
-        want = DIVE_KINDS[self.dives % len(DIVE_KINDS)]
-        self.dives += 1
-        if want is not None:
-            picks = [i for i, (_, _, n) in enumerate(self.heap) if n.templates == want]
-            if picks:
-                k = min(picks, key=lambda i: self.heap[i][:2])
-                entry = self.heap[k]
-                self.heap[k] = self.heap[-1]
-                self.heap.pop()
-                heapq.heapify(self.heap)
-                return entry[2]
-        return heapq.heappop(self.heap)[2]
 
     def _prune_rest(self) -> list[SkeletonNode]:
         """Every open node is proven no better: counted as pruned, the heap emptied; no leaves

@@ -91,8 +91,6 @@ class Node:
     bound: float
 
     is_leaf = False
-    templates = 1
-    """How many templates side by side its skeletons have (the kind of region a dive starts in)."""
     pruned_as = BOUND_RULE
     """The rule the search counts this node under when its bound proves it no better."""
 
@@ -138,10 +136,6 @@ class SkeletonNode(Node):
     """Whether `bound` is the skeleton's own bound yet (Tree.refine), not only its parent's."""
 
     is_leaf = True
-
-    @property
-    def templates(self) -> int:
-        return len(self.skeleton.templates)
 
     def expand(self, tree: Tree) -> list[Node]:
         return []

@@ -38,10 +38,6 @@ class FamilyNode(Node):
 
     pruned_as = "bound: whole families never generated (device classes × TP degrees)"
 
-    @property
-    def templates(self) -> int:
-        return 2 if self.family.pair else 1
-
     def expand(self, tree: Tree) -> list[Node]:
         if not self.family.pair:
             out: list[Node] = [

@@ -31,7 +31,6 @@ from hetopt.search.types import (
 class PairGroupNode(Node):
     group: PairGroup
 
-    templates = 2
     pruned_as = "bound: two-template groups never expanded"
 
     def expand(self, tree: Tree) -> list[Node]:
@@ -50,8 +49,6 @@ class PairRangeNode(Node):
     `rows` also every ra' < ra with any rb. The throughput bound falls with every replica count, so
     its value at (ra, rb) bounds the whole range; expanding peels off the top row or the top
     cell."""
-
-    templates = 2
 
     group: PairGroup
     ra: int
@@ -101,8 +98,6 @@ class PairRangeNode(Node):
 class PairSubgroupNode(Node):
     """A pair group at fixed replica counts and recompute mode; its skeletons differ in the
     shares."""
-
-    templates = 2
 
     group: PairGroup
     ra: int

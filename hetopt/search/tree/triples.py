@@ -34,8 +34,6 @@ class TripleFamilyNode(Node):
     the least bound of its groups (`TripleBounds.table`), and the next time it makes the groups
     that table leaves open (the others are never made, counted as pruned under their reasons)."""
 
-    templates = 3
-
     family: object
     refined: bool = False
 
@@ -80,8 +78,6 @@ class TripleGroupNode(Node):
     the box. Expanding halves the box's longest side; a box of one point has a child per recompute
     mode (`TripleSharesNode`). Replica counts only add GPUs, so a box whose lowest corner does not
     fit on the classes holds no point that does."""
-
-    templates = 3
 
     group: object
     lowest: tuple[int, int, int] = (1, 1, 1)
@@ -147,8 +143,6 @@ def triple_share_nodes(tree: Tree, group, replicas: tuple[int, int, int]) -> lis
 class TripleSharesNode(Node):
     """A triple group at fixed replica counts and recompute mode: its skeletons differ in the shares
     and the order; only those of the shares whose bound the incumbent does not beat are made."""
-
-    templates = 3
 
     group: object
     replicas: tuple[int, int, int]
