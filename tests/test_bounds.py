@@ -466,3 +466,55 @@ def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_ev
     monkeypatch.setattr(sends_module, "_shared_island_gbps", lambda *a: None)
     without = [Bounds(inst, profiles).skeletons.bound(sk) for sk in spanning]
     assert any(a < b * (1 - 1e-6) for a, b in zip(without, with_cut, strict=True))
+
+
+PAIRED_NODES = """
+name: paired-nodes
+model: {layers: 6, hidden: 1024, heads: 8, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 8}
+cluster:
+  nodes:
+    - {name: d, count: 3, gpu: RTX-4090, gpus_per_node: 2, island: r0, nic_gbps: 10}
+    - {name: q, count: 2, gpu: A10G, gpus_per_node: 4, island: r0, nic_gbps: 25}
+search: {tp: [1, 2], micro_batch: [1], recompute: [none], max_stages: 4, max_templates: 1}
+"""
+
+
+def test_a_stage_between_two_of_its_class_on_nodes_of_two_groups_sends_over_nics(
+    tmp_path, monkeypatch
+):
+    """Nodes of at most 2t GPUs hold two TP groups at most, so a stage whose neighbours are both of
+    its class shares a node with one of them at most and sends to the other over NICs
+    (`SendBounds.stages_paired`: 2-GPU desktops at TP 1, 4-GPU VMs at TP 2). Every skeleton's bound
+    of pipelines up to four stages deep stays at most its best split that fits, and the rule
+    raises some."""
+    from hetopt.search.bounds import sends as sends_module
+    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.space import enumerate_groups
+
+    path = tmp_path / "paired-nodes.yaml"
+    path.write_text(PAIRED_NODES)
+    inst, profiles = load_instance(path), Profiles()
+    scenarios = planning_scenarios(inst, "stable")
+    skeletons = [
+        sk
+        for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats())
+        for sk in itertools.islice(group.skeletons(), 3)
+        if sk.depth >= 3
+    ]
+    paired, checked = [], 0
+    for sk in skeletons:
+        _, best = placed_optimum(inst, profiles, scenarios, sk)
+        paired.append(Bounds(inst, profiles).skeletons.bound(sk))
+        assert paired[-1] <= best * (1 + 1e-12) or not math.isfinite(best), sk.describe()
+        checked += math.isfinite(best)
+    monkeypatch.setattr(sends_module.SendBounds, "stages_paired", lambda *a: False)
+    unpaired = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
+    assert checked > 20
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(unpaired, paired, strict=True))
+    raised = {
+        (sk.templates[0].segments[0].gpu, sk.templates[0].segments[0].tp)
+        for sk, a, b in zip(skeletons, unpaired, paired, strict=True)
+        if a < b * (1 - 1e-6)
+    }
+    assert {("RTX-4090", 1), ("A10G", 2)} <= raised, raised

@@ -229,6 +229,13 @@ class SendBounds:
         first node to the next one's (transfers.boundary_sends)."""
         return self.node_sizes(gpu, island)[1] <= tp
 
+    def stages_paired(self, gpu: str, island: str, tp: int) -> bool:
+        """Whether no node of a class holds three consecutive stages of one replica at TP `tp`: no
+        node has more than 2t GPUs, so under the placement rules it holds two TP groups at most;
+        in Megatron's rank order stages i − 1 and i + 1 of a replica are 2·t·cp·R ≥ 2t ranks apart.
+        Then a stage whose neighbours are both of its class sends to one of them over NICs."""
+        return self.node_sizes(gpu, island)[1] <= 2 * tp
+
     def node_sizes(self, gpu: str, island: str) -> tuple[int, int]:
         """The fewest and the most GPUs a node of a class has, memoised."""
         if (gpu, island) not in self._node_sizes:

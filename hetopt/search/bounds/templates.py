@@ -233,6 +233,12 @@ class TemplateBounds:
             inner = self.sends.send_s(
                 here, here, seg.width, micro_batch, apart=self.sends.stages_apart(*here, seg.tp)
             )
+            # a stage whose neighbours are both of its segment shares a node with one at most
+            inner_pair = inner + (
+                self.sends.send_s(here, here, seg.width, micro_batch, apart=True)
+                if self.sends.stages_paired(*here, seg.tp)
+                else inner
+            )
             k_pass = self.sends.zero_per_layer(seg, flows, zero)
             out = []
             for k, count in _positions(seg.stages):
@@ -249,18 +255,21 @@ class TemplateBounds:
                 if collectives:
                     a, c = sum(k_pass), 0.0
                 c += eps
-                if not last:  # activation forward
-                    c += (
-                        self.sends.send_s(here, nxt, seg.width, micro_batch, flows)
-                        if k == seg.stages - 1
-                        else inner
-                    )
-                if not first:  # gradient back
-                    c += (
-                        self.sends.send_s(here, prv, seg.width, micro_batch, flows)
-                        if k == 0
-                        else inner
-                    )
+                if 0 < k < seg.stages - 1:  # activation forward, gradient back, both inside
+                    c += inner_pair
+                else:
+                    if not last:  # activation forward
+                        c += (
+                            self.sends.send_s(here, nxt, seg.width, micro_batch, flows)
+                            if k == seg.stages - 1
+                            else inner
+                        )
+                    if not first:  # gradient back
+                        c += (
+                            self.sends.send_s(here, prv, seg.width, micro_batch, flows)
+                            if k == 0
+                            else inner
+                        )
                 out.append((a, c, count))
             self._segments[key] = out
         return self._segments[key]
