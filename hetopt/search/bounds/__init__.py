@@ -55,7 +55,8 @@ Each bound, the set it keys, and its statement:
   whose drained bound (with the all-reduce no replica sheds) lies below T
 - `SendBounds.send_s` (one send between stages): the fastest pair of nodes, alone (between islands
   1/R of the island link); two stages of one class at TP t on nodes of at most t GPUs never on one
-  node (`stages_apart`)
+  node (`stages_apart`); on nodes of at most 2t, a stage between two of its class sends to one of
+  them over NICs (`stages_paired`)
 - `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone;
   c at most the nodes the smaller template can use (`template_nodes`), no node paired with itself
   where none holds a TP group of each (`apart`); each side on an island of its own, T_cross ≥ G/C
