@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import run_hetopt
+from conftest import once_per_run, run_hetopt
 
 from hetopt.baselines.registry import PLANNERS
 from hetopt.baselines.uniform import min_max_split
@@ -38,13 +38,18 @@ NO_FITTING_PLAN = {
 }
 
 
-@pytest.fixture(scope="module")
-def optima():
+def _optima():
     # without heuristic warm starts: the search's own plan space has to beat every baseline
     return {
         p.stem: solve_ilp(SearchRequest(load_instance(p), time_limit_s=60), warm_start=False)
         for p in SMALL
     }
+
+
+@pytest.fixture(scope="session")
+def optima(tmp_path_factory, worker_id):
+    """The proven optimum of every small instance, once per run (not once per xdist worker)."""
+    return once_per_run("bench_optima", _optima, tmp_path_factory, worker_id)
 
 
 @pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
