@@ -27,7 +27,7 @@ BASELINES = ["megatron", "fastest-subset", "proportional", "amp-like", "random"]
 NO_FITTING_PLAN = {
     "s9-interleaved": {"megatron"},
     "s10-four-types": {"megatron", "fastest-subset", "amp-like"},
-    # 6 T4 near their memory limit, 32 micro-batches: only the random skeletons find a fit
+    # 6 T4 near their memory limit, 20 micro-batches: only the random skeletons find a fit
     "s11-uneven-shares": {"megatron", "fastest-subset", "proportional", "amp-like"},
     # 4 stages at TP 1 with recompute on stage 0 fit, and few splits: 400 random draws of a
     # skeleton, a split and a mode per stage miss them
