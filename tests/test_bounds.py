@@ -394,6 +394,32 @@ search: {tp: [1], micro_batch: [1, 2], recompute: [none], max_stages: 3, max_tem
 """
 
 
+def _held_bounds(inst, skeletons) -> tuple[list[float], list[bool]]:
+    """Each skeleton's bound, asserted at most its best split that fits (every split priced as the
+    evaluator prices); and whether any split fits."""
+    from hetopt.search.robust import planning_scenarios
+
+    profiles, scenarios = Profiles(), planning_scenarios(inst, "stable")
+    bounds, held, fits = Bounds(inst, profiles), [], []
+    for sk in skeletons:
+        _, best = placed_optimum(inst, profiles, scenarios, sk)
+        held.append(bounds.skeletons.bound(sk))
+        fits.append(math.isfinite(best))
+        assert held[-1] <= best * (1 + 1e-12) or not fits[-1], sk.describe()
+    return held, fits
+
+
+def _raised_by(rule: tuple, inst, skeletons, held: list[float], monkeypatch) -> list[bool]:
+    """Whether a rule raises each skeleton's bound: the bounds with `rule` (an object, an attribute
+    and what turns the rule off) set, fresh (a `Bounds` memoises), are never above `held`."""
+    with monkeypatch.context() as patched:
+        patched.setattr(*rule)
+        bounds = Bounds(inst, Profiles())
+        without = [bounds.skeletons.bound(sk) for sk in skeletons]
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(without, held, strict=True))
+    return [a < b * (1 - 1e-6) for a, b in zip(without, held, strict=True)]
+
+
 def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_every_split(
     tmp_path, monkeypatch
 ):
@@ -404,16 +430,13 @@ def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_ev
     (`sends._shared_island_gbps`), also where one template spans two labs. Every one-, two- and
     three-template skeleton's bound stays at most its best split that fits (each priced as the
     evaluator prices), and each of the two raises some skeleton's bound."""
-    from hetopt.search import bounds as bounds_module
-    from hetopt.search.bounds import sends as sends_module
-    from hetopt.search.robust import planning_scenarios
+    from hetopt.search.bounds import sends
     from hetopt.search.space import enumerate_groups
     from hetopt.search.triples import triple_groups
 
     path = tmp_path / "lab-desktops.yaml"
     path.write_text(LAB_DESKTOPS)
-    inst, profiles = load_instance(path), Profiles()
-    scenarios = planning_scenarios(inst, "stable")
+    inst = load_instance(path)
     opts = SearchOptions.from_instance(inst)
     skeletons = [
         sk
@@ -424,27 +447,15 @@ def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_ev
         for group in triple_groups(inst, opts, SearchStats())
         for sk in itertools.islice(group.skeletons(), 1)
     ]
-    bounds = Bounds(inst, profiles)
-    checked, per_kind = 0, collections.Counter()
-    for sk in skeletons:
-        _, best = placed_optimum(inst, profiles, scenarios, sk)
-        if not math.isfinite(best):
-            continue
-        checked += 1
-        per_kind[len(sk.templates)] += 1
-        assert bounds.skeletons.bound(sk) <= best * (1 + 1e-12), sk.describe()
-    assert checked > 50 and set(per_kind) == {1, 2, 3}, (checked, per_kind)
-    # without either, some bounds fall
-    with_both = [bounds.skeletons.bound(sk) for sk in skeletons]
-    monkeypatch.setattr(bounds_module.sends.SendBounds, "stages_apart", lambda *a: False)
-    no_apart = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
-    monkeypatch.undo()
-    monkeypatch.setattr(sends_module, "_shared_island_gbps", lambda *a: None)
-    no_cut = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(no_apart, with_both, strict=True))
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(no_cut, with_both, strict=True))
-    assert any(a < b * (1 - 1e-6) for a, b in zip(no_apart, with_both, strict=True))
-    assert any(a < b * (1 - 1e-6) for a, b in zip(no_cut, with_both, strict=True))
+    held, fits = _held_bounds(inst, skeletons)
+    kinds = collections.Counter(
+        len(sk.templates) for sk, f in zip(skeletons, fits, strict=True) if f
+    )
+    assert sum(kinds.values()) > 50 and set(kinds) == {1, 2, 3}, kinds
+    apart_off = (sends.SendBounds, "stages_apart", lambda *a: False)
+    cut_off = (sends, "_shared_island_gbps", lambda *a: None)
+    assert any(_raised_by(apart_off, inst, skeletons, held, monkeypatch))
+    assert any(_raised_by(cut_off, inst, skeletons, held, monkeypatch))
     # with pair_classes 2, a template over two labs beside one in the third
     wide = dataclasses.replace(opts, pair_classes=2)
     spanning = [
@@ -457,15 +468,8 @@ def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_ev
         and islands[0].isdisjoint(islands[1])
     ]
     assert spanning
-    monkeypatch.undo()
-    with_cut = []
-    for sk in spanning:
-        _, best = placed_optimum(inst, profiles, scenarios, sk)
-        with_cut.append(Bounds(inst, profiles).skeletons.bound(sk))
-        assert with_cut[-1] <= best * (1 + 1e-12) or not math.isfinite(best), sk.describe()
-    monkeypatch.setattr(sends_module, "_shared_island_gbps", lambda *a: None)
-    without = [Bounds(inst, profiles).skeletons.bound(sk) for sk in spanning]
-    assert any(a < b * (1 - 1e-6) for a, b in zip(without, with_cut, strict=True))
+    held, _ = _held_bounds(inst, spanning)
+    assert any(_raised_by(cut_off, inst, spanning, held, monkeypatch))
 
 
 PAIRED_NODES = """
@@ -487,34 +491,27 @@ def test_a_stage_between_two_of_its_class_on_nodes_of_two_groups_sends_over_nics
     its class shares a node with one of them at most and sends to the other over NICs
     (`SendBounds.stages_paired`: 2-GPU desktops at TP 1, 4-GPU VMs at TP 2). Every skeleton's bound
     of pipelines up to four stages deep stays at most its best split that fits, and the rule
-    raises some."""
-    from hetopt.search.bounds import sends as sends_module
-    from hetopt.search.robust import planning_scenarios
+    raises some on both kinds of node."""
+    from hetopt.search.bounds import sends
     from hetopt.search.space import enumerate_groups
 
     path = tmp_path / "paired-nodes.yaml"
     path.write_text(PAIRED_NODES)
-    inst, profiles = load_instance(path), Profiles()
-    scenarios = planning_scenarios(inst, "stable")
+    inst = load_instance(path)
     skeletons = [
         sk
         for group in enumerate_groups(inst, SearchOptions.from_instance(inst), SearchStats())
         for sk in itertools.islice(group.skeletons(), 3)
         if sk.depth >= 3
     ]
-    paired, checked = [], 0
-    for sk in skeletons:
-        _, best = placed_optimum(inst, profiles, scenarios, sk)
-        paired.append(Bounds(inst, profiles).skeletons.bound(sk))
-        assert paired[-1] <= best * (1 + 1e-12) or not math.isfinite(best), sk.describe()
-        checked += math.isfinite(best)
-    monkeypatch.setattr(sends_module.SendBounds, "stages_paired", lambda *a: False)
-    unpaired = [Bounds(inst, profiles).skeletons.bound(sk) for sk in skeletons]
-    assert checked > 20
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(unpaired, paired, strict=True))
-    raised = {
+    held, fits = _held_bounds(inst, skeletons)
+    assert sum(fits) > 20
+    raised = _raised_by(
+        (sends.SendBounds, "stages_paired", lambda *a: False), inst, skeletons, held, monkeypatch
+    )
+    classes = {
         (sk.templates[0].segments[0].gpu, sk.templates[0].segments[0].tp)
-        for sk, a, b in zip(skeletons, unpaired, paired, strict=True)
-        if a < b * (1 - 1e-6)
+        for sk, up in zip(skeletons, raised, strict=True)
+        if up
     }
-    assert {("RTX-4090", 1), ("A10G", 2)} <= raised, raised
+    assert {("RTX-4090", 1), ("A10G", 2)} <= classes, classes

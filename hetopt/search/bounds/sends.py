@@ -314,13 +314,13 @@ class SendBounds:
         memo = (keys, weighed, channels, apart)
         if memo not in self._exchange:
             inst = self.inst
-            nbytes = total_params(inst.model) * grad_comm_bytes(inst) / channels
+            total_bytes = total_params(inst.model) * grad_comm_bytes(inst)
+            nbytes = total_bytes / channels
             weights = [
                 self.profiles.for_gpu(inst.gpu_types[gpu], inst.spec.training.framework).w
                 for gpu in weighed
             ]
             best, raw = math.inf, math.inf
-            total_bytes = total_params(inst.model) * grad_comm_bytes(inst)
             for cluster in self.clusters:
                 # a hop each way round the ring
                 for here, there in ((keys[0], keys[1]), (keys[1], keys[0])):

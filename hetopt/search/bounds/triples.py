@@ -156,26 +156,22 @@ class TripleBounds:
             )
         return self._rings[key]
 
-    def constant(self, group, replicas_total: int) -> float:
+    def constant(
+        self, group, replicas_total: int, replicas: tuple[int, int, int] | None = None
+    ) -> float:
         """What follows every pipeline of a triple at `replicas_total` replicas in all, or fewer:
-        the ring exchange among its templates (`ring_exchange_s`) and the slowest template's
-        optimizer step (`optimizer_bound`, which only falls as ZeRO-1 shards over more replicas)."""
-        key = (group.sides, group.tops, replicas_total, group.zero)
+        the ring exchange among its templates (`ring`: with the channels of at most `replicas`
+        each, default the group's tops) and the slowest template's optimizer step
+        (`optimizer_bound`, which only falls as ZeRO-1 shards over more replicas)."""
+        at = replicas or group.tops
+        key = (group.sides, at, replicas_total, group.zero)
         if key not in self._triples:
             sides = group.sides
-            self._triples[key] = self.ring(sides, group.tops) + max(
+            self._triples[key] = self.ring(sides, at) + max(
                 self.templates.optimizer_bound(Template(side, 1, 1), replicas_total, group.zero)
                 for side in sides
             )
         return self._triples[key]
-
-    def constant_at(self, group, replicas: tuple[int, int, int]) -> float:
-        """`constant` at fixed replica counts: the ring exchange with the channels those counts
-        allow (`ring`, no more than at the group's tops) and the optimizer step at Σ R_j."""
-        return self.ring(group.sides, replicas) + max(
-            self.templates.optimizer_bound(Template(side, 1, 1), sum(replicas), group.zero)
-            for side in group.sides
-        )
 
     def reach(
         self,

@@ -169,14 +169,14 @@ class TripleShares:
     `drained_bound`, which rises with its micro-batches m_j (`ShareBounds`), and C the ring exchange
     and optimizer step (`TripleBounds.constant`). Below a level θ template j takes at most cap_j(θ)
     micro-batches per replica, found by bisection; no share has every D_j(m_j) ≤ θ unless Σ_j
-    R_j·cap_j(θ) ≥ M. C at these replica counts (`TripleBounds.constant_at`): the skeletons'
+    R_j·cap_j(θ) ≥ M. C at these replica counts (`TripleBounds.constant`): the skeletons'
     own, so their leaves are not made below it only to be refined above it one by one."""
 
     def __init__(
         self, bounds: Bounds, group, replicas: tuple[int, int, int], recompute: str
     ) -> None:
         self.bounds, self.group, self.replicas, self.recompute = bounds, group, replicas, recompute
-        self.constant = bounds.triples.constant_at(group, replicas)
+        self.constant = bounds.triples.constant(group, sum(replicas), replicas)
         total = group.total_micro_batches
         depths = [group.depth(j) for j in range(3)]
         # the most micro-batches template j can take: each other template one per stage
