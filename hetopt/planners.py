@@ -56,6 +56,9 @@ WARM_ORDER = {"proportional": 1.0, "amp-like": 1.0, "shares": 1.5, "data-paralle
 early first, so that what they leave goes to the later ones; `data-parallel` last and with most, as
 it gains most from more time (stress suite, the planner alone: wan5-03 15.62 s at 1.5 s against
 17.69 s at 0.75 s; scale1024-halls-00 3.57 s at 0.75 s against 3.90 s at 0.5 s)."""
+POLISH_SHARE = 0.5
+"""The seconds the search climbs from the heuristics' plans to better ones near them
+(hetopt.search.polish), as a share of the heuristics' own budget: 1.5 s by default."""
 
 
 def heuristic_seeds(
@@ -99,6 +102,7 @@ def solve_ilp(
     if warm_start:
         budget_s = min(WARM_SHARE * request.time_limit_s, WARM_MOST_S)
         seeds += heuristic_seeds(request.inst, request.weights, request.objective, budget_s)
+        request = replace(request, polish_s=POLISH_SHARE * budget_s * len(WARM_ORDER))
     else:
         request = replace(request, narrow_first=False)
     left_s = max(0.0, request.time_limit_s - (clock() - start))

@@ -35,6 +35,7 @@ from hetopt.search.bounds.run import Bounds
 from hetopt.search.dispatch import pick
 from hetopt.search.formulation import Formulation, SolveOptions, clock
 from hetopt.search.leaves import LeafContext, plan_problem, solve_leaf
+from hetopt.search.polish import polish
 from hetopt.search.robust import planning_scenarios
 from hetopt.search.run import SearchResult, SearchRun
 from hetopt.search.tree.base import SkeletonNode, Tree
@@ -94,6 +95,13 @@ def solve_exact(
         run.seed(best)
         if progress is not None and best is not None:  # the first incumbent, before the roots
             progress(run.standing())
+        if request.polish_s > 0 and seeds and not narrow_first:  # else the subspace's search did
+            polished = polish(ctx, options, seeds, min(request.polish_s, run.left_s()))
+            if polished and (best is None or polished[0].objective_s < best.objective_s):
+                best = polished[0]
+                run.seed(best)
+                if progress is not None:
+                    progress(run.standing())
         run.plant(tree)  # after the seeds: within what time they leave
         if progress is not None:
             progress(run.standing())

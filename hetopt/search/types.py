@@ -425,6 +425,9 @@ class SearchRequest:
     optimum the first incumbent of the rest (orchestrate.NARROW_SHARE)."""
     export_model: str | None = None
     """Write the best skeleton's solver model to this path."""
+    polish_s: float = 0.0
+    """Seconds to climb from the seeds to better plans near them before the tree is planted
+    (hetopt.search.polish); 0: none."""
 
     @property
     def space(self) -> SearchOptions:

@@ -1,0 +1,97 @@
+"""The polish (hetopt.search.polish): a local search from the heuristics' plans to better skeletons
+near them, before the tree is planted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hetopt.cost.profiles import Profiles
+from hetopt.evaluate import evaluate
+from hetopt.search.leaves import LeafContext, solve_leaf
+from hetopt.search.polish import POLISH, neighbours, polish, skeleton_of
+from hetopt.search.robust import planning_scenarios
+from hetopt.search.roots import outside_space
+from hetopt.search.types import SearchOptions, Seed, Segment, Skeleton, Template
+from hetopt.spec.instance import load_instance
+from hetopt.verify import check_plan
+
+SMALL = Path(__file__).parent / "small"
+
+
+def _context(inst) -> LeafContext:
+    return LeafContext(
+        inst, Profiles(), planning_scenarios(inst, "stable"), "stable", "split-milp", "highs", 0
+    )
+
+
+def _seed(ctx: LeafContext, sk: Skeleton) -> Seed:
+    """The skeleton's best plan as a heuristic's seed."""
+    kind, sol, t = solve_leaf(ctx, sk, (float("inf"), 60.0))
+    assert kind == "solved"
+    return Seed("hand", t, sk.placed(list(sol.layers), ctx.inst.cluster, sol.recompute))
+
+
+def test_polish_climbs_from_even_shares_to_the_proven_optimum_of_three_templates():
+    """s11 (6 T4, 20 micro-batches, 2 stages a replica; the instance's header): from even shares (2
+    replicas of 10 on 4 GPUs, 1.740 s) the polish puts the idle GPUs to work beside them (2 × 7 and
+    1 × 6, 1.610 s) and makes one replica a template of its own (6, 7, 7: 1.5530110 s, exhaustive
+    enumeration's optimum, tests/test_space.py). The plan is a point of the space, verifies, and its
+    objective is the evaluator's time."""
+    inst = load_instance(SMALL / "s11-uneven-shares.yaml")
+    ctx = _context(inst)
+    even = Skeleton(1, "none", (Template((Segment("T4", "r0", 1, 2),), 2, 10),), order="stage")
+    seed = _seed(ctx, even)
+    assert seed.objective_s == pytest.approx(1.740, abs=5e-4)
+    (found,) = polish(ctx, SearchOptions.from_instance(inst), [seed], 30.0)
+    assert found.planner == POLISH
+    assert found.objective_s == pytest.approx(1.5530110, rel=1e-6)
+    assert sorted(p.micro_batches for p in found.plan.pipelines) == [6, 7, 7]
+    assert outside_space(inst, found.plan, SearchOptions.from_instance(inst)) == []
+    assert check_plan(inst, found.plan) == []
+    assert evaluate(inst, found.plan).iteration_time_s == pytest.approx(
+        found.objective_s, rel=1e-12
+    )
+    assert skeleton_of(found.plan, found.skeleton.order) == found.skeleton
+
+
+def test_polish_returns_nothing_where_no_neighbour_beats_the_seed():
+    """From the optimum itself (s11's three templates) no neighbour is faster: nothing is returned,
+    so the search starts from the seed as it was."""
+    inst = load_instance(SMALL / "s11-uneven-shares.yaml")
+    ctx = _context(inst)
+    seg = (Segment("T4", "r0", 1, 2),)
+    best = Skeleton(1, "none", (Template(seg, 1, 6), Template(seg, 1, 7), Template(seg, 1, 7)))
+    seed = _seed(ctx, best)
+    assert seed.objective_s == pytest.approx(1.5530110, rel=1e-6)
+    assert polish(ctx, SearchOptions.from_instance(inst), [seed], 30.0) == []
+
+
+def test_neighbours_stay_within_the_gpus_and_run_every_micro_batch():
+    """Every neighbour of a two-class template on s2 (2 A100 + 2 V100, 8 micro-batches) takes no
+    more GPUs of a class than it has and runs every micro-batch (8 of one sequence, 4 of two); among
+    them are the other placement order, the classes reversed, the next replica count and the next
+    micro-batch size."""
+    inst = load_instance(SMALL / "s2-a100-v100.yaml")
+    ctx = _context(inst)
+    opts = SearchOptions.from_instance(inst)
+    segs = (Segment("A100-80GB", "r0", 1, 1), Segment("V100-32GB", "r0", 1, 1))
+    sk = Skeleton(1, "none", (Template(segs, 2, 4),))
+    near = list(neighbours(ctx, opts, sk))
+    for nb in near:
+        assert sum(t.replicas * t.micro_batches for t in nb.templates) == inst.micro_batches(
+            nb.micro_batch
+        )
+        for k, dc in inst.cluster.device_classes.items():
+            used = sum(
+                t.replicas * seg.stages * seg.width
+                for t in nb.templates
+                for seg in t.segments
+                if (seg.gpu, seg.island) == k
+            )
+            assert used <= dc.gpus
+    assert Skeleton(1, "none", sk.templates, order="stage") in near
+    assert Skeleton(1, "none", (Template(segs[::-1], 2, 4),)) in near
+    assert Skeleton(1, "none", (Template(segs, 1, 8),)) in near
+    assert Skeleton(2, "none", (Template(segs, 2, 2),)) in near
