@@ -9,11 +9,20 @@ import pytest
 
 from hetopt.cost.profiles import Profiles
 from hetopt.evaluate import evaluate
+from hetopt.search.formulation import SolveStatus
 from hetopt.search.leaves import LeafContext, solve_leaf
+from hetopt.search.orchestrate import solve_exact
 from hetopt.search.polish import POLISH, neighbours, polish, skeleton_of
 from hetopt.search.robust import planning_scenarios
 from hetopt.search.roots import outside_space
-from hetopt.search.types import SearchOptions, Seed, Segment, Skeleton, Template
+from hetopt.search.types import (
+    SearchOptions,
+    SearchRequest,
+    Seed,
+    Segment,
+    Skeleton,
+    Template,
+)
 from hetopt.spec.instance import load_instance
 from hetopt.verify import check_plan
 
@@ -95,3 +104,38 @@ def test_neighbours_stay_within_the_gpus_and_run_every_micro_batch():
     assert Skeleton(1, "none", (Template(segs[::-1], 2, 4),)) in near
     assert Skeleton(1, "none", (Template(segs, 1, 8),)) in near
     assert Skeleton(2, "none", (Template(segs, 2, 2),)) in near
+
+
+def test_the_search_starts_from_the_polished_seed_and_proves_it(monkeypatch):
+    """solve_exact with the even-shares seed of s11 and time to polish: the first incumbent is the
+    polished plan (warm_start planner `polish`, 1.5530110 s), the search proves it optimal and keeps
+    it."""
+    inst = load_instance(SMALL / "s11-uneven-shares.yaml")
+    ctx = _context(inst)
+    even = Skeleton(1, "none", (Template((Segment("T4", "r0", 1, 2),), 2, 10),), order="stage")
+    seed = _seed(ctx, even)
+    request = SearchRequest(inst, time_limit_s=60, polish_s=30.0, workers=1)
+    result = solve_exact(request, [seed])
+    assert result.status == SolveStatus.OPTIMAL
+    assert result.warm_start["planner"] == POLISH and result.warm_start["kept"]
+    assert result.objective_s == pytest.approx(1.5530110, rel=1e-6)
+
+
+def test_the_search_climbs_from_each_incumbent_its_tree_finds(monkeypatch):
+    """Without seeds, each skeleton that becomes the incumbent in the tree is climbed from once,
+    and a better plan the climb finds is the incumbent: the answer is no worse for it, and s11 is
+    still proven at its optimum."""
+    import hetopt.search.orchestrate as orchestrate
+
+    climbed = []
+
+    def recording(ctx, opts, seeds, budget_s):
+        climbed.append(seeds[0].skeleton)
+        return polish(ctx, opts, seeds, budget_s)
+
+    monkeypatch.setattr(orchestrate, "polish", recording)
+    inst = load_instance(SMALL / "s11-uneven-shares.yaml")
+    result = solve_exact(SearchRequest(inst, time_limit_s=60, polish_s=5.0, workers=1))
+    assert result.status == SolveStatus.OPTIMAL
+    assert result.objective_s == pytest.approx(1.5530110, rel=1e-6)
+    assert climbed and len(set(climbed)) == len(climbed)

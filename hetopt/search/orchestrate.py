@@ -54,6 +54,10 @@ pairs keep weak bounds, and best-first over the whole space can spend the limit 
 skeleton; tp_per_stage multiplies the families. Searching the subspace first, then only the rest,
 searches each skeleton once."""
 
+POLISH_SEARCH_SHARE = 0.1
+"""The most of the time limit the search spends climbing from the incumbents its tree finds
+(`_Loop._polish`), while the workers solve the next batch."""
+
 
 def solve_exact(
     request: SearchRequest, seeds: Sequence[Seed] = (), progress: Progress | None = None
@@ -88,6 +92,7 @@ def solve_exact(
         inst, profiles, scenarios, request.objective, form.name, request.backend, request.seed
     )
     loop = _Loop(run, ctx, executor, request.workers, request.address, progress)
+    loop.polishing(options, request.polish_s)
     best = min(seeds, key=lambda s: s.objective_s, default=None)
     try:
         if narrow_first:
@@ -100,6 +105,7 @@ def solve_exact(
             if polished and (best is None or polished[0].objective_s < best.objective_s):
                 best = polished[0]
                 run.seed(best)
+                loop.polished.add(best.skeleton)  # the climb ended there
                 if progress is not None:
                     progress(run.standing())
         run.plant(tree)  # after the seeds: within what time they leave
@@ -143,6 +149,15 @@ class _Loop:
         self.opened = workers is not None
         self.batch: list[SkeletonNode] = []
         self.pending = None  # a batch the workers are solving: (its leaves, the wait for them)
+        self.options: SearchOptions | None = None
+        self.polish_s = 0.0
+        self.polished: set = set()  # skeletons climbed from
+        self.polishing_s = 0.0  # spent climbing, in all
+
+    def polishing(self, options: SearchOptions, polish_s: float) -> None:
+        """Climb from each skeleton that becomes the incumbent for up to `polish_s` seconds
+        (hetopt.search.polish), in all at most POLISH_SEARCH_SHARE of the time limit; 0: never."""
+        self.options, self.polish_s = options, polish_s
 
     def solve(self) -> None:
         if self.workers is not None:
@@ -164,10 +179,12 @@ class _Loop:
                 if not self.batch:
                     return
                 self._absorb(self.batch, [solve_leaf(self.ctx, *job) for job in jobs])
+                self._polish()
                 continue
             launched = (self.batch, self.pool.submit(jobs)) if self.batch else None
             if self.pending is not None:
                 self._absorb(self.pending[0], self.pending[1]())
+                self._polish()
             if launched is None and self.pending is None:
                 return
             self.pending = launched
@@ -179,6 +196,27 @@ class _Loop:
                 # the leaves still open: the rest of this batch and any other in flight
                 others = [n for n in self.in_flight() if all(n is not b for b in batch)]
                 self.progress(self.run.standing([*batch[k + 1 :], *others]))
+
+    def _polish(self) -> None:
+        """Climb from the incumbent where the tree found it and it was not climbed from: the
+        climb's best plan, where it is better, is the incumbent."""
+        run = self.run
+        sk = run.best_sk
+        if self.polish_s <= 0 or sk is None or sk in self.polished or self.options is None:
+            return
+        left_s = min(self.polish_s, POLISH_SEARCH_SHARE * run.time_limit_s - self.polishing_s)
+        if left_s <= 0 or run.left_s() <= 0:
+            return
+        self.polished.add(sk)
+        began = clock()
+        seed = Seed("search", run.incumbent, run.best, sk)
+        found = polish(self.ctx, self.options, [seed], min(left_s, run.left_s()))
+        self.polishing_s += clock() - began
+        if found:
+            run.adopt(found[0])
+            self.polished.add(found[0].skeleton)
+            if self.progress is not None:
+                self.progress(run.standing(self.in_flight()))
 
     def in_flight(self) -> list[SkeletonNode]:
         """The leaves selected and not absorbed: their bounds stay open."""

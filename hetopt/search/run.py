@@ -155,6 +155,14 @@ class SearchRun:
         if self.tree is not None:
             self.tree.incumbent = self.incumbent
 
+    def adopt(self, found: Seed) -> None:
+        """A better plan found beside the tree (hetopt.search.polish: a point of the space, with its
+        skeleton) is the incumbent."""
+        if found.objective_s < self.incumbent:
+            self.incumbent, self.best, self.best_sk = found.objective_s, found.plan, found.skeleton
+            if self.tree is not None:
+                self.tree.incumbent = self.incumbent
+
     def left_s(self) -> float:
         return self.time_limit_s - (clock() - self.start)
 
