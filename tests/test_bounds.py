@@ -515,3 +515,48 @@ def test_a_stage_between_two_of_its_class_on_nodes_of_two_groups_sends_over_nics
         if up
     }
     assert {("RTX-4090", 1), ("A10G", 2)} <= classes, classes
+
+
+FILLED_NODES = """
+name: filled-nodes
+model: {layers: 8, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 12}
+cluster:
+  nodes:
+    - {name: d, count: 6, gpu: RTX-4090, gpus_per_node: 2, island: r0, nic_gbps: 10}
+search: {tp: [1], micro_batch: [1], recompute: [none], max_stages: 4}
+"""
+
+
+def test_templates_on_one_class_of_like_nodes_exchange_over_nics(tmp_path, monkeypatch):
+    """Six 2-GPU desktops of one NIC speed, every stage at TP 1: the placement fills the nodes one
+    after another, so two templates of more than 2 GPUs each share one node at most and a hop of
+    their exchange has a flow over NICs (`SendBounds.filled_apart`). Every two- and
+    three-template skeleton's bound stays at most its best split that fits, and the rule raises
+    some of each."""
+    from hetopt.search.bounds import sends
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.triples import triple_groups
+
+    path = tmp_path / "filled-nodes.yaml"
+    path.write_text(FILLED_NODES)
+    inst = load_instance(path)
+    opts = SearchOptions.from_instance(inst)
+    skeletons = [
+        sk
+        for group in enumerate_groups(inst, opts, SearchStats())
+        for sk in itertools.islice(group.skeletons(), 1)
+        if len(sk.templates) == 2
+    ] + [
+        sk
+        for group in triple_groups(inst, opts, SearchStats())
+        for sk in itertools.islice(group.skeletons(), 1)
+    ]
+    held, fits = _held_bounds(inst, skeletons)
+    raised = _raised_by(
+        (sends.SendBounds, "filled_apart", lambda *a: False), inst, skeletons, held, monkeypatch
+    )
+    kinds = collections.Counter(
+        len(sk.templates) for sk, f, up in zip(skeletons, fits, raised, strict=True) if f and up
+    )
+    assert set(kinds) == {2, 3}, kinds

@@ -59,7 +59,8 @@ Each bound, the set it keys, and its statement:
   them over NICs (`stages_paired`)
 - `SendBounds.exchange_s` (two templates' classes): T_cross ≥ G/c over the fastest node pair, alone;
   c at most the nodes the smaller template can use (`template_nodes`), no node paired with itself
-  where none holds a TP group of each (`apart`); each side on an island of its own, T_cross ≥ G/C
+  where none holds a TP group of each (`apart`) or the two fill nodes of one class one after the
+  other (`filled_apart`); each side on an island of its own, T_cross ≥ G/C
   over the narrowest island link C all its flows cross (they share it, `_shared_island_gbps`)
 - `SendBounds.ring_exchange_s` (three templates): each pair a hop of the ring: the slowest
   exchange

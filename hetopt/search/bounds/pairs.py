@@ -93,13 +93,17 @@ class PairBounds:
         T ≥ (m_j − 1)·λ_j + S_j, m_j ≤ (T − S_j)/λ_j + 1, so M ≤ Σ R_j·((T − S_j)/λ_j + 1); then the
         templates' exchange. λ_j, S_j over the splits that fit in memory in the modes `memory`."""
         lines = self.lines(group, recompute, memory, sum(replicas))
-        return pair_at(lines, replicas, group.total_micro_batches) + self.exchange(group, replicas)
+        return pair_at(lines, replicas, group.total_micro_batches) + self.exchange(
+            group, replicas, replicas
+        )
 
-    def exchange(self, group, replicas: tuple[int, int]) -> float:
+    def exchange(self, group, replicas: tuple[int, int], least: tuple[int, int] = (1, 1)) -> float:
         """`exchange_s` of a pair group's templates at most `replicas` each (their nodes cap the
-        channels: `SendBounds.nodes_at`)."""
+        channels: `SendBounds.nodes_at`) and at least `least`."""
         sides = (group.a, group.b)
-        return self.sends.exchange_s(*sides, nodes=self.sends.nodes_at(sides, replicas))
+        return self.sends.exchange_s(
+            *sides, nodes=self.sends.nodes_at(sides, replicas), least=least
+        )
 
     def range_bound(
         self,
@@ -123,7 +127,7 @@ class PairBounds:
             (lam, s, float(lo), float(hi))
             for (lam, s), lo, hi in zip(lines, lowest, replicas, strict=True)
         ]
-        return region_least(*sides, group.shared, total) + self.exchange(group, replicas)
+        return region_least(*sides, group.shared, total) + self.exchange(group, replicas, lowest)
 
     def reach(
         self,

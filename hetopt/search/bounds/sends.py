@@ -264,6 +264,37 @@ class SendBounds:
             self._apart[side_a, side_b] = apart
         return self._apart[side_a, side_b]
 
+    def filled_apart(self, sides: tuple, least: tuple[int, ...] | None, i: int, j: int) -> bool:
+        """Whether templates i and j of a plan whose templates' segments are `sides` share at most
+        one node and each use two at least, so that a hop between them has a flow over NICs (c ≥ 2
+        node pairs, at most one of them a node with itself): both on one class K alone, K's nodes
+        all of one size g and one NIC speed, every stage on K of the plan (`sides`) of one width w
+        (TP·CP) dividing g, and each of the two more than g GPUs at `least` replicas (their fewest;
+        None: unknown, False).
+
+        Under the placement rules (placement.FreeGPUs.pick: one NIC speed, best fit; a stage stays
+        on its neighbour's node only where that has room) at most one node of K is ever partly
+        taken, and each group goes to it where there is one, else to a free node: induction on the
+        groups placed, each a multiple of w. So the nodes of K fill one after another, a template's
+        groups on K take a run of them, and two templates share only the node where one ended and
+        the next began. False for sides of device classes (no TP degree yet)."""
+        a, b = sides[i], sides[j]
+        if least is None or not all(hasattr(seg, "tp") for side in sides for seg in side):
+            return False
+        classes = {(seg.gpu, seg.island) for seg in (*a, *b)}
+        if len(classes) != 1:
+            return False
+        (key,) = classes
+        nodes = self.inst.cluster.device_classes[key].nodes
+        sizes, nics = {n.gpus for n in nodes}, {n.nic_gbps for n in nodes}
+        widths = {seg.width for side in sides for seg in side if (seg.gpu, seg.island) == key}
+        if len(sizes) != 1 or len(nics) != 1 or len(widths) != 1:
+            return False
+        (g,), (w,) = sizes, widths
+        if g % w:
+            return False
+        return all(least[k] * sum(seg.stages * seg.width for seg in sides[k]) > g for k in (i, j))
+
     def exchange_s(
         self,
         side_a: tuple,
@@ -271,6 +302,7 @@ class SendBounds:
         others: tuple = (),
         nodes: tuple | None = None,
         tp_in_node: bool = True,
+        least: tuple[int, int] | None = None,
     ) -> float:
         """T_cross ≥ this for two templates whose segments are `side_a` and `side_b`: the templates'
         exchange (features.cross_template_exchange) sends the model's gradients G from each template
@@ -285,12 +317,16 @@ class SendBounds:
         which also caps c: the evaluator spreads a hop over as many node pairs as the smaller
         template has nodes. Where no node can hold a stage of each template (`apart`; with
         `tp_in_node`, False for Megatron's rank order, which may cut a group at a node boundary) a
-        node is never paired with itself."""
+        node is never paired with itself; so too where the two fill nodes of one class one after
+        the other (`filled_apart`, at `least` replicas each: a flow crosses NICs, and every flow
+        carries G/c at least)."""
         keys = tuple(
             tuple(sorted({(seg.gpu, seg.island) for seg in side})) for side in (side_a, side_b)
         )
         weighed = tuple(sorted({seg.gpu for side in (side_a, side_b, *others) for seg in side}))
-        apart = tp_in_node and self.apart(side_a, side_b)
+        apart = tp_in_node and (
+            self.apart(side_a, side_b) or self.filled_apart((side_a, side_b), least, 0, 1)
+        )
         return self._exchange_parts(keys, weighed, min(nodes) if nodes else None, apart)[0]
 
     def _exchange_parts(
@@ -365,7 +401,11 @@ class SendBounds:
         return self._exchange[memo]
 
     def ring_exchange_s(
-        self, sides: tuple, nodes: tuple | None = None, tp_in_node: bool = True
+        self,
+        sides: tuple,
+        nodes: tuple | None = None,
+        tp_in_node: bool = True,
+        least: tuple[int, ...] | None = None,
     ) -> float:
         """T_cross ≥ this for the templates whose segments are `sides`: with two, `exchange_s`; with
         three (a ring a → b → c → a in any order, so every pair of them is a hop, each flow carrying
@@ -375,9 +415,10 @@ class SendBounds:
         are the most of all flows', so at least every hop's least: T_cross ≥ ω·max_pairs raw + σ (ω
         the least weight of the seconds' terms, σ the least step weight, over all three templates'
         GPU types). The larger of the two; 0 with one template, or more than three (no pair need be
-        a hop). `nodes`: the most nodes each template can use, `tp_in_node` (`exchange_s`)."""
+        a hop). `nodes`: the most nodes each template can use, `tp_in_node` and `least` (the
+        fewest replicas of each: `exchange_s`)."""
         if len(sides) == 2:
-            return self.exchange_s(*sides, nodes=nodes, tp_in_node=tp_in_node)
+            return self.exchange_s(*sides, nodes=nodes, tp_in_node=tp_in_node, least=least)
         if len(sides) != 3:
             return 0.0
         weighed = tuple(sorted({seg.gpu for side in sides for seg in side}))
@@ -389,7 +430,8 @@ class SendBounds:
                 ),
                 weighed,
                 min(nodes[i], nodes[j]) if nodes else None,
-                tp_in_node and self.apart(sides[i], sides[j]),
+                tp_in_node
+                and (self.apart(sides[i], sides[j]) or self.filled_apart(sides, least, i, j)),
             )
             for i, j in ((0, 1), (0, 2), (1, 2))
         ]

@@ -56,6 +56,7 @@ class SkeletonBounds:
                     self.sends.template_nodes(t.segments, t.replicas, grouped) for t in sk.templates
                 ),
                 grouped,
+                tuple(t.replicas for t in sk.templates),
             )
         )
 

@@ -137,7 +137,7 @@ class TripleBounds:
             )
             least = min(pair_at(lines, corner, group.total_micro_batches) for corner in corners)
             best = min(best, max(group.total_micro_batches / rate, least))
-        return best + self.constant(group, most)
+        return best + self.constant(group, most, least=lowest)
 
     def replicas_bound(self, group, replicas: tuple[int, int, int]) -> float:
         """Three templates at replica counts R_j and any shares: `pair_bound`'s argument for three,
@@ -146,28 +146,39 @@ class TripleBounds:
         step."""
         return self.bound(group, replicas, replicas)
 
-    def ring(self, sides: tuple, replicas: tuple[int, int, int]) -> float:
+    def ring(
+        self,
+        sides: tuple,
+        replicas: tuple[int, int, int],
+        least: tuple[int, int, int] = (1, 1, 1),
+    ) -> float:
         """`ring_exchange_s` of a triple's templates at most `replicas` each (their nodes cap the
-        channels: `SendBounds.nodes_at`), memoised."""
-        key = (sides, replicas)
+        channels: `SendBounds.nodes_at`) and at least `least`, memoised."""
+        key = (sides, replicas, least)
         if key not in self._rings:
             self._rings[key] = self.sends.ring_exchange_s(
-                sides, self.sends.nodes_at(sides, replicas)
+                sides, self.sends.nodes_at(sides, replicas), least=least
             )
         return self._rings[key]
 
     def constant(
-        self, group, replicas_total: int, replicas: tuple[int, int, int] | None = None
+        self,
+        group,
+        replicas_total: int,
+        replicas: tuple[int, int, int] | None = None,
+        least: tuple[int, int, int] | None = None,
     ) -> float:
         """What follows every pipeline of a triple at `replicas_total` replicas in all, or fewer:
         the ring exchange among its templates (`ring`: with the channels of at most `replicas`
-        each, default the group's tops) and the slowest template's optimizer step
-        (`optimizer_bound`, which only falls as ZeRO-1 shards over more replicas)."""
+        each, default the group's tops, and at least `least`, default `replicas` where given, else
+        one each) and the slowest template's optimizer step (`optimizer_bound`, which only falls
+        as ZeRO-1 shards over more replicas)."""
         at = replicas or group.tops
-        key = (group.sides, at, replicas_total, group.zero)
+        low = least or replicas or (1, 1, 1)
+        key = (group.sides, at, low, replicas_total, group.zero)
         if key not in self._triples:
             sides = group.sides
-            self._triples[key] = self.ring(sides, at) + max(
+            self._triples[key] = self.ring(sides, at, low) + max(
                 self.templates.optimizer_bound(Template(side, 1, 1), replicas_total, group.zero)
                 for side in sides
             )
