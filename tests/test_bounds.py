@@ -22,7 +22,7 @@ from hetopt.search.bounds.run import Bounds
 from hetopt.search.space import enumerate_families
 from hetopt.search.tree.base import Tree
 from hetopt.search.tree.roots import roots
-from hetopt.search.types import SearchOptions, SearchStats
+from hetopt.search.types import SearchOptions, SearchStats, Segment, Skeleton, Template
 from hetopt.spec.instance import load_instance
 
 SMALL = Path(__file__).parent / "small"
@@ -519,7 +519,7 @@ def test_a_stage_between_two_of_its_class_on_nodes_of_two_groups_sends_over_nics
 
 FILLED_NODES = """
 name: filled-nodes
-model: {layers: 8, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
+model: {layers: 6, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
 training: {seq_len: 512, global_batch: 12}
 cluster:
   nodes:
@@ -532,8 +532,9 @@ def test_templates_on_one_class_of_like_nodes_exchange_over_nics(tmp_path, monke
     """Six 2-GPU desktops of one NIC speed, every stage at TP 1: the placement fills the nodes one
     after another, so two templates of more than 2 GPUs each share one node at most and a hop of
     their exchange has a flow over NICs (`SendBounds.filled_apart`). Every two- and
-    three-template skeleton's bound stays at most its best split that fits, and the rule raises
-    some of each."""
+    three-template skeleton's bound stays at most its best split that fits, also where templates
+    of one GPU share a node and exchange inside it (a rule that ignored their size would bound the
+    first of those at 0.73 s, its best split 0.16 s), and the rule raises some of each."""
     from hetopt.search.bounds import sends
     from hetopt.search.space import enumerate_groups
     from hetopt.search.triples import triple_groups
@@ -551,6 +552,12 @@ def test_templates_on_one_class_of_like_nodes_exchange_over_nics(tmp_path, monke
         sk
         for group in triple_groups(inst, opts, SearchStats())
         for sk in itertools.islice(group.skeletons(), 1)
+    ]
+    # templates of one GPU each share a node and exchange inside it: the rule must not hold there
+    one = (Segment("RTX-4090", "r0", 1, 1),)
+    skeletons += [
+        Skeleton(1, "none", (Template(one, 1, 5), Template(one, 1, 7))),
+        Skeleton(1, "none", (Template(one, 1, 4), Template(one, 1, 4), Template(one, 1, 4))),
     ]
     held, fits = _held_bounds(inst, skeletons)
     raised = _raised_by(

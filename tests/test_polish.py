@@ -139,3 +139,31 @@ def test_the_search_climbs_from_each_incumbent_its_tree_finds(monkeypatch):
     assert result.status == SolveStatus.OPTIMAL
     assert result.objective_s == pytest.approx(1.5530110, rel=1e-6)
     assert climbed and len(set(climbed)) == len(climbed)
+
+
+def test_polish_keeps_to_the_placement_orders_of_the_space(monkeypatch):
+    """`--runnable megatron` narrows one-template plans to stage-major placement: every skeleton
+    the polish solves there is placed in an order the space holds (one replica: replica-major, as
+    both place alike)."""
+    import hetopt.search.polish as polishing
+    from hetopt.export.runnable import runnable_instance
+
+    inst = runnable_instance(load_instance(SMALL / "s2-a100-v100.yaml"), "megatron")
+    ctx = _context(inst)
+    opts = SearchOptions.from_instance(inst)
+    assert opts.placements == ("stage",)
+    solved = []
+
+    def recording(ctx, sk, limit, incumbent=float("inf")):
+        solved.append(sk)
+        return solve_leaf(ctx, sk, limit, incumbent)
+
+    segs = (Segment("A100-80GB", "r0", 1, 1), Segment("V100-32GB", "r0", 1, 1))
+    seed = _seed(ctx, Skeleton(1, "none", (Template(segs, 2, 4),), order="stage"))
+    monkeypatch.setattr(polishing, "solve_leaf", recording)
+    polish(ctx, opts, [seed], 30.0)
+    assert solved
+    for sk in solved:
+        one = len(sk.templates) == 1
+        assert sk.order == ("stage" if one and sk.templates[0].replicas > 1 else sk.order)
+        assert sk.order == "replica" or max(t.replicas for t in sk.templates) > 1

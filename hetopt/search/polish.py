@@ -24,11 +24,20 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+from hetopt.placement import ORDERS
 from hetopt.plan import Plan
 from hetopt.search.leaves import LeafContext, solve_leaf
 from hetopt.search.roots import outside_space
 from hetopt.search.space import tp_options
-from hetopt.search.types import SearchOptions, Seed, Segment, Skeleton, Template, segments_of
+from hetopt.search.types import (
+    SearchOptions,
+    Seed,
+    Segment,
+    Skeleton,
+    Template,
+    orders,
+    segments_of,
+)
 
 POLISH = "polish"
 """The planner name of a polished seed."""
@@ -74,7 +83,7 @@ def polish(
     for seed in seeds:
         for order in ("replica", "stage"):
             sk = skeleton_of(seed.plan, order)
-            if sk is not None and sk not in seen:
+            if sk is not None and sk not in seen and _ordered(opts, sk):
                 seen.add(sk)
                 heapq.heappush(frontier, (seed.objective_s, next(tie), sk))
     while frontier and time.time() < deadline:
@@ -82,7 +91,7 @@ def polish(
         for nb in neighbours(ctx, opts, here):
             if time.time() >= deadline:
                 break
-            if nb in seen:
+            if nb in seen or not _ordered(opts, nb):
                 continue
             seen.add(nb)
             if outside_space(
@@ -232,6 +241,13 @@ def _fitting(
     have = ctx.inst.cluster.device_classes
     if all(k in have and n <= have[k].gpus for k, n in used.items()):
         yield replace(sk, templates=templates)
+
+
+def _ordered(opts: SearchOptions, sk: Skeleton) -> bool:
+    """Whether the space places `sk` in its order: one template in search.placement's orders (one
+    replica: replica-major only, as both place alike), several in either (`orders`)."""
+    placements = opts.placements if len(sk.templates) == 1 else ORDERS
+    return sk.order in orders(max(t.replicas for t in sk.templates), placements)
 
 
 def _even(sk: Skeleton, layers: int) -> list[int]:
