@@ -65,11 +65,13 @@ def heuristic_seeds(
     inst: Instance, profiles: Profiles, objective: str, budget_s: float
 ) -> list[Seed]:
     """The plans of WARM_START_PLANNERS, each priced under the objective, in the planners' order
-    (the first is kept on a tie); none where a heuristic finds no plan that fits. `budget_s` is
+    (the first is kept on a tie), then each one's runners-up (`PlannerResult.runners_up`, for the
+    polish to climb from); none where a heuristic finds no plan that fits. `budget_s` is
     each planner's on average: they run in WARM_ORDER, each with its weight's part of what is left
     of all of theirs."""
     scenarios = planning_scenarios(inst, objective)
     found_by: dict[str, Seed] = {}
+    runners: dict[str, list[Seed]] = {}
     deadline = clock() + budget_s * len(WARM_ORDER)
     weight_left = sum(WARM_ORDER.values())
     for name, weight in WARM_ORDER.items():
@@ -79,7 +81,14 @@ def heuristic_seeds(
         if found.plan is not None:
             value = plan_objective(inst, found.plan, profiles, scenarios, objective)
             found_by[name] = Seed(name, value, found.plan)
-    return [found_by[name] for name in WARM_START_PLANNERS if name in found_by]
+            runners[name] = [
+                Seed(name, plan_objective(inst, plan, profiles, scenarios, objective), plan)
+                for _, plan in found.runners_up
+            ]
+    # each planner's best first (the first is kept on a tie), then the runners-up
+    return [found_by[name] for name in WARM_START_PLANNERS if name in found_by] + [
+        seed for name in WARM_START_PLANNERS for seed in runners.get(name, [])
+    ]
 
 
 def solve_ilp(

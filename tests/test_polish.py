@@ -167,3 +167,21 @@ def test_polish_keeps_to_the_placement_orders_of_the_space(monkeypatch):
         one = len(sk.templates) == 1
         assert sk.order == ("stage" if one and sk.templates[0].replicas > 1 else sk.order)
         assert sk.order == "replica" or max(t.replicas for t in sk.templates) > 1
+
+
+def test_a_heuristic_keeps_its_runners_up_for_the_polish():
+    """`proportional` on s4 (three GPU types) times many plans; after its best it keeps the next
+    fastest (at most RUNNERS_UP), fastest first, none faster than its best, each a fitting point
+    of the space."""
+    from hetopt.baselines.common import RUNNERS_UP
+    from hetopt.baselines.proportional import proportional
+
+    inst = load_instance(SMALL / "s4-three-types.yaml")
+    found = proportional(inst, 10.0)
+    times = [t for t, _ in found.runners_up]
+    assert 1 <= len(times) <= RUNNERS_UP and times == sorted(times)
+    assert times[0] >= found.objective_s
+    for t, plan in found.runners_up:
+        assert outside_space(inst, plan, SearchOptions.from_instance(inst)) == []
+        timed = evaluate(inst, plan)
+        assert timed.fits and timed.iteration_time_s == pytest.approx(t, rel=1e-12)

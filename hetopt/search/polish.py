@@ -8,8 +8,9 @@ small integer program (hetopt.search.leaves.solve_leaf): tenths of a second on t
 shapes, where the tree may expand for seconds before its first leaf.
 
 `polish` climbs from every heuristic plan that is a skeleton's plan, best first: it solves a
-skeleton's neighbours, keeps each that beats the skeleton it came from and climbs on from the best
-kept, until the budget is spent or nothing beats where it stands. It proves nothing; its plans are
+skeleton's neighbours until one beats it, climbs on from that one at once (the rest of the
+neighbours wait their turn), and so on until the budget is spent or nothing beats where it
+stands. It proves nothing; its plans are
 seeds (the search's first incumbent), and each is a point of the space (`outside_space`), so the
 search's proof covers it.
 """
@@ -104,9 +105,12 @@ def polish(
             plan = nb.placed(list(sol.layers), ctx.inst.cluster, sol.recompute)
             if outside_space(ctx.inst, plan, opts, ctx.profiles):
                 continue
-            heapq.heappush(frontier, (t, next(tie), nb))
             if t < best:
                 best, found = t, Seed(POLISH, t, plan, nb)
+            # climb on from the better one at once; the rest of here's neighbours wait their turn
+            heapq.heappush(frontier, (t, next(tie), nb))
+            heapq.heappush(frontier, (value, next(tie), here))
+            break
     return [found] if found is not None else []
 
 
