@@ -84,6 +84,7 @@ def heuristic_seeds(
             runners[name] = [
                 Seed(name, plan_objective(inst, plan, profiles, scenarios, objective), plan)
                 for _, plan in found.runners_up
+                if clock() < deadline  # priced within the heuristics' budget only
             ]
     # each planner's best first (the first is kept on a tie), then the runners-up
     return [found_by[name] for name in WARM_START_PLANNERS if name in found_by] + [

@@ -104,7 +104,10 @@ class Candidates:
         return ev.iteration_time_s if ev.fits else math.inf
 
     def _runner_up(self, time_s: float, plan: Plan) -> None:
-        """Keep `plan` among the RUNNERS_UP fastest after the best."""
+        """Keep `plan` among the RUNNERS_UP fastest after the best (once: a plan offered again is
+        not kept twice)."""
+        if any(p == plan for _, p in self.runners):
+            return
         self.runners.append((time_s, plan))
         self.runners.sort(key=lambda r: r[0])
         del self.runners[RUNNERS_UP:]

@@ -96,7 +96,7 @@ def solve_exact(
     best = min(seeds, key=lambda s: s.objective_s, default=None)
     try:
         if narrow_first:
-            best = _narrow_first(request, options, best, progress, run)
+            best = _narrow_first(request, options, best, seeds, progress, run)
         run.seed(best)
         if progress is not None and best is not None:  # the first incumbent, before the roots
             progress(run.standing())
@@ -242,11 +242,13 @@ def _narrow_first(
     request: SearchRequest,
     options: SearchOptions,
     best: Seed | None,
+    seeds: Sequence[Seed],
     progress: Progress | None,
     run: SearchRun,
 ) -> Seed | None:
     """The space with pair_classes 1 and one TP per class (its subspace), searched for
-    NARROW_SHARE of the time limit, its result taken into `run` (its bound covers the subspace).
+    NARROW_SHARE of the time limit from `seeds` (the polish climbs from them there), its result
+    taken into `run` (its bound covers the subspace).
     Returns: the better of `best` and the subspace's plan (with its skeleton), the rest's first
     incumbent."""
     narrowed = {"pair_classes": 1, "tp_per_stage": False}
@@ -258,7 +260,7 @@ def _narrow_first(
             time_limit_s=NARROW_SHARE * request.time_limit_s,
             export_model=None,
         ),
-        [best] if best is not None else [],
+        list(seeds),
         progress,
     )
     run.subspace(narrow)

@@ -10,9 +10,9 @@ shapes, where the tree may expand for seconds before its first leaf.
 `polish` climbs from every heuristic plan that is a skeleton's plan, best first: it solves a
 skeleton's neighbours until one beats it, climbs on from that one at once (the rest of the
 neighbours wait their turn), and so on until the budget is spent or nothing beats where it
-stands. It proves nothing; its plans are
-seeds (the search's first incumbent), and each is a point of the space (`outside_space`), so the
-search's proof covers it.
+stands. The search climbs so from its seeds before it plants its tree, and from each skeleton
+the tree makes the incumbent. It proves nothing; each plan it keeps is a point of the space
+(`outside_space`), so the search's proof covers it.
 """
 
 from __future__ import annotations
@@ -84,12 +84,15 @@ def polish(
     for seed in seeds:
         for order in ("replica", "stage"):
             sk = skeleton_of(seed.plan, order)
-            if sk is not None and sk not in seen and _ordered(opts, sk):
-                seen.add(sk)
+            if sk is not None and _ordered(opts, sk):
                 heapq.heappush(frontier, (seed.objective_s, next(tie), sk))
     while frontier and time.time() < deadline:
         value, _, here = heapq.heappop(frontier)
-        for nb in neighbours(ctx, opts, here):
+        # a seed's skeleton, in either order, is solved first: its split may beat the seed's
+        steps = neighbours(ctx, opts, here)
+        if here not in seen:
+            steps = itertools.chain((here,), steps)
+        for nb in steps:
             if time.time() >= deadline:
                 break
             if nb in seen or not _ordered(opts, nb):
@@ -109,7 +112,8 @@ def polish(
                 best, found = t, Seed(POLISH, t, plan, nb)
             # climb on from the better one at once; the rest of here's neighbours wait their turn
             heapq.heappush(frontier, (t, next(tie), nb))
-            heapq.heappush(frontier, (value, next(tie), here))
+            if nb is not here:
+                heapq.heappush(frontier, (value, next(tie), here))
             break
     return [found] if found is not None else []
 

@@ -427,7 +427,8 @@ class SearchRequest:
     """Write the best skeleton's solver model to this path."""
     polish_s: float = 0.0
     """Seconds to climb from the seeds to better plans near them before the tree is planted
-    (hetopt.search.polish); 0: none."""
+    (hetopt.search.polish), and the most to climb from each skeleton the tree makes the incumbent
+    (at most orchestrate.POLISH_SEARCH_SHARE of the limit in all); 0: no climbing."""
 
     @property
     def space(self) -> SearchOptions:

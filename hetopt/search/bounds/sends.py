@@ -40,6 +40,7 @@ class SendBounds:
         self._exchange: dict[tuple, float] = {}
         self._template_nodes: dict[tuple, int] = {}
         self._node_sizes: dict[tuple[str, str], tuple[int, int]] = {}
+        self._like_nodes: dict[tuple[str, str], tuple[set, set]] = {}  # node sizes, NIC speeds
         self._apart: dict[tuple, bool] = {}
         self._channels: dict[tuple, int] = {}
 
@@ -285,8 +286,10 @@ class SendBounds:
         if len(classes) != 1:
             return False
         (key,) = classes
-        nodes = self.inst.cluster.device_classes[key].nodes
-        sizes, nics = {n.gpus for n in nodes}, {n.nic_gbps for n in nodes}
+        if key not in self._like_nodes:
+            nodes = self.inst.cluster.device_classes[key].nodes
+            self._like_nodes[key] = ({n.gpus for n in nodes}, {n.nic_gbps for n in nodes})
+        sizes, nics = self._like_nodes[key]
         widths = {seg.width for side in sides for seg in side if (seg.gpu, seg.island) == key}
         if len(sizes) != 1 or len(nics) != 1 or len(widths) != 1:
             return False
@@ -325,7 +328,7 @@ class SendBounds:
         )
         weighed = tuple(sorted({seg.gpu for side in (side_a, side_b, *others) for seg in side}))
         apart = tp_in_node and (
-            self.apart(side_a, side_b) or self.filled_apart((side_a, side_b), least, 0, 1)
+            self.apart(side_a, side_b) or self.filled_apart((side_a, side_b, *others), least, 0, 1)
         )
         return self._exchange_parts(keys, weighed, min(nodes) if nodes else None, apart)[0]
 

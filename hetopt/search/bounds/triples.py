@@ -170,11 +170,11 @@ class TripleBounds:
     ) -> float:
         """What follows every pipeline of a triple at `replicas_total` replicas in all, or fewer:
         the ring exchange among its templates (`ring`: with the channels of at most `replicas`
-        each, default the group's tops, and at least `least`, default `replicas` where given, else
-        one each) and the slowest template's optimizer step (`optimizer_bound`, which only falls
-        as ZeRO-1 shards over more replicas)."""
+        each, default the group's tops, and at least `least`, default one each) and the slowest
+        template's optimizer step (`optimizer_bound`, which only falls as ZeRO-1 shards over more
+        replicas)."""
         at = replicas or group.tops
-        low = least or replicas or (1, 1, 1)
+        low = least or (1, 1, 1)
         key = (group.sides, at, low, replicas_total, group.zero)
         if key not in self._triples:
             sides = group.sides

@@ -176,7 +176,7 @@ class TripleShares:
         self, bounds: Bounds, group, replicas: tuple[int, int, int], recompute: str
     ) -> None:
         self.bounds, self.group, self.replicas, self.recompute = bounds, group, replicas, recompute
-        self.constant = bounds.triples.constant(group, sum(replicas), replicas)
+        self.constant = bounds.triples.constant(group, sum(replicas), replicas, least=replicas)
         total = group.total_micro_batches
         depths = [group.depth(j) for j in range(3)]
         # the most micro-batches template j can take: each other template one per stage
