@@ -1258,7 +1258,7 @@ def test_solve_searches_the_rest_from_the_subspaces_answer(monkeypatch):
         0,
     )
 
-    def narrow_first(request, options, best, progress, run):
+    def narrow_first(request, options, best, seeds, progress, run):
         run.subspace(timed_out)  # the subspace's search, as if it had timed out
         return Seed("ilp, search.pair_classes 1", narrow.objective_s, narrow.plan)
 
