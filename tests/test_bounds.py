@@ -394,6 +394,30 @@ search: {tp: [1], micro_batch: [1, 2], recompute: [none], max_stages: 3, max_tem
 """
 
 
+def _sampled(text: str, tmp_path, per_group: int, per_triple: int, templates=(1, 2)):
+    """The instance written from `text`, its options, and the first skeletons of every group (of
+    `templates` templates) and of every triple group."""
+    from hetopt.search.space import enumerate_groups
+    from hetopt.search.triples import triple_groups
+
+    name = text.split("name: ", 1)[1].split()[0]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    inst = load_instance(path)
+    opts = SearchOptions.from_instance(inst)
+    skeletons = [
+        sk
+        for group in enumerate_groups(inst, opts, SearchStats())
+        for sk in itertools.islice(group.skeletons(), per_group)
+        if len(sk.templates) in templates
+    ] + [
+        sk
+        for group in triple_groups(inst, opts, SearchStats())
+        for sk in itertools.islice(group.skeletons(), per_triple)
+    ]
+    return inst, opts, skeletons
+
+
 def _held_bounds(inst, skeletons) -> tuple[list[float], list[bool]]:
     """Each skeleton's bound, asserted at most its best split that fits (every split priced as the
     evaluator prices); and whether any split fits."""
@@ -432,21 +456,8 @@ def test_sends_between_single_gpu_nodes_and_exchanges_across_islands_hold_for_ev
     evaluator prices), and each of the two raises some skeleton's bound."""
     from hetopt.search.bounds import sends
     from hetopt.search.space import enumerate_groups
-    from hetopt.search.triples import triple_groups
 
-    path = tmp_path / "lab-desktops.yaml"
-    path.write_text(LAB_DESKTOPS)
-    inst = load_instance(path)
-    opts = SearchOptions.from_instance(inst)
-    skeletons = [
-        sk
-        for group in enumerate_groups(inst, opts, SearchStats())
-        for sk in itertools.islice(group.skeletons(), 2)
-    ] + [
-        sk
-        for group in triple_groups(inst, opts, SearchStats())
-        for sk in itertools.islice(group.skeletons(), 1)
-    ]
+    inst, opts, skeletons = _sampled(LAB_DESKTOPS, tmp_path, 2, 1)
     held, fits = _held_bounds(inst, skeletons)
     kinds = collections.Counter(
         len(sk.templates) for sk, f in zip(skeletons, fits, strict=True) if f
@@ -536,23 +547,8 @@ def test_templates_on_one_class_of_like_nodes_exchange_over_nics(tmp_path, monke
     of one GPU share a node and exchange inside it (a rule that ignored their size would bound the
     first of those at 0.73 s, its best split 0.16 s), and the rule raises some of each."""
     from hetopt.search.bounds import sends
-    from hetopt.search.space import enumerate_groups
-    from hetopt.search.triples import triple_groups
 
-    path = tmp_path / "filled-nodes.yaml"
-    path.write_text(FILLED_NODES)
-    inst = load_instance(path)
-    opts = SearchOptions.from_instance(inst)
-    skeletons = [
-        sk
-        for group in enumerate_groups(inst, opts, SearchStats())
-        for sk in itertools.islice(group.skeletons(), 1)
-        if len(sk.templates) == 2
-    ] + [
-        sk
-        for group in triple_groups(inst, opts, SearchStats())
-        for sk in itertools.islice(group.skeletons(), 1)
-    ]
+    inst, _, skeletons = _sampled(FILLED_NODES, tmp_path, 1, 1, templates=(2,))
     # templates of one GPU each share a node and exchange inside it: the rule must not hold there
     one = (Segment("RTX-4090", "r0", 1, 1),)
     skeletons += [
