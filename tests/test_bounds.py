@@ -563,3 +563,104 @@ def test_templates_on_one_class_of_like_nodes_exchange_over_nics(tmp_path, monke
         len(sk.templates) for sk, f, up in zip(skeletons, fits, raised, strict=True) if f and up
     )
     assert set(kinds) == {2, 3}, kinds
+
+
+PACKED_NODES = """
+name: packed-nodes
+model: {layers: 6, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 24}
+cluster:
+  nodes:
+    - {name: q, count: 6, gpu: RTX-4090, gpus_per_node: 4, island: r0, nic_gbps: 10}
+    - {name: p, count: 2, gpu: L4, gpus_per_node: 2, island: r0, nic_gbps: 25}
+search: {micro_batch: [1], recompute: [none]}
+"""
+
+
+def _packed_skeletons() -> list[Skeleton]:
+    """Skeletons on 4-GPU nodes at TP 1 and 2 (4 and 2 groups a node), in both placement orders:
+    one template at every depth and replica count that fits, two templates of one width, and two
+    of different widths (no longer packed), a template reaching onto 2-GPU nodes of another type."""
+    out = []
+    for tp, depth in itertools.product((1, 2), range(1, 7)):
+        seg = (Segment("RTX-4090", "r0", tp, depth),)
+        for replicas in (1, 2, 3, 4, 6, 8, 12):
+            if replicas * depth * tp <= 24:
+                out += [
+                    Skeleton(1, "none", (Template(seg, replicas, 24 // replicas),), order)
+                    for order in ("replica", "stage")
+                ]
+    a, b = Segment("RTX-4090", "r0", 1, 4), Segment("RTX-4090", "r0", 1, 2)
+    wide = Segment("RTX-4090", "r0", 2, 2)
+    mixed = (Segment("RTX-4090", "r0", 1, 3), Segment("L4", "r0", 1, 2))
+    for order in ("replica", "stage"):
+        out += [
+            Skeleton(1, "none", (Template((a,), 3, 4), Template((b,), 4, 3)), order),
+            Skeleton(1, "none", (Template((a,), 4, 3), Template((wide,), 2, 6)), order),
+            Skeleton(1, "none", (Template(mixed, 2, 12),), order),
+        ]
+    return out
+
+
+def test_sends_and_rings_of_packed_nodes_share_nics_in_each_placement_order(tmp_path, monkeypatch):
+    """Six 4-GPU nodes of one NIC speed: every TP group of a plan of one width w fills them k = 4/w
+    to a node, one node after another (`SendBounds.packed`). In the stage order a stage's replicas
+    sit side by side, so their sends to the next stage leave one NIC together
+    (`SendBounds.stacked`); in the replica order a node holds k stages of one replica, so k rings
+    share its NIC (`SendBounds.spread`). Every skeleton's bound stays at most its best split that
+    fits (each priced as the evaluator prices), and each rule raises some skeleton's bound in its
+    order."""
+    from hetopt.search.bounds import sends
+
+    path = tmp_path / "packed-nodes.yaml"
+    path.write_text(PACKED_NODES)
+    inst = load_instance(path)
+    skeletons = _packed_skeletons()
+    held, fits = _held_bounds(inst, skeletons)
+    assert sum(fits) > 40, sum(fits)
+    for rule, order in (("stacked", "stage"), ("spread", "replica")):
+        raised = _raised_by(
+            (sends.SendBounds, rule, staticmethod(lambda *a: 1)), inst, skeletons, held, monkeypatch
+        )
+        orders = {sk.order for sk, f, up in zip(skeletons, fits, raised, strict=True) if f and up}
+        assert orders == {order}, (rule, orders)
+
+
+PACKED_TREE = """
+name: packed-tree
+model: {layers: 4, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
+training: {seq_len: 512, global_batch: 12}
+cluster:
+  nodes:
+    - {name: a, count: 3, gpu: RTX-4090, gpus_per_node: 2, island: r0, nic_gbps: 10}
+    - {name: b, count: 2, gpu: L4, gpus_per_node: 2, island: r0, nic_gbps: 10}
+search: {micro_batch: [1], recompute: [none], tp: [1]}
+"""
+
+
+def test_every_key_over_packed_nodes_holds_for_every_split_under_it(tmp_path):
+    """2-GPU nodes of two types at TP 1 (every class packed, two groups a node): the pair ranges,
+    share runs and triple boxes key each template by the lesser of its two placement orders'
+    bounds (`TemplateReach.drained_of`, `ShareBounds`, `TripleShares`), a skeleton by its own
+    order's. Every key down the tree is at most the best split that fits of every skeleton under
+    it (each split priced as the evaluator prices)."""
+    from hetopt.search.robust import planning_scenarios
+
+    path = tmp_path / "packed-tree.yaml"
+    path.write_text(PACKED_TREE)
+    inst, profiles = load_instance(path), Profiles()
+    scenarios = planning_scenarios(inst, "stable")
+    tree = Tree(inst, SearchOptions.from_instance(inst), SearchStats(), Bounds(inst, profiles))
+    checked, kinds = 0, collections.Counter()
+    stack: list[tuple] = [(r, 0.0) for r in roots(tree)]
+    while stack:
+        node, key = stack.pop()
+        kinds[type(node).__name__] += 1
+        if node.is_leaf:
+            key = max(key, tree.bounds.skeletons.bound(node.skeleton))
+            best = _best_split(inst, profiles, scenarios, node.skeleton)
+            checked += math.isfinite(best)
+            assert key <= best * (1 + 1e-12), (key, best, node.skeleton.describe())
+            continue
+        stack += [(child, max(key, child.bound)) for child in node.expand(tree)]
+    assert checked > 100 and {"PairGroupNode", "TripleGroupNode"} <= set(kinds), (checked, kinds)

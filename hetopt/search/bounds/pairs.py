@@ -151,6 +151,7 @@ class PairBounds:
         # the exchange at the group's tops, the same for every box: the takes stay memoised per
         # level
         level = threshold - self.exchange(group, tops)
+        packed = self.sends.packed(sides)  # each template at the lesser of its placement orders
         most = -1
         for rc in modes:
             takes = [
@@ -164,6 +165,7 @@ class PairBounds:
                     top,
                     level,
                     memo,
+                    packed,
                 )[low - 1 : high]
                 for side, top, low, high in zip(sides, tops, lowest, replicas, strict=True)
             ]

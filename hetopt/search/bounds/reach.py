@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hetopt.search.bounds.lines import first_true
-from hetopt.search.types import Template
+from hetopt.search.types import ORDERS, Template
 
 PROBES = 16
 """The most probes `least_level` makes: bisection to within 2^-16 of the span it starts with, or
@@ -54,10 +54,12 @@ class TemplateReach:
         replicas: int,
         micro_batches: int,
         replicas_total: int,
+        packed: tuple = (),
     ) -> float:
         """D(m; R): `drained_bound` of one template (its segments `side`, R replicas, m
-        micro-batches each), memory caps in the modes `memory` at `replicas_total` replicas."""
-        return self.drained_of(micro_batch, recompute, memory, side, zero, replicas_total)(
+        micro-batches each), memory caps in the modes `memory` at `replicas_total` replicas;
+        `packed`: `drained_of`'s."""
+        return self.drained_of(micro_batch, recompute, memory, side, zero, replicas_total, packed)(
             replicas, micro_batches
         )
 
@@ -69,20 +71,36 @@ class TemplateReach:
         side: tuple,
         zero: int,
         replicas_total: int,
+        packed: tuple = (),
     ) -> Callable[[int, int], float]:
         """`drained` of one template as a function of (R, m), memoised on (R, m) alone: the least
-        levels ask for it a million times a minute, most of them asked before."""
-        key = (micro_batch, recompute, memory, side, zero, replicas_total)
+        levels ask for it a million times a minute, most of them asked before. `packed`: the
+        classes the plans' templates pack (`SendBounds.packed` of every side): the least over the
+        two placement orders of the bound in each (a plan has one order, its templates all in
+        it)."""
+        key = (micro_batch, recompute, memory, side, zero, replicas_total, packed)
         if key not in self._drained_of:
             known: dict[tuple[int, int], float] = {}
             bound = self.templates.drained_bound
+            packings = [(order, packed) for order in ORDERS] if packed else [None]
 
             def at(replicas: int, micro_batches: int) -> float:
                 value = known.get((replicas, micro_batches))
                 if value is None:
                     template = Template(side, replicas, micro_batches)
-                    value = bound(
-                        micro_batch, recompute, template, replicas_total, 1, zero, memory, True
+                    value = min(
+                        bound(
+                            micro_batch,
+                            recompute,
+                            template,
+                            replicas_total,
+                            1,
+                            zero,
+                            memory,
+                            True,
+                            packing,
+                        )
+                        for packing in packings
                     )
                     known[(replicas, micro_batches)] = value
                 return value
@@ -101,6 +119,7 @@ class TemplateReach:
         top: int,
         level: float,
         memo: bool = True,
+        packed: tuple = (),
     ) -> np.ndarray:
         """What one template can take below a level (the exchange among the templates taken off
         already): for R = 1 … top replicas, R·cap(R) with cap(R) the most micro-batches m ≥ p (its
@@ -111,17 +130,17 @@ class TemplateReach:
         of a single-class template, whose stages share one slope — not so in general:
         `pipeline_at` with stages of different slopes can rise as caps loosen), and at most M in
         all; −(M + 1) where no m does. `memo`: keep the answer (a bisection's probes are not kept:
-        each is a level of its own).
+        each is a level of its own). `packed`: `drained_of`'s.
 
         D(m; R) rises with m (each pipeline piece is (m − 1)·Λ + Σ τ) and with R (stage 0's ring
         spans ⌈R/k⌉ nodes, `class_ring`; R flows share island links, `send_s`), so cap(R) falls with
         R: it is filled by halving [1, top], a run of equal ends being equal throughout."""
-        key = (micro_batch, recompute, memory, side, zero, total, top, level)
+        key = (micro_batch, recompute, memory, side, zero, total, top, level, packed)
         if key in self._takes:
             return self._takes[key]
         depth = sum(seg.stages for seg in side)
         room = level - self.templates.optimizer_bound(Template(side, 1, 1), total, zero)
-        drained = self.drained_of(micro_batch, recompute, memory, side, zero, total)
+        drained = self.drained_of(micro_batch, recompute, memory, side, zero, total, packed)
 
         def below(r: int, m: int) -> bool:
             return drained(r, m) < room

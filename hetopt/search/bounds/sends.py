@@ -52,6 +52,7 @@ class SendBounds:
         micro_batch: int,
         flows: int = 1,
         apart: bool = False,
+        stacked: int = 1,
     ) -> float:
         """Least seconds of one activation (or gradient) send from a stage of device class `src`
         (GPU type, island) of `tp` GPUs (its TP·CP ranks, each sending its share) to a stage of
@@ -62,11 +63,13 @@ class SendBounds:
         (every route from one island to another takes the same island path, Cluster.island_path), so
         each gets at most 1/flows of them (their max-min share, as p2p_features prices it).
         `apart`: the two stages never share a node (`stages_apart`), so a node is not paired with
-        itself."""
+        itself. `stacked`: with `apart`, this many sends of the same boundary leave the sender's
+        node at once (`stacked`, the stage order), so they share its NIC."""
         if src[1] == dst[1]:
             # inside one island the replicas share no island link (their NICs are not bounded)
             flows = 1
-        key = (src, dst, tp, micro_batch, flows, apart)
+        stacked = stacked if apart or src != dst else 1
+        key = (src, dst, tp, micro_batch, flows, apart, stacked)
         if key not in self._sends:
             inst = self.inst
             nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
@@ -75,7 +78,7 @@ class SendBounds:
             if apart and any(a != b for a, b in pairs):
                 pairs = [(a, b) for a, b in pairs if a != b]
             self._sends[key] = min(
-                float(self._send_features(cluster, a, b, nbytes, tp, flows) @ w)
+                float(self._send_features(cluster, a, b, nbytes, tp, flows, stacked) @ w)
                 for cluster in self.clusters
                 for a, b in pairs
             )
@@ -107,12 +110,20 @@ class SendBounds:
         return pairs
 
     @staticmethod
-    def _send_features(cluster, a: str, b: str, nbytes: float, tp: int, flows: int):
+    def _send_features(
+        cluster, a: str, b: str, nbytes: float, tp: int, flows: int, stacked: int = 1
+    ):
         route = cluster.route(a, b)
-        if flows <= 1 or len(route.edges) <= 2:  # alone, or inside one island: NICs are not shared
+        load: Counter = Counter()
+        if flows > 1 and len(route.edges) > 2:
+            # the edges between the two NIC edges are island links, which every replica's send
+            # crosses
+            load.update({e: flows for e in route.edges[1:-1]})
+        if stacked > 1 and not route.intra_node:
+            load[route.edges[0]] = stacked  # the sender's NIC, out
+        if not load:  # alone, or inside one island: NICs are not shared
             return p2p_features(cluster, [a], [b], nbytes, tp)
-        # the edges between the two NIC edges are island links, which every replica's send crosses
-        return slowest_transfer([(route, nbytes)], Counter({e: flows for e in route.edges[1:-1]}))
+        return slowest_transfer([(route, nbytes)], load)
 
     def zero_per_layer(self, seg, replicas: int, zero: int) -> tuple[float, float]:
         """(k^f, k^b): seconds per layer of a stage's ZeRO-2/3 collectives in one micro-batch's
@@ -179,12 +190,14 @@ class SendBounds:
         return self._zero[key]
 
     def class_ring(
-        self, here: tuple[str, str], tp: int, replicas: int
+        self, here: tuple[str, str], tp: int, replicas: int, spread: int = 1
     ) -> tuple[int, float, float, float] | None:
         """The ring of a stage's R replicas (class `here`, TP t) over nodes: at least ⌈R/k⌉ ≥ 2 of
         them (k = ⌊g/t⌋ stages per node), joined at no more than the widest route between two
         distinct nodes of the class and no less than its least latencies, under the fastest planning
-        cluster: (nodes, Gbit/s, latency s, fabric latency s); None where the class has one node."""
+        cluster: (nodes, Gbit/s, latency s, fabric latency s); None where the class has one node.
+        `spread` ≥ 2 (`spread`, the replica order): the ring has one replica on each of R nodes, and
+        one of them sends out through a NIC that `spread` rings share."""
         nodes = [n for n in self.inst.cluster.nodes.values() if (n.gpu, n.island) == here]
         per_node = max(n.gpus // tp for n in nodes)
         # the ring joins distinct nodes
@@ -192,6 +205,13 @@ class SendBounds:
         if not pairs or per_node < 1:
             return None
         routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
+        if spread > 1:
+            return (
+                max(2, replicas),
+                max(shared_gbps(r, Counter({r.edges[0]: spread})) for r in routes),
+                min(r.latency_us for r in routes) * 1e-6,
+                min(r.alpha_s for r in routes),
+            )
         return (
             max(2, -(-replicas // per_node)),
             max(r.effective_gbps for r in routes),
@@ -286,10 +306,7 @@ class SendBounds:
         if len(classes) != 1:
             return False
         (key,) = classes
-        if key not in self._like_nodes:
-            nodes = self.inst.cluster.device_classes[key].nodes
-            self._like_nodes[key] = ({n.gpus for n in nodes}, {n.nic_gbps for n in nodes})
-        sizes, nics = self._like_nodes[key]
+        sizes, nics = self.like_nodes(key)
         widths = {seg.width for side in sides for seg in side if (seg.gpu, seg.island) == key}
         if len(sizes) != 1 or len(nics) != 1 or len(widths) != 1:
             return False
@@ -297,6 +314,71 @@ class SendBounds:
         if g % w:
             return False
         return all(least[k] * sum(seg.stages * seg.width for seg in sides[k]) > g for k in (i, j))
+
+    def like_nodes(self, key: tuple[str, str]) -> tuple[set, set]:
+        """The node sizes and the NIC speeds of a class, memoised."""
+        if key not in self._like_nodes:
+            nodes = self.inst.cluster.device_classes[key].nodes
+            self._like_nodes[key] = ({n.gpus for n in nodes}, {n.nic_gbps for n in nodes})
+        return self._like_nodes[key]
+
+    def packed(self, sides: tuple) -> tuple[tuple[tuple[str, str], int, int], ...]:
+        """The classes whose nodes a plan (its templates' segments `sides`) fills one after another
+        with k ≥ 2 of its TP groups each, as (class, k, the templates on it): the class's nodes all
+        of one size g and one NIC speed, and every stage of the plan on it of one width w (TP, no
+        CP) with g = k·w.
+
+        Under the placement rules (`filled_apart`'s proof) at most one node of such a class is ever
+        partly taken and each group goes to it where there is one, else to a free node: the groups
+        on it, in placement order, fill its nodes k at a time, and a template's groups take a run of
+        them. `stacked` and `spread` read off what that does to a template's sends and rings in
+        each placement order. Empty for sides of device classes (no TP degree yet)."""
+        if not all(hasattr(seg, "tp") for side in sides for seg in side):
+            return ()
+        widths: dict[tuple[str, str], set[int]] = {}
+        on: Counter = Counter()
+        for side in sides:
+            on.update({(seg.gpu, seg.island) for seg in side})
+            for seg in side:
+                widths.setdefault((seg.gpu, seg.island), set()).add(
+                    seg.width if seg.cp == 1 else -1
+                )
+        out = []
+        for key, ws in sorted(widths.items()):
+            sizes, nics = self.like_nodes(key)
+            if len(sizes) == 1 and len(nics) == 1 and len(ws) == 1:
+                (g,), (w,) = sizes, ws
+                if w > 0 and g % w == 0 and g // w >= 2:
+                    out.append((key, g // w, on[key]))
+        return tuple(out)
+
+    @staticmethod
+    def stacked(replicas: int, k: int) -> int:
+        """The stage order on a packed class (k groups a node, `packed`): the fewest sends of one
+        stage boundary that leave one node at once. A stage's R ≥ k replicas are R consecutive
+        groups, on at most ⌈(R + k − 1)/k⌉ ≤ (R + 2k − 2)/k nodes, so one node holds at least
+        ⌈R·k/(R + 2k − 2)⌉ of them (a count that rises with R); its next stage's replica r is R ≥ k
+        groups on, never on the same node, so every one of them sends through that node's NIC at
+        once (the replicas cross a boundary together: send_features). 1 where R < k."""
+        if replicas < k:
+            return 1
+        return -(-replicas * k // (replicas + 2 * k - 2))
+
+    @staticmethod
+    def spread(replicas: int, k: int, stages_on: int, alone: bool) -> int:
+        """The replica order on a packed class (k groups a node, `packed`) where a template has
+        `stages_on` ≥ k stages on it and R ≥ 3 replicas (R ≥ 2 `alone`: no other template on the
+        class): k rings share a NIC on the ring of every such stage (else 1). The template's
+        groups on the class are a run in (replica, stage) order, stage i of replica r at r·P + i (P
+        = `stages_on`). Replica 1's is at least P ≥ k from either end of the run (alone, the run
+        starts a node and replica 0's is at most P − 1 + k − 1 < R·P from its start), so on a node
+        the run fills: k consecutive positions, k distinct stages, each with its replicas P ≥ k
+        apart, on R distinct nodes. So that node sends out k rings (features.dp_ring_load), and the
+        ring of each of its stages runs at most at 1/k of the NIC, over R nodes with one replica
+        each."""
+        if stages_on >= k and (replicas >= 3 or (alone and replicas >= 2)):
+            return k
+        return 1
 
     def exchange_s(
         self,

@@ -33,6 +33,8 @@ class SkeletonBounds:
             return self.lockstep_bound(sk)
         replicas_total = sum(t.replicas for t in sk.templates)
         grouped = sk.order != "megatron"  # each TP group inside a node (Megatron's order may cut)
+        # the placement order is the skeleton's: its sends or its rings share NICs
+        packing = self.packing(sk)
         # per-stage recompute: compute at the least-work mode, memory at the most any mode holds,
         # and the all-reduce's overlap with stage 0's backward pass at the most-work mode — each the
         # side no mix of modes can beat
@@ -46,6 +48,7 @@ class SkeletonBounds:
                     sk.virtual_stages,
                     sk.zero,
                     sk.memory_modes,
+                    packing=packing,
                 )
                 for t in sk.templates
             )
@@ -59,6 +62,14 @@ class SkeletonBounds:
                 tuple(t.replicas for t in sk.templates),
             )
         )
+
+    def packing(self, sk: Skeleton) -> tuple | None:
+        """(order, packed classes) of a skeleton placed in the replica or the stage order
+        (`TemplateBounds.drained_bound`'s `packing`); None in Megatron's."""
+        if sk.order not in ("replica", "stage"):
+            return None
+        packed = self.sends.packed(tuple(t.segments for t in sk.templates))
+        return (sk.order, packed) if packed else None
 
     def shard_bound(self, sk: Skeleton) -> float:
         """A skeleton with shards (hetopt.search.shards): a stage's τ(L) is at least each of its

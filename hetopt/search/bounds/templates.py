@@ -190,6 +190,7 @@ class TemplateBounds:
         flows: int = 1,
         zero: int = 1,
         collectives: bool = False,
+        stacks: tuple[int, ...] = (),
     ) -> list[tuple[float, float, int]]:
         """(a, c, count): τ_i(L) ≥ a·L + c for `count` consecutive stages. τ includes the stage's
         sends (the sender pays, as in the evaluator): an activation forward unless it is the last
@@ -203,14 +204,23 @@ class TemplateBounds:
         with ε = min(a^p, k^p)/(1 + e): P ≥ a^p·L for L ≥ 1 (a^p the pass's line with a negative
         intercept folded in), K ≥ k^p·L (`zero_per_layer`) and L/n ≥ 1/(1 + e). So each line gains
         ε, and with `collectives` the lines are those of the collectives instead, (k^f + k^b)·L + ε:
-        both hold."""
+        both hold. `stacks`: per segment, how many sends of one boundary leave a node at once in the
+        stage order (`SendBounds.stacked`; none: 1), each then across NICs."""
         weighted = []
         n = len(segments)
         for j, seg in enumerate(segments):
             nxt = (segments[j + 1].gpu, segments[j + 1].island) if j + 1 < n else None
             prv = (segments[j - 1].gpu, segments[j - 1].island) if j > 0 else None
             weighted += self._segment_lines(
-                seg, prv, nxt, micro_batch, recompute, flows, zero, collectives
+                seg,
+                prv,
+                nxt,
+                micro_batch,
+                recompute,
+                flows,
+                zero,
+                collectives,
+                stacks[j] if stacks else 1,
             )
         return weighted
 
@@ -224,21 +234,29 @@ class TemplateBounds:
         flows: int = 1,
         zero: int = 1,
         collectives: bool = False,
+        stacked: int = 1,
     ) -> list[tuple[float, float, int]]:
         """`weighted_lines` of one segment between the classes `prv` and `nxt` (None: the pipeline's
-        end), memoised: segments recur across the groups of a family."""
-        key = (seg, prv, nxt, micro_batch, recompute, flows, zero, collectives)
+        end), memoised: segments recur across the groups of a family. `stacked` ≥ 2: every send
+        of the segment's stages leaves its node beside that many of its boundary's."""
+        key = (seg, prv, nxt, micro_batch, recompute, flows, zero, collectives, stacked)
         if key not in self._segments:
             here = (seg.gpu, seg.island)
-            inner = self.sends.send_s(
-                here, here, seg.width, micro_batch, apart=self.sends.stages_apart(*here, seg.tp)
-            )
-            # a stage whose neighbours are both of its segment shares a node with one at most
-            inner_pair = inner + (
-                self.sends.send_s(here, here, seg.width, micro_batch, apart=True)
-                if self.sends.stages_paired(*here, seg.tp)
-                else inner
-            )
+            if stacked > 1:  # the next stage's replica r is never on the node (`stacked`)
+                inner = self.sends.send_s(
+                    here, here, seg.width, micro_batch, apart=True, stacked=stacked
+                )
+                inner_pair = 2 * inner
+            else:
+                inner = self.sends.send_s(
+                    here, here, seg.width, micro_batch, apart=self.sends.stages_apart(*here, seg.tp)
+                )
+                # a stage whose neighbours are both of its segment shares a node with one at most
+                inner_pair = inner + (
+                    self.sends.send_s(here, here, seg.width, micro_batch, apart=True)
+                    if self.sends.stages_paired(*here, seg.tp)
+                    else inner
+                )
             k_pass = self.sends.zero_per_layer(seg, flows, zero)
             out = []
             for k, count in _positions(seg.stages):
@@ -260,13 +278,17 @@ class TemplateBounds:
                 else:
                     if not last:  # activation forward
                         c += (
-                            self.sends.send_s(here, nxt, seg.width, micro_batch, flows)
+                            self.sends.send_s(
+                                here, nxt, seg.width, micro_batch, flows, stacked=stacked
+                            )
                             if k == seg.stages - 1
                             else inner
                         )
                     if not first:  # gradient back
                         c += (
-                            self.sends.send_s(here, prv, seg.width, micro_batch, flows)
+                            self.sends.send_s(
+                                here, prv, seg.width, micro_batch, flows, stacked=stacked
+                            )
                             if k == 0
                             else inner
                         )
@@ -282,12 +304,13 @@ class TemplateBounds:
         flows: int = 1,
         zero: int = 1,
         collectives: bool = False,
+        stacks: tuple[int, ...] = (),
     ) -> list[Line]:
         """(a_i, c_i) of every stage, in order."""
         return [
             (a, c)
             for a, c, n in self.weighted_lines(
-                micro_batch, recompute, segments, flows, zero, collectives
+                micro_batch, recompute, segments, flows, zero, collectives, stacks
             )
             for _ in range(n)
         ]
@@ -345,6 +368,7 @@ class TemplateBounds:
         flows: int = 1,
         zero: int = 1,
         memory: str | tuple[str, ...] | None = None,
+        stacks: tuple[int, ...] = (),
     ) -> float:
         """T ≥ min over integer splits of (m − 1)·Λ + Σ τ, Λ = max τ, with τ_i ≥ a_i·L_i + c_i and
         L_i ≤ the most layers stage i holds in memory with ZeRO stage `zero` over `replicas_total`
@@ -358,14 +382,32 @@ class TemplateBounds:
         bound is at least (m − 1)·λ + g(λ), and below that g(Λ) ≥ g(λ + Δ): T ≥ (m − 1)·λ + g(λ +
         Δ), two evaluations of g. `flows`: the template's replicas, sharing island links (`send_s`);
         `memory`: the recompute modes of the caps (per-stage recompute: the most any of them holds;
-        default `recompute`)."""
+        default `recompute`); `stacks`: `weighted_lines`'."""
         memory = memory or recompute
-        key = (micro_batch, recompute, segments, micro_batches, replicas_total, flows, zero, memory)
+        key = (
+            micro_batch,
+            recompute,
+            segments,
+            micro_batches,
+            replicas_total,
+            flows,
+            zero,
+            memory,
+            stacks,
+        )
         if key not in self._pipelines:
             kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
             self._pipelines[key] = max(
                 self._pipeline(
-                    micro_batch, recompute, segments, replicas_total, flows, zero, memory, kind
+                    micro_batch,
+                    recompute,
+                    segments,
+                    replicas_total,
+                    flows,
+                    zero,
+                    memory,
+                    kind,
+                    stacks,
                 ).at(micro_batches)
                 for kind in kinds
             )
@@ -381,37 +423,67 @@ class TemplateBounds:
         zero: int,
         memory: str | tuple[str, ...],
         collectives: bool,
+        stacks: tuple[int, ...] = (),
     ) -> Pipeline:
         """`pipeline_bound`'s stage lines and caps at any micro-batches (`lines.Pipeline`),
         memoised: what does not depend on m is found once."""
-        key = (micro_batch, recompute, segments, replicas_total, flows, zero, memory, collectives)
+        key = (
+            micro_batch,
+            recompute,
+            segments,
+            replicas_total,
+            flows,
+            zero,
+            memory,
+            collectives,
+            stacks,
+        )
         if key not in self._pipeline_parts:
             self._pipeline_parts[key] = Pipeline(
-                self.stage_lines(micro_batch, recompute, segments, flows, zero, collectives),
+                self.stage_lines(
+                    micro_batch, recompute, segments, flows, zero, collectives, stacks
+                ),
                 self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero),
                 self.inst.model.layers,
             )
         return self._pipeline_parts[key]
 
-    def stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
+    def stage0_drain(
+        self, micro_batch: int, recompute: str, segments: tuple, replicas: int, spread: int = 1
+    ):
         """A lower bound on how long the gradient all-reduce of a template's stage 0 outlasts the
         pipeline, as a function of stage 0's layers L (None where it is 0 for every L): DP(L) −
         o·pass(L) (dp_finish).
 
         DP(L) ≥ the inter-node ring of its R replicas (`ring_dp_line`). pass(L) is the backward
-        pass with TP over the class's interconnect (None where its nodes differ inside)."""
+        pass with TP over the class's interconnect (None where its nodes differ inside). `spread`:
+        its ring's (`SendBounds.spread`)."""
         seg, depth = segments[0], sum(sg.stages for sg in segments)
         # stage 0 is also the last only in a one-stage template; nothing else of the template
         # matters
-        key = (micro_batch, recompute, seg.gpu, seg.island, seg.tp, seg.cp, depth == 1, replicas)
+        key = (
+            micro_batch,
+            recompute,
+            seg.gpu,
+            seg.island,
+            seg.tp,
+            seg.cp,
+            depth == 1,
+            replicas,
+            spread,
+        )
         if key not in self._drains:
-            self._drains[key] = self._stage0_drain(micro_batch, recompute, segments, replicas)
+            self._drains[key] = self._stage0_drain(
+                micro_batch, recompute, segments, replicas, spread
+            )
         return self._drains[key]
 
-    def _stage0_drain(self, micro_batch: int, recompute: str, segments: tuple, replicas: int):
+    def _stage0_drain(
+        self, micro_batch: int, recompute: str, segments: tuple, replicas: int, spread: int
+    ):
         inst, seg = self.inst, segments[0]
         depth = sum(sg.stages for sg in segments)  # 1: stage 0 is also the last (it holds the head)
-        dp = self.ring_dp_line(seg, replicas, True, depth == 1, depth)
+        dp = self.ring_dp_line(seg, replicas, True, depth == 1, depth, spread)
         if dp is None:
             return None
         nodes = [
@@ -455,7 +527,7 @@ class TemplateBounds:
         )
 
     def ring_dp_line(
-        self, seg, replicas: int, first: bool, last: bool, depth: int
+        self, seg, replicas: int, first: bool, last: bool, depth: int, spread: int = 1
     ) -> tuple[float, float] | None:
         """(δ, c) with DP(L) ≥ δ·L + c for the gradient all-reduce of a stage of segment `seg`
         holding L layers among its R replicas (`first`, `last`: with the embedding, the head; a
@@ -465,16 +537,18 @@ class TemplateBounds:
         more than the widest route between two nodes of the class under the fastest planning
         cluster (`class_ring`), each node pushing its t columns (with CP each replica's cp ranks
         reduce inside its node first: the ring between nodes is as without). None where one node
-        can hold every replica's stage, or a weight < 0 (no profile has one) bends the line."""
-        key = (seg.gpu, seg.island, seg.tp, seg.cp, replicas, first, last, depth > 1)
+        can hold every replica's stage, or a weight < 0 (no profile has one) bends the line.
+        `spread` ≥ 2 (`SendBounds.spread`): over R nodes, one replica each, at 1/spread of a NIC."""
+        key = (seg.gpu, seg.island, seg.tp, seg.cp, replicas, first, last, depth > 1, spread)
         if key in self._ring_lines:
             return self._ring_lines[key]
         inst, width = self.inst, seg.width
         nodes = [n for n in inst.cluster.nodes.values() if (n.gpu, n.island) == key[:2]]
         per_node = max(n.gpus // width for n in nodes)
-        ring = self.sends.class_ring(key[:2], width, replicas)
+        ring = self.sends.class_ring(key[:2], width, replicas, spread)
         line = None
-        if replicas > 1 and per_node >= 1 and replicas > per_node and ring is not None:
+        apart = replicas > per_node or spread > 1  # the replicas are on more than one node
+        if replicas > 1 and per_node >= 1 and apart and ring is not None:
             ring_nodes, gbps, latency_s, alpha_s = ring
             w = self.profiles.for_gpu(inst.gpu_types[seg.gpu], inst.spec.training.framework).w
             grad_bytes = grad_comm_bytes(inst)
@@ -502,6 +576,7 @@ class TemplateBounds:
         first: bool,
         last: bool,
         depth: int,
+        spread: int = 1,
     ) -> tuple[Line, Line, Line, float]:
         """What a stage of segment `seg` cannot shed among R replicas: (forward, backward, DP, o)
         with its passes y ≥ a·L + c (`pass_lines`; `first`, `last`: it holds the embedding, the
@@ -512,7 +587,7 @@ class TemplateBounds:
         forward, backward = self.pass_lines(
             seg.gpu, seg.tp, micro_batch, recompute, first, last, seg.cp
         )
-        dp = self.ring_dp_line(seg, replicas, first, last, depth) or (0.0, 0.0)
+        dp = self.ring_dp_line(seg, replicas, first, last, depth, spread) or (0.0, 0.0)
         return forward, backward, dp, float(params.dp_overlap)
 
     def unshed_per_layer(
@@ -555,6 +630,7 @@ class TemplateBounds:
         micro_batches: int,
         caps: list[int] | None = None,
         beaten: float = 0.0,
+        spreads: tuple[int, ...] = (),
     ) -> float:
         """What each stage of a template of R replicas and m micro-batches each cannot shed (1F1B,
         ZeRO ≤ 1): stage i's last backward ends no earlier than m·(f_i + b_i), and its gradient
@@ -566,18 +642,18 @@ class TemplateBounds:
         one layer of the steepest stage stays at or below `beaten` (a bound known already), 0 is
         returned without the integer level: uncapped, it cannot exceed that sum; the caps could
         raise it further, a strength given up for speed (106,000 integer levels cost 16 s of a
-        4,096-GPU search)."""
+        4,096-GPU search). `spreads`: per segment, its rings' (`SendBounds.spread`; none: 1)."""
         weighted: list[tuple[float, float, int]] = []
         depth, m = sum(seg.stages for seg in segments), micro_batches
         shed = True  # every stage's all-reduce hides behind o·b
         parts = [
-            (seg, part)
+            (seg, spreads[k] if spreads else 1, part)
             for k, seg in enumerate(segments)
             for part in segment_parts(sum(g.stages for g in segments[:k]), seg.stages, depth)
         ]
-        for seg, (first, last, count) in parts:
+        for seg, spread, (first, last, count) in parts:
             (af, cf), (ab, cb), (d, c_dp), o = self.replica_lines(
-                seg, micro_batch, recompute, replicas, first, last, depth
+                seg, micro_batch, recompute, replicas, first, last, depth, spread
             )
             e, c = m * af + (m - o) * ab + d, m * cf + (m - o) * cb + c_dp
             if e <= 0 or af + ab < 0 or af + ab + cf + cb < 0:
@@ -603,6 +679,7 @@ class TemplateBounds:
         zero: int = 1,
         memory: str | tuple[str, ...] | None = None,
         every_stage: bool = False,
+        packing: tuple | None = None,
     ) -> float:
         """One template's `pipeline_bound` (memory caps at ZeRO stage `zero` over `replicas_total`),
         raised by its stage 0's gradient all-reduce where that must outlast the pipeline
@@ -615,9 +692,12 @@ class TemplateBounds:
         interleaving, at ZeRO ≤ 1, also at least `replica_bound` (what each stage cannot shed) and,
         with `every_stage`, the pipeline at one flow's sends plus `drain_excess` (every stage's
         all-reduce: the least levels ask for it; a skeleton's own bound does not, where it cost
-        more search time than it saved)."""
+        more search time than it saved). `packing`: (placement order, `SendBounds.packed` of the
+        plan) where both are known: the stage order's sends share NICs (`SendBounds.stacked`), the
+        replica order's rings do (`SendBounds.spread`)."""
         segments, m, v = template.segments, template.micro_batches, virtual_stages
         memory = memory or recompute
+        stacks, spreads = self.packing_effects(segments, template.replicas, packing)
         key = (
             micro_batch,
             recompute,
@@ -629,26 +709,47 @@ class TemplateBounds:
             zero,
             memory,
             every_stage,
+            stacks,
+            spreads,
         )
         if key not in self._drained:
             flows = template.replicas
             bound = (
                 self.pipeline_bound(
-                    micro_batch, recompute, segments, v * m, replicas_total, flows, zero, memory
+                    micro_batch,
+                    recompute,
+                    segments,
+                    v * m,
+                    replicas_total,
+                    flows,
+                    zero,
+                    memory,
+                    stacks,
                 )
                 / v
             )
             longest = memory if isinstance(memory, str) else most_work(memory)
+            spread = spreads[0] if spreads else 1
             drain = (
-                self.stage0_drain(micro_batch, longest, segments, template.replicas)
+                self.stage0_drain(micro_batch, longest, segments, template.replicas, spread)
                 if zero <= 1
                 else None
             )
             if drain is not None and math.isfinite(bound):
-                parts = (micro_batch, recompute, memory, longest, segments, flows, replicas_total)
+                parts = (
+                    micro_batch,
+                    recompute,
+                    memory,
+                    longest,
+                    segments,
+                    flows,
+                    replicas_total,
+                    stacks,
+                    spread,
+                )
                 if (*parts, zero) not in self._drained_parts:
                     self._drained_parts[(*parts, zero)] = DrainedPipeline(
-                        self.stage_lines(micro_batch, recompute, segments, flows),
+                        self.stage_lines(micro_batch, recompute, segments, flows, stacks=stacks),
                         self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero),
                         self.inst.model.layers,
                         drain,
@@ -663,6 +764,7 @@ class TemplateBounds:
                     replicas_total,
                     zero,
                     memory,
+                    spreads,
                 )
                 if excess > 0:  # every stage's all-reduce, beside the pipeline at one flow's sends
                     pipe = self.pipeline_bound(
@@ -674,11 +776,48 @@ class TemplateBounds:
                 bound = max(
                     bound,
                     self.replica_bound(
-                        micro_batch, recompute, segments, template.replicas, m, caps, bound
+                        micro_batch,
+                        recompute,
+                        segments,
+                        template.replicas,
+                        m,
+                        caps,
+                        bound,
+                        spreads,
                     ),
                 )
             self._drained[key] = bound
         return self._drained[key]
+
+    def packing_effects(
+        self, segments: tuple, replicas: int, packing: tuple | None
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(stacks, spreads) of a template's segments at R replicas under `packing` (placement
+        order, packed classes as `SendBounds.packed`): per segment, `SendBounds.stacked` in the
+        stage order, `SendBounds.spread` in the replica order (with the template's stages on the
+        segment's class); () each where nothing is known or nothing changes."""
+        if packing is None or not packing[1]:
+            return (), ()
+        order, packed = packing
+        k_of = {key: (k, on) for key, k, on in packed}
+        ks = [k_of.get((seg.gpu, seg.island), (None, 0))[0] for seg in segments]
+        if order == "stage":
+            stacks = tuple(1 if k is None else self.sends.stacked(replicas, k) for k in ks)
+            return (stacks if max(stacks) > 1 else ()), ()
+        if order == "replica":
+            on: dict[tuple[str, str], int] = {}
+            for seg in segments:
+                on[seg.gpu, seg.island] = on.get((seg.gpu, seg.island), 0) + seg.stages
+            spreads = tuple(
+                1
+                if k is None
+                else self.sends.spread(
+                    replicas, k, on[seg.gpu, seg.island], k_of[seg.gpu, seg.island][1] == 1
+                )
+                for seg, k in zip(segments, ks, strict=True)
+            )
+            return (), (spreads if max(spreads) > 1 else ())
+        return (), ()
 
     def drain_excess(
         self,
@@ -689,6 +828,7 @@ class TemplateBounds:
         replicas_total: int,
         zero: int,
         memory: str | tuple[str, ...],
+        spreads: tuple[int, ...] = (),
     ) -> float:
         """E with T ≥ P + E for a template of R replicas (1F1B, ZeRO ≤ 1), P its `pipeline_bound`
         with one flow's sends: what every stage's gradient all-reduce adds to the pipeline.
@@ -701,20 +841,24 @@ class TemplateBounds:
         (m − 1)·max τ̂ + Σ τ̂ + D̂_i − Σ_{k≤i} (τ̂_k − f̂_k); the least over splits of the first part
         is P, of the max over i of the rest `least_drain` (chain c_k = τ̂_k − f̂_k, own e_i =
         D̂_i − c_i), within the memory caps. Independent of m, and rises with R (D̂ does);
-        memoised."""
-        key = (micro_batch, recompute, segments, replicas, replicas_total, zero, memory)
+        memoised. `spreads`: `replica_bound`'s."""
+        key = (micro_batch, recompute, segments, replicas, replicas_total, zero, memory, spreads)
         if key not in self._excess:
             depth = sum(seg.stages for seg in segments)
             caps = self.memory.stage_caps(micro_batch, memory, segments, replicas_total, zero)
             taus = self.stage_lines(micro_batch, recompute, segments, 1, zero)
             own, chain, rings = [], [], False
-            stages = [seg for seg in segments for _ in range(seg.stages)]
-            for i, seg in enumerate(stages):
+            stages = [
+                (seg, spreads[k] if spreads else 1)
+                for k, seg in enumerate(segments)
+                for _ in range(seg.stages)
+            ]
+            for i, (seg, spread) in enumerate(stages):
                 first, last = i == 0, i == depth - 1
                 (af, cf), _ = self.pass_lines(
                     seg.gpu, seg.tp, micro_batch, recompute, first, last, seg.cp
                 )
-                ring = self.ring_dp_line(seg, replicas, first, last, depth)
+                ring = self.ring_dp_line(seg, replicas, first, last, depth, spread)
                 rings = rings or ring is not None
                 d, c_dp = ring or (0.0, 0.0)
                 n = np.arange(1, caps[i] + 1, dtype=float)

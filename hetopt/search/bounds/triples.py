@@ -202,11 +202,12 @@ class TripleBounds:
         widths = [group.width(j) for j in range(3)]
         # the ring at the group's tops, the same for every box: the takes stay memoised per level
         level = threshold - self.ring(group.sides, group.tops)
+        packed = self.sends.packed(group.sides)  # each template at the lesser of its orders
         most = -1
         for rc in group.recompute_options:
             takes = [
                 self.reaching.takes(
-                    group.micro_batch, rc, (rc,), side, group.zero, total, top, level, memo
+                    group.micro_batch, rc, (rc,), side, group.zero, total, top, level, memo, packed
                 )[low - 1 : high]
                 for side, top, low, high in zip(
                     group.sides, group.tops, lowest, replicas, strict=True

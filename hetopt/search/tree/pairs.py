@@ -22,6 +22,7 @@ from hetopt.search.tree.base import (
     sharpened,
 )
 from hetopt.search.types import (
+    ORDERS,
     least_work,
     orders,
 )
@@ -142,17 +143,30 @@ class ShareBounds:
         self.bounds, self.group, self.ra, self.rb, self.recompute = bounds, group, ra, rb, recompute
         self.shares = group.shares(ra, rb)
         self.memory = memory_modes(recompute, group)
+        packed = bounds.sends.packed((group.a, group.b))
+        # a skeleton's own bound is its order's (`SkeletonBounds.packing`): the lesser covers both
+        self.packings = [(order, packed) for order in ORDERS] if packed else [None]
         first = group.templates_at(ra, rb, self.shares[0])
         self.constant = max(
             bounds.templates.optimizer_bound(t, ra + rb, group.zero) for t in first
         ) + bounds.pairs.exchange(group, (ra, rb))
 
     def parts(self, i: int) -> tuple[float, float]:
-        """(D_a, D_b) at the i-th share."""
+        """(D_a, D_b) at the i-th share, each the lesser over the placement orders."""
         g, b = self.group, self.bounds
         return tuple(
-            b.templates.drained_bound(
-                g.micro_batch, self.recompute, t, self.ra + self.rb, 1, g.zero, self.memory
+            min(
+                b.templates.drained_bound(
+                    g.micro_batch,
+                    self.recompute,
+                    t,
+                    self.ra + self.rb,
+                    1,
+                    g.zero,
+                    self.memory,
+                    packing=packing,
+                )
+                for packing in self.packings
             )
             for t in g.templates_at(self.ra, self.rb, self.shares[i])
         )

@@ -176,6 +176,8 @@ class TripleShares:
         self, bounds: Bounds, group, replicas: tuple[int, int, int], recompute: str
     ) -> None:
         self.bounds, self.group, self.replicas, self.recompute = bounds, group, replicas, recompute
+        # each template at the lesser of its two placement orders' bounds
+        self.packed = bounds.sends.packed(group.sides)
         self.constant = bounds.triples.constant(group, sum(replicas), replicas, least=replicas)
         total = group.total_micro_batches
         depths = [group.depth(j) for j in range(3)]
@@ -203,6 +205,7 @@ class TripleShares:
             self.replicas[j],
             micro_batches,
             sum(self.replicas),
+            self.packed,
         )
 
     def cap(self, j: int, room: float) -> int:
