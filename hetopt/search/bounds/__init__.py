@@ -64,6 +64,10 @@ Each bound, the set it keys, and its statement:
   over the narrowest island link C all its flows cross (they share it, `_shared_island_gbps`)
 - `SendBounds.ring_exchange_s` (three templates): each pair a hop of the ring: the slowest
   exchange
+- `SendBounds.packed` (a class whose nodes a plan packs k ≥ 2 groups each): in the stage order a
+  stage's sends leave a node `stacked` at once, sharing its NIC; in the replica order k rings
+  share a NIC on every stage's ring (`spread`), over R nodes. A skeleton takes its own order's
+  (`drained_bound`'s `packing`), a set of both orders each template's lesser
 
 A `Bounds` belongs to one search run (one instance, one set of profiles): its caches live and die
 with it, so no two runs ever share an entry.

@@ -196,8 +196,8 @@ class SendBounds:
         them (k = ⌊g/t⌋ stages per node), joined at no more than the widest route between two
         distinct nodes of the class and no less than its least latencies, under the fastest planning
         cluster: (nodes, Gbit/s, latency s, fabric latency s); None where the class has one node.
-        `spread` ≥ 2 (`spread`, the replica order): the ring has one replica on each of R nodes, and
-        one of them sends out through a NIC that `spread` rings share."""
+        `spread` s ≥ 2 (`spread`, the replica order): s rings share a NIC on the ring, which holds
+        at most ⌈k/s⌉ replicas a node, so spans ⌈R/⌈k/s⌉⌉ nodes."""
         nodes = [n for n in self.inst.cluster.nodes.values() if (n.gpu, n.island) == here]
         per_node = max(n.gpus // tp for n in nodes)
         # the ring joins distinct nodes
@@ -207,7 +207,7 @@ class SendBounds:
         routes = [c.route(a, b) for c in self.clusters for a, b in pairs]
         if spread > 1:
             return (
-                max(2, replicas),
+                max(2, -(-replicas // -(-per_node // spread))),
                 max(shared_gbps(r, Counter({r.edges[0]: spread})) for r in routes),
                 min(r.latency_us for r in routes) * 1e-6,
                 min(r.alpha_s for r in routes),
@@ -219,23 +219,33 @@ class SendBounds:
             min(r.alpha_s for r in routes),
         )
 
-    def template_nodes(self, segments: tuple, replicas: int, tp_in_node: bool = True) -> int:
+    def template_nodes(
+        self, segments: tuple, replicas: int, tp_in_node: bool = True, packed: tuple = ()
+    ) -> int:
         """The most distinct nodes a template of `replicas` replicas of `segments` can use
         (features.template_nodes counts them): each rank of a stage (one per CP rank) is a TP group
         inside one node, or, wider than every node of its class, ⌈t/g⌉ whole nodes of one size g
         ≥ the class's smallest (placement rules); never more GPUs than it has, nor more nodes than
         its class holds. `tp_in_node` False (Megatron's rank order, which may cut a group at a node
-        boundary): a node per GPU at most. Memoised."""
-        key = (segments, replicas, tp_in_node)
+        boundary): a node per GPU at most. `packed` (with `tp_in_node`): the classes the plan packs
+        (`packed`), where the template's n groups take a run of them, starting at most k − 1 into
+        a node: ⌈(n + k − 1)/k⌉ nodes at most. Memoised."""
+        key = (segments, replicas, tp_in_node, packed)
         if key not in self._template_nodes:
             classes = self.inst.cluster.device_classes
+            k_of = {cls: k for cls, k, _ in packed} if tp_in_node else {}
+            groups: Counter = Counter()
             per_class: Counter = Counter()
             for seg in segments:
+                groups[seg.gpu, seg.island] += replicas * seg.stages
                 narrow, wide = self.node_sizes(seg.gpu, seg.island)
                 group = seg.tp
                 if tp_in_node:
                     group = 1 if seg.tp <= wide else min(seg.tp, -(-seg.tp // narrow))
                 per_class[seg.gpu, seg.island] += replicas * seg.stages * seg.cp * group
+            for cls, k in k_of.items():
+                if cls in per_class:
+                    per_class[cls] = min(per_class[cls], -(-(groups[cls] + k - 1) // k))
             self._template_nodes[key] = sum(
                 min(n, len(classes[k].nodes)) for k, n in per_class.items()
             )
@@ -265,9 +275,13 @@ class SendBounds:
         return self._node_sizes[gpu, island]
 
     def nodes_at(self, sides: tuple, replicas: tuple) -> tuple[int, ...]:
-        """`template_nodes` of each template (its segments, at most its replicas): a cap that only
-        rises with the replicas, so a box of replica counts takes its top corner's."""
-        return tuple(self.template_nodes(s, r) for s, r in zip(sides, replicas, strict=True))
+        """`template_nodes` of each template (its segments, at most its replicas; the classes the
+        sides pack): a cap that only rises with the replicas, so a box of replica counts takes its
+        top corner's."""
+        packed = self.packed(sides)
+        return tuple(
+            self.template_nodes(s, r, True, packed) for s, r in zip(sides, replicas, strict=True)
+        )
 
     def apart(self, side_a: tuple, side_b: tuple) -> bool:
         """Whether no node can hold a stage of each of two templates (segments `side_a`, `side_b`):
@@ -366,18 +380,25 @@ class SendBounds:
 
     @staticmethod
     def spread(replicas: int, k: int, stages_on: int, alone: bool) -> int:
-        """The replica order on a packed class (k groups a node, `packed`) where a template has
-        `stages_on` ≥ k stages on it and R ≥ 3 replicas (R ≥ 2 `alone`: no other template on the
-        class): k rings share a NIC on the ring of every such stage (else 1). The template's
-        groups on the class are a run in (replica, stage) order, stage i of replica r at r·P + i (P
-        = `stages_on`). Replica 1's is at least P ≥ k from either end of the run (alone, the run
-        starts a node and replica 0's is at most P − 1 + k − 1 < R·P from its start), so on a node
-        the run fills: k consecutive positions, k distinct stages, each with its replicas P ≥ k
-        apart, on R distinct nodes. So that node sends out k rings (features.dp_ring_load), and the
-        ring of each of its stages runs at most at 1/k of the NIC, over R nodes with one replica
-        each."""
-        if stages_on >= k and (replicas >= 3 or (alone and replicas >= 2)):
-            return k
+        """The replica order on a packed class (k groups a node, `packed`), a template of R
+        replicas with P = `stages_on` stages on it (`alone`: no other template on the class): how
+        many gradient rings share a NIC on the ring of each of those stages (1: nothing known).
+
+        The template's groups on the class are a run in (replica, stage) order, stage i of replica
+        r at r·P + i; a node the run fills holds k consecutive positions, and one exists wherever
+        the run has 2k − 1 groups (k alone: the run then starts a node). P ≥ k, R ≥ 3 (R ≥ 2
+        alone): replica 1's group is at least P ≥ k from either end of the run (alone, replica 0's
+        is at most P + k − 2 < R·P from its start), so on a node the run fills, with k distinct
+        stages, each with its replicas P ≥ k apart on R distinct nodes: k rings. 2 ≤ P < k: a node
+        the run fills holds every one of the P stages, at most ⌈k/P⌉ replicas of each, and each
+        ring spans more than one node where R > ⌈k/P⌉: P rings. So that node sends out that many
+        rings (features.dp_ring_load), and each of those stages' rings runs at most at that
+        share of the NIC (`class_ring`)."""
+        if stages_on >= k:
+            return k if replicas >= 3 or (alone and replicas >= 2) else 1
+        per_node = -(-k // stages_on)
+        if stages_on >= 2 and replicas > per_node and (alone or replicas * stages_on >= 2 * k - 1):
+            return stages_on
         return 1
 
     def exchange_s(

@@ -35,6 +35,7 @@ class SkeletonBounds:
         grouped = sk.order != "megatron"  # each TP group inside a node (Megatron's order may cut)
         # the placement order is the skeleton's: its sends or its rings share NICs
         packing = self.packing(sk)
+        packed = packing[1] if packing else ()  # its templates take runs of these classes' nodes
         # per-stage recompute: compute at the least-work mode, memory at the most any mode holds,
         # and the all-reduce's overlap with stage 0's backward pass at the most-work mode — each the
         # side no mix of modes can beat
@@ -56,7 +57,8 @@ class SkeletonBounds:
             + self.sends.ring_exchange_s(
                 tuple(t.segments for t in sk.templates),
                 tuple(
-                    self.sends.template_nodes(t.segments, t.replicas, grouped) for t in sk.templates
+                    self.sends.template_nodes(t.segments, t.replicas, grouped, packed)
+                    for t in sk.templates
                 ),
                 grouped,
                 tuple(t.replicas for t in sk.templates),
