@@ -1406,3 +1406,46 @@ def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeyp
     assert run.standing(batch).bound_s == 1.0
     # the next dive starts from the least open node
     assert [n.bound for n in select(dive=True)] == [2.0] and expanded[0] == "1"
+
+
+def test_starved_selection_hands_out_the_least_leaves_wherever_they_are(monkeypatch):
+    """Inner nodes keyed 1.0 that only ever make more of themselves, beside leaves keyed 1.5 and
+    2.0 (an incumbent of 2.5): best-first never reaches a leaf. Once selection has made STARVED
+    nodes without one, it hands out the leaves of least key from anywhere in the heap, each once;
+    the inner nodes stay in the heap with their bound, so the open bound is still 1.0, and no leaf
+    is left in it to be handed out again."""
+    from dataclasses import dataclass
+
+    from hetopt.search import run as run_module
+    from hetopt.search.run import SearchRun
+    from hetopt.search.tree.base import Node, SkeletonNode
+
+    made = []
+
+    @dataclass(frozen=True)
+    class Endless(Node):
+        def expand(self, tree):
+            made.append(1)
+            return [Endless(1.0), Endless(1.0)]
+
+    class FakeTree:
+        incumbent = 2.5
+
+        def beaten(self, bound):
+            return bound >= self.incumbent
+
+    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
+    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
+    run.tree, run.planted, run.incumbent = FakeTree(), True, 2.5
+    monkeypatch.setattr(run_module, "DIVE_AFTER", math.inf)
+    monkeypatch.setattr(run_module, "STARVED", 40)
+    leaves = [SkeletonNode(b, None, refined=True) for b in (2.0, 1.5, 3.0)]
+    for node in [Endless(1.0), *leaves]:
+        run._push(node)
+    batch = run.select(2)
+    assert [n.bound for n in batch] == [1.5, 2.0] and 40 <= run.made < 60
+    assert run.standing(batch).bound_s == 1.0
+    # the 3.0 leaf is beaten: counted as pruned when its turn comes, never handed out
+    pruned = sum(run.stats.pruned.values())
+    assert run._steal(2) == [] and sum(run.stats.pruned.values()) == pruned + 1
+    assert all(not n.is_leaf for _, tie, n in run.heap if tie not in run.gone)

@@ -31,12 +31,17 @@ not seconds, so that the order of the search, and so its answer, is the same on 
 DIVE_SHARE = 0.3
 """The most of the nodes made that dives make: the rest go to best-first, which raises the
 bound."""
-DIVE_MOST = 20_000
+DIVE_MOST = 4_000
 """A dive that has made this many nodes without an open leaf stops; what it has not expanded goes
 back in the heap."""
 HAND_OVER = 500
 """Selection hands the leaves it has to the workers once it has made this many nodes since its
 first."""
+STARVED = 4_000
+"""Selection that has made this many nodes without a leaf hands the workers the open leaves of
+least key wherever they are in the heap (`_steal`): on a tree whose inner keys sit below its
+leaves', best-first expands for seconds between leaves while the workers wait. About a second of
+expanding, so that the workers' last batch is solved by then; counted in nodes, as DIVE_AFTER."""
 
 
 @dataclass
@@ -114,6 +119,10 @@ class SearchRun:
         self.made = 0  # nodes made by expanding, in all
         self.last_leaf = 0  # `made` when selection last handed out a leaf
         self.dived = 0  # nodes made by dives
+        # the heap's leaves again, by key, for `_steal`; an entry is live in both or in neither:
+        # its tie is in `gone` once taken from either
+        self.leaves: list[tuple[float, int, Node]] = []
+        self.gone: set[int] = set()
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families
@@ -124,6 +133,8 @@ class SearchRun:
         tree.incumbent = self.incumbent
         for n in roots(tree):
             self.heap.append((n.bound, next(self.tie), n))
+            if n.is_leaf:
+                self.leaves.append(self.heap[-1])
             if len(self.heap) % 1024 == 0 and self.left_s() <= 0:
                 self.timed_out = self.out_of_time = True
                 self.open_bound = 0.0
@@ -131,6 +142,47 @@ class SearchRun:
         else:
             self.planted = True
         heapq.heapify(self.heap)
+        heapq.heapify(self.leaves)
+
+    def _push(self, node: Node) -> None:
+        entry = (node.bound, next(self.tie), node)
+        heapq.heappush(self.heap, entry)
+        if node.is_leaf:
+            heapq.heappush(self.leaves, entry)
+
+    def _pop(self) -> Node:
+        """The heap's open node of least key (entries `_steal` took are dropped on the way)."""
+        while True:
+            _, tie, node = heapq.heappop(self.heap)
+            if tie not in self.gone:
+                if node.is_leaf:
+                    self.gone.add(tie)
+                return node
+
+    def _drop_gone(self) -> None:
+        while self.heap and self.heap[0][1] in self.gone:
+            heapq.heappop(self.heap)
+
+    def _steal(self, size: int) -> list[SkeletonNode]:
+        """Up to `size` open leaves of least key from anywhere in the heap, each keyed by its own
+        bound (those the incumbent beats counted as pruned): the workers' next batch while
+        best-first expands the inner nodes below them. Their keys hold for them (the search's
+        bound counts them while they are solved), so taking them early loses nothing."""
+        assert self.tree is not None
+        out: list[SkeletonNode] = []
+        while self.leaves and len(out) < size:
+            _, tie, node = heapq.heappop(self.leaves)
+            if tie in self.gone:
+                continue
+            self.gone.add(tie)
+            if not node.refined:
+                node = self.tree.refine(node)
+            if self._open(node.bound):
+                out.append(node)
+            else:
+                node.count_pruned(self.stats)
+        self._drop_gone()
+        return out
 
     def subspace(self, narrow: SearchResult) -> None:
         """What the search of a subspace the tree leaves out proved: its bound stays open beside the
@@ -185,6 +237,7 @@ class SearchRun:
             return []
         batch: list[SkeletonNode] = []
         first_leaf = math.inf  # `made` when the batch took its first leaf
+        began = self.made
         while self.heap and len(batch) < size and self._open(self.heap[0][0]):
             if self.left_s() <= 0:  # expanding a large tree takes seconds: the limit holds here too
                 self.timed_out = self.out_of_time = True
@@ -192,6 +245,10 @@ class SearchRun:
                 break
             if self.made - first_leaf >= HAND_OVER:
                 break  # the workers start on these while the next batch is selected
+            if not batch and self.made - began >= STARVED and (stolen := self._steal(size)):
+                batch, first_leaf = stolen, self.made
+                self.last_leaf = self.made
+                break
             if self.made - self.last_leaf >= DIVE_AFTER and self.dived <= DIVE_SHARE * self.made:
                 if (leaf := self._dive()) is not None:
                     batch.append(leaf)
@@ -199,7 +256,8 @@ class SearchRun:
                 continue
             # held by no heap while it is selected
             self.selecting = min(self.selecting, self.heap[0][0])
-            _, _, node = heapq.heappop(self.heap)
+            node = self._pop()
+            self._drop_gone()
             # its own bound first: back in the heap if it rose
             if node.is_leaf and not node.refined:
                 node = self.tree.refine(node)
@@ -207,7 +265,7 @@ class SearchRun:
                     node.count_pruned(self.stats)
                     continue
                 if self.heap and node.bound > self.heap[0][0]:
-                    heapq.heappush(self.heap, (node.bound, next(self.tie), node))
+                    self._push(node)
                     continue
             if node.is_leaf:
                 batch.append(node)
@@ -217,7 +275,7 @@ class SearchRun:
                 kids = node.expand(self.tree)
                 self.made += 1 + len(kids)
                 for child in kids:
-                    heapq.heappush(self.heap, (child.bound, next(self.tie), child))
+                    self._push(child)
         self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
         if not batch and self.heap and not self._open(self.heap[0][0]):
             # expanding made only nodes the incumbent beats: the search ends here
@@ -234,7 +292,8 @@ class SearchRun:
         began = self.made
         self.selecting = min(self.selecting, self.heap[0][0])
         # each level's nodes by falling bound: the least is popped first
-        levels: list[list[Node]] = [[heapq.heappop(self.heap)[2]]]
+        levels: list[list[Node]] = [[self._pop()]]
+        self._drop_gone()
         try:
             while levels:
                 if not levels[-1]:
@@ -260,16 +319,18 @@ class SearchRun:
         finally:
             for level in levels:
                 for node in level:
-                    heapq.heappush(self.heap, (node.bound, next(self.tie), node))
+                    self._push(node)
             self.dived += self.made - began
             self.last_leaf = self.made
 
     def _prune_rest(self) -> list[SkeletonNode]:
         """Every open node is proven no better: counted as pruned, the heap emptied; no leaves
         ([])."""
-        for _, _, node in self.heap:
-            node.count_pruned(self.stats)
+        for _, tie, node in self.heap:
+            if tie not in self.gone:
+                node.count_pruned(self.stats)
         self.heap.clear()
+        self.leaves.clear()
         return []
 
     def absorb(self, node: SkeletonNode, kind: str, sol, t: float) -> None:
