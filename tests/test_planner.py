@@ -1449,3 +1449,8 @@ def test_starved_selection_hands_out_the_least_leaves_wherever_they_are(monkeypa
     pruned = sum(run.stats.pruned.values())
     assert run._steal(2) == [] and sum(run.stats.pruned.values()) == pruned + 1
     assert all(not n.is_leaf for _, tie, n in run.heap if tie not in run.gone)
+    # a tie is gone while one heap still holds its entry, and only then
+    in_heap, in_leaves = ({t for _, t, _ in h} for h in (run.heap, run.leaves))
+    assert run.gone <= in_heap ^ in_leaves
+    run._compact()
+    assert not any(t in run.gone for _, t, _ in run.leaves)

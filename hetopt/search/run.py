@@ -120,9 +120,10 @@ class SearchRun:
         self.last_leaf = 0  # `made` when selection last handed out a leaf
         self.dived = 0  # nodes made by dives
         # the heap's leaves again, by key, for `_steal`; an entry is live in both or in neither:
-        # its tie is in `gone` once taken from either
+        # its tie is in `gone` once taken from one, while the other still holds it
         self.leaves: list[tuple[float, int, Node]] = []
         self.gone: set[int] = set()
+        self.stale = 0  # entries of `leaves` the heap took already
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families
@@ -154,14 +155,27 @@ class SearchRun:
         """The heap's open node of least key (entries `_steal` took are dropped on the way)."""
         while True:
             _, tie, node = heapq.heappop(self.heap)
-            if tie not in self.gone:
-                if node.is_leaf:
-                    self.gone.add(tie)
-                return node
+            if tie in self.gone:
+                self.gone.discard(tie)  # taken from both now
+                continue
+            if node.is_leaf:
+                self.gone.add(tie)
+                self.stale += 1
+                if self.stale > max(4096, len(self.leaves) // 2):
+                    self._compact()
+            return node
+
+    def _compact(self) -> None:
+        """`leaves` without the entries the heap took (they keep solved leaves alive)."""
+        taken = {tie for _, tie, _ in self.leaves if tie in self.gone}
+        self.leaves = [e for e in self.leaves if e[1] not in taken]
+        heapq.heapify(self.leaves)
+        self.gone -= taken
+        self.stale = 0
 
     def _drop_gone(self) -> None:
         while self.heap and self.heap[0][1] in self.gone:
-            heapq.heappop(self.heap)
+            self.gone.discard(heapq.heappop(self.heap)[1])
 
     def _steal(self, size: int) -> list[SkeletonNode]:
         """Up to `size` open leaves of least key from anywhere in the heap, each keyed by its own
@@ -172,7 +186,9 @@ class SearchRun:
         out: list[SkeletonNode] = []
         while self.leaves and len(out) < size:
             _, tie, node = heapq.heappop(self.leaves)
-            if tie in self.gone:
+            if tie in self.gone:  # the heap took it already
+                self.gone.discard(tie)
+                self.stale -= 1
                 continue
             self.gone.add(tie)
             if not node.refined:
@@ -331,6 +347,8 @@ class SearchRun:
                 node.count_pruned(self.stats)
         self.heap.clear()
         self.leaves.clear()
+        self.gone.clear()
+        self.stale = 0
         return []
 
     def absorb(self, node: SkeletonNode, kind: str, sol, t: float) -> None:
@@ -364,6 +382,7 @@ class SearchRun:
         keep their bounds open, as at a time-out, so the answer's gap is one the search proved."""
         self.timed_out = self.out_of_time = True
         heapq.heapify(self.heap)  # an interrupt may come while the roots are being listed
+        self._drop_gone()
         self.open_bound = min(
             [
                 self.open_bound,
