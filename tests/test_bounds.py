@@ -617,7 +617,7 @@ def test_sends_and_rings_of_packed_nodes_share_nics_in_each_placement_order(tmp_
     inst = load_instance(path)
     skeletons = _packed_skeletons()
     held, fits = _held_bounds(inst, skeletons)
-    assert sum(fits) > 40, sum(fits)
+    assert sum(fits) == len(skeletons) == 118, sum(fits)  # every one is placed and fits
     for rule, order in (("stacked", "stage"), ("spread", "replica")):
         raised = _raised_by(
             (sends.SendBounds, rule, staticmethod(lambda *a: 1)), inst, skeletons, held, monkeypatch
@@ -663,4 +663,5 @@ def test_every_key_over_packed_nodes_holds_for_every_split_under_it(tmp_path):
             assert key <= best * (1 + 1e-12), (key, best, node.skeleton.describe())
             continue
         stack += [(child, max(key, child.bound)) for child in node.expand(tree)]
-    assert checked > 100 and {"PairGroupNode", "TripleGroupNode"} <= set(kinds), (checked, kinds)
+    # measured 2026-12-07: 5,227 skeletons that fit, under pair groups and triple groups alike
+    assert checked > 5000 and {"PairGroupNode", "TripleGroupNode"} <= set(kinds), (checked, kinds)

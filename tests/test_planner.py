@@ -1347,6 +1347,26 @@ def test_what_no_stage_can_shed_bounds_every_split_where_it_raises_the_pipeline_
     assert checked > 0 and raised > 0
 
 
+class _FakeTree:
+    """A tree of hand-made nodes for the selection tests: its incumbent 2.5 beats a bound at or
+    above it."""
+
+    incumbent = 2.5
+
+    def beaten(self, bound):
+        return bound >= self.incumbent
+
+
+def _fake_run():
+    """A search run over `_FakeTree`, its roots planted (the heap is the test's to fill)."""
+    from hetopt.search.run import SearchRun
+
+    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
+    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
+    run.tree, run.planted, run.incumbent = _FakeTree(), True, 2.5
+    return run
+
+
 def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeypatch):
     """A wide tree whose inner bounds all sit below every leaf's (as on the stress suite's
     two-GPU clouds, where best-first expanded for 30 s and solved nothing): 50 inner nodes keyed
@@ -1358,7 +1378,6 @@ def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeyp
     from dataclasses import dataclass
 
     from hetopt.search import run as run_module
-    from hetopt.search.run import SearchRun
     from hetopt.search.tree.base import Node, SkeletonNode
 
     expanded = []
@@ -1377,15 +1396,6 @@ def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeyp
                 kids = [Inner(1.0, self.name + "/dead"), Inner(1.5, self.name + "/alive")]
             return [n for n in kids if not tree.beaten(n.bound)]
 
-    class FakeTree:
-        incumbent = 2.5
-
-        def beaten(self, bound):
-            return bound >= self.incumbent
-
-    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
-    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
-
     def select(dive: bool) -> list:
         expanded.clear()
         # a dive due at once, or never
@@ -1393,8 +1403,11 @@ def test_a_dive_reaches_a_leaf_before_best_first_would_and_loses_no_node(monkeyp
         monkeypatch.setattr(run_module, "DIVE_SHARE", 1.0)
         return run.select(1)
 
+    run = _fake_run()
+
     def plant() -> None:
-        run.tree, run.planted, run.incumbent = FakeTree(), True, 2.5
+        nonlocal run
+        run = _fake_run()
         run.heap = [(1.0, next(run.tie), Inner(1.0, str(k))) for k in range(50)]
 
     plant()
@@ -1417,7 +1430,6 @@ def test_starved_selection_hands_out_the_least_leaves_wherever_they_are(monkeypa
     from dataclasses import dataclass
 
     from hetopt.search import run as run_module
-    from hetopt.search.run import SearchRun
     from hetopt.search.tree.base import Node, SkeletonNode
 
     made = []
@@ -1428,22 +1440,15 @@ def test_starved_selection_hands_out_the_least_leaves_wherever_they_are(monkeypa
             made.append(1)
             return [Endless(1.0), Endless(1.0)]
 
-    class FakeTree:
-        incumbent = 2.5
-
-        def beaten(self, bound):
-            return bound >= self.incumbent
-
-    inst = load_instance(SMALL_DIR / "s14-pair-sides.yaml")
-    run = SearchRun(inst, SearchOptions.from_instance(inst), 60.0)
-    run.tree, run.planted, run.incumbent = FakeTree(), True, 2.5
+    run = _fake_run()
     monkeypatch.setattr(run_module, "DIVE_AFTER", math.inf)
     monkeypatch.setattr(run_module, "STARVED", 40)
     leaves = [SkeletonNode(b, None, refined=True) for b in (2.0, 1.5, 3.0)]
     for node in [Endless(1.0), *leaves]:
         run._push(node)
     batch = run.select(2)
-    assert [n.bound for n in batch] == [1.5, 2.0] and 40 <= run.made < 60
+    # each expansion makes three nodes (itself and two): selection stops at the first count ≥ 40
+    assert [n.bound for n in batch] == [1.5, 2.0] and run.made == 42 == 3 * len(made)
     assert run.standing(batch).bound_s == 1.0
     # the 3.0 leaf is beaten: counted as pruned when its turn comes, never handed out
     pruned = sum(run.stats.pruned.values())

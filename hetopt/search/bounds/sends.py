@@ -43,6 +43,7 @@ class SendBounds:
         self._like_nodes: dict[tuple[str, str], tuple[set, set]] = {}  # node sizes, NIC speeds
         self._apart: dict[tuple, bool] = {}
         self._channels: dict[tuple, int] = {}
+        self._packed: dict[tuple, tuple] = {}
 
     def send_s(
         self,
@@ -346,7 +347,13 @@ class SendBounds:
         partly taken and each group goes to it where there is one, else to a free node: the groups
         on it, in placement order, fill its nodes k at a time, and a template's groups take a run of
         them. `stacked` and `spread` read off what that does to a template's sends and rings in
-        each placement order. Empty for sides of device classes (no TP degree yet)."""
+        each placement order. Empty for sides of device classes (no TP degree yet). Memoised: every
+        skeleton, share run and box asks."""
+        if sides not in self._packed:
+            self._packed[sides] = self._pack(sides)
+        return self._packed[sides]
+
+    def _pack(self, sides: tuple) -> tuple[tuple[tuple[str, str], int, int], ...]:
         if not all(hasattr(seg, "tp") for side in sides for seg in side):
             return ()
         widths: dict[tuple[str, str], set[int]] = {}

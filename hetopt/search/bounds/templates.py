@@ -81,6 +81,7 @@ class TemplateBounds:
         self._ring_lines: dict[tuple, tuple[float, float] | None] = {}
         self._unshed: dict[tuple, float] = {}
         self._excess: dict[tuple, float] = {}
+        self._effects: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {}
 
     def stage_line(
         self,
@@ -383,33 +384,12 @@ class TemplateBounds:
         Δ), two evaluations of g. `flows`: the template's replicas, sharing island links (`send_s`);
         `memory`: the recompute modes of the caps (per-stage recompute: the most any of them holds;
         default `recompute`); `stacks`: `weighted_lines`'."""
-        memory = memory or recompute
-        key = (
-            micro_batch,
-            recompute,
-            segments,
-            micro_batches,
-            replicas_total,
-            flows,
-            zero,
-            memory,
-            stacks,
-        )
+        parts = (micro_batch, recompute, segments, replicas_total, flows, zero, memory or recompute)
+        key = (*parts, stacks, micro_batches)
         if key not in self._pipelines:
             kinds = (False, True) if zero >= 2 and flows > 1 else (False,)
             self._pipelines[key] = max(
-                self._pipeline(
-                    micro_batch,
-                    recompute,
-                    segments,
-                    replicas_total,
-                    flows,
-                    zero,
-                    memory,
-                    kind,
-                    stacks,
-                ).at(micro_batches)
-                for kind in kinds
+                self._pipeline(*parts, kind, stacks).at(micro_batches) for kind in kinds
             )
         return self._pipelines[key]
 
@@ -795,9 +775,18 @@ class TemplateBounds:
         """(stacks, spreads) of a template's segments at R replicas under `packing` (placement
         order, packed classes as `SendBounds.packed`): per segment, `SendBounds.stacked` in the
         stage order, `SendBounds.spread` in the replica order (with the template's stages on the
-        segment's class); () each where nothing is known or nothing changes."""
+        segment's class); () each where nothing is known or nothing changes. Memoised: every
+        `drained_bound` asks before its own memo."""
         if packing is None or not packing[1]:
             return (), ()
+        key = (segments, replicas, packing)
+        if key not in self._effects:
+            self._effects[key] = self._packing_effects(segments, replicas, packing)
+        return self._effects[key]
+
+    def _packing_effects(
+        self, segments: tuple, replicas: int, packing: tuple
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         order, packed = packing
         k_of = {key: (k, on) for key, k, on in packed}
         ks = [k_of.get((seg.gpu, seg.island), (None, 0))[0] for seg in segments]
