@@ -629,7 +629,7 @@ def test_sends_and_rings_of_packed_nodes_share_nics_in_each_placement_order(tmp_
 PACKED_TREE = """
 name: packed-tree
 model: {layers: 4, hidden: 2048, heads: 16, vocab: 8000, max_seq_len: 512}
-training: {seq_len: 512, global_batch: 12}
+training: {seq_len: 512, global_batch: 8}
 cluster:
   nodes:
     - {name: a, count: 3, gpu: RTX-4090, gpus_per_node: 2, island: r0, nic_gbps: 10}
@@ -663,5 +663,5 @@ def test_every_key_over_packed_nodes_holds_for_every_split_under_it(tmp_path):
             assert key <= best * (1 + 1e-12), (key, best, node.skeleton.describe())
             continue
         stack += [(child, max(key, child.bound)) for child in node.expand(tree)]
-    # measured 2026-12-07: 5,227 skeletons that fit, under pair groups and triple groups alike
-    assert checked > 5000 and {"PairGroupNode", "TripleGroupNode"} <= set(kinds), (checked, kinds)
+    # measured 2026-12-07: 1,388 skeletons that fit, under pair groups and triple groups alike
+    assert checked > 1000 and {"PairGroupNode", "TripleGroupNode"} <= set(kinds), (checked, kinds)
