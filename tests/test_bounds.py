@@ -187,7 +187,7 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
     evaluator prices); the test counts the buckets whose key that raised above the pipeline bound
     alone, and needs some where rings cross nodes, and choices raised above throughput alone."""
     from hetopt.search.robust import planning_scenarios
-    from hetopt.search.tree.choices import ChoiceNode
+    from hetopt.search.tree.choices import ChoiceNode, class_rates
     from hetopt.search.tree.families import BucketNode, FamilyNode, GroupNode
 
     inst, profiles = load_instance(SMALL / f"{name}.yaml"), Profiles()
@@ -217,12 +217,13 @@ def test_the_replica_bound_holds_for_every_split_of_every_skeleton_of_its_bucket
             raised += node.bound > plain * (1 + 1e-9)
             keys = [*keys, node.bound]
         if isinstance(node, ChoiceNode):  # the replica-aware choice bound above throughput alone
-            plain = node.rates.throughput_bound(node.singles, node.chosen, tree.options.max_classes)
+            rates = class_rates(tree, node.singles)
+            plain = rates.throughput_bound(node.singles, node.chosen, tree.options.max_classes)
             choices_raised += node.bound > plain * (1 + 1e-9)
             keys = [*keys, node.bound]
             ins = [(k, t) for k, t in enumerate(node.chosen) if t]
             room = tree.options.max_classes - len(ins)
-            cb = node.rates.replicas
+            cb = rates.replicas
             opens = [k for k in range(len(node.chosen), len(cb.keys)) if cb.most[k]]
             if len(ins) > 1 and opens and room > 0:
                 # the sends an undecided choice must pay to reach its classes in (`_least_reach`)

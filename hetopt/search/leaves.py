@@ -15,7 +15,7 @@ from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA
 from hetopt.search.run import OPTIMALITY_TOLERANCE
 from hetopt.search.tree.base import MEMORY_RULE
-from hetopt.search.types import Skeleton
+from hetopt.search.types import SearchOptions, Skeleton
 from hetopt.spec.instance import Instance
 
 PLACED_BOUND_RULE = "bound: placed skeleton's bound (communication included) ≥ incumbent"
@@ -32,6 +32,9 @@ class LeafContext:
     formulation: str
     backend: str
     seed: int
+    options: SearchOptions | None = None
+    """The space the search's tree holds (its `beyond_narrow` too): the workers expand subtrees of
+    it (hetopt.search.subtrees); None: they only solve leaves."""
 
 
 def solve_leaf(

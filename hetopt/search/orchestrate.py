@@ -20,7 +20,8 @@ search still solving after PARALLEL_AFTER_S solves the next few skeletons by bou
 locally or across a cluster's machines, while the search absorbs the batch before and selects the
 next. Either way a batch's outcomes are absorbed in the best-first order they were selected in, each
 batch selected with the incumbent of two batches before, so the order, the proof and the answer are
-the same.
+the same. With SearchRequest.subtrees (by default from subtrees.SUBTREE_WORKERS workers) the
+workers also expand the tree's inner nodes (hetopt.search.subtrees) while the search dives.
 """
 
 from __future__ import annotations
@@ -34,11 +35,19 @@ from hetopt.lifeline import Terminated
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.dispatch import pick
 from hetopt.search.formulation import Formulation, SolveOptions, clock
-from hetopt.search.leaves import LeafContext, plan_problem, solve_leaf
+from hetopt.search.leaves import LeafContext, plan_problem
 from hetopt.search.polish import polish
 from hetopt.search.robust import planning_scenarios
 from hetopt.search.run import SearchResult, SearchRun
-from hetopt.search.tree.base import SkeletonNode, Tree
+from hetopt.search.subtrees import (
+    LEAF,
+    SUBTREE,
+    SUBTREE_NODES,
+    SUBTREE_ROOTS,
+    SUBTREE_WORKERS,
+    work,
+)
+from hetopt.search.tree.base import Expanded, Node, Tree
 from hetopt.search.types import Progress, SearchOptions, SearchRequest, Seed
 
 PARALLEL_AFTER_S = 2.0
@@ -89,9 +98,17 @@ def solve_exact(
         Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios]),
     )
     ctx = LeafContext(
-        inst, profiles, scenarios, request.objective, form.name, request.backend, request.seed
+        inst,
+        profiles,
+        scenarios,
+        request.objective,
+        form.name,
+        request.backend,
+        request.seed,
+        tree.options,
     )
     loop = _Loop(run, ctx, executor, request.workers, request.address, progress)
+    loop.subtrees = request.subtrees
     loop.polishing(options, request.polish_s)
     best = min(seeds, key=lambda s: s.objective_s, default=None)
     try:
@@ -144,11 +161,14 @@ class _Loop:
     ) -> None:
         self.run, self.ctx, self.executor, self.address = run, ctx, executor, address
         self.workers, self.progress = workers, progress
+        self.subtrees: bool | None = None  # SearchRequest.subtrees
         self.pool = None
         # one try: a pool that cannot start (one CPU, a script from stdin) is not retried
         self.opened = workers is not None
-        self.batch: list[SkeletonNode] = []
-        self.pending = None  # a batch the workers are solving: (its leaves, the wait for them)
+        # the batch selected last: leaves alone, and chunks of subtrees, one per worker
+        self.batch: list[tuple[Node, ...]] = []
+        # a batch the workers are working on: (its units, the wait for them)
+        self.pending = None
         self.options: SearchOptions | None = None
         self.polish_s = 0.0
         self.polished: set = set()  # skeletons climbed from
@@ -161,24 +181,37 @@ class _Loop:
 
     def solve(self) -> None:
         if self.workers is not None:
-            self.pool = open_pool(self.executor, self.ctx, solve_leaf, self.workers, self.address)
+            self.pool = open_pool(self.executor, self.ctx, work, self.workers, self.address)
         since = clock()
         while True:
             if not self.opened and clock() - since > PARALLEL_AFTER_S:
-                self.pool = open_pool(self.executor, self.ctx, solve_leaf, None, self.address)
+                self.pool = open_pool(self.executor, self.ctx, work, None, self.address)
                 self.opened = True
-            self.batch = self.run.select(2 * self.pool.workers if self.pool is not None else 1)
+            if self.pool is None:
+                self.batch = [(leaf,) for leaf in self.run.select(1)]
+            elif not self._subtrees():
+                self.batch = [(leaf,) for leaf in self.run.select(2 * self.pool.workers)]
+            else:  # the workers expand subtrees too
+                workers = self.pool.workers
+                picked = self.run.select(2 * workers, SUBTREE_ROOTS * workers)
+                inner = [node for node in picked if not node.is_leaf]
+                chunks = [tuple(inner[w::workers]) for w in range(workers)]
+                self.batch = [*((n,) for n in picked if n.is_leaf), *(c for c in chunks if c)]
             # a deadline: a job may wait in a worker's queue behind another (and the seconds
             # left, which a Ray worker whose clock runs behind this machine's still keeps to)
             left_s = self.run.left_s()
+            limit = (time.time() + left_s, left_s)
+            cutoff = self.run.next_key()  # best-first: what the search expands next
             jobs = [
-                (node.skeleton, (time.time() + left_s, left_s), self.run.incumbent)
-                for node in self.batch
+                (LEAF, unit[0].skeleton, limit, self.run.incumbent)
+                if unit[0].is_leaf
+                else (SUBTREE, unit, limit, self.run.incumbent, SUBTREE_NODES, cutoff)
+                for unit in self.batch
             ]
             if self.pool is None:  # in-process: solve and absorb at once
                 if not self.batch:
                     return
-                self._absorb(self.batch, [solve_leaf(self.ctx, *job) for job in jobs])
+                self._absorb(self.batch, [work(self.ctx, *job) for job in jobs])
                 self._polish()
                 continue
             launched = (self.batch, self.pool.submit(jobs)) if self.batch else None
@@ -189,13 +222,27 @@ class _Loop:
                 return
             self.pending = launched
 
-    def _absorb(self, batch: list[SkeletonNode], outcomes: list) -> None:
-        for k, (node, outcome) in enumerate(zip(batch, outcomes, strict=True)):
-            self.run.absorb(node, *outcome)
+    def _subtrees(self) -> bool:
+        """Whether the workers expand subtrees besides solving leaves: as asked
+        (SearchRequest.subtrees), else with SUBTREE_WORKERS workers or more."""
+        assert self.pool is not None
+        if self.subtrees is not None:
+            return self.subtrees
+        return self.pool.workers >= SUBTREE_WORKERS
+
+    def _absorb(self, units: list[tuple[Node, ...]], outcomes: list) -> None:
+        """Take in a batch's outcomes in the order it was selected in: a leaf's solve, or what a
+        worker made of a chunk of subtrees."""
+        for k, (unit, outcome) in enumerate(zip(units, outcomes, strict=True)):
+            if isinstance(outcome, Expanded):
+                self.run.absorb_subtree(outcome)
+                continue
+            self.run.absorb(unit[0], *outcome)
             if self.progress is not None and outcome[0] == "solved":
-                # the leaves still open: the rest of this batch and any other in flight
-                others = [n for n in self.in_flight() if all(n is not b for b in batch)]
-                self.progress(self.run.standing([*batch[k + 1 :], *others]))
+                # the nodes still open: the rest of this batch and any other in flight
+                rest = [n for u in units[k + 1 :] for n in u]
+                others = [n for n in self.in_flight() if all(n is not b for u in units for b in u)]
+                self.progress(self.run.standing([*rest, *others]))
 
     def _polish(self) -> None:
         """Climb from the incumbent where the tree found it and it was not climbed from: the
@@ -218,9 +265,11 @@ class _Loop:
             if self.progress is not None:
                 self.progress(run.standing(self.in_flight()))
 
-    def in_flight(self) -> list[SkeletonNode]:
-        """The leaves selected and not absorbed: their bounds stay open."""
-        return [*(self.pending[0] if self.pending else []), *self.batch]
+    def in_flight(self) -> list[Node]:
+        """The nodes selected and not absorbed (leaves being solved, subtrees being expanded):
+        their bounds stay open."""
+        units = [*(self.pending[0] if self.pending else []), *self.batch]
+        return [node for unit in units for node in unit]
 
     def abort(self) -> None:
         if self.pool is not None:
@@ -270,7 +319,7 @@ def _narrow_first(
 
 
 def _keep_best_so_far(
-    stop: BaseException, run: SearchRun, best: Seed | None, in_flight: list[SkeletonNode]
+    stop: BaseException, run: SearchRun, best: Seed | None, in_flight: list[Node]
 ) -> None:
     """An interrupted search's answer: the plan found so far (the subspace search's, interrupted
     inside it, or the best seed), with every bound not finished kept open."""

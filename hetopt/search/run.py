@@ -14,7 +14,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan
 from hetopt.search.formulation import SolveStatus, SplitSolution, clock
 from hetopt.search.roots import outside_space
-from hetopt.search.tree.base import Node, SkeletonNode, Tree
+from hetopt.search.tree.base import Expanded, Node, SkeletonNode, Tree
 from hetopt.search.tree.roots import roots
 from hetopt.search.types import SearchOptions, SearchProgress, SearchStats, Seed, Skeleton
 from hetopt.spec.instance import Instance
@@ -238,10 +238,12 @@ class SearchRun:
         """Whether a node of this bound may still hold a better plan than the incumbent."""
         return bound < self.incumbent * (1 - OPTIMALITY_TOLERANCE)
 
-    def select(self, size: int) -> list[SkeletonNode]:
+    def select(self, size: int, subtrees: int = 0) -> list[Node]:
         """Up to `size` leaves of smallest bound, expanding the nodes on the way; [] when the search
         ends: every open node is proven no better (counted as pruned), or the time is up (its bound
-        kept open)."""
+        kept open). `subtrees` > 0: up to that many of the inner nodes on the way are handed out
+        too, for workers to expand (hetopt.search.subtrees; what they make comes back through
+        `absorb_subtree`), but for the dives'; the batch ends when either count is reached."""
         assert self.tree is not None
         if not self.heap:
             return []
@@ -251,10 +253,16 @@ class SearchRun:
             self.timed_out = self.out_of_time = True
             self.open_bound = min(self.open_bound, self.heap[0][0])
             return []
-        batch: list[SkeletonNode] = []
-        first_leaf = math.inf  # `made` when the batch took its first leaf
+        batch: list[Node] = []
+        inner = 0  # of the batch's nodes, those not leaves
+        first_leaf = math.inf  # `made` when the batch took its first leaf (or subtree)
         began = self.made
-        while self.heap and len(batch) < size and self._open(self.heap[0][0]):
+        while (
+            self.heap
+            and len(batch) - inner < size
+            and inner < max(subtrees, 1)
+            and self._open(self.heap[0][0])
+        ):
             if self.left_s() <= 0:  # expanding a large tree takes seconds: the limit holds here too
                 self.timed_out = self.out_of_time = True
                 self.open_bound = min(self.open_bound, self.heap[0][0])
@@ -287,11 +295,19 @@ class SearchRun:
                 batch.append(node)
                 first_leaf = min(first_leaf, self.made)
                 self.last_leaf = self.made
+            elif subtrees:
+                batch.append(node)
+                inner += 1
+                first_leaf = min(first_leaf, self.made)
             else:
                 kids = node.expand(self.tree)
                 self.made += 1 + len(kids)
                 for child in kids:
                     self._push(child)
+        # with subtrees the workers expand best-first's nodes meanwhile: this process dives
+        diving = subtrees and self.heap and self.dived <= DIVE_SHARE * self.made
+        if diving and self.left_s() > 0 and (leaf := self._dive()) is not None:
+            batch.append(leaf)
         self.selecting = math.inf  # the batch goes to the caller, who holds it until it is absorbed
         if not batch and self.heap and not self._open(self.heap[0][0]):
             # expanding made only nodes the incumbent beats: the search ends here
@@ -376,6 +392,22 @@ class SearchRun:
             self.best = sk.placed(sol.layers, self.inst.cluster, sol.recompute)
             if self.tree is not None:
                 self.tree.incumbent = t
+
+    def next_key(self) -> float:
+        """The least key in the heap (inf where it is empty): what best-first expands next."""
+        self._drop_gone()
+        return self.heap[0][0] if self.heap else math.inf
+
+    def absorb_subtree(self, expanded: Expanded) -> None:
+        """Take in what a worker made of subtrees: its counts, and the open nodes it did
+        not expand back in the heap (those the incumbent beats now counted as pruned)."""
+        self.stats.add(expanded.stats)
+        self.made += expanded.made
+        for child in expanded.nodes:
+            if self._open(child.bound):
+                self._push(child)
+            else:
+                child.count_pruned(self.stats)
 
     def interrupt(self, in_flight: list) -> SearchRun:
         """Ctrl-C or SIGTERM mid-search: the skeletons not finished (in the heap or being solved)

@@ -425,6 +425,9 @@ class SearchRequest:
     optimum the first incumbent of the rest (orchestrate.NARROW_SHARE)."""
     export_model: str | None = None
     """Write the best skeleton's solver model to this path."""
+    subtrees: bool | None = None
+    """Whether the workers expand the tree's subtrees besides solving its leaves
+    (hetopt.search.subtrees); None: with subtrees.SUBTREE_WORKERS workers or more."""
     polish_s: float = 0.0
     """Seconds to climb from the seeds to better plans near them before the tree is planted
     (hetopt.search.polish), and the most to climb from each skeleton the tree makes the incumbent

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hetopt.search.bounds.run import Bounds
 from hetopt.search.types import (
@@ -38,6 +38,9 @@ class Tree:
         as it is made, before its memory is checked."""
         self.tolerance = 0.0
         """Relative: a bound within this of the incumbent proves no better (the search's)."""
+        self.memo: dict = {}
+        """What nodes share and look up rather than carry (a node travels to workers without it),
+        by kind: e.g. ClassRates per SingleBatch (hetopt.search.tree.choices)."""
 
     @property
     def threshold(self) -> float:
@@ -125,6 +128,17 @@ def sharpened(tree: Tree, node: Node, bound: float, **fields) -> list[Node]:
         tree.stats.pruned[node.pruned_as] += 1
         return []
     return children(node, [replace(node, bound=bound, **fields)])
+
+
+@dataclass
+class Expanded:
+    """What a worker made of a subtree (hetopt.search.subtrees): the open nodes it left unexpanded
+    (leaves keyed by their own bounds), the nodes it made in all, and its counts (enumerated,
+    pruned)."""
+
+    nodes: list[Node]
+    made: int
+    stats: SearchStats = field(default_factory=SearchStats)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hetopt.search.bounds.choices import ChoiceBounds
 from hetopt.search.space import SYMMETRY_RULE, SingleBatch, tp_options
@@ -106,14 +106,13 @@ class ChoiceNode(Node):
     """The one-template families of `singles` whose first len(chosen) classes are decided."""
 
     singles: SingleBatch
-    rates: ClassRates = field(compare=False, repr=False)
     chosen: tuple[int, ...] = ()
     """The TP degree of each of the cluster's first classes; 0 where the class is left out."""
 
     pruned_as = CHOICES_RULE
 
     def expand(self, tree: Tree) -> list[Node]:
-        rates, i = self.rates, len(self.chosen)
+        rates, i = class_rates(tree, self.singles), len(self.chosen)
         if i == len(rates.classes):
             return children(self, self._families(tree))
         ins = [t for t in self.chosen if t]
@@ -128,22 +127,20 @@ class ChoiceNode(Node):
             if tree.beaten(bound):  # pruned as it is made
                 tree.stats.pruned[CHOICES_RULE] += 1
                 continue
-            out.append(ChoiceNode(bound, self.singles, rates, chosen))
+            out.append(ChoiceNode(bound, self.singles, chosen))
         return children(self, out)
 
     def _families(self, tree: Tree) -> list[Node]:
         """Every family over the classes in: each order of them (the canonical ones), keyed by its
         `FamilyBounds.bound` and the choices' bound with the sends of its own order's path (those
         the incumbent beats pruned as they are made)."""
-        picked = [
-            (k, dc, t)
-            for k, (dc, t) in enumerate(zip(self.rates.classes, self.chosen, strict=True))
-            if t
-        ]
+        rates = class_rates(tree, self.singles)
+        decided = enumerate(zip(rates.classes, self.chosen, strict=True))
+        picked = [(k, dc, t) for k, (dc, t) in decided if t]
         out: list[Node] = []
         for run in itertools.permutations(picked):
             order = tuple(dc for _, dc, _ in run)
-            if not canonical(order, self.rates.blocks):
+            if not canonical(order, rates.blocks):
                 tree.stats.pruned[SYMMETRY_RULE] += 1
                 continue
             tree.stats.families += 1
@@ -152,7 +149,7 @@ class ChoiceNode(Node):
             if len(run) > 1 and not tree.beaten(bound):  # its own sends, not the least tree's
                 path = tuple(k for k, _, _ in run)
                 most = tree.options.max_classes
-                bound = max(bound, self.rates.bound(self.singles, self.chosen, most, path))
+                bound = max(bound, rates.bound(self.singles, self.chosen, most, path))
             if tree.beaten(bound):  # pruned as it is made
                 tree.stats.pruned[FamilyNode.pruned_as] += 1
                 continue
@@ -160,8 +157,16 @@ class ChoiceNode(Node):
         return out
 
 
+def class_rates(tree: Tree, singles: SingleBatch) -> ClassRates:
+    """`singles`' ClassRates, built once per tree (a worker's tree builds its own: a choice node
+    travels without them)."""
+    memo = tree.memo.setdefault(ClassRates, {})
+    if singles not in memo:
+        memo[singles] = ClassRates(tree, singles)
+    return memo[singles]
+
+
 def choice_root(tree: Tree, singles: SingleBatch) -> ChoiceNode | None:
     """The root of `singles`' families (no class decided), None where it holds none."""
-    rates = ClassRates(tree, singles)
-    bound = rates.bound(singles, (), tree.options.max_classes)
-    return None if math.isinf(bound) else ChoiceNode(bound, singles, rates)
+    bound = class_rates(tree, singles).bound(singles, (), tree.options.max_classes)
+    return None if math.isinf(bound) else ChoiceNode(bound, singles)
