@@ -241,9 +241,10 @@ class SearchRun:
     def select(self, size: int, subtrees: int = 0) -> list[Node]:
         """Up to `size` leaves of smallest bound, expanding the nodes on the way; [] when the search
         ends: every open node is proven no better (counted as pruned), or the time is up (its bound
-        kept open). `subtrees` > 0: up to that many of the inner nodes on the way are handed out
-        too, for workers to expand (hetopt.search.subtrees; what they make comes back through
-        `absorb_subtree`), but for the dives'; the batch ends when either count is reached."""
+        kept open). `subtrees` > 0: the inner nodes best-first pops are handed out too, up to that
+        many, for workers to expand (hetopt.search.subtrees; what they make comes back through
+        `absorb_subtree`), and this process dives once; the batch ends when either count is
+        reached."""
         assert self.tree is not None
         if not self.heap:
             return []
@@ -255,7 +256,7 @@ class SearchRun:
             return []
         batch: list[Node] = []
         inner = 0  # of the batch's nodes, those not leaves
-        first_leaf = math.inf  # `made` when the batch took its first leaf (or subtree)
+        first_leaf = math.inf  # `made` when the batch took its first leaf
         began = self.made
         while (
             self.heap
@@ -298,7 +299,6 @@ class SearchRun:
             elif subtrees:
                 batch.append(node)
                 inner += 1
-                first_leaf = min(first_leaf, self.made)
             else:
                 kids = node.expand(self.tree)
                 self.made += 1 + len(kids)

@@ -2,14 +2,14 @@
 expanding and bounding use every core, not only the skeletons' solves (docs/planner.md, "Workers
 expand subtrees").
 
-A worker given an inner node expands it best-first within its subtree, each node against the
-incumbent the job carries, until it has made SUBTREE_NODES nodes or every node under it is a leaf,
-pruned, or past the deadline; it sends back the open nodes it did not expand (the leaves keyed by
-their own bounds) and what it counted. Each worker builds its own `Tree` of the search's instance
-and space once, with bounds memoised in that worker. A node a worker did not expand keeps a key that
-holds for every skeleton under it, as in the search's own heap, so the search's bound and proof are
-those of expanding in one process; the order the nodes are made in, and so the answer, depends only
-on the jobs, not on which worker ran them or when.
+A worker given a chunk of inner nodes expands them best-first, each node against the incumbent the
+job carries, while the least open key is at most the job's cutoff (the search's next key when the
+batch was sent), until it has made SUBTREE_NODES nodes or the deadline passes; it sends back the
+open nodes it did not expand (the leaves it reached keyed by their own bounds) and what it counted.
+Each worker builds its own `Tree` of the search's instance and space once, with bounds memoised in
+that worker. A node a worker did not expand keeps a key that holds for every skeleton under it, as
+in the search's own heap, so the search's bound and proof are those of expanding in one process;
+before the deadline, what a job makes depends only on the job, not on which worker ran it or when.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from hetopt.search.tree.base import Expanded, Node, Tree
 from hetopt.search.types import SearchStats
 
 SUBTREE_NODES = 1_000
-"""The most nodes one job makes: a few tenths of a second of expanding on the stress suite, about
-what a leaf's solve takes, so that a batch of leaves and subtrees ends together."""
+"""The most nodes one job makes, so that one job's expanding (about 0.2–0.6 s at the 1,700–5,000
+nodes a second of the stress suite) does not hold up its batch's leaves; the cutoff ends most jobs
+first (195 nodes a job on dual-01 at 60 s, 2026-12-07)."""
 SUBTREE_ROOTS = 16
 """Inner nodes per worker in a batch, sent as one job: expanding one node best-first below the
 search's next key makes a handful of nodes (5 on dual-01), less work than the job's round trip."""
@@ -51,13 +52,16 @@ def expand_subtree(
     deadline: float = math.inf,
     cutoff: float = math.inf,
 ) -> Expanded:
-    """Expand `root` best-first within its subtree, against `incumbent`.
+    """Expand `roots` best-first within their subtrees, against `incumbent`.
 
     Parameters: tree — a tree of the search's instance and space (its `stats` are replaced by the
-    job's); root — an inner node; incumbent — the search's best time when the job was sent; budget —
-    the most nodes to make; deadline — a time.time() after which nothing more is expanded.
-    Returns: the open nodes not expanded (leaves refined: their own bounds), the nodes made, and the
-    job's counts. A node the incumbent beats is counted as pruned under its rule, not returned."""
+    job's); roots — nodes of the search's heap (inner nodes, as the search sends them; a leaf is
+    refined); incumbent — the search's best time when the job was sent; budget — the most nodes to
+    make; deadline — a time.time() after which nothing more is expanded; cutoff — nothing keyed
+    above it is expanded.
+    Returns: the open nodes not expanded (the leaves popped refined: their own bounds), the nodes
+    made, and the job's counts. A node the incumbent beats is counted as pruned under its rule, not
+    returned."""
     stats = SearchStats()
     tree.stats, tree.incumbent = stats, incumbent
     tie = itertools.count()
@@ -106,9 +110,9 @@ def worker_tree(ctx: LeafContext) -> Tree:
 
 
 def work(ctx: LeafContext, kind: str, *job):
-    """One job of a worker: a leaf's solve (`solve_leaf`'s arguments and outcome) or a subtree's
-    expansion ((node, limit, incumbent, budget) → `Expanded`; limit as `solve_leaf`'s: (deadline as
-    a time.time(), seconds left when sent), whichever ends first)."""
+    """One job of a worker: a leaf's solve (`solve_leaf`'s arguments and outcome) or a chunk of
+    subtrees' expansion ((roots, limit, incumbent, budget, cutoff) → `Expanded`; limit as
+    `solve_leaf`'s: (deadline as a time.time(), seconds left when sent), whichever ends first)."""
     if kind == LEAF:
         return solve_leaf(ctx, *job)
     roots, (deadline, left_s), incumbent, budget, cutoff = job
