@@ -303,6 +303,11 @@ def consistency(rankmap: dict) -> list[str]:
         return problems
     nodes = {n["name"]: n for n in rankmap["nodes"]}
     seen = set()
+    # each rank's groups sorted once: comparing them from every member's side is then linear
+    members = {
+        key: [sorted(r[key]) for r in ranks]
+        for key in ("tp_group", "cp_group", "dp_group", "grad_group")
+    }
     for r in ranks:
         node = nodes.get(r["node"])
         if (
@@ -318,9 +323,8 @@ def consistency(rankmap: dict) -> list[str]:
             problems.append(f"rank {r['rank']}: GPU {r['gpu']} of {r['node']} has another rank too")
         seen.add((r["node"], r["gpu"]))
         for key in ("tp_group", "cp_group", "dp_group", "grad_group"):
-            if r["rank"] not in r[key] or any(
-                sorted(ranks[o][key]) != sorted(r[key]) for o in r[key]
-            ):
+            own = members[key][r["rank"]]
+            if r["rank"] not in r[key] or any(members[key][o] != own for o in r[key]):
                 problems.append(
                     f"rank {r['rank']}: its {key} is not the same from each member's side"
                 )
