@@ -94,23 +94,44 @@ def test_every_formulation_and_backend_matches_exhaustive_enumeration(
     assert timed.fits and timed.iteration_time_s == pytest.approx(result.objective_s, rel=1e-9)
 
 
-ZERO_TRUTH: dict = {}
-"""Exhaustive optima of the ZeRO-widened spaces, by instance (computed once)."""
+ZERO_NAMES = ("s3-two-islands", "s9-interleaved")
+
+
+def _zero_options(inst):
+    import dataclasses
+
+    return dataclasses.replace(SearchOptions.from_instance(inst), zero=(1, 2, 3))
+
+
+def _zero_truth_of(name: str):
+    inst = load_instance(SMALL_DIR / f"{name}.yaml")
+    return exhaustive(inst, _zero_options(inst))
+
+
+@pytest.fixture(scope="session")
+def zero_truth(tmp_path_factory, worker_id):
+    """Exhaustive optima of the ZeRO-widened spaces, by instance: once per run (a module dict was
+    filled once per xdist worker, both workers enumerating s3 for 20 s each)."""
+    from hetopt.lifeline import worker_pool
+
+    def compute():
+        with worker_pool(2) as pool:
+            return dict(zip(ZERO_NAMES, pool.map(_zero_truth_of, ZERO_NAMES), strict=True))
+
+    return once_per_run("zero_truth", compute, tmp_path_factory, worker_id)
 
 
 @pytest.mark.parametrize("formulation,backend", BACKENDS)
-@pytest.mark.parametrize("name", ["s3-two-islands", "s9-interleaved"])
-def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(name, formulation, backend):
+@pytest.mark.parametrize("name", ZERO_NAMES)
+def test_with_zero_2_and_3_every_backend_matches_exhaustive_enumeration(
+    name, formulation, backend, zero_truth
+):
     """The space widened by search.zero [1, 2, 3] on instances whose replicas span nodes and islands
     (ZeRO-2/3 collectives over the network), and with the interleaved schedule (s9): every backend
     proves the exhaustive optimum."""
-    import dataclasses
-
-    inst = load_instance(Path(__file__).parent / "small" / f"{name}.yaml")
-    opts = dataclasses.replace(SearchOptions.from_instance(inst), zero=(1, 2, 3))
-    if name not in ZERO_TRUTH:  # one enumeration per instance, for the three backends
-        ZERO_TRUTH[name] = exhaustive(inst, opts)
-    truth = ZERO_TRUTH[name]
+    inst = load_instance(SMALL_DIR / f"{name}.yaml")
+    opts = _zero_options(inst)
+    truth = zero_truth[name]
     result = solve_ilp(
         SearchRequest(inst, formulation=formulation, backend=backend, time_limit_s=60, options=opts)
     )

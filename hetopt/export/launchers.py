@@ -324,9 +324,9 @@ def rank_env(rm: RankMap) -> list[dict]:
 
 
 def dumps(data) -> str:
-    """`data` as indented JSON, except that a list of records (dicts) is written one record per line:
-    a rank map of 4,096 GPUs reads rank by rank, and the encoder writes it in C (fully indented, in
-    Python's pure encoder: 5 s a file)."""
+    """`data` as indented JSON, except that a list of records (dicts) is written one record per
+    line: a rank map of 4,096 GPUs reads rank by rank, and the encoder writes it in C (fully
+    indented, in Python's pure encoder: 5 s a file)."""
     return _dumps(data, "") + "\n"
 
 
