@@ -344,3 +344,43 @@ def test_the_reach_of_templates_on_one_class_is_the_most_that_fits():
                     sum(int(t[r - low]) for t, r, low in zip(takes, counts, lowest, strict=True)),
                 )
         assert class_reach(takes, lowest, widths, gpus) == best
+
+
+def test_slot_caps_keep_every_replica_count_that_has_a_share(tmp_path):
+    """Each replica of template j takes at least p_j micro-batches (one per stage), so Σ_j R_j·p_j ≤
+    M: on three-generations cut to a global batch of 8 (M = 8 at micro-batch 1), each group's tops
+    are its replica counts alone on its class, cut to one replica of each other template beside
+    them, and a box's `slot_caps` from its least corner: every replica count of the uncut tops that
+    has a share lies within both, and the cuts bite (the test would hold with no cut at all)."""
+    text = (
+        Path(__file__).parents[1] / "instances" / "three-generations-gpt2-medium.yaml"
+    ).read_text()
+    path = tmp_path / "three-small-batch.yaml"
+    path.write_text(text.replace("global_batch: 2048", "global_batch: 8"))
+    inst = load_instance(path)
+    opts = dataclasses.replace(
+        SearchOptions.from_instance(inst), micro_batch=(1,), tp=(1,), max_stages=4
+    )
+    cut, checked = 0, 0
+    for g in triple_groups(inst, opts, SearchStats()):
+        alone = tuple(
+            min(gpus // g.width(j) for key, gpus in g.gpus if key == (side[0].gpu, side[0].island))
+            for j, side in enumerate(g.sides)
+        )
+        cut += g.tops != alone
+        uncut = dataclasses.replace(g, tops=alone)
+        for point in uncut.replica_counts():
+            if uncut.share_count(point) == 0:
+                continue
+            checked += 1
+            assert all(r <= t for r, t in zip(point, g.tops, strict=True)), (g.sides, point)
+            for lowest in itertools.product(*(range(1, r + 1) for r in point)):
+                caps = g.slot_caps(lowest)
+                assert caps is not None and all(r <= c for r, c in zip(point, caps, strict=True)), (
+                    g.sides,
+                    point,
+                    lowest,
+                )
+        # a least corner that takes more than M holds no replica count
+        assert g.slot_caps((g.total_micro_batches, 1, 1)) is None
+    assert cut > 0 and checked > 0

@@ -245,18 +245,22 @@ class _Loop:
                 self.progress(self.run.standing([*rest, *others]))
 
     def _polish(self) -> None:
-        """Climb from the incumbent where the tree found it and it was not climbed from: the
-        climb's best plan, where it is better, is the incumbent."""
+        """Climb from the incumbent where the tree found it and it was not climbed from, else from
+        the best runner-up (`SearchRun.runner_up`): the climb's best plan, where it beats the
+        incumbent, is the incumbent."""
         run = self.run
-        sk = run.best_sk
-        if self.polish_s <= 0 or sk is None or sk in self.polished or self.options is None:
+        if self.polish_s <= 0 or self.options is None:
             return
         left_s = min(self.polish_s, POLISH_SEARCH_SHARE * run.time_limit_s - self.polishing_s)
         if left_s <= 0 or run.left_s() <= 0:
             return
-        self.polished.add(sk)
+        sk = run.best_sk
+        if sk is not None and sk not in self.polished:
+            seed = Seed("search", run.incumbent, run.best, sk)
+        elif (seed := run.runner_up(self.polished)) is None:
+            return
+        self.polished.add(seed.skeleton)
         began = clock()
-        seed = Seed("search", run.incumbent, run.best, sk)
         found = polish(self.ctx, self.options, [seed], min(left_s, run.left_s()))
         self.polishing_s += clock() - began
         if found:

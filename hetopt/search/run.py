@@ -20,6 +20,12 @@ from hetopt.search.types import SearchOptions, SearchProgress, SearchStats, Seed
 from hetopt.spec.instance import Instance
 
 OPTIMALITY_TOLERANCE = 1e-9
+
+RUNNER_UP = 0.05
+"""Relative: a solved leaf within this much above the incumbent is a runner-up, a skeleton the
+search climbs from once the incumbent's climb is done (hetopt.search.orchestrate): a climb ends
+at the first skeleton none of whose neighbours beats it, and another start can end lower. The
+figures it was set from: docs/planner.md, "Runners-up"."""
 """Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling
 tolerance)."""
 
@@ -124,6 +130,8 @@ class SearchRun:
         self.leaves: list[tuple[float, int, Node]] = []
         self.gone: set[int] = set()
         self.stale = 0  # entries of `leaves` the heap took already
+        # solved leaves near the incumbent, least time first: (time, tie, skeleton, layers, modes)
+        self.runners_up: list[tuple[float, int, Skeleton, tuple, object]] = []
 
     def plant(self, tree: Tree) -> None:
         """The tree's roots in the heap, within the time limit: a space of millions of families
@@ -392,6 +400,21 @@ class SearchRun:
             self.best = sk.placed(sol.layers, self.inst.cluster, sol.recompute)
             if self.tree is not None:
                 self.tree.incumbent = t
+        elif sol.layers is not None and t <= self.incumbent * (1 + RUNNER_UP):
+            entry = (t, next(self.tie), node.skeleton, tuple(sol.layers), sol.recompute)
+            heapq.heappush(self.runners_up, entry)
+
+    def runner_up(self, climbed: set) -> Seed | None:
+        """The best solved leaf within RUNNER_UP of the incumbent that no climb started or ended
+        at, as a seed to climb from (taken off the list); None where there is none."""
+        while self.runners_up:
+            t, _, sk, layers, modes = heapq.heappop(self.runners_up)
+            if t > self.incumbent * (1 + RUNNER_UP):
+                self.runners_up.clear()  # the rest are slower still
+                return None
+            if sk not in climbed:
+                return Seed("search", t, sk.placed(list(layers), self.inst.cluster, modes), sk)
+        return None
 
     def next_key(self) -> float:
         """The least key in the heap (inf where it is empty): what best-first expands next."""

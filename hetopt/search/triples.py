@@ -52,7 +52,8 @@ class TripleGroup:
     sides: tuple[tuple, tuple, tuple]
     """Each template's segments (one segment: one class, its TP degree and stage count)."""
     tops: tuple[int, int, int]
-    """The most replicas of each template alone on its class."""
+    """The most replicas of each template: alone on its class, and with one replica of each other
+    template (`slot_caps`)."""
     recompute_options: tuple[str, ...]
     total_micro_batches: int
     gpus: tuple[tuple[tuple[str, str], int], ...]
@@ -65,6 +66,17 @@ class TripleGroup:
     def width(self, j: int) -> int:
         """GPUs of one replica of template j."""
         return sum(seg.stages * seg.width for seg in self.sides[j])
+
+    def slot_caps(self, lowest: tuple[int, int, int]) -> tuple[int, int, int] | None:
+        """The most replicas of each template while the others have at least `lowest`: every
+        replica takes at least one micro-batch per stage (m_j ≥ p_j, `shares`), so Σ_j R_j·p_j ≤ M
+        and R_j ≤ lowest_j + (M − Σ_k lowest_k·p_k) / p_j. None where `lowest` alone takes more
+        than M."""
+        depths = [self.depth(j) for j in range(3)]
+        slack = self.total_micro_batches - sum(r * p for r, p in zip(lowest, depths, strict=True))
+        if slack < 0:
+            return None
+        return tuple(r + slack // p for r, p in zip(lowest, depths, strict=True))
 
     def fits(self, replicas: tuple[int, int, int]) -> bool:
         """Whether the replicas fit on the GPUs of each class (templates on one class share
@@ -203,10 +215,16 @@ class TripleFamily:
             stats.pruned[DIVISIBILITY] += 1
             return None
         gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
+        # each template's most replicas alone on its class and beside one replica of each other
+        # (m_j ≥ p_j: `TripleGroup.slot_caps` at one each)
+        slack = self.total_micro_batches - sum(sum(t[0]) for t in picked)
         group = TripleGroup(
             self.micro_batch,
             tuple(t[1] for t in picked),
-            tuple(min(g // used for used, g in t[2].values()) for t in picked),
+            tuple(
+                min(min(g // used for used, g in t[2].values()), 1 + slack // sum(t[0]))
+                for t in picked
+            ),
             self.recompute_options,
             self.total_micro_batches,
             tuple(gpus.items()),

@@ -77,6 +77,11 @@ class TripleBounds:
                 [np.array(col, dtype=float).reshape(shape) for col in zip(*rows, strict=True)]
             )
         lams, sums, depths, tops, steps, widths = (list(c) for c in zip(*columns, strict=True))
+        # beside one replica of each other template (m_j ≥ p_j: TripleGroup.slot_caps)
+        slack = np.maximum(total - (depths[0] + depths[1] + depths[2]), 0.0)
+        tops = [
+            np.minimum(top, 1 + np.floor(slack / p)) for top, p in zip(tops, depths, strict=True)
+        ]
         fits = np.isfinite(lams[0]) & np.isfinite(lams[1]) & np.isfinite(lams[2])
         lams = [np.where(np.isfinite(lam), lam, 1.0) for lam in lams]
         sums = [np.where(np.isfinite(x), x, 1.0) for x in sums]

@@ -112,6 +112,13 @@ class TripleGroupNode(Node):
             if not g.fits(low):
                 tree.stats.pruned[TRIPLE_SHARED] += 1
                 continue
+            # the others' least replicas take micro-batches each replica of a template can no
+            # longer have (m_j ≥ p_j): the box shrinks to what is left
+            caps = g.slot_caps(low)
+            if caps is None:
+                tree.stats.pruned[DIVISIBILITY] += 1
+                continue
+            high = tuple(min(h, c) for h, c in zip(high, caps, strict=True))
             if not reaches(tree, g, low, high) or tree.beaten(
                 bound := tree.bounds.triples.bound(g, low, high)
             ):
