@@ -68,6 +68,11 @@ POLISH_SEARCH_SHARE = 0.1
 (`_Loop._polish`), while the workers solve the next batch."""
 
 
+RUNNERS_UP_SHARE = 0.5
+"""The part of the climbing time (POLISH_SEARCH_SHARE) that climbs from runners-up may take; the
+rest is kept for incumbents."""
+
+
 def solve_exact(
     request: SearchRequest, seeds: Sequence[Seed] = (), progress: Progress | None = None
 ) -> SearchResult:
@@ -257,6 +262,8 @@ class _Loop:
         sk = run.best_sk
         if sk is not None and sk not in self.polished:
             seed = Seed("search", run.incumbent, run.best, sk)
+        elif self.polishing_s >= RUNNERS_UP_SHARE * POLISH_SEARCH_SHARE * run.time_limit_s:
+            return  # the rest is kept for the incumbents the tree finds later
         elif (seed := run.runner_up(self.polished)) is None:
             return
         self.polished.add(seed.skeleton)
