@@ -185,3 +185,44 @@ def test_a_heuristic_keeps_its_runners_up_for_the_polish():
         assert outside_space(inst, plan, SearchOptions.from_instance(inst)) == []
         timed = evaluate(inst, plan)
         assert timed.fits and timed.iteration_time_s == pytest.approx(t, rel=1e-12)
+
+
+def test_runners_up_are_the_solved_leaves_within_five_percent_of_the_incumbent_least_first():
+    """s10's first 80 skeletons solved (20 have a plan that fits) and taken in by a search, least
+    time first: the best is the incumbent, the others within RUNNER_UP (5%) of it are runners-up,
+    handed out least first as seeds whose plans the evaluator prices at their times, skipping those
+    a climb already started or ended at; once a better incumbent comes, those more than 5% above it
+    are dropped."""
+    import itertools
+
+    from hetopt.search.roots import enumerate_skeletons
+    from hetopt.search.run import RUNNER_UP, SearchRun
+    from hetopt.search.tree.base import SkeletonNode
+    from hetopt.search.types import SearchStats
+
+    inst = load_instance(SMALL / "s10-four-types.yaml")
+    ctx, opts = _context(inst), SearchOptions.from_instance(inst)
+    solved = []
+    for sk in itertools.islice(enumerate_skeletons(inst, opts, SearchStats(), Profiles()), 80):
+        kind, sol, t = solve_leaf(ctx, sk, (float("inf"), 60.0))
+        if kind == "solved" and sol.layers is not None:
+            solved.append((t, sk, sol))
+    solved.sort(key=lambda s: s[0])
+    best = solved[0][0]
+    near = [(t, sk) for t, sk, _ in solved[1:] if t <= best * (1 + RUNNER_UP)]
+    assert RUNNER_UP == 0.05 and len(near) >= 3 and len(solved) > len(near) + 1  # some lie beyond
+    run = SearchRun(inst, opts, 60.0)
+    for t, sk, sol in solved:
+        run.absorb(SkeletonNode(0.0, sk), "solved", sol, t)
+    assert run.incumbent == best and run.best_sk == solved[0][1]
+    climbed = {near[1][1]}  # a climb ended there
+    first = run.runner_up(climbed)
+    assert first is not None and (first.objective_s, first.skeleton) == near[0]
+    assert evaluate(inst, first.plan).iteration_time_s == pytest.approx(near[0][0], rel=1e-9)
+    # a better incumbent: the runners-up more than 5% above it are dropped, the rest kept in order
+    run.adopt(Seed("polish", best * 0.98, first.plan, first.skeleton))
+    kept = [(t, sk) for t, sk in near[2:] if t <= best * 0.98 * (1 + RUNNER_UP)]
+    got = []
+    while (seed := run.runner_up(climbed)) is not None:
+        got.append((seed.objective_s, seed.skeleton))
+    assert got == kept and len(near) - 2 > len(kept)
