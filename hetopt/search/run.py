@@ -20,14 +20,14 @@ from hetopt.search.types import SearchOptions, SearchProgress, SearchStats, Seed
 from hetopt.spec.instance import Instance
 
 OPTIMALITY_TOLERANCE = 1e-9
+"""Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling
+tolerance)."""
 
 RUNNER_UP = 0.05
 """Relative: a solved leaf within this much above the incumbent is a runner-up, a skeleton the
 search climbs from once the incumbent's climb is done (hetopt.search.orchestrate): a climb ends
 at the first skeleton none of whose neighbours beats it, and another start can end lower. The
 figures it was set from: docs/planner.md, "Runners-up"."""
-"""Relative: a bound within this of the incumbent proves optimality (CP-SAT adds its own scaling
-tolerance)."""
 
 DIVE_AFTER = 200
 """A dive starts when best-first selection has made this many nodes since it last handed out a
