@@ -53,7 +53,7 @@ def instance_summary(inst: Instance) -> dict[str, Any]:
             "seq_len": inst.seq_len,
             "global_batch": inst.global_batch,
             "tokens_per_iteration": tokens_per_iteration,
-            "precision": inst.spec.training.precision,
+            "precision": inst.precision,
             "attention": inst.spec.training.attention,
             "framework": inst.spec.training.framework,
         },

@@ -89,8 +89,10 @@ def test_gpus_command_shows_every_gpu_and_source():
             assert gpu.sources[field].split(":")[0] in result.stdout.replace("\n", " ")
     data = json.loads(run_hetopt("gpus", "--json").stdout)
     assert [g["name"] for g in data["gpus"]] == REQUIRED_GPUS
+    # each format's dense peak: the 16-bit one is the table's
+    assert all(g["peaks"]["fp16"] == g["peak_tflops"] for g in data["gpus"])
     assert all(
-        set(g["sources"]) == set(NUMBERS) | {"family", "tdp_w", "usable_memory_gib"}
+        set(g["sources"]) == set(NUMBERS) | {"family", "tdp_w", "usable_memory_gib", "peaks"}
         for g in data["gpus"]
     )
 

@@ -117,7 +117,9 @@ def _megatron_objects(cfg: dict):
 
     values = dict(cfg["transformer"])
     for key in ("params_dtype", "pipeline_dtype"):
-        values[key] = {"bf16": torch.bfloat16, "fp16": torch.float16}[values[key]]
+        values[key] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+            values[key]
+        ]
     config = TransformerConfig(**values)
     assert config.num_layers == cfg["transformer"]["num_layers"]
     return config, DistributedDataParallelConfig(**cfg["ddp"])

@@ -71,8 +71,8 @@ Megatron-DeepSpeed rows whose notes name ZeRO-1, else 0. A plan the evaluator re
 expressed, with the evaluator's message as the reason. Attention: flash for llm-foundry, torchtitan,
 NeMo/Megatron-Bridge and Meta; standard for Megatron-LM 2021 and Megatron-DeepSpeed on V100 (no
 FlashAttention on Volta). Precision: bf16 or fp16 as the row says; any fp8 (Transformer Engine,
-torchao Float8, amp_fp8) is not expressible: hetopt prices 16-bit GEMMs. torch.compile and AsyncTP
-in 16 bits are expressible; hetopt does not model their fusion / overlap (said per row).
+torchao Float8, amp_fp8) is not expressed yet (not checked against the fp8 pricing). torch.compile
+and AsyncTP in 16 bits are expressible; hetopt does not model their fusion / overlap (said per row).
 
 Framework (`training.framework`, cost/stacks.py): fsdp for llm-foundry (Composer on PyTorch FSDP)
 and torchtitan; megatron for the Megatron family (Megatron-LM, Megatron-DeepSpeed, NeMo,
@@ -262,7 +262,7 @@ def _row_shape(row: dict, run: Run) -> _Shape:
     if not run.gpu:
         reasons.append(f"{GPU}: '{run.gpu_row}' ({(row.get('gpu_variant') or '').strip()})")
     if "fp8" in run.precision.lower():
-        reasons.append(f"{FP8}: '{run.precision}' (hetopt prices 16-bit GEMMs)")
+        reasons.append(f"{FP8}: '{run.precision}' (not yet checked against fp8 pricing)")
     cp = int_of(row, "cp") or 1
     if cp > 1:
         reasons.append(f"{CP}: cp={cp}")

@@ -30,13 +30,14 @@ import numpy as np
 
 from hetopt.cost import comm
 from hetopt.cost.flops import head_forward_flops, kv_width, layer_forward_flops
-from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes
+from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes, score_bytes
 from hetopt.cost.terms import ATTN, GEMM, KERN, MEM, PASS, zeros
+from hetopt.spec.formats import BF16, Format
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.presets import ModelArch
 
-ACT_BYTES = 2.0
-"""16-bit activations."""
+ACT_BYTES = BF16.act_bytes
+"""16-bit activations (the default format's; a LayerShape carries its own)."""
 CROSS_ENTROPY_PASSES_FWD = 3
 """fp32 logits written once, read for the max/sum and read for the loss."""
 CROSS_ENTROPY_PASSES_BWD = 2
@@ -46,9 +47,6 @@ CAUSAL_FRACTION = 0.5
 FLASH_BACKWARD_FLOPS = 2.5
 """Flash attention's backward recomputes the scores: 5 s×s matmuls against the forward's 2 (Dao
 2023, §3.1)."""
-ADAM_BYTES_PER_PARAM = 30.0
-"""Optimizer step: read the fp32 gradient (4), read and write fp32 master, m and v (24), write bf16
-weight (2)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,8 @@ class LayerShape:
     sp: bool
     attention: str
     cp: int = 1
+    fmt: Format = BF16
+    """The training format: activation widths, and through the GPU type, the peaks."""
 
     @property
     def tokens(self) -> int:
@@ -69,7 +69,7 @@ class LayerShape:
 
 def _gemm(flops: float, kernels: float, gpu: GPUType) -> np.ndarray:
     v = zeros()
-    v[GEMM] = flops / gpu.peak_flops
+    v[GEMM] = flops / gpu.gemm_flops
     v[KERN] = kernels
     return v
 
@@ -96,10 +96,14 @@ def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.nd
     its queries over CP)."""
     flops = attention_core_flops(x) / (x.tp * x.cp)
     kernels = attention_kernels(x) * (2 if backward else 1)
-    if x.attention == "standard":
-        return _gemm(flops * (2 if backward else 1), kernels, gpu)
     v = zeros()
-    v[ATTN] = CAUSAL_FRACTION * flops * (FLASH_BACKWARD_FLOPS if backward else 1.0) / gpu.peak_flops
+    if x.attention == "standard":  # batched GEMMs at the attention format's peak
+        v[GEMM] = flops * (2 if backward else 1) / gpu.attention_flops
+        v[KERN] = kernels
+        return v
+    v[ATTN] = (
+        CAUSAL_FRACTION * flops * (FLASH_BACKWARD_FLOPS if backward else 1.0) / gpu.attention_flops
+    )
     v[KERN] = kernels
     return v
 
@@ -110,7 +114,7 @@ def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
     local = LayerShape(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention)
     dense = layer_forward_flops(x.model, x.micro_batch, x.tokens) - attention_core_flops(local)
     stored = layer_activation_bytes(
-        x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none"
+        x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none", x.fmt
     )
     # QKV, output projection, MLP up(+gate), MLP down
     return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)
@@ -137,7 +141,7 @@ def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
     if recompute == "full":
         return layer_forward(x, gpu)
     if recompute == "selective" and x.attention == "standard":
-        core_bytes = 5.0 * x.model.heads * x.seq_len**2 * x.micro_batch / x.tp
+        core_bytes = score_bytes(x.fmt) * x.model.heads * x.seq_len**2 * x.micro_batch / x.tp
         return attention_core(x, gpu) + _mem(core_bytes, gpu)
     return zeros()  # flash attention recomputes its core in its own backward already
 
@@ -145,7 +149,7 @@ def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
 def tp_comm_per_pass(x: LayerShape, intra) -> np.ndarray:
     """Two all-reduces of the b·s·h activations per layer and pass (reduce-scatter + all-gather with
     sequence parallelism: the same bytes), over the intra-node interconnect `intra` (a Route)."""
-    nbytes = ACT_BYTES * x.micro_batch * x.tokens * x.model.hidden
+    nbytes = x.fmt.act_bytes * x.micro_batch * x.tokens * x.model.hidden
     return 2 * comm.collective("all_reduce", nbytes, x.tp, intra)
 
 
@@ -159,7 +163,7 @@ def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray
     receives cp − 1 of them)."""
     if x.cp <= 1:
         return zeros()
-    rank_bytes = ACT_BYTES * x.micro_batch * x.tokens * 2 * kv_width(x.model) / x.tp
+    rank_bytes = x.fmt.act_bytes * x.micro_batch * x.tokens * 2 * kv_width(x.model) / x.tp
     return (2 if backward else 1) * comm.collective("all_gather", x.cp * rank_bytes, x.cp, intra)
 
 
@@ -186,15 +190,19 @@ def head_tp_comm(x: LayerShape, intra) -> np.ndarray:
 
 def embedding_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """Embedding lookup writes b·s·h activations; vocabulary-parallel embedding all-reduces them."""
-    nbytes = ACT_BYTES * x.micro_batch * x.tokens * x.model.hidden
+    nbytes = x.fmt.act_bytes * x.micro_batch * x.tokens * x.model.hidden
     return _mem(nbytes, gpu)
 
 
 def embedding_tp_comm(x: LayerShape, intra) -> np.ndarray:
-    nbytes = ACT_BYTES * x.micro_batch * x.tokens * x.model.hidden
+    nbytes = x.fmt.act_bytes * x.micro_batch * x.tokens * x.model.hidden
     return comm.collective("all_reduce", nbytes, x.tp, intra)
 
 
-def optimizer_step(params_per_gpu: float, gpu: GPUType) -> np.ndarray:
-    """Adam step over the parameters this GPU updates (its ZeRO shard)."""
-    return _mem(ADAM_BYTES_PER_PARAM * params_per_gpu, gpu)
+def optimizer_step(
+    params_per_gpu: float, gpu: GPUType, fmt: Format = BF16, grad_bytes: float | None = None
+) -> np.ndarray:
+    """Adam step over the parameters this GPU updates (its ZeRO shard): the HBM bytes it moves
+    per parameter (Format.step_bytes_per_param; 30 in bf16 mixed precision: read the 16-bit
+    gradient, read and write the fp32 master and both moments, write the 16-bit weight)."""
+    return _mem(fmt.step_bytes_per_param(grad_bytes) * params_per_gpu, gpu)

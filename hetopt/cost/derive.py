@@ -44,7 +44,7 @@ def _inherited_sources(a100: CostParams) -> dict[str, str]:
 
 
 def _power_per_tflop(g: GPUType) -> float:
-    return g.tdp_w / g.peak_tflops if g.tdp_w else 0.0
+    return g.tdp_w / g.tensor16_tflops if g.tdp_w else 0.0
 
 
 def family_members(
@@ -110,7 +110,8 @@ def derive_from_family(gpu: GPUType, profiles: dict[str, CostParams]) -> CostPar
     w[GEMM], w[KERN] = 1 / eta, t_kernel
     w[ATTN], attention_source = attention_weight(gpu.family, w[GEMM])
     power = (
-        f"each scaled by min(1, w/w_m)^½ with w = {gpu.tdp_w:g} W / {gpu.peak_tflops:g} TFLOP/s "
+        f"each scaled by min(1, w/w_m)^½ with w = {gpu.tdp_w:g} W / {gpu.tensor16_tflops:g} "
+        "TFLOP/s "
         "(hetopt.calibrate.gemm.derived_eta)"
         if gpu.tdp_w
         else "not scaled by power (no tdp_w declared)"

@@ -44,21 +44,24 @@ from hetopt.cost.transfers import (
 )
 from hetopt.plan import Plan
 from hetopt.spec.cluster import intra_route
+from hetopt.spec.formats import BF16, DTYPE_BYTES, Format
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.instance import Instance
 from hetopt.spec.presets import ModelArch
 
-GRAD_COMM_BYTES = 2.0
-"""Gradients are reduced in 16 bits (Megatron-core's default grad_reduce_in_fp32=False; DeepSpeed
-fp16)."""
-FP32_BYTES = 4.0
+GRAD_COMM_BYTES = BF16.reduce_bytes
+"""Gradients are reduced in 16 bits in 16-bit mixed precision (Megatron-core's default
+grad_reduce_in_fp32=False; DeepSpeed fp16)."""
 
 
 def grad_comm_bytes(inst: Instance) -> float:
-    """Bytes per gradient in the data-parallel reduction: `training.grad_reduce_dtype` fp32
-    (Megatron's --grad-reduce-in-fp32, DeepSpeed's fp32 all-reduce) sends 4, the default 16 bits
-    GRAD_COMM_BYTES."""
-    return FP32_BYTES if inst.spec.training.grad_reduce_dtype == "fp32" else GRAD_COMM_BYTES
+    """Bytes per gradient, kept and reduced over data parallelism: `training.grad_reduce_dtype`
+    where given (fp32: Megatron's --grad-reduce-in-fp32 / --accumulate-allreduce-grads-in-fp32,
+    DeepSpeed's fp32 all-reduce, 4 bytes), else the training format's gradients (2 in 16-bit mixed
+    precision and fp8, 4 in fp32 and tf32). The gradient buffer itself is the format's
+    (Format.grad_bytes)."""
+    dtype = inst.spec.training.grad_reduce_dtype
+    return DTYPE_BYTES[dtype] if dtype else inst.format.reduce_bytes
 
 
 class Part(IntEnum):
@@ -131,13 +134,15 @@ def stage_work(
     last: bool,
     intra=None,
     cp: int = 1,
+    fmt: Format = BF16,
 ) -> np.ndarray:
-    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS); TP
+    """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS), in
+    training format `fmt` (its widths; `gpu` priced in it, GPUType.for_format); TP
     collectives over `intra` (the stage's intra-node Route, or a comm.Span when its TP group spans
     nodes; default the GPU's catalog interconnect); with context parallelism `cp` > 1 the work of
     one of its ranks and the CP exchange (over `intra`: CP stays inside a node) beside the TP
     collectives."""
-    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention, cp)
+    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention, cp, fmt)
     intra = intra or intra_route(gpu)
     fwd = layers * cc.layer_forward(x, gpu)
     bwd = layers * (cc.layer_backward(x, gpu) + cc.layer_recompute(x, gpu, recompute))
@@ -217,7 +222,7 @@ class _PlacedPlan:
             for i, st in enumerate(pipe.stages)
         }
         # activations (or their gradients) of one sequence
-        self.sequence_bytes = cc.ACT_BYTES * inst.seq_len * inst.model.hidden
+        self.sequence_bytes = inst.format.act_bytes * inst.seq_len * inst.model.hidden
         self.ring_load = dp_ring_load(self.cluster, plan, self.everyone)
         self.grad_bytes = grad_comm_bytes(inst)
         self.spans = tp_spans(self.cluster, plan)
@@ -292,6 +297,7 @@ class _PlacedPlan:
             i == p - 1,
             tp_path,
             st.cp,
+            inst.format,
         )
 
     def _add_sends(
@@ -350,7 +356,7 @@ class _PlacedPlan:
         # ZeRO-1: one shard per DP rank
         group = (plan.replicas - pipe.replicas + len(every)) * st.cp
         shard = group if plan.zero else 1
-        row[OPT] = cc.optimizer_step(params / st.tp / shard, gpu)
+        row[OPT] = cc.optimizer_step(params / st.tp / shard, gpu, self.inst.format)
         row[OPT, ITER] = 1
         if plan.zero >= 2:
             zero_stage(
@@ -365,6 +371,7 @@ class _PlacedPlan:
                 columns,
                 gpu,
                 self.ring_load,
+                self.inst.format.weight_bytes,
             )
 
 
@@ -470,21 +477,26 @@ def stage_memory(
     all of it)."""
     m, s = inst.model, inst.seq_len // st.cp  # s: this CP rank's tokens
     b = plan.micro_batch if sequences is None else sequences
-    attention = inst.spec.training.attention
-    per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute)
+    attention, fmt, grad = inst.spec.training.attention, inst.format, None
+    per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute, fmt)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
     # the layer being recomputed holds its full activations in backward
     if st.recompute == "full" and st.layers:
-        activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none")
+        activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none", fmt)
     if i == stages - 1:
         activations += head_activation_bytes(m, b, s, st.tp)
     working = 0.0
     if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
         working = zero_working_bytes(
-            largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages), st.tp, plan.zero
+            largest_unit_params(m, st.layers, i == 0, i == stages - 1, stages),
+            st.tp,
+            plan.zero,
+            fmt,
+            grad,
         )
-    return model_state_bytes(params, st.tp, replicas * st.cp, plan.zero) + working + activations
+    states = model_state_bytes(params, st.tp, replicas * st.cp, plan.zero, fmt, grad)
+    return states + st.layers * fmt.amax_bytes_per_layer + working + activations
 
 
 # -- TP across nodes, ZeRO-2/3
@@ -535,6 +547,7 @@ def zero_stage(
     columns: int,
     gpu: GPUType,
     load: Counter,
+    weight_bytes: float = WEIGHT_BYTES,
 ) -> None:
     """ZeRO-2/3 collectives of one stage over its data-parallel group (the template's replicas),
     written into its feature `row` (N_PARTS, N_TERMS) and its per-micro-batch `passes` (forward,
@@ -548,7 +561,7 @@ def zero_stage(
     Neither has an end-of-iteration all-reduce. With one micro-batch, ZeRO-2 moves what ZeRO-1's
     all-reduce does (reduce-scatter + all-gather)."""
     gather = _dp_collective(
-        "all_gather", cluster, replicas, nodes, params_per_gpu * WEIGHT_BYTES, columns, load
+        "all_gather", cluster, replicas, nodes, params_per_gpu * weight_bytes, columns, load
     )
     scatter = _dp_collective(
         "reduce_scatter", cluster, replicas, nodes, params_per_gpu * grad_bytes, columns, load

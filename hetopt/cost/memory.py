@@ -21,34 +21,57 @@ keeps only the layer input 2sbh (sharded by t under sequence parallelism).
 from __future__ import annotations
 
 from hetopt.cost.flops import embedding_params, head_params, layer_params
+from hetopt.spec.formats import BF16, Format
 from hetopt.spec.presets import ModelArch
 
 GIB = 2**30
-WEIGHT_BYTES = 2.0
-"""bf16/fp16 weights."""
-GRAD_BYTES = 4.0
-"""fp32 gradient accumulation buffers (Megatron's main_grad)."""
-OPTIMIZER_BYTES = 12.0
+WEIGHT_BYTES = BF16.weight_bytes
+"""bf16/fp16 weights (the default format's; spec/formats.py has every format's)."""
+GRAD_BYTES = BF16.grad_bytes
+"""16-bit gradient buffers (the default format's)."""
+OPTIMIZER_BYTES = BF16.optimizer_bytes
 """fp32 master weights + Adam first and second moments: 3 × 4 bytes (Rajbhandari et al. 2020, ZeRO
 §3)."""
 LOGIT_BYTES = 4.0
-"""Logits are upcast to fp32 for the softmax cross-entropy."""
+"""Logits are upcast to fp32 for the softmax cross-entropy, whatever the format."""
+MASK_BYTES = 1.0
+"""A dropout mask keeps one byte per element."""
+
+
+def score_bytes(fmt: Format = BF16) -> float:
+    """Bytes per element of standard attention's stored core: scores and softmax output at the
+    activation width and the dropout mask (5 in 16 bits, Korthikanti et al. 2022's 5as²b)."""
+    return 2 * fmt.act_bytes + MASK_BYTES
 
 
 def layer_activation_bytes(
-    m: ModelArch, micro_batch: int, seq_len: int, tp: int, sp: bool, attention: str, recompute: str
+    m: ModelArch,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sp: bool,
+    attention: str,
+    recompute: str,
+    fmt: Format = BF16,
 ) -> float:
-    """Activation bytes one layer keeps for one micro-batch until its backward."""
+    """Activation bytes one layer keeps for one micro-batch until its backward, each tensor at the
+    format's width: w the activation width, g the width of a GEMM input kept for the weight
+    gradient (Format.gemm_input_bytes). In 16 bits (w = g = 2) this is the module docstring's
+    count."""
     sbh = float(seq_len * micro_batch * m.hidden)
-    if recompute == "full":
-        return 2 * sbh / (tp if sp else 1)
-    replicated = 10.0
-    sharded = (
-        2 + 4 * m.kv_heads / m.heads + 2 + 2 * (3 if m.gated_mlp else 2) * m.ffn_hidden / m.hidden
-    )
+    w, g = fmt.act_bytes, fmt.gemm_input_bytes
+    if recompute == "full":  # the layer input only
+        return w * sbh / (tp if sp else 1)
+    # two norm inputs, the QKV and MLP inputs, two dropout masks
+    replicated = 2 * w + 2 * g + 2 * MASK_BYTES
+    # Q, K and V; the output projection's input; the MLP's intermediates (the last one the down
+    # projection's input)
+    mlp = (3 if m.gated_mlp else 2) * m.ffn_hidden / m.hidden
+    sharded = w + 2 * w * m.kv_heads / m.heads + g + w * (mlp - m.ffn_hidden / m.hidden)
+    sharded += g * m.ffn_hidden / m.hidden
     per_sbh = replicated / tp + sharded / tp if sp else replicated + sharded / tp
     if attention == "standard" and recompute == "none":
-        per_sbh += 5 * m.heads * seq_len / (m.hidden * tp)
+        per_sbh += score_bytes(fmt) * m.heads * seq_len / (m.hidden * tp)
     return per_sbh * sbh
 
 
@@ -85,15 +108,20 @@ def stage_params(m: ModelArch, layers: int, first: bool, last: bool, stages: int
     return float(params)
 
 
-def model_state_bytes(params: float, tp: int, dp: int, zero: int) -> float:
+def model_state_bytes(
+    params: float, tp: int, dp: int, zero: int, fmt: Format = BF16, grad_bytes: float | None = None
+) -> float:
     """Weights + gradients + optimizer states per GPU, ZeRO stage `zero` sharding over the dp group
     (Rajbhandari et al. 2020, ZeRO §5.1: P_os 2Ψ + 2Ψ + KΨ/N_d, P_os+g 2Ψ + (2 + K)Ψ/N_d, P_os+g+p
-    (2 + 2 + K)Ψ/N_d; hetopt keeps fp32 gradients, so GRAD_BYTES = 4 where the paper has 2): ZeRO-1
-    shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the 16-bit weights."""
+    (2 + 2 + K)Ψ/N_d, K = 12), per training format (spec/formats.py): the weights (with FP8's
+    casts), gradients in `grad_bytes` (default the format's) and the optimizer states (fp32 master
+    where there is one, and Adam's moments). ZeRO-1 shards the optimizer states, ZeRO-2 also the
+    gradients, ZeRO-3 also the weights."""
     per_gpu = params / tp
-    weights = per_gpu * WEIGHT_BYTES / (dp if zero >= 3 else 1)
-    grads = per_gpu * GRAD_BYTES / (dp if zero >= 2 else 1)
-    optimizer = per_gpu * OPTIMIZER_BYTES / (dp if zero >= 1 else 1)
+    grad = fmt.grad_bytes if grad_bytes is None else grad_bytes
+    weights = per_gpu * (fmt.weight_bytes + fmt.cast_bytes) / (dp if zero >= 3 else 1)
+    grads = per_gpu * grad / (dp if zero >= 2 else 1)
+    optimizer = per_gpu * fmt.optimizer_bytes / (dp if zero >= 1 else 1)
     return weights + grads + optimizer
 
 
@@ -109,16 +137,19 @@ def largest_unit_params(m: ModelArch, layers: int, first: bool, last: bool, stag
     return float(max(units, default=0))
 
 
-def zero_working_bytes(unit_params: float, tp: int, zero: int) -> float:
+def zero_working_bytes(
+    unit_params: float, tp: int, zero: int, fmt: Format = BF16, grad_bytes: float | None = None
+) -> float:
     """Unsharded buffers ZeRO-2/3 hold besides their shards, for the largest unit of the stage (per
     GPU of a TP group): ZeRO-2 one unit's full gradient before its reduce-scatter; ZeRO-3 also two
     units' gathered 16-bit weights — the one computing and the next, prefetched (FSDP's default
     forward/backward prefetch)."""
     per_gpu = unit_params / tp
+    grad = fmt.grad_bytes if grad_bytes is None else grad_bytes
     if zero >= 3:
-        return per_gpu * (2 * WEIGHT_BYTES + GRAD_BYTES)
+        return per_gpu * (2 * fmt.weight_bytes + grad)
     if zero == 2:
-        return per_gpu * GRAD_BYTES
+        return per_gpu * grad
     return 0.0
 
 

@@ -68,7 +68,7 @@ class Profiles:
 
         def distance(name: str) -> float:
             base = CATALOG.get(name)
-            return abs(math.log(gpu.peak_tflops / base.peak_tflops)) if base else math.inf
+            return abs(math.log(gpu.tensor16_tflops / base.peak_tflops)) if base else math.inf
 
         nearest = min(self.calibrated, key=distance)
         base = self.calibrated[nearest]

@@ -24,6 +24,7 @@ from hetopt.export.launchers import (
     megatron_args,
     megatron_config,
     pipeline_parts,
+    precision_env,
     rank_env,
     torchrun_lines,
 )
@@ -76,15 +77,18 @@ def export(
     files = {"rankmap.json": dumps(rm.to_json())}
     blocked: list[str] = []
     if fmt == "torchrun":
-        files["torchrun.sh"] = _script(torchrun_lines(rm, script))
-        files["rank_env.json"] = dumps(rank_env(rm))
+        env = precision_env(inst.precision)
+        files["torchrun.sh"] = _script(torchrun_lines(rm, script, env))
+        files["rank_env.json"] = dumps(rank_env(rm, env))
     elif fmt in ("megatron", "deepspeed"):
         blocked = blockers(plan, fmt, rm.order)
         if not blocked and fmt == "megatron":
             args = megatron_args(inst, plan, rm)
             files["megatron_args.txt"] = shlex.join(args) + "\n"
             files["megatron_core.json"] = dumps(megatron_config(inst, plan))
-            files["launch.sh"] = _script(torchrun_lines(rm, "pretrain_gpt.py " + shlex.join(args)))
+            launch = "pretrain_gpt.py " + shlex.join(args)
+            env = precision_env(inst.precision)
+            files["launch.sh"] = _script(torchrun_lines(rm, launch, env))
         elif not blocked:
             files["ds_config.json"] = dumps(deepspeed_config(inst, plan))
             files["hostfile"] = hostfile(rm)

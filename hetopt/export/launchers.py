@@ -153,10 +153,7 @@ def megatron_config(inst: Instance, plan: Plan) -> dict:
         "pipeline_model_parallel_size": len(pipe.stages),
         "context_parallel_size": st.cp,
         "sequence_parallel": st.sp and st.tp > 1,
-        "bf16": inst.spec.training.precision == "bf16",
-        "fp16": inst.spec.training.precision == "fp16",
-        "params_dtype": inst.spec.training.precision,
-        "pipeline_dtype": inst.spec.training.precision,
+        **megatron_precision(inst.precision),
     }
     if len(pipe.stages) > 1 or plan.virtual_stages > 1:
         transformer["pipeline_model_parallel_layout"] = layout_string(plan)
@@ -212,7 +209,7 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
         t["pipeline_model_parallel_size"],
         "--context-parallel-size",
         t["context_parallel_size"],
-        f"--{inst.spec.training.precision}",
+        *megatron_precision_args(inst.precision),
     ]
     if t["num_query_groups"] != t["num_attention_heads"]:
         args += ["--group-query-attention", "--num-query-groups", t["num_query_groups"]]
@@ -254,13 +251,12 @@ def deepspeed_config(inst: Instance, plan: Plan) -> dict:
     × gradient accumulation × data-parallel width, as DeepSpeed checks), ZeRO stage, precision, the
     pipeline section and activation checkpointing."""
     pipe = plan.pipelines[0]
-    precision = inst.spec.training.precision
     cfg = {
         "train_batch_size": inst.spec.training.global_batch,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": pipe.micro_batches,
         "zero_optimization": {"stage": plan.zero},
-        precision: {"enabled": True},
+        **deepspeed_precision(inst.precision),
         "pipeline": {
             "stages": len(pipe.stages),
             "partition": "uniform",
@@ -289,25 +285,77 @@ def hostfile(rm: RankMap) -> str:
     return "".join(f"{n['name']} slots={n['nproc']}\n" for n in rm.nodes)
 
 
-def torchrun_lines(rm: RankMap, script: str = "train.py") -> list[str]:
+def megatron_precision(fmt: str) -> dict:
+    """Megatron-Core TransformerConfig's precision fields for training format `fmt`: bf16/fp16
+    flags and the parameter dtype (fp32 and tf32: neither flag, fp32 parameters); fp8 trains in
+    bf16 with Transformer Engine's FP8 GEMMs in the hybrid format (E4M3 forward, E5M2 gradients)."""
+    dtype = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}[fmt]
+    out = {
+        "bf16": dtype == "bf16",
+        "fp16": dtype == "fp16",
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+    }
+    if fmt == "fp8":
+        out |= {"fp8": "hybrid", "transformer_impl": "transformer_engine"}
+    return out
+
+
+def megatron_precision_args(fmt: str) -> list[str]:
+    """Megatron-LM's precision arguments: --bf16, --fp16, neither (fp32, tf32), or --bf16 with
+    --fp8-format hybrid on Transformer Engine (fp8). TF32 comes from the environment
+    (`precision_env`)."""
+    cfg = megatron_precision(fmt)
+    args = ["--bf16"] if cfg["bf16"] else ["--fp16"] if cfg["fp16"] else []
+    if fmt == "fp8":
+        args += ["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"]
+    return args
+
+
+def deepspeed_precision(fmt: str) -> dict:
+    """DeepSpeed's precision section: fp16 or bf16 enabled (fp8: bf16, Transformer Engine's FP8
+    GEMMs being in the model code); none for fp32 and tf32."""
+    section = megatron_precision(fmt)
+    if section["bf16"]:
+        return {"bf16": {"enabled": True}}
+    if section["fp16"]:
+        return {"fp16": {"enabled": True}}
+    return {}
+
+
+def precision_env(fmt: str) -> dict[str, str]:
+    """Environment a rank needs for training format `fmt`: tf32 turns on TF32 in cuBLAS
+    (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, PyTorch's override of allow_tf32 = False); fp32 turns it
+    off in every library (NVIDIA_TF32_OVERRIDE=0), so that cuDNN's TF32 default does not apply."""
+    return {
+        "tf32": {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"},
+        "fp32": {"NVIDIA_TF32_OVERRIDE": "0"},
+    }.get(fmt, {})
+
+
+def torchrun_lines(
+    rm: RankMap, script: str = "train.py", env: dict[str, str] | None = None
+) -> list[str]:
     """One launch line per node, in node-rank order: its GPUs (CUDA_VISIBLE_DEVICES, in local-rank
     order), --nnodes/--node-rank/--nproc-per-node and the rendezvous at rank 0's node; the rank map
-    travels as HETOPT_RANKMAP."""
+    travels as HETOPT_RANKMAP, with `env` (`precision_env`) beside it."""
+    extra = "".join(f" {k}={shlex.quote(v)}" for k, v in (env or {}).items())
     out = []
     for n in rm.nodes:
-        env = f"CUDA_VISIBLE_DEVICES={','.join(map(str, n['gpus']))} HETOPT_RANKMAP=rankmap.json"
+        visible = ",".join(map(str, n["gpus"]))
+        env_text = f"CUDA_VISIBLE_DEVICES={visible} HETOPT_RANKMAP=rankmap.json{extra}"
         out.append(
-            f"# on {n['name']}\n{env} torchrun --nnodes={len(rm.nodes)} "
+            f"# on {n['name']}\n{env_text} torchrun --nnodes={len(rm.nodes)} "
             f"--node-rank={n['node_rank']} --nproc-per-node={n['nproc']} "
             f"--master-addr={shlex.quote(rm.master)} --master-port={MASTER_PORT} {script}"
         )
     return out
 
 
-def rank_env(rm: RankMap) -> list[dict]:
+def rank_env(rm: RankMap, env: dict[str, str] | None = None) -> list[dict]:
     """The environment each rank runs with under those lines (torchrun sets RANK, LOCAL_RANK,
-    WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the node's line sets CUDA_VISIBLE_DEVICES and
-    HETOPT_RANKMAP)."""
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the node's line sets CUDA_VISIBLE_DEVICES,
+    HETOPT_RANKMAP and `env`)."""
     visible = {n["name"]: ",".join(map(str, n["gpus"])) for n in rm.nodes}
     return [
         {
@@ -318,6 +366,7 @@ def rank_env(rm: RankMap) -> list[dict]:
             "MASTER_PORT": MASTER_PORT,
             "CUDA_VISIBLE_DEVICES": visible[r.node],
             "HETOPT_RANKMAP": "rankmap.json",
+            **(env or {}),
         }
         for r in rm.ranks
     ]

@@ -1,8 +1,8 @@
 """What switching plans costs (issue 15): the model state that must move between GPUs, and its time.
 
 A GPU of the new plan needs, for each transformer layer it holds (and the embedding or head), its
-shard of the 16-bit weights (1/tp of the layer's WEIGHT_BYTES per parameter; 1/(tp·dp) under ZeRO-3)
-and of the optimizer state (OPTIMIZER_BYTES per parameter: fp32 master weights and Adam's two
+shard of the weights (1/tp of the format's weight bytes per parameter; 1/(tp·dp) under ZeRO-3)
+and of the optimizer state (the format's optimizer bytes per parameter: fp32 master and Adam's two
 moments; 1/(tp·dp) with ZeRO-1 and up, 1/tp without). Gradients are not moved: a switch happens
 between iterations, when they are rebuilt. A GPU keeps what it already holds in the old plan at the
 same shard — the same layer, TP degree and rank, and for the optimizer state the same data-parallel
@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from hetopt.cost.flops import embedding_params, head_params, layer_params
-from hetopt.cost.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.transfers import slowest_transfer
 from hetopt.export.rankmap import RankMap, rank_map
@@ -68,13 +67,14 @@ def _pieces(inst: Instance, rm: RankMap, zero: int) -> dict[tuple[str, int], dic
         shard = dp if zero >= 1 else 1
         dp_rank = r.dp_rank if zero >= 1 else 0
         w_shard, w_rank = (shard, dp_rank) if zero >= 3 else (1, 0)
+        fmt = inst.format
         for part, params in parts:
             held = out[(r.node, r.gpu)]
             held[(part, "w", tp, r.tp_rank, w_shard, w_rank)] = (
-                params * WEIGHT_BYTES / (tp * w_shard)
+                params * fmt.weight_bytes / (tp * w_shard)
             )
             held[(part, "o", tp, r.tp_rank, shard, dp_rank)] = (
-                params * OPTIMIZER_BYTES / (tp * shard)
+                params * fmt.optimizer_bytes / (tp * shard)
             )
     return out
 

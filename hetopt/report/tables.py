@@ -89,7 +89,9 @@ def gpu_table(catalog: dict[str, GPUType]) -> Group:
     return Group(
         table,
         notes.text(
-            "TFLOP/s: dense 16-bit tensor peak. HBM and intra Gbit/s: datasheet GB/s × 8; "
+            "TFLOP/s: dense 16-bit tensor peak (`--json` gives every training format's: peaks, "
+            "fp32 on the CUDA cores, tf32, fp16, bf16, fp8; a format missing is one the GPU "
+            "lacks). HBM and intra Gbit/s: datasheet GB/s × 8; "
             "intra-node is per GPU and direction (NVLink/xGMI aggregate ÷ 2, or one direction of "
             "the PCIe x16 slot). `hetopt gpus --json` gives the source of each number.\n"
         ),

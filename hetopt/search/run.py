@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from hetopt.cost.flops import total_params
-from hetopt.cost.memory import GIB, GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+from hetopt.cost.memory import GIB
 from hetopt.cost.profiles import Profiles
 from hetopt.plan import Plan
 from hetopt.search.formulation import SolveStatus, SplitSolution, clock
@@ -561,14 +561,15 @@ def _errors_reason(errors: list[str], shown: int = 3) -> str:
 def diagnose(inst: Instance, stats: SearchStats) -> str:
     """Say which constraint binds when no plan exists."""
     params = total_params(inst.model)
-    need_gib = params * (WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES) / GIB
+    per_param = inst.format.state_bytes_per_param()
+    need_gib = params * per_param / GIB
     have_gib = inst.cluster.total_memory_gib
     if need_gib > have_gib:
         return (
             f"{inst.model.name} ({params / 1e9:.1f} B parameters) needs at least "
-            f"{need_gib / 1024:.2f} TiB for weights, gradients and optimizer states (18 bytes per "
-            f"parameter, held once across the cluster); the cluster has {have_gib / 1024:.2f} TiB "
-            "of GPU memory"
+            f"{need_gib / 1024:.2f} TiB for weights, gradients and optimizer states "
+            f"({per_param:g} bytes per parameter in {inst.precision}, held once across the "
+            f"cluster); the cluster has {have_gib / 1024:.2f} TiB of GPU memory"
         )
     rules = ", ".join(f"{rule} ({n})" for rule, n in stats.pruned.items()) or "none"
     return (

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetopt.cost import comm
-from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.memory import stage_params
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import NET
@@ -102,7 +101,9 @@ class PricedPlan:
         self.net_weight = float(w0[NET])
         self.nodes_of = stage_nodes(self.plan)
         self.ranks_at = rank_nodes(self.plan)
-        self.act_bytes = ACT_BYTES * self.plan.micro_batch * inst.seq_len * inst.model.hidden
+        self.act_bytes = (
+            inst.format.act_bytes * self.plan.micro_batch * inst.seq_len * inst.model.hidden
+        )
         self.transfers: dict[tuple[Device, Device], Transfer] = {}
         self.base_capacity = self._capacities()
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from hetopt.spec.formats import FORMAT, FORMAT_EFFICIENCY
+
 GBYTE_TO_GBIT = 8.0
 MIB = 1 / 1024
 """GiB per MiB."""
@@ -58,10 +60,55 @@ class GPUType:
     usable_memory_gib: float = 0.0
     """Device memory a program can allocate in (the driver's reported total), GiB; 0 →
     memory_gib."""
+    peaks: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    """Dense TFLOP/s per training format it has (spec/formats.py: fp32, tf32, fp16, bf16, fp8);
+    a format missing here is one the GPU lacks. Empty: fp16 and bf16 at peak_tflops."""
+    format: str = ""
+    """The training format this entry is priced in (`for_format`); empty: 16-bit."""
+    format_efficiency: float = 1.0
+    """A large GEMM's share of the format's peak relative to 16-bit (formats.FORMAT_EFFICIENCY)."""
+    attention_tflops: float = 0.0
+    """Peak the attention core runs at in this format; 0 → peak_tflops."""
 
     def __post_init__(self) -> None:
         if not self.usable_memory_gib:
             object.__setattr__(self, "usable_memory_gib", self.memory_gib)
+        if not self.peaks:
+            object.__setattr__(self, "peaks", {"fp16": self.peak_tflops, "bf16": self.peak_tflops})
+
+    def has(self, fmt: str) -> bool:
+        """Whether the GPU runs training format `fmt`."""
+        return fmt in self.peaks
+
+    def for_format(self, fmt: str) -> GPUType:
+        """This GPU priced in training format `fmt`: peak_tflops becomes the format's dense peak
+        (what MFU is against), with the format's GEMM efficiency and attention peak. The format
+        must be one it has (`has`)."""
+        spec = FORMAT[fmt]
+        return replace(
+            self,
+            peak_tflops=self.peaks[spec.gemm],
+            format=fmt,
+            format_efficiency=FORMAT_EFFICIENCY[fmt].ratio,
+            attention_tflops=self.peaks[spec.attention],
+        )
+
+    @property
+    def tensor16_tflops(self) -> float:
+        """Dense 16-bit tensor TFLOP/s whatever the format priced in: the figure the GPU profiles'
+        efficiencies and the family rules are stated against."""
+        return self.peaks.get("bf16") or self.peaks.get("fp16") or self.peak_tflops
+
+    @property
+    def gemm_flops(self) -> float:
+        """FLOP/s a GEMM is priced against: the format's peak × its efficiency relative to 16-bit
+        (the profile's fitted GEMM weight applies on top)."""
+        return self.peak_tflops * 1e12 * self.format_efficiency
+
+    @property
+    def attention_flops(self) -> float:
+        """FLOP/s the attention core is priced against (flash attention's ATTN term)."""
+        return (self.attention_tflops or self.peak_tflops) * 1e12
 
     @property
     def memory_bytes(self) -> float:
@@ -256,8 +303,79 @@ _USABLE = {
     ),
 }
 
+_SPARSE = "; dense, half the datasheet's with-sparsity figure"
+_GA102 = "NVIDIA Ampere GA102 GPU architecture whitepaper (RTX 3090), FP32 accumulate"
+_AD102 = "NVIDIA Ada GPU architecture whitepaper (RTX 4090), FP32 accumulate"
+# name: ({format: dense TFLOP/s}, source). fp32 is the CUDA-core (non-tensor) rate on NVIDIA and the
+# FP32 matrix-core rate on AMD (rocBLAS runs SGEMM on the MFMA units); a format missing is one the
+# GPU lacks: Volta and Turing have no BF16, TF32 or FP8; Ampere and CDNA 2 no FP8; CDNA 2 no TF32.
+_PEAKS = {
+    "V100-16GB": ({"fp32": 15.7, "fp16": 125}, "NVIDIA Tesla V100 datasheet (SXM2)"),
+    "V100-32GB": ({"fp32": 15.7, "fp16": 125}, "NVIDIA Tesla V100 datasheet (SXM2)"),
+    "A100-40GB": (
+        {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4)" + _SPARSE,
+    ),
+    "A100-80GB": (
+        {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4)" + _SPARSE,
+    ),
+    "H100-SXM": (
+        {"fp32": 67, "tf32": 494.7, "fp16": 989, "bf16": 989, "fp8": 1979},
+        "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)" + _SPARSE,
+    ),
+    "H100-PCIe": (
+        {"fp32": 51, "tf32": 378, "fp16": 756, "bf16": 756, "fp8": 1513},
+        "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe)" + _SPARSE,
+    ),
+    "H200": (
+        {"fp32": 67, "tf32": 494.7, "fp16": 989, "bf16": 989, "fp8": 1979},
+        "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)" + _SPARSE,
+    ),
+    "GH200": (
+        {"fp32": 67, "tf32": 494.7, "fp16": 989, "bf16": 989, "fp8": 1979},
+        "NVIDIA GH200 Grace Hopper Superchip datasheet (GPU: H100/H200 SXM figures)" + _SPARSE,
+    ),
+    "L4": (
+        {"fp32": 30.3, "tf32": 60, "fp16": 121, "bf16": 121, "fp8": 242.5},
+        "NVIDIA L4 Tensor Core GPU datasheet" + _SPARSE,
+    ),
+    "L40S": (
+        {"fp32": 91.6, "tf32": 183, "fp16": 362, "bf16": 362, "fp8": 733},
+        "NVIDIA L40S GPU datasheet" + _SPARSE,
+    ),
+    "A10G": (
+        {"fp32": 31.2, "tf32": 62.5, "fp16": 125, "bf16": 125},
+        "NVIDIA A10 Tensor Core GPU datasheet (AWS A10G variant)" + _SPARSE,
+    ),
+    "T4": ({"fp32": 8.1, "fp16": 65}, "NVIDIA T4 Tensor Core GPU datasheet"),
+    "RTX-3090": ({"fp32": 35.6, "tf32": 35.6, "fp16": 71, "bf16": 71}, _GA102),
+    "RTX-4090": ({"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3}, _AD102),
+    "MI250X": (
+        {"fp32": 95.7, "fp16": 383, "bf16": 383},
+        "AMD Instinct MI250X accelerator datasheet (FP32 matrix)",
+    ),
+    "MI300X": (
+        {"fp32": 163.4, "tf32": 653.7, "fp16": 1307.4, "bf16": 1307.4, "fp8": 2614.9},
+        "AMD Instinct MI300X accelerator datasheet (FP32 matrix; dense)",
+    ),
+}
+
+
+def _with_peaks(g: GPUType) -> GPUType:
+    """Add the dense peak of every format the type has, with its source."""
+    peaks, source = _PEAKS[g.name]
+    assert peaks.get("fp16") == g.peak_tflops, g.name  # one 16-bit figure per type
+    text = ", ".join(f"{fmt} {tflops:g}" for fmt, tflops in peaks.items())
+    return replace(
+        g,
+        peaks={k: float(v) for k, v in peaks.items()},
+        sources={**g.sources, "peaks": f"{source}: dense TFLOP/s {text}"},
+    )
+
+
 CATALOG: dict[str, GPUType] = {
-    g.name: _with_power_and_memory(g)
+    g.name: _with_peaks(_with_power_and_memory(g))
     for g in [
         # NVLink 2 on V100 SXM2: 300 GB/s aggregate (both directions, 6 links) → 150 GB/s per
         # direction.
@@ -404,10 +522,13 @@ def custom_gpu(
     source: str,
     family: str | None = None,
     tdp_w: float | None = None,
+    peaks: dict[str, float | None] | None = None,
 ) -> GPUType:
     """A GPU type declared in an instance file (``cluster.gpus``); every field's source is that
     file. With a `family`, its usable memory is the declared memory × the family's mean
-    usable/datasheet ratio; without one, the declared memory is taken as usable."""
+    usable/datasheet ratio; without one, the declared memory is taken as usable. Formats: fp16 at
+    `peak_tflops`, bf16 too unless the family is Volta or Turing (which have none), and fp32, tf32
+    and fp8 where `peaks` declares them."""
     sources = {f: source for f in ("peak_tflops", "memory_gib", "hbm_gbps", "intra_node_gbps")}
     ratio = family_usable_ratio(family) if family else None
     if ratio is None:
@@ -425,12 +546,18 @@ def custom_gpu(
         sources["family"] = source
     if tdp_w:
         sources["tdp_w"] = source
+    formats = {"fp16": peak_tflops}
+    if family not in ("volta", "turing"):
+        formats["bf16"] = peak_tflops
+    formats.update({k: float(v) for k, v in (peaks or {}).items() if v})
+    sources["peaks"] = source
     return GPUType(
         name=name,
         peak_tflops=peak_tflops,
         memory_gib=memory_gib,
         hbm_gbps=hbm_gbps,
         intra_node_gbps=intra_node_gbps,
+        peaks=formats,
         interconnect="as declared",
         sources=sources,
         family=family or "",

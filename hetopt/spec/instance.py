@@ -14,6 +14,7 @@ from pathlib import Path
 from hetopt.errors import InputError, Problem, did_you_mean, format_path
 from hetopt.spec.checks import NO_VALUE, check_instance
 from hetopt.spec.cluster import Cluster
+from hetopt.spec.formats import FORMAT, FORMATS, Format
 from hetopt.spec.gpus import CATALOG, GPUType, custom_gpu
 from hetopt.spec.load import line_for, parse_instance_file, read_document
 from hetopt.spec.presets import PRESETS, ModelArch, apply_preset
@@ -49,6 +50,16 @@ class Instance:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def precision(self) -> str:
+        """The training format (spec/formats.py), its default resolved."""
+        return next(iter(self.gpu_types.values())).format or "bf16"
+
+    @property
+    def format(self) -> Format:
+        """What the training format stores and computes at."""
+        return FORMAT[self.precision]
 
     @property
     def global_batch(self) -> int:
@@ -214,8 +225,47 @@ def instance_from_spec(
             source=f"declared in {source} (cluster.gpus.{name})",
             family=g.family,
             tdp_w=g.tdp_w,
+            peaks={
+                "fp32": g.peak_tflops_fp32,
+                "tf32": g.peak_tflops_tf32,
+                "fp8": g.peak_tflops_fp8,
+            },
         )
+    fmt = training_format(spec, gpu_types, source, lines or {})
+    gpu_types = {name: g.for_format(fmt) for name, g in gpu_types.items()}
     return Instance(spec=spec, model=model, seq_len=seq_len, gpu_types=gpu_types, path=path)
+
+
+def training_format(spec: InstanceFile, gpu_types: dict[str, GPUType], source: str, lines: dict):
+    """`training.precision`, or its default: bf16, or fp16 where a GPU of the cluster has no BF16.
+    A format some GPU of the cluster lacks is bad input naming the GPU and the formats it has."""
+    fmt = spec.training.precision
+    if fmt is None:
+        return "bf16" if all(g.has("bf16") for g in gpu_types.values()) else "fp16"
+    lacking = sorted(name for name, g in gpu_types.items() if not g.has(fmt))
+    if not lacking:
+        return fmt
+    name = lacking[0]
+    has = ", ".join(f for f in FORMATS if gpu_types[name].has(f))
+    declared = name in spec.cluster.gpus
+    fix = (
+        f"declare cluster.gpus.{name}.peak_tflops_{fmt}"
+        if declared and fmt in ("fp32", "tf32", "fp8")
+        else f"choose one of {has}, or leave these GPUs out"
+    )
+    others = f" (so do {', '.join(lacking[1:])})" if len(lacking) > 1 else ""
+    raise InputError(
+        source,
+        [
+            Problem(
+                "training.precision",
+                f"{name} has no {fmt.upper()}{others}: it trains in {has}; {fix}",
+                fmt,
+                True,
+                line=line_for(("training", "precision"), lines),
+            )
+        ],
+    )
 
 
 def load_instance(where: str | Path) -> Instance:

@@ -75,8 +75,12 @@ class TrainingSection(Section):
         None, description="Sequence length in tokens; defaults to the preset's context length."
     )
     global_batch: PositiveInt = Field(description="Sequences per iteration, a positive integer.")
-    precision: Literal["bf16", "fp16"] = Field(
-        "bf16", description="16-bit mixed precision with fp32 master."
+    precision: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] | None = Field(
+        None,
+        description="Training number format: fp32 (CUDA cores), tf32 (fp32 tensors, TF32 tensor "
+        "cores), fp16 or bf16 (16-bit mixed precision with an fp32 master copy), fp8 (Transformer "
+        "Engine FP8 GEMMs, bf16 otherwise). Every GPU of the cluster must have it. Default: bf16, "
+        "or fp16 where a GPU has no BF16 (Volta, Turing).",
     )
     attention: Literal["flash", "standard"] = Field(
         "flash", description="flash does not store the s×s score matrices; standard does."
@@ -100,6 +104,15 @@ class CustomGPU(Section):
     """A GPU type beyond the built-in catalog; same fields and units as the catalog."""
 
     peak_tflops: PositiveFloat = Field(description="Dense 16-bit tensor TFLOP/s, > 0.")
+    peak_tflops_fp32: PositiveFloat | None = Field(
+        None, description="Dense FP32 TFLOP/s (CUDA cores); without it the GPU refuses fp32."
+    )
+    peak_tflops_tf32: PositiveFloat | None = Field(
+        None, description="Dense TF32 tensor TFLOP/s; without it the GPU refuses tf32."
+    )
+    peak_tflops_fp8: PositiveFloat | None = Field(
+        None, description="Dense FP8 tensor TFLOP/s; without it the GPU refuses fp8."
+    )
     memory_gib: PositiveFloat = Field(description="Device memory in GiB, > 0.")
     hbm_gbps: PositiveFloat = Field(description="Device-memory bandwidth in Gbit/s, > 0.")
     intra_node_gbps: PositiveFloat = Field(

@@ -13,9 +13,7 @@ from collections import Counter
 import numpy as np
 
 from hetopt.cost.comm import group_gbps, reduce_scatter, transfer
-from hetopt.cost.compute import ACT_BYTES
 from hetopt.cost.flops import layer_params, total_params
-from hetopt.cost.memory import WEIGHT_BYTES
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.terms import LAT, LINK, NET, STEP
 from hetopt.cost.transfers import shared_gbps, slowest_transfer
@@ -73,7 +71,7 @@ class SendBounds:
         key = (src, dst, tp, micro_batch, flows, apart, stacked)
         if key not in self._sends:
             inst = self.inst
-            nbytes = ACT_BYTES * micro_batch * inst.seq_len * inst.model.hidden
+            nbytes = inst.format.act_bytes * micro_batch * inst.seq_len * inst.model.hidden
             w = self.profiles.for_gpu(inst.gpu_types[src[0]], inst.spec.training.framework).w
             pairs = self.node_pairs(src, dst)
             if apart and any(a != b for a, b in pairs):
@@ -141,7 +139,8 @@ class SendBounds:
         collectives' cost at 2 layers less at 1 (latency and the embedding or head only add)."""
         if zero < 2 or replicas <= 1:
             return 0.0, 0.0
-        gather = WEIGHT_BYTES if zero >= 3 else 0.0  # ZeRO-3 all-gathers the weights in both passes
+        # ZeRO-3 all-gathers the weights in both passes
+        gather = self.inst.format.weight_bytes if zero >= 3 else 0.0
         return (
             self.collective_per_layer(seg, replicas, gather),
             self.collective_per_layer(seg, replicas, grad_comm_bytes(self.inst) + gather),

@@ -16,7 +16,7 @@ import numpy as np
 from hetopt.cost.comm import all_reduce
 from hetopt.cost.compute import optimizer_step
 from hetopt.cost.flops import layer_params
-from hetopt.cost.memory import WEIGHT_BYTES, stage_params
+from hetopt.cost.memory import stage_params
 from hetopt.cost.terms import ITER
 from hetopt.evaluate import (
     BWD,
@@ -140,6 +140,7 @@ class TemplateBounds:
                     last,
                     intra,
                     cp,
+                    inst.format,
                 )
                 host, dev = host_device(work, w)
                 ends.append(
@@ -173,9 +174,11 @@ class TemplateBounds:
                 gpu = inst.gpu_types[seg.gpu]
                 w = self.profiles.for_gpu(gpu, inst.spec.training.framework).w
                 per_layer = layer_params(inst.model) / seg.tp / shard
-                o = float((optimizer_step(2 * per_layer, gpu) - optimizer_step(per_layer, gpu)) @ w)
+                fmt = inst.format
+                step = optimizer_step(2 * per_layer, gpu, fmt)
+                o = float((step - optimizer_step(per_layer, gpu, fmt)) @ w)
                 if zero == 2:
-                    o += self.sends.collective_per_layer(seg, template.replicas, WEIGHT_BYTES)
+                    o += self.sends.collective_per_layer(seg, template.replicas, fmt.weight_bytes)
                 if o <= 0:
                     return 0.0
                 rates += seg.stages / o
@@ -492,6 +495,7 @@ class TemplateBounds:
                 depth == 1,
                 slow,
                 seg.cp,
+                inst.format,
             )
             host, dev = host_device(work, params.w)
             return float(host[BWD]), float(dev[BWD] + dev[BWD_TP])
