@@ -45,8 +45,9 @@ class Shard(Section):
 
 class Stage(Section):
     layers: NonNegativeInt = Field(
-        description="Transformer layers this stage holds; 0 only on the first stage (it then "
-        "holds the embedding alone) or the last (the output head)."
+        description="Transformer layers this stage holds; 0 on the first stage holds the "
+        "embedding alone, on the last the output head alone, on a middle stage nothing (it passes "
+        "the activations on, as DeepSpeed's parameter-based partition makes such stages)."
     )
     gpu: str = Field(description="GPU type of the stage's device class.")
     island: Name = Field(description="Island of the stage's device class.")

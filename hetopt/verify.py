@@ -215,15 +215,10 @@ def check_layers(inst: Instance, plan: Plan) -> list[Finding]:
                 )
             )
         for j, st in enumerate(pipe.stages):
-            if st.layers == 0 and 0 < j < len(pipe.stages) - 1:
-                found.append(
-                    (
-                        f"pipelines[{i}].stages[{j}].layers",
-                        "a middle stage needs at least one layer; only the first stage "
-                        "(embedding alone) or the last (output head alone) may hold 0 layers",
-                    )
-                )
-            elif st.layers == 0 and plan.virtual_stages > 1:
+            # a stage of 0 layers holds the embedding (first), the head (last) or nothing: a
+            # middle one only passes the activations on, as DeepSpeed's parameter-based partition
+            # makes them (parts such as 0/0/1/1/1/2/…)
+            if st.layers == 0 and plan.virtual_stages > 1:
                 found.append(
                     (
                         f"pipelines[{i}].stages[{j}].layers",

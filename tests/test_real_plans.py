@@ -16,8 +16,9 @@ from hetopt.cost import compute as cc
 from hetopt.cost.flops import embedding_params, head_params, layer_params
 from hetopt.cost.memory import GIB
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.terms import LINK, MB, NET, STEP
-from hetopt.evaluate import DP, FWD, FWD_TP, OPT, evaluate, plan_features, zero_exposed
+from hetopt.cost.terms import GEMM, LINK, MB, NET, STEP
+from hetopt.evaluate import BWD, DP, FWD, FWD_TP, OPT, evaluate, plan_features, zero_exposed
+from hetopt.export.launchers import layout_string, pipeline_parts
 from hetopt.layout import expand_layout, parse_layout
 from hetopt.placement import place
 from hetopt.plan import Pipeline, Plan, Stage, load_plan
@@ -227,12 +228,27 @@ def test_stages_of_only_the_embedding_and_only_the_head_worked_by_hand():
     _agree(inst, plan)
 
 
-def test_a_middle_stage_of_zero_layers_is_refused_with_its_key(tmp_path):
+def test_a_middle_stage_of_zero_layers_holds_nothing_and_passes_the_activations_on(tmp_path):
+    """DeepSpeed's parameter-based partition gives middle stages 0 layers (parts such as
+    0/0/1/1/1/2/…). Such a stage holds no parameter and no activation: its peak memory is its
+    GPU's runtime reserve alone, and it computes nothing. The plan evaluates, simulates and
+    exports."""
+    inst = load_instance(DEMO)
     plan = _embedding_head_plan(16, 0, 16)
+    assert check_plan(inst, plan) == []
+    ev = evaluate(inst, plan)
+    reserve = Profiles().for_gpu(inst.gpu_types["A100-80GB"]).reserve_gib
+    assert ev.fits and ev.peak_memory_gib[1] == pytest.approx(reserve, rel=1e-12)
+    f = plan_features(inst, place(plan, inst.cluster)).templates[0]
+    assert not f[1, FWD, GEMM] and not f[1, BWD, GEMM]
+    _agree(inst, plan)
     path = _write_plan(tmp_path, plan)
-    result = run_hetopt("evaluate", str(DEMO), "--plan", str(path), "--json")
-    assert result.returncode == 2 and "pipelines[0].stages[1].layers" in result.stderr
-    assert "middle stage" in result.stderr and "Traceback" not in result.stderr
+    for command in ("evaluate", "simulate"):
+        result = run_hetopt(command, str(DEMO), "--plan", str(path), "--json")
+        assert result.returncode == 0, result.stderr
+    # the layout Megatron gets has an empty stage between the bars; DeepSpeed's parts repeat
+    assert layout_string(plan) == "E" + "t" * 16 + "||" + "t" * 16 + "L"
+    assert pipeline_parts(plan) == [0, 17, 17, 34]
 
 
 # -- 4. TP over whole nodes
