@@ -40,12 +40,14 @@ from hetopt.calibrate.accuracy import (  # noqa: E402
     stats,
     zero_proxy,
 )
+from hetopt.calibrate.outcomes import outcome_report, read_outcomes  # noqa: E402
 from hetopt.calibrate.runs import LOSO_MIN_ROWS, LOSO_TARGET, Run  # noqa: E402
 from hetopt.cost.flops import model_flops_per_token  # noqa: E402
 from hetopt.cost.profiles import Profiles  # noqa: E402
 from hetopt.spec.gpus import CATALOG  # noqa: E402
 
 DEFAULT_DATA = REPO / "data" / "calibration" / "public" / "training_throughput_non_a100.csv"
+DEFAULT_OUTCOMES = REPO / "data" / "calibration" / "public" / "hagemann_llama13b_runs.csv"
 PARTS = ("compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 
@@ -260,7 +262,56 @@ def stack_lines() -> list[str]:
     return out
 
 
-def report(paths: list[Path], out: Path) -> dict:
+def memory_lines(runs: list[Run], outcomes_path: Path | None) -> list[str]:
+    """The memory verdict against real outcomes, per source: the sweep with its out-of-memory runs
+    (`hetopt calibrate --outcomes`) and the end-to-end rows, which all finished."""
+    lines = [
+        "## Memory against real outcomes",
+        "",
+        "Agreement: the evaluator's fits / does-not-fit verdict against the outcome. Missed OOM: "
+        "ended out of memory, predicted to fit. False OOM: finished, predicted not to fit.",
+        "",
+        "| source | runs | ended OOM | agreement | missed OOM | false OOM |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    headroom: list[dict] = []
+    if outcomes_path is not None:
+        rep = outcome_report(read_outcomes(outcomes_path))
+        for name, g in {"all": rep, **rep["groups"]}.items():
+            label = outcomes_path.name + ("" if name == "all" else f" ({name})")
+            lines.append(
+                f"| {label} | {g['runs']} | {g['oom']} | {g['agreement']:.1%} | "
+                f"{g['missed_oom']} | {g['false_oom']} |"
+            )
+        headroom = rep["headroom"]
+    for source, rs in _by([r for r in runs if r.expressed], "source").items():
+        fit = sum(bool(r.fits) for r in rs)
+        lines.append(
+            f"| {source} (all finished) | {len(rs)} | 0 | {fit / len(rs):.1%} | 0 | "
+            f"{len(rs) - fit} |"
+        )
+    lines += ["", "No source here measures peak memory, so there is no peak-memory error yet.", ""]
+    if headroom:
+        lines += [
+            f"`--memory-headroom` for a confidence, measured on {outcomes_path.name}: the least "
+            "headroom such that of the runs then said to fit, that share finished; and the "
+            "finished runs it refuses.",
+            "",
+            "| confidence | headroom GiB | said to fit | of them finished | finished refused |",
+            "| ---: | ---: | ---: | ---: | ---: |",
+            *[
+                f"| {h['confidence']:.0%} | {h['headroom_gib']:.1f} | {h['said_fit']} | "
+                f"{h['fit_share']:.1%} | {h['finished_refused']} |"
+                if h["headroom_gib"] is not None
+                else f"| {h['confidence']:.0%} | none reaches it | | | |"
+                for h in headroom
+            ],
+            "",
+        ]
+    return lines
+
+
+def report(paths: list[Path], out: Path, outcomes: Path | None = DEFAULT_OUTCOMES) -> dict:
     runs = load_runs(paths)
     expressed = [r for r in runs if r.expressed]
     missing = [r for r in runs if not r.expressed]
@@ -341,6 +392,7 @@ def report(paths: list[Path], out: Path) -> dict:
         "",
         *trend_table(expressed, "seq_len", lambda r: r.instance.seq_len),
         *trend_table(expressed, "nodes", lambda r: r.instance.spec.cluster.nodes[0].count),
+        *memory_lines(runs, outcomes),
         "## Expressed rows",
         "",
         *rows_table(expressed),
@@ -416,11 +468,17 @@ def main(argv: list[str] | None = None) -> None:
         default=REPO / "benchmarks",
         help="folder for accuracy.md / accuracy.png",
     )
+    ap.add_argument(
+        "--outcomes",
+        type=Path,
+        default=DEFAULT_OUTCOMES,
+        help="runs with their out-of-memory outcome (columns of hagemann_llama13b_runs.csv)",
+    )
     args = ap.parse_args(argv)
     for p in args.data:
         if not p.is_file():
             ap.error(f"{p}: no such file (the public calibration data lives in data/calibration/)")
-    result = report(args.data, args.out)
+    result = report(args.data, args.out, args.outcomes)
     for gpu, s in result["per_gpu"].items():
         print(
             f"{gpu:<10} rows {s['rows']:>3}  MAPE {s['mape']:.1%}  median pred/meas "

@@ -66,11 +66,23 @@ def calibrate(
             "stacks (--out: write them).",
         ),
     ] = None,
+    outcomes_csv: Annotated[
+        str | None,
+        typer.Option(
+            "--outcomes",
+            help="Check the memory model's fits / out-of-memory verdict against runs with their "
+            "outcome (columns of hagemann_llama13b_runs.csv): agreement, missed and false "
+            "out-of-memory runs, and the --memory-headroom each confidence needs.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure
     them."""
 
+    if outcomes_csv is not None:
+        _calibrate_outcomes(outcomes_csv, as_json)
+        return
     if runs_csv:
         _calibrate_runs(runs_csv, out_path, force, as_json)
         return
@@ -131,6 +143,46 @@ RUN_COLUMNS = {
     "source",
 }
 """Columns an end-to-end runs CSV must have (hetopt.calibrate.runs reads more where present)."""
+
+
+def _calibrate_outcomes(path: str, as_json: bool) -> None:
+    """`--outcomes`: the memory verdict of every run against its outcome."""
+    from hetopt.calibrate.outcomes import outcome_report, read_outcomes
+
+    with Progress(err, f"calibrating: pricing every run of {path}…"):
+        report = outcome_report(read_outcomes(path))
+    if as_json:
+        _print_json(report)
+        return
+
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:.1f}%"
+
+    out.print(
+        f"{report['expressed']} of {report['rows']} runs priced; fits / out-of-memory verdict "
+        f"agrees on {pct(report['agreement'])}: {report['missed_oom']} out-of-memory runs "
+        f"predicted to fit, {report['false_oom']} finished runs predicted not to "
+        f"({report['oom']} ended out of memory)"
+    )
+    out.print(
+        f"step time on the {report['timed']} finished runs: MAPE {pct(report['step_mape'])}, "
+        f"bias {pct(report['step_bias'])}"
+    )
+    for name, g in report["groups"].items():
+        out.print(
+            f"  {name}: {g['runs']} runs, agreement {pct(g['agreement'])}, missed "
+            f"{g['missed_oom']}, false {g['false_oom']}, step MAPE {pct(g['step_mape'])}"
+        )
+    out.print("--memory-headroom for a confidence that a plan said to fit does fit:")
+    for row in report["headroom"]:
+        if row["headroom_gib"] is None:
+            out.print(f"  {pct(row['confidence'])}: no headroom reaches it on these runs")
+        else:
+            out.print(
+                f"  {pct(row['confidence'])}: {row['headroom_gib']:.1f} GiB "
+                f"({row['said_fit']} runs said to fit, {pct(row['fit_share'])} of them did; "
+                f"{row['finished_refused']} finished runs refused)"
+            )
 
 
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:

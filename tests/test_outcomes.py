@@ -1,0 +1,82 @@
+"""Memory against real outcomes (hetopt/calibrate/outcomes.py, `hetopt calibrate --outcomes`): every
+run of the LLaMA-13B sweep priced by the evaluator's fits verdict, and the headroom a confidence
+needs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_hetopt
+
+from hetopt.calibrate.outcomes import headroom_table, outcome_report, read_outcomes
+from hetopt.evaluate import evaluate
+
+DATA = Path(__file__).parents[1] / "data" / "calibration" / "public" / "hagemann_llama13b_runs.csv"
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return read_outcomes(DATA)
+
+
+def test_every_run_of_the_sweep_is_priced_and_counted_once(outcomes):
+    with DATA.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(outcomes) == len(rows) == 422
+    assert all(o.expressed for o in outcomes)
+    assert sum(o.oom for o in outcomes) == sum(r["status"] == "OOM Error" for r in rows) == 257
+    rep = outcome_report(outcomes)
+    assert rep["missed_oom"] + rep["false_oom"] + round(rep["agreement"] * 422) == 422
+    assert sum(g["runs"] for g in rep["groups"].values()) == 422
+    # the verdict is the evaluator's: over its limit exactly where it does not fit
+    for o in outcomes[::37]:
+        ev = evaluate(o.instance, o.plan)
+        assert ev.fits == o.fits == (o.over_gib <= 0)
+        assert o.plan.pipelines[0].stages[0].tp == int(rows[o.line - 2]["tp"])
+
+
+def test_the_headroom_of_each_confidence_is_the_least_that_reaches_it(outcomes):
+    table = headroom_table(outcomes)
+    reached = [h for h in table if h["headroom_gib"] is not None]
+    assert reached and [h["headroom_gib"] for h in reached] == sorted(
+        h["headroom_gib"] for h in reached
+    )
+    for h in reached:
+        said = [o for o in outcomes if o.over_gib <= -h["headroom_gib"]]
+        assert len(said) == h["said_fit"]
+        assert sum(not o.oom for o in said) / len(said) >= h["confidence"]
+        # the next smaller headroom where a verdict changes says more runs fit, too few of which did
+        if h["headroom_gib"] > 0:
+            below = max(
+                [0.0] + [-o.over_gib for o in outcomes if 0 < -o.over_gib < h["headroom_gib"]]
+            )
+            less = [o for o in outcomes if o.over_gib <= -below]
+            assert len(less) > len(said)
+            assert sum(not o.oom for o in less) / len(less) < h["confidence"]
+
+
+def test_the_cli_reports_and_refuses_bad_files(tmp_path):
+    result = run_hetopt("calibrate", "--outcomes", str(DATA), "--json")
+    assert result.returncode == 0, result.stderr
+    rep = json.loads(result.stdout)
+    assert rep["rows"] == 422 and rep["expressed"] == 422
+    assert {"agreement", "missed_oom", "false_oom", "headroom", "groups"} <= set(rep)
+    text = run_hetopt("calibrate", "--outcomes", str(DATA))
+    assert text.returncode == 0 and "agrees on" in text.stdout
+    missing = run_hetopt("calibrate", "--outcomes", str(tmp_path / "none.csv"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    short = tmp_path / "short.csv"
+    short.write_text("tp,pp\n1,1\n")
+    bad = run_hetopt("calibrate", "--outcomes", str(short))
+    assert bad.returncode == 2 and "missing" in bad.stderr and "micro_batch" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_a_spreadsheets_byte_order_mark_is_read(tmp_path):
+    lines = DATA.read_text(encoding="utf-8").splitlines()[:4]
+    path = tmp_path / "bom.csv"
+    path.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
+    assert len(read_outcomes(path)) == 3
