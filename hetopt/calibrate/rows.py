@@ -13,9 +13,6 @@ GPT2_VOCAB = 50257
 PARTIAL = "partial row"
 
 
-FP8 = "fp8 precision"
-
-
 CP = "context parallelism cp>1"
 
 
@@ -36,6 +33,9 @@ EVALUATOR = "evaluator rejects the plan"
 
 H100_96GB_500W = {
     "peak_tflops": 989.0,
+    "peak_tflops_fp32": 67.0,
+    "peak_tflops_tf32": 494.7,
+    "peak_tflops_fp8": 1979.0,
     "memory_gib": 96.0,
     "hbm_gbps": 3350 * 8,
     "intra_node_gbps": 450 * 8,
@@ -43,8 +43,8 @@ H100_96GB_500W = {
     "tdp_w": 500.0,
 }
 """torchtitan's 2024 H100s (96 GB HBM2e at 500 W, its benchmark's own words): H100-SXM's datasheet
-peak, bandwidths and NVLink 4 (assumed: no datasheet for this variant), the stated memory and
-power."""
+peaks (every format), bandwidths and NVLink 4 (assumed: no datasheet for this variant), the stated
+memory and power."""
 
 
 MI250X_GCD = {

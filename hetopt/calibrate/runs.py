@@ -70,9 +70,10 @@ ZeRO-1 → 1; DDP → 0; empty → 1 for NeMo (its distributed optimizer is on b
 Megatron-DeepSpeed rows whose notes name ZeRO-1, else 0. A plan the evaluator rejects is not
 expressed, with the evaluator's message as the reason. Attention: flash for llm-foundry, torchtitan,
 NeMo/Megatron-Bridge and Meta; standard for Megatron-LM 2021 and Megatron-DeepSpeed on V100 (no
-FlashAttention on Volta). Precision: bf16 or fp16 as the row says; any fp8 (Transformer Engine,
-torchao Float8, amp_fp8) is not expressed yet (not checked against the fp8 pricing). torch.compile
-and AsyncTP in 16 bits are expressible; hetopt does not model their fusion / overlap (said per row).
+FlashAttention on Volta). Precision: fp8, fp16 or bf16 as the row says; every fp8 (Transformer
+Engine, torchao Float8, amp_fp8, current or delayed scaling, tensorwise or rowwise) is priced as
+`training.precision: fp8`. torch.compile and AsyncTP are expressible; hetopt does not model their
+fusion / overlap (said per row).
 
 Framework (`training.framework`, cost/stacks.py): fsdp for llm-foundry (Composer on PyTorch FSDP)
 and torchtitan; megatron for the Megatron family (Megatron-LM, Megatron-DeepSpeed, NeMo,
@@ -97,7 +98,6 @@ from pathlib import Path
 from hetopt.calibrate.rows import (
     CP,
     EVALUATOR,
-    FP8,
     GPU,
     INTRA_FABRIC,
     LAYOUT,
@@ -225,6 +225,14 @@ def run_from_row(row: dict, line: int, path: str = "runs.csv") -> Run:
         run.reasons.sort(key=_priority)
         return run
     kind = framework_kind(run.framework)
+    if kind == "torchtitan" and shape.pp and shape.pp > 1 and shape.mb != 1:
+        # torchtitan's batch is per data-parallel rank; with pipeline parallelism it runs it in
+        # micro-batches of pipeline_parallel_microbatch_size, 1 by default
+        run.notes.append(
+            f"torchtitan with PP: local batch {shape.mb} in micro-batches of 1 (its "
+            "pipeline_parallel_microbatch_size default)"
+        )
+        shape.mb = 1
     run.layout = _row_layout(row, run, kind, shape)
     if run.layout is None:
         return run
@@ -261,8 +269,6 @@ def _row_shape(row: dict, run: Run) -> _Shape:
     reasons = run.reasons
     if not run.gpu:
         reasons.append(f"{GPU}: '{run.gpu_row}' ({(row.get('gpu_variant') or '').strip()})")
-    if "fp8" in run.precision.lower():
-        reasons.append(f"{FP8}: '{run.precision}' (not yet checked against fp8 pricing)")
     cp = int_of(row, "cp") or 1
     if cp > 1:
         reasons.append(f"{CP}: cp={cp}")
@@ -361,7 +367,8 @@ def _row_instance(row: dict, run: Run, kind: str, shape: _Shape, custom: dict) -
         run.reasons.append(f"{PARTIAL}: inter-node fabric '{nic_note}' not understood")
         return None
     run.notes.append(nic_note)
-    precision = "fp16" if "fp16" in run.precision.lower() else "bf16"
+    text = run.precision.lower()
+    precision = "fp8" if "fp8" in text else "fp16" if "fp16" in text else "bf16"
     nic_kind, fabric_note = nic_fabric(row)
     fabric = {"nic_fabric": nic_kind} if nic_kind and shape.nodes > 1 else {}
     if fabric:
@@ -390,11 +397,11 @@ def _row_instance(row: dict, run: Run, kind: str, shape: _Shape, custom: dict) -
     }
 
 
-_ORDER = (FP8, CP, PARTIAL, NO_MEASURE, GPU, LAYOUT, SCHEDULE, EVALUATOR)
+_ORDER = (CP, PARTIAL, NO_MEASURE, GPU, LAYOUT, SCHEDULE, EVALUATOR)
 
 
 def _priority(reason: str) -> int:
-    """Reasons in a fixed order, so that a row is counted under its most fundamental one: fp8 and cp
+    """Reasons in a fixed order, so that a row is counted under its most fundamental one: cp
     first (no configuration detail would make them expressible), the evaluator's verdict last."""
     category = reason.split(":", 1)[0]
     return _ORDER.index(category) if category in _ORDER else len(_ORDER)

@@ -120,9 +120,29 @@ def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
     return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)
 
 
+def fp8_casts(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
+    """FP8's casts, memory-bound work of the format alone (0 in every other format): each GEMM
+    input is cast to FP8 in the forward pass (read at the activation width, written in 1 byte) and
+    each output gradient in the backward pass (cast and transposed for the weight gradient: 2
+    bytes written). Per token of one TP rank, inputs: the QKV and MLP inputs (h each, gathered),
+    the output projection's (h/t) and the down projection's (f/t); output gradients: QKV's
+    ((h + 2·kv)/t), the output projection's and the down projection's (h each) and the MLP's up
+    (and gate) outputs (f/t each)."""
+    if x.fmt.gemm != "fp8":
+        return zeros()
+    m, t, w = x.model, x.tp, x.fmt.act_bytes
+    tokens = x.micro_batch * x.tokens
+    if backward:
+        grads = (m.hidden + 2 * kv_width(m)) / t + 2 * m.hidden
+        grads += ((3 if m.gated_mlp else 2) - 1) * m.ffn_hidden / t
+        return _mem(tokens * grads * (w + 2), gpu)
+    inputs = 2 * m.hidden + (m.hidden + m.ffn_hidden) / t
+    return _mem(tokens * inputs * (w + 1), gpu)
+
+
 def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """One layer's forward compute on one GPU of a TP group (no communication)."""
-    v = _dense_and_memory(x, gpu) + attention_core(x, gpu)
+    v = _dense_and_memory(x, gpu) + attention_core(x, gpu) + fp8_casts(x, gpu)
     v[PASS] = 1
     return v
 
@@ -130,7 +150,11 @@ def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
 def layer_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """One layer's backward compute: 2× the forward's GEMMs and memory traffic (input and weight
     gradients), and the attention core's backward."""
-    v = 2 * _dense_and_memory(x, gpu) + attention_core(x, gpu, backward=True)
+    v = (
+        2 * _dense_and_memory(x, gpu)
+        + attention_core(x, gpu, backward=True)
+        + fp8_casts(x, gpu, backward=True)
+    )
     v[PASS] = 1
     return v
 
