@@ -9,6 +9,7 @@ from conftest import CALIBRATION, run_hetopt
 from hetopt.calibrate.accuracy import fit_report, load_runs, loso, predict_runs
 from hetopt.calibrate.rows import CP, PARTIAL, source_key
 from hetopt.calibrate.runs import run_from_row
+from hetopt.cost.pricing import evaluate
 from hetopt.cost.profiles import Profiles
 from hetopt.spec.gpus import CATALOG
 
@@ -96,7 +97,9 @@ def test_iteration_time_row_maps_to_its_layout_and_measured_time():
     assert run.measured_s == 82.0 and run.measured_from == "iteration_time_s"
     lay = run.layout
     assert (lay.tp, lay.pp, lay.dp, lay.mb, lay.vp) == (4, 8, 1, 4, 1)
-    assert (lay.recompute, lay.zero, lay.schedule, lay.sp) == ("full", 0, "gpipe", False)
+    # "GPipe-style PP" in the row: Megatron-LM's 1F1B, the one schedule whose memory holds the
+    # 39B model in 32 GB (the source: "very snug"); GPipe would hold 128 micro-batches
+    assert (lay.recompute, lay.zero, lay.schedule, lay.sp) == ("full", 0, "1f1b", False)
     inst = run.instance
     assert run.gpu == "V100-32GB" and inst.spec.training.attention == "standard"
     assert inst.spec.training.precision == "fp16"
@@ -256,3 +259,14 @@ def test_calibrate_runs_reports_every_gpu_type_with_its_leave_one_source_out_err
     assert report["loso_per_gpu"]["V100-32GB"]["mape"] == pytest.approx(v100["mape"])
     # H100 SXM rows are all llm-foundry (fsdp): predicted by the stack fitted on torchtitan alone
     assert report["acceptance"]["H100-SXM"]["loso_mape"] <= 0.15
+
+
+def test_the_39b_run_its_source_calls_very_snug_fits_snugly():
+    """BigScience's 39B on 32 V100-32GB (tp 4, pp 8, micro-batch 4, checkpointed) finished, and its
+    source notes the memory as very snug: under 1F1B its first stage holds 26.7 GiB of 31.8."""
+    runs = {r.line: r for r in load_runs([DATA])}
+    run = runs[143]
+    ev = evaluate(run.instance, run.plan)
+    assert (
+        run.fits and 0.8 * ev.memory_limit_gib[0] < max(ev.peak_memory_gib) < ev.memory_limit_gib[0]
+    )

@@ -59,8 +59,9 @@ global batch = global_batch_seqs, or micro_batch × dp when the row leaves it em
 gradient accumulation (torchtitan's "local batch" per data-parallel rank; said per row);
 micro-batches per replica = global batch / (mb · dp) — the printed grad_accum column is not used
 (one BigScience row notes it disagrees with GBS, and the measured time belongs to GBS). Schedule:
-"VP=k" → interleaved with vp = k (k > 1); Megatron-LM 2021 ("GPipe-style PP") → gpipe; otherwise
-1F1B. "Interleaved 1F1B" without k is not expressible. Recompute: True / yes / full → full;
+"VP=k" → interleaved with vp = k (k > 1); otherwise 1F1B, Megatron-LM 2021's "GPipe-style PP" too
+(its non-interleaved schedule is 1F1B, and only 1F1B holds those runs in their 32 GB).
+"Interleaved 1F1B" without k is not expressible. Recompute: True / yes / full → full;
 selective → selective (torchtitan's per-op SAC is priced as Megatron's selective recompute); False /
 empty → none. Sequence parallelism: on with TP > 1 in Megatron-Core (NeMo, Megatron-Bridge) and
 torchtitan (its TP plan shards norms over the sequence); off in Megatron-LM 2021 and
@@ -320,13 +321,12 @@ def _row_layout(row: dict, run: Run, kind: str, shape: _Shape) -> Layout | None:
     if "interleaved" in sched_text.lower() and not m:
         run.reasons.append(f"{SCHEDULE}: '{sched_text}' without the number of virtual stages")
         return None
-    if vp > 1:
-        schedule = "interleaved"
-    elif "gpipe" in run.framework.lower():
-        schedule = "gpipe"
-        run.notes.append("Megatron-LM 2021 'GPipe-style PP' → schedule gpipe")
-    else:
-        schedule = "1f1b"
+    schedule = "interleaved" if vp > 1 else "1f1b"
+    if "gpipe" in run.framework.lower():
+        # the row says "GPipe-style PP"; Megatron-LM's non-interleaved schedule has been 1F1B
+        # (PipeDream-Flush) since 2020, and only it holds these models in 32 GB: GPipe would hold
+        # 72-312 GiB of activations, 1F1B 21-29 GiB ("very snug" for the 39B, as the source says)
+        run.notes.append("Megatron-LM 2021 'GPipe-style PP' → schedule 1f1b (its memory fits)")
     zero, zero_note = zero_of(row, kind)
     run.notes.append(zero_note)
     attention = _attention(kind)
