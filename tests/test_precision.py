@@ -102,6 +102,16 @@ def test_the_cli_refuses_a_format_with_exit_2_naming_the_key(tmp_path):
         assert "training.precision" in result.stderr and "V100-32GB has no BF16" in result.stderr
 
 
+def test_a_declared_gpu_has_the_formats_it_declares_and_fp8_needs_bf16_beside_it():
+    from hetopt.spec.gpus import custom_gpu
+
+    turing = custom_gpu("t", 65, 16, 2560, 128, "test", family="turing", peaks={"fp8": 130})
+    assert turing.has("fp16") and not turing.has("bf16") and not turing.has("fp8")
+    hopper = custom_gpu("h", 989, 80, 26800, 3600, "test", family="hopper", peaks={"fp8": 1979})
+    assert hopper.has("fp8") and hopper.for_format("fp8").attention_flops == 989e12
+    assert not hopper.has("fp32") and not hopper.has("tf32")
+
+
 def test_the_default_format_is_bf16_or_fp16_where_a_gpu_has_no_bf16():
     assert _inst("A100-80GB", None).precision == "bf16"
     assert _inst("V100-32GB", None).precision == "fp16"

@@ -77,8 +77,10 @@ class GPUType:
             object.__setattr__(self, "peaks", {"fp16": self.peak_tflops, "bf16": self.peak_tflops})
 
     def has(self, fmt: str) -> bool:
-        """Whether the GPU runs training format `fmt`."""
-        return fmt in self.peaks
+        """Whether the GPU runs training format `fmt`: its GEMMs' format and its attention's (fp8
+        needs BF16 too)."""
+        spec = FORMAT.get(fmt)
+        return spec is not None and spec.gemm in self.peaks and spec.attention in self.peaks
 
     def for_format(self, fmt: str) -> GPUType:
         """This GPU priced in training format `fmt`: peak_tflops becomes the format's dense peak
