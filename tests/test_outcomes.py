@@ -80,3 +80,29 @@ def test_a_spreadsheets_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "bom.csv"
     path.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
     assert len(read_outcomes(path)) == 3
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        ("tp", "two", "must be a positive whole number"),
+        ("micro_batch", "0", "must be a positive whole number"),
+        ("step_time_s", "nan", "must be a positive number of seconds"),
+        ("status", "crashed", "must be ok, or name an out-of-memory end"),
+    ],
+)
+def test_a_bad_cell_exits_2_naming_the_row_and_the_column(tmp_path, column, value, says):
+    with DATA.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        rows = [next(reader) for _ in range(3)]
+        fields = reader.fieldnames
+    rows[1] = {**rows[1], column: value}
+    path = tmp_path / "bad.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    result = run_hetopt("calibrate", "--outcomes", str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"bad.csv:3: {column}" in result.stderr and says in result.stderr
+    assert "Traceback" not in result.stderr
