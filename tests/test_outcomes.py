@@ -75,6 +75,13 @@ def test_the_cli_reports_and_refuses_bad_files(tmp_path):
     assert "Traceback" not in bad.stderr
 
 
+def test_a_file_that_is_not_utf8_exits_2(tmp_path):
+    path = tmp_path / "latin.csv"
+    path.write_bytes(b"tp,pp\n\xff\xfe,1\n")
+    result = run_hetopt("calibrate", "--outcomes", str(path))
+    assert result.returncode == 2 and "not a UTF-8 CSV" in result.stderr
+
+
 def test_a_spreadsheets_byte_order_mark_is_read(tmp_path):
     lines = DATA.read_text(encoding="utf-8").splitlines()[:4]
     path = tmp_path / "bom.csv"

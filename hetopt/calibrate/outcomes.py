@@ -210,22 +210,30 @@ def read_outcomes(path: str | Path) -> list[Outcome]:
     path = Path(path)
     if not path.is_file():
         raise InputError(str(path), [Problem("", "outcomes file does not exist")])
-    with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        missing = OUTCOME_COLUMNS - set(reader.fieldnames or [])
-        if missing:
-            raise InputError(
-                str(path),
-                [
-                    Problem(
-                        "columns",
-                        f"missing {', '.join(sorted(missing))}: give a CSV with the columns of "
-                        "data/calibration/public/hagemann_llama13b_runs.csv",
-                    )
-                ],
-            )
-        rows = list(reader)
-    return [outcome_from_row(row, n, str(path)) for n, row in enumerate(rows, start=2)]
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            return _read(csv.DictReader(fh), path)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(
+            str(path), [Problem("", f"not a UTF-8 CSV file ({exc}); save it as CSV UTF-8")]
+        ) from None
+
+
+def _read(reader: csv.DictReader, path: Path) -> list[Outcome]:
+    """The rows of an open outcomes CSV, its columns checked first."""
+    missing = OUTCOME_COLUMNS - set(reader.fieldnames or [])
+    if missing:
+        raise InputError(
+            str(path),
+            [
+                Problem(
+                    "columns",
+                    f"missing {', '.join(sorted(missing))}: give a CSV with the columns of "
+                    "data/calibration/public/hagemann_llama13b_runs.csv",
+                )
+            ],
+        )
+    return [outcome_from_row(row, n, str(path)) for n, row in enumerate(reader, start=2)]
 
 
 def headroom_table(outcomes: list[Outcome], confidences=CONFIDENCES) -> list[dict]:

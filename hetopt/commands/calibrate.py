@@ -164,6 +164,10 @@ def _calibrate_outcomes(path: str, as_json: bool) -> None:
         f"predicted to fit, {report['false_oom']} finished runs predicted not to "
         f"({report['oom']} ended out of memory)"
     )
+    for row in report["not_expressed"][:5]:
+        out.print(f"  not priced: line {row['line']}: {row['reason']}")
+    if len(report["not_expressed"]) > 5:
+        out.print(f"  (and {len(report['not_expressed']) - 5} more not priced: --json lists them)")
     out.print(
         f"step time on the {report['timed']} finished runs: MAPE {pct(report['step_mape'])}, "
         f"bias {pct(report['step_bias'])}"

@@ -191,19 +191,27 @@ def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray
     return (2 if backward else 1) * comm.collective("all_gather", x.cp * rank_bytes, x.cp, intra)
 
 
+def _head_gemm(flops: float, kernels: float, gpu: GPUType) -> np.ndarray:
+    """The LM head's GEMM: at the GEMM peak, but in bf16 under fp8 (Megatron-core's output layer is
+    a plain ColumnParallelLinear; torchtitan's Float8 skips the output layer): the attention
+    core's format, as GPUType.attention_flops gives it."""
+    v = zeros()
+    v[GEMM] = flops / (gpu.attention_flops if gpu.format == "fp8" else gpu.gemm_flops)
+    v[KERN] = kernels
+    return v
+
+
 def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """LM head GEMM (vocabulary-parallel) and the fp32 softmax cross-entropy."""
     logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
-    return _gemm(head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 1, gpu) + _mem(
-        CROSS_ENTROPY_PASSES_FWD * logits, gpu
-    )
+    flops = head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp
+    return _head_gemm(flops, 1, gpu) + _mem(CROSS_ENTROPY_PASSES_FWD * logits, gpu)
 
 
 def head_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
-    return _gemm(2 * head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp, 2, gpu) + _mem(
-        CROSS_ENTROPY_PASSES_BWD * logits, gpu
-    )
+    flops = 2 * head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp
+    return _head_gemm(flops, 2, gpu) + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu)
 
 
 def head_tp_comm(x: LayerShape, intra) -> np.ndarray:
@@ -227,6 +235,6 @@ def optimizer_step(
     params_per_gpu: float, gpu: GPUType, fmt: Format = BF16, grad_bytes: float | None = None
 ) -> np.ndarray:
     """Adam step over the parameters this GPU updates (its ZeRO shard): the HBM bytes it moves
-    per parameter (Format.step_bytes_per_param; 30 in bf16 mixed precision: read the 16-bit
-    gradient, read and write the fp32 master and both moments, write the 16-bit weight)."""
+    per parameter (Format.step_bytes_per_param; 30 in bf16 mixed precision: read the fp32
+    main_grad, read and write the fp32 master and both moments, write the 16-bit weight)."""
     return _mem(fmt.step_bytes_per_param(grad_bytes) * params_per_gpu, gpu)

@@ -21,9 +21,10 @@ import numpy as np
 
 from hetopt.cost import comm
 from hetopt.cost import compute as cc
-from hetopt.cost.flops import total_params
+from hetopt.cost.flops import layer_params, total_params
 from hetopt.cost.memory import (
     WEIGHT_BYTES,
+    fp8_cast_bytes,
     head_activation_bytes,
     inflight_microbatches,
     largest_unit_params,
@@ -496,7 +497,8 @@ def stage_memory(
             grad,
         )
     states = model_state_bytes(params, st.tp, replicas * st.cp, plan.zero, fmt, grad)
-    return states + st.layers * fmt.amax_bytes_per_layer + working + activations
+    casts = fp8_cast_bytes(st.layers * layer_params(m) / st.tp, replicas * st.cp, plan.zero, fmt)
+    return states + casts + st.layers * fmt.amax_bytes_per_layer + working + activations
 
 
 # -- TP across nodes, ZeRO-2/3

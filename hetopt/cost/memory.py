@@ -28,7 +28,7 @@ GIB = 2**30
 WEIGHT_BYTES = BF16.weight_bytes
 """bf16/fp16 weights (the default format's; spec/formats.py has every format's)."""
 GRAD_BYTES = BF16.grad_bytes
-"""16-bit gradient buffers (the default format's)."""
+"""The default format's gradient buffer: fp32 main_grad, 4 bytes."""
 OPTIMIZER_BYTES = BF16.optimizer_bytes
 """fp32 master weights + Adam first and second moments: 3 × 4 bytes (Rajbhandari et al. 2020, ZeRO
 §3)."""
@@ -113,16 +113,22 @@ def model_state_bytes(
 ) -> float:
     """Weights + gradients + optimizer states per GPU, ZeRO stage `zero` sharding over the dp group
     (Rajbhandari et al. 2020, ZeRO §5.1: P_os 2Ψ + 2Ψ + KΨ/N_d, P_os+g 2Ψ + (2 + K)Ψ/N_d, P_os+g+p
-    (2 + 2 + K)Ψ/N_d, K = 12), per training format (spec/formats.py): the weights (with FP8's
-    casts), gradients in `grad_bytes` (default the format's) and the optimizer states (fp32 master
-    where there is one, and Adam's moments). ZeRO-1 shards the optimizer states, ZeRO-2 also the
-    gradients, ZeRO-3 also the weights."""
+    (2 + 2 + K)Ψ/N_d, K = 12), per training format (spec/formats.py): the weights, gradients in
+    `grad_bytes` (default the format's) and the optimizer states (fp32 master where there is one,
+    and Adam's moments); FP8's weight casts are the layers' alone (`fp8_cast_bytes`). ZeRO-1
+    shards the optimizer states, ZeRO-2 also the gradients, ZeRO-3 also the weights."""
     per_gpu = params / tp
     grad = fmt.grad_bytes if grad_bytes is None else grad_bytes
-    weights = per_gpu * (fmt.weight_bytes + fmt.cast_bytes) / (dp if zero >= 3 else 1)
+    weights = per_gpu * fmt.weight_bytes / (dp if zero >= 3 else 1)
     grads = per_gpu * grad / (dp if zero >= 2 else 1)
     optimizer = per_gpu * fmt.optimizer_bytes / (dp if zero >= 1 else 1)
     return weights + grads + optimizer
+
+
+def fp8_cast_bytes(layer_params_per_gpu: float, dp: int, zero: int, fmt: Format = BF16) -> float:
+    """FP8's weight casts kept beside the transformer layers' weights (Format.cast_bytes; 0 in
+    other formats), sharded as the weights are (ZeRO-3)."""
+    return layer_params_per_gpu * fmt.cast_bytes / (dp if zero >= 3 else 1)
 
 
 def largest_unit_params(m: ModelArch, layers: int, first: bool, last: bool, stages: int) -> float:

@@ -82,6 +82,15 @@ def export(
         files["rank_env.json"] = dumps(rank_env(rm, env))
     elif fmt in ("megatron", "deepspeed"):
         blocked = blockers(plan, fmt, rm.order)
+        if (
+            fmt == "megatron"
+            and inst.precision in ("fp32", "tf32")
+            and inst.spec.training.attention == "flash"
+        ):
+            blocked.append(
+                f"flash attention in {inst.precision} (Megatron's --use-flash-attn runs fp16 and "
+                "bf16 only): set training.attention: standard, or train in bf16"
+            )
         if not blocked and fmt == "megatron":
             args = megatron_args(inst, plan, rm)
             files["megatron_args.txt"] = shlex.join(args) + "\n"
@@ -104,6 +113,9 @@ def export(
                     f"{script} --deepspeed --deepspeed_config ds_config.json"
                 ]
             )
+            env = precision_env(inst.precision)
+            if env:  # DeepSpeed's runner passes the variables of .deepspeed_env to every node
+                files[".deepspeed_env"] = "".join(f"{k}={v}\n" for k, v in env.items())
     return Export(fmt, files, rm, blocked)
 
 

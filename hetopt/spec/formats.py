@@ -72,17 +72,19 @@ class Format:
         return self.master_bytes + self.moment_bytes
 
     def state_bytes_per_param(self, grad_bytes: float | None = None) -> float:
-        """Weights, casts, gradients and optimizer states per parameter, unsharded."""
+        """Weights, gradients and optimizer states per parameter, unsharded; FP8's weight casts
+        come on top for the transformer layers' parameters only (the embedding and the output
+        head stay in bf16)."""
         g = self.grad_bytes if grad_bytes is None else grad_bytes
-        return self.weight_bytes + self.cast_bytes + g + self.optimizer_bytes
+        return self.weight_bytes + g + self.optimizer_bytes
 
     def step_bytes_per_param(self, grad_bytes: float | None = None) -> float:
         """HBM bytes Adam's step moves per parameter: read the gradient, read and write the fp32
-        weights (master or own) and both moments, and write the 16-bit weights (and their FP8
-        casts) where there is a master copy."""
+        weights (master or own) and both moments, and write the 16-bit weights where there is a
+        master copy (FP8's weight casts are made in the next forward pass)."""
         g = self.grad_bytes if grad_bytes is None else grad_bytes
         fp32_weights = self.master_bytes or self.weight_bytes
-        write_back = (self.weight_bytes + self.cast_bytes) if self.master_bytes else 0.0
+        write_back = self.weight_bytes if self.master_bytes else 0.0
         return g + 2 * (fp32_weights + self.moment_bytes) + write_back
 
     @property

@@ -240,26 +240,46 @@ def training_format(spec: InstanceFile, gpu_types: dict[str, GPUType], source: s
     """`training.precision`, or its default: bf16, or fp16 where a GPU of the cluster has no BF16.
     A format some GPU of the cluster lacks is bad input naming the GPU and the formats it has."""
     fmt = spec.training.precision
+    reduce = spec.training.grad_reduce_dtype
+    if fmt in ("fp32", "tf32") and reduce in ("bf16", "fp16"):
+        raise InputError(
+            source,
+            [
+                Problem(
+                    "training.grad_reduce_dtype",
+                    f"a {fmt} run keeps fp32 gradients and reduces them in fp32; give fp32 or "
+                    "leave it out",
+                    reduce,
+                    True,
+                    line=line_for(("training", "grad_reduce_dtype"), lines),
+                )
+            ],
+        )
     if fmt is None:
         return "bf16" if all(g.has("bf16") for g in gpu_types.values()) else "fp16"
     lacking = sorted(name for name, g in gpu_types.items() if not g.has(fmt))
     if not lacking:
         return fmt
     name = lacking[0]
-    has = ", ".join(f for f in FORMATS if gpu_types[name].has(f))
+    gpu = gpu_types[name]
+    has = ", ".join(f for f in FORMATS if gpu.has(f))
     declared = name in spec.cluster.gpus
-    fix = (
-        f"declare cluster.gpus.{name}.peak_tflops_{fmt}"
-        if declared and fmt in ("fp32", "tf32", "fp8")
-        else f"choose one of {has}, or leave these GPUs out"
-    )
+    if fmt == "fp8" and "fp8" in gpu.peaks:  # its FP8 peak is there, BF16 (for the rest) is not
+        why, fix = "no BF16 for what fp8 keeps in bf16", f"choose one of {has}"
+    else:
+        why = f"no {fmt.upper()}"
+        fix = (
+            f"declare cluster.gpus.{name}.peak_tflops_{fmt}"
+            if declared and fmt in ("fp32", "tf32", "fp8")
+            else f"choose one of {has}, or leave these GPUs out"
+        )
     others = f" (so do {', '.join(lacking[1:])})" if len(lacking) > 1 else ""
     raise InputError(
         source,
         [
             Problem(
                 "training.precision",
-                f"{name} has no {fmt.upper()}{others}: it trains in {has}; {fix}",
+                f"{name} has {why}{others}: it trains in {has}; {fix}",
                 fmt,
                 True,
                 line=line_for(("training", "precision"), lines),

@@ -89,7 +89,8 @@ class TrainingSection(Section):
         None,
         description="Data type of the data-parallel gradient reduction (and the templates' "
         "exchange): fp32 as Megatron's --grad-reduce-in-fp32 or DeepSpeed's fp32 all-reduce (4 "
-        "bytes per gradient); default 16 bits (2 bytes), as training.precision.",
+        "bytes per gradient); default 16 bits (2 bytes) in mixed precision and fp8, 32 bits in "
+        "fp32 and tf32, whose gradients are fp32 (a 16-bit value there is refused).",
     )
     framework: Literal["megatron", "fsdp"] = Field(
         "megatron",
