@@ -67,9 +67,12 @@ class LayerShape:
         return self.seq_len // self.cp
 
 
-def _gemm(flops: float, kernels: float, gpu: GPUType) -> np.ndarray:
+def _gemm(flops: float, kernels: float, rate_flops: float) -> np.ndarray:
+    """GEMM work of `flops` in `kernels` kernels at `rate_flops` FLOP/s: GPUType.gemm_flops for the
+    layers' projections and MLP, GPUType.attention_flops for what stays out of FP8 (the attention
+    core's batched GEMMs and the output head)."""
     v = zeros()
-    v[GEMM] = flops / gpu.gemm_flops
+    v[GEMM] = flops / rate_flops
     v[KERN] = kernels
     return v
 
@@ -96,11 +99,9 @@ def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.nd
     its queries over CP)."""
     flops = attention_core_flops(x) / (x.tp * x.cp)
     kernels = attention_kernels(x) * (2 if backward else 1)
-    v = zeros()
     if x.attention == "standard":  # batched GEMMs at the attention format's peak
-        v[GEMM] = flops * (2 if backward else 1) / gpu.attention_flops
-        v[KERN] = kernels
-        return v
+        return _gemm(flops * (2 if backward else 1), kernels, gpu.attention_flops)
+    v = zeros()
     v[ATTN] = (
         CAUSAL_FRACTION * flops * (FLASH_BACKWARD_FLOPS if backward else 1.0) / gpu.attention_flops
     )
@@ -117,7 +118,7 @@ def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
         x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none", x.fmt
     )
     # QKV, output projection, MLP up(+gate), MLP down
-    return _gemm(dense / x.tp, 4, gpu) + _mem(stored, gpu)
+    return _gemm(dense / x.tp, 4, gpu.gemm_flops) + _mem(stored, gpu)
 
 
 def fp8_casts(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
@@ -191,27 +192,18 @@ def cp_comm_per_pass(x: LayerShape, intra, backward: bool = False) -> np.ndarray
     return (2 if backward else 1) * comm.collective("all_gather", x.cp * rank_bytes, x.cp, intra)
 
 
-def _head_gemm(flops: float, kernels: float, gpu: GPUType) -> np.ndarray:
-    """The LM head's GEMM: at the GEMM peak, but in bf16 under fp8 (Megatron-core's output layer is
-    a plain ColumnParallelLinear; torchtitan's Float8 skips the output layer): the attention
-    core's format, as GPUType.attention_flops gives it."""
-    v = zeros()
-    v[GEMM] = flops / (gpu.attention_flops if gpu.format == "fp8" else gpu.gemm_flops)
-    v[KERN] = kernels
-    return v
-
-
 def head_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """LM head GEMM (vocabulary-parallel) and the fp32 softmax cross-entropy."""
     logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
     flops = head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp
-    return _head_gemm(flops, 1, gpu) + _mem(CROSS_ENTROPY_PASSES_FWD * logits, gpu)
+    # out of FP8, as Megatron-core's output layer and torchtitan's Float8 leave it
+    return _gemm(flops, 1, gpu.attention_flops) + _mem(CROSS_ENTROPY_PASSES_FWD * logits, gpu)
 
 
 def head_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     logits = LOGIT_BYTES * x.micro_batch * x.tokens * x.model.vocab / x.tp
     flops = 2 * head_forward_flops(x.model, x.micro_batch, x.tokens) / x.tp
-    return _head_gemm(flops, 2, gpu) + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu)
+    return _gemm(flops, 2, gpu.attention_flops) + _mem(CROSS_ENTROPY_PASSES_BWD * logits, gpu)
 
 
 def head_tp_comm(x: LayerShape, intra) -> np.ndarray:

@@ -23,7 +23,6 @@ from hetopt.cost import comm
 from hetopt.cost import compute as cc
 from hetopt.cost.flops import layer_params, total_params
 from hetopt.cost.memory import (
-    WEIGHT_BYTES,
     fp8_cast_bytes,
     head_activation_bytes,
     inflight_microbatches,
@@ -549,7 +548,7 @@ def zero_stage(
     columns: int,
     gpu: GPUType,
     load: Counter,
-    weight_bytes: float = WEIGHT_BYTES,
+    weight_bytes: float,
 ) -> None:
     """ZeRO-2/3 collectives of one stage over its data-parallel group (the template's replicas),
     written into its feature `row` (N_PARTS, N_TERMS) and its per-micro-batch `passes` (forward,

@@ -81,16 +81,7 @@ def export(
         files["torchrun.sh"] = _script(torchrun_lines(rm, script, env))
         files["rank_env.json"] = dumps(rank_env(rm, env))
     elif fmt in ("megatron", "deepspeed"):
-        blocked = blockers(plan, fmt, rm.order)
-        if (
-            fmt == "megatron"
-            and inst.precision in ("fp32", "tf32")
-            and inst.spec.training.attention == "flash"
-        ):
-            blocked.append(
-                f"flash attention in {inst.precision} (Megatron's --use-flash-attn runs fp16 and "
-                "bf16 only): set training.attention: standard, or train in bf16"
-            )
+        blocked = blockers(plan, fmt, rm.order, inst)
         if not blocked and fmt == "megatron":
             args = megatron_args(inst, plan, rm)
             files["megatron_args.txt"] = shlex.join(args) + "\n"

@@ -27,20 +27,35 @@ MASTER_PORT = 29500
 """torchrun's --master-port in the launch lines (torchrun's default)."""
 
 
-def blockers(plan: Plan, launcher: str, order: str = "tp-cp-dp-pp") -> list[str]:
+def blockers(
+    plan: Plan, launcher: str, order: str = "tp-cp-dp-pp", inst: Instance | None = None
+) -> list[str]:
     """What keeps `launcher` (megatron or deepspeed) from running `plan` as it is; [] when it can.
 
     Parameters: plan — a plan; launcher — megatron or deepspeed; order — the rank map's order
-    (Megatron needs one of its own). Returns: one line per blocking feature."""
+    (Megatron needs one of its own); inst — its instance, whose training settings may block too.
+    Returns: one line per blocking feature."""
     stages = [st for pipe in plan.pipelines for st in pipe.stages]
     out = _template_blockers(plan, stages, launcher)
     if launcher == "megatron":
         out += _megatron_feature_blockers(plan, stages)
+        out += _megatron_training_blockers(inst) if inst is not None else []
         out += _megatron_order_blockers(stages, order, blocked=bool(out))
     else:
         out += _deepspeed_feature_blockers(plan, stages)
         out += _deepspeed_order_blockers(order, blocked=bool(out))
     return out
+
+
+def _megatron_training_blockers(inst: Instance) -> list[str]:
+    """Training settings Megatron cannot run: flash attention (--use-flash-attn) outside fp16 and
+    bf16."""
+    if inst.precision in ("fp32", "tf32") and inst.spec.training.attention == "flash":
+        return [
+            f"flash attention in {inst.precision} (Megatron's --use-flash-attn runs fp16 and bf16 "
+            "only): set training.attention: standard, or train in bf16"
+        ]
+    return []
 
 
 def _template_blockers(plan: Plan, stages: list[Stage], launcher: str) -> list[str]:

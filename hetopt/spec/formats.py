@@ -107,6 +107,21 @@ _MIXED = dict(
     weight_bytes=2.0, grad_bytes=4.0, reduce_bytes=2.0, master_bytes=4.0, moment_bytes=8.0
 )
 
+
+def _mixed16(name: str) -> Format:
+    """16-bit mixed precision in `name` (fp16 or bf16): everything at 2 bytes, GEMMs and attention
+    at that format's peak."""
+    return Format(
+        name,
+        **_MIXED,
+        cast_bytes=0.0,
+        act_bytes=2.0,
+        gemm_input_bytes=2.0,
+        gemm=name,
+        attention=name,
+    )
+
+
 FORMAT = {
     "fp32": Format(
         "fp32", **_FP32, act_bytes=4.0, gemm_input_bytes=4.0, gemm="fp32", attention="fp32"
@@ -114,24 +129,8 @@ FORMAT = {
     "tf32": Format(
         "tf32", **_FP32, act_bytes=4.0, gemm_input_bytes=4.0, gemm="tf32", attention="tf32"
     ),
-    "fp16": Format(
-        "fp16",
-        **_MIXED,
-        cast_bytes=0.0,
-        act_bytes=2.0,
-        gemm_input_bytes=2.0,
-        gemm="fp16",
-        attention="fp16",
-    ),
-    "bf16": Format(
-        "bf16",
-        **_MIXED,
-        cast_bytes=0.0,
-        act_bytes=2.0,
-        gemm_input_bytes=2.0,
-        gemm="bf16",
-        attention="bf16",
-    ),
+    "fp16": _mixed16("fp16"),
+    "bf16": _mixed16("bf16"),
     "fp8": Format(
         "fp8",
         **_MIXED,

@@ -109,7 +109,9 @@ class GPUType:
 
     @property
     def attention_flops(self) -> float:
-        """FLOP/s the attention core is priced against (flash attention's ATTN term)."""
+        """FLOP/s of the work that stays out of FP8 (the attention core, the output head): the
+        attention format's peak, at the profiles' own 16-bit efficiency. In every format but fp8
+        this equals gemm_flops (format_efficiency is 1 there)."""
         return (self.attention_tflops or self.peak_tflops) * 1e12
 
     @property

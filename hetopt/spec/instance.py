@@ -51,12 +51,13 @@ class Instance:
     def name(self) -> str:
         return self.spec.name
 
-    @property
+    @cached_property
     def precision(self) -> str:
-        """The training format (spec/formats.py), its default resolved."""
+        """The training format (spec/formats.py), its default resolved: the one its GPU types are
+        priced in (instance_from_spec)."""
         return next(iter(self.gpu_types.values())).format or "bf16"
 
-    @property
+    @cached_property
     def format(self) -> Format:
         """What the training format stores and computes at."""
         return FORMAT[self.precision]
