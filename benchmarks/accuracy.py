@@ -40,7 +40,8 @@ from hetopt.calibrate.accuracy import (  # noqa: E402
     stats,
     zero_proxy,
 )
-from hetopt.calibrate.outcomes import outcome_report, read_outcomes  # noqa: E402
+from hetopt.calibrate.boundary import fit_memory  # noqa: E402
+from hetopt.calibrate.outcomes import FRAMEWORK, outcome_report, read_outcomes  # noqa: E402
 from hetopt.calibrate.runs import LOSO_MIN_ROWS, LOSO_TARGET, Run  # noqa: E402
 from hetopt.cost.flops import model_flops_per_token  # noqa: E402
 from hetopt.cost.profiles import Profiles  # noqa: E402
@@ -275,6 +276,7 @@ def memory_lines(runs: list[Run], outcomes_path: Path | None) -> list[str]:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     headroom: list[dict] = []
+    kfold = None
     if outcomes_path is not None:
         rep = outcome_report(read_outcomes(outcomes_path))
         for name, g in {"all": rep, **rep["groups"]}.items():
@@ -284,13 +286,24 @@ def memory_lines(runs: list[Run], outcomes_path: Path | None) -> list[str]:
                 f"{g['missed_oom']} | {g['false_oom']} |"
             )
         headroom = rep["headroom"]
+        kfold = fit_memory(read_outcomes(outcomes_path), FRAMEWORK)["kfold"]
     for source, rs in _by([r for r in runs if r.expressed], "source").items():
         fit = sum(bool(r.fits) for r in rs)
         lines.append(
             f"| {source} (all finished) | {len(rs)} | 0 | {fit / len(rs):.1%} | 0 | "
             f"{len(rs) - fit} |"
         )
-    lines += ["", "No source here measures peak memory, so there is no peak-memory error yet.", ""]
+    lines += [""]
+    if outcomes_path is not None and kfold:
+        lines += [
+            f"{outcomes_path.name} is priced with the `{FRAMEWORK}` stack, whose buffer, allocator "
+            "and reserve terms are fitted on these runs. Grouped k-fold (each group judged by "
+            f"the terms fitted on the others): {kfold['agreement']:.1%} agreement; "
+            + ", ".join(f"{g} {v['agreement']:.1%}" for g, v in kfold["groups"].items())
+            + ".",
+            "",
+        ]
+    lines += ["No source here measures peak memory, so there is no peak-memory error yet.", ""]
     if headroom:
         lines += [
             f"`--memory-headroom` for a confidence, measured on {outcomes_path.name}: the least "

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import run_hetopt
 
+from hetopt.calibrate.boundary import fit_memory, fit_step_time
 from hetopt.calibrate.outcomes import headroom_table, outcome_report, read_outcomes
+from hetopt.cost.stacks import shipped_stacks
 from hetopt.evaluate import evaluate
 
 DATA = Path(__file__).parents[1] / "data" / "calibration" / "public" / "hagemann_llama13b_runs.csv"
@@ -64,8 +66,14 @@ def test_the_cli_reports_and_refuses_bad_files(tmp_path):
     rep = json.loads(result.stdout)
     assert rep["rows"] == 422 and rep["expressed"] == 422
     assert {"agreement", "missed_oom", "false_oom", "headroom", "groups"} <= set(rep)
-    text = run_hetopt("calibrate", "--outcomes", str(DATA))
-    assert text.returncode == 0 and "agrees on" in text.stdout
+    fit = rep["stack_fit"]
+    assert fit["framework"] == "scaling" and fit["memory"]["kfold"]["agreement"] >= 0.9
+    assert fit["step_time"]["kfold_mape"] < 0.12
+    some = tmp_path / "some.csv"
+    with DATA.open(encoding="utf-8") as fh:
+        some.write_text("".join(fh.readlines()[:41]))  # the header and 40 runs
+    text = run_hetopt("calibrate", "--outcomes", str(some))
+    assert text.returncode == 0 and "agrees on" in text.stdout and "grouped k-fold" in text.stdout
     missing = run_hetopt("calibrate", "--outcomes", str(tmp_path / "none.csv"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     short = tmp_path / "short.csv"
@@ -113,3 +121,33 @@ def test_a_bad_cell_exits_2_naming_the_row_and_the_column(tmp_path, column, valu
     assert result.returncode == 2, result.stderr
     assert f"bad.csv:3: {column}" in result.stderr and says in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def memory_fit(outcomes):
+    return fit_memory(outcomes, "scaling")
+
+
+def test_the_shipped_scaling_terms_are_the_fit_on_the_sweep(outcomes, memory_fit):
+    shipped = shipped_stacks()["scaling"]
+    for name, value in memory_fit["terms"].items():
+        assert getattr(shipped.memory, name) == pytest.approx(value), name
+    # the verdicts of calibrate --outcomes are those of the shipped terms
+    assert outcome_report(outcomes)["agreement"] == pytest.approx(memory_fit["agreement"])
+    assert memory_fit["agreement"] >= 0.94
+    # each group judged by the terms fitted on the other three
+    kfold = memory_fit["kfold"]
+    assert set(kfold["groups"]) == {o.group for o in outcomes} and len(kfold["groups"]) == 4
+    assert kfold["agreement"] >= 0.9
+    assert kfold["agreement"] == pytest.approx(
+        sum(g["agreement"] * g["runs"] for g in kfold["groups"].values()) / 422
+    )
+
+
+def test_the_scaling_compute_efficiency_is_the_fit_on_the_finished_runs(outcomes):
+    fit = fit_step_time(outcomes, "scaling")
+    assert fit["rows"] == sum(not o.oom for o in outcomes) == 165
+    assert fit["efficiency"] == pytest.approx(
+        shipped_stacks()["scaling"].compute_efficiency, abs=2e-3
+    )
+    assert fit["mape"] <= fit["kfold_mape"] < 0.12

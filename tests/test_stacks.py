@@ -5,6 +5,7 @@ leave-one-source-out."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ from conftest import DEMO, REPO, run_hetopt
 
 from hetopt.calibrate.accuracy import fit_stacks
 from hetopt.calibrate.stacks import fit_efficiency
+from hetopt.cost.memory import model_state_bytes, stage_params
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.stacks import COMPUTE_TERMS, FRAMEWORKS, Stack
+from hetopt.cost.stacks import COMPUTE_TERMS, FRAMEWORKS, Stack, StackMemory, shipped_stacks
 from hetopt.cost.terms import N_TERMS
-from hetopt.evaluate import evaluate, host_device, plan_features
+from hetopt.evaluate import evaluate, host_device, plan_features, stage_memory
 from hetopt.layout import Layout, expand_layout
 from hetopt.spec.instance import load_instance
 
@@ -121,8 +123,10 @@ def test_fit_efficiency_recovers_a_known_efficiency():
 def test_a_stack_without_rows_to_fit_on_is_priced_as_megatron():
     # what a leave-one-source-out fold sees when the held-out source is the stack's only one
     stacks = fit_stacks([])
-    assert {s.compute_efficiency for s in stacks.values()} == {1.0}
+    assert {stacks[fw].compute_efficiency for fw in ("megatron", "fsdp")} == {1.0}
     assert stacks["fsdp"].fit["rows"] == 0
+    # scaling's efficiency is fitted on run outcomes (calibrate --outcomes), not on these rows
+    assert stacks["scaling"] == shipped_stacks()["scaling"]
 
 
 def test_an_unknown_framework_is_exit_2_naming_the_choices(tmp_path):
@@ -135,3 +139,61 @@ def test_an_unknown_framework_is_exit_2_naming_the_choices(tmp_path):
         and "fsdp" in result.stderr
         and "megatron" in result.stderr
     )
+
+
+def _stage_peak(inst, memory: StackMemory, layout: Layout) -> float:
+    """The one stage's peak bytes of `layout` (pp 1) with `memory` as the stack's layout."""
+    inst = replace(inst)
+    inst.__dict__["stack_memory"] = memory  # the cached property, set on this copy
+    plan = expand_layout(inst, layout)
+    st = plan.pipelines[0].stages[0]
+    params = stage_params(inst.model, st.layers, True, True, 1)
+    return stage_memory(inst, plan, plan.pipelines[0].micro_batches, 1, 0, st, params, layout.dp)
+
+
+def test_each_memory_term_of_a_stack_is_its_formula(tmp_path):
+    """Each StackMemory term moves a stage's peak by exactly its formula: the fp32 gradient shard
+    4·Ψ/(t·dp), a loss on gathered logits 16·b·s·V against Megatron's 8·b·s·V/t, buffers
+    425·b·s·h, allocator overhead a share of the activations, a reserve in GiB."""
+    inst = _with_framework(tmp_path, "scaling")
+    lay = Layout(tp=2, pp=1, dp=16, mb=2, zero=1)
+    m, b, s = inst.model, 2, inst.seq_len
+    params = stage_params(m, m.layers, True, True, 1)
+    megatron = StackMemory()
+    base = _stage_peak(inst, megatron, lay)
+    # 16-bit gradients: 2 bytes less per parameter than fp32 main_grad
+    grads16 = _stage_peak(inst, replace(megatron, grad_bytes=2.0), lay)
+    assert base - grads16 == pytest.approx(2 * params / 2, rel=1e-9)
+    shard = _stage_peak(inst, replace(megatron, grad_partition_bytes=4.0), lay)
+    assert shard - base == pytest.approx(4 * params / 2 / 16, rel=1e-9)
+    gathered = _stage_peak(
+        inst, replace(megatron, vocab_parallel_loss=False, loss_bytes_per_logit=16.0), lay
+    )
+    assert gathered - base == pytest.approx(16 * b * s * m.vocab - 8 * b * s * m.vocab / 2)
+    buffers = _stage_peak(inst, replace(megatron, token_buffer_bytes=425.0), lay)
+    assert buffers - base == pytest.approx(425 * b * s * m.hidden, rel=1e-9)
+    reserve = _stage_peak(inst, replace(megatron, reserve_gib=3.0), lay)
+    assert reserve - base == pytest.approx(3 * 2**30, rel=1e-9)
+    states = model_state_bytes(params, 2, 16, 1)
+    overhead = _stage_peak(inst, replace(megatron, allocator_overhead=0.5), lay)
+    assert overhead - base == pytest.approx(0.5 * (base - states), rel=1e-9)
+
+
+def test_the_scaling_stack_prices_its_own_memory_and_megatron_keeps_its_counts(tmp_path):
+    shipped = shipped_stacks()
+    assert shipped["megatron"].memory == StackMemory() == shipped["fsdp"].memory
+    mem = shipped["scaling"].memory
+    assert (mem.grad_bytes, mem.grad_partition_bytes, mem.vocab_parallel_loss) == (2, 4, False)
+    for name in ("token_buffer_bytes", "allocator_overhead", "reserve_gib", "grad_bytes"):
+        assert mem.sources.get(name), name  # every term says where it comes from
+    inst = _with_framework(tmp_path, "scaling")
+    assert inst.stack_memory == mem
+    # the evaluator prices a scaling instance's stage with the stack's memory, megatron's with its
+    lay = Layout(tp=2, pp=1, dp=16, mb=2, zero=1)
+    mega = _with_framework(tmp_path, "megatron")
+    for i, memory in ((inst, mem), (mega, StackMemory())):
+        plan = expand_layout(i, lay)
+        reserve = Profiles().for_gpu(i.gpu_types[plan.pipelines[0].stages[0].gpu]).reserve_gib
+        assert max(evaluate(i, plan).peak_memory_gib) == pytest.approx(
+            _stage_peak(i, memory, lay) / 2**30 + reserve, rel=1e-9
+        )

@@ -17,7 +17,7 @@ from hetopt.calibrate.runs import LOSO_MIN_ROWS, LOSO_TARGET, Run, _short, read_
 from hetopt.calibrate.stacks import fit_efficiency
 from hetopt.cost.pricing import evaluate
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.stacks import FRAMEWORKS, Stack
+from hetopt.cost.stacks import FRAMEWORKS, RUN_FITTED, Stack, shipped_stacks
 from hetopt.errors import InputError
 from hetopt.layout import expand_layout
 
@@ -147,8 +147,11 @@ def loso(runs: list[Run], fit: Fit | None = None) -> dict:
 
 def fit_stacks(runs: list[Run]) -> dict[str, Stack]:
     """Every stack of FRAMEWORKS: megatron at 1 (the profiles' own stack); each other stack's
-    compute efficiency fitted (least mean relative error) on the expressed `runs` of that stack, or
-    1 when there are none (`fit.rows` 0 says so)."""
+    compute efficiency of RUN_FITTED fitted (least mean relative error) on the expressed `runs`
+    of that stack, or 1 when there are none (`fit.rows` 0 says so: a held-out fold must not see
+    the shipped fit); the other stacks as shipped (scaling's is fitted on run outcomes,
+    `hetopt calibrate --outcomes`). Memory descriptions are kept as shipped."""
+    shipped = shipped_stacks()
     stacks = {
         fw: Stack(
             fw,
@@ -156,10 +159,12 @@ def fit_stacks(runs: list[Run]) -> dict[str, Stack]:
             "the stack the GPU profiles were fitted on (Megatron-DeepSpeed, Megatron layer "
             "times, cuBLAS GEMMs): 1 by construction",
             {"rows": 0},
+            shipped[fw].memory,
         )
         for fw in FRAMEWORKS
     }
-    for fw in FRAMEWORKS[1:]:
+    stacks.update({fw: shipped[fw] for fw in FRAMEWORKS[1:] if fw not in RUN_FITTED})
+    for fw in RUN_FITTED:
         rows = [r for r in runs if r.expressed and r.instance.spec.training.framework == fw]
         if not rows:
             stacks[fw] = Stack(
@@ -167,11 +172,14 @@ def fit_stacks(runs: list[Run]) -> dict[str, Stack]:
                 1.0,
                 "no end-to-end rows of this stack to fit on: priced as megatron",
                 {"rows": 0},
+                shipped[fw].memory,
             )
             continue
 
         def predict(eff: float, fw=fw, rows=rows) -> np.ndarray:
-            return repredict(rows, Profiles(stacks={fw: Stack(fw, eff)}))
+            return repredict(
+                rows, Profiles(stacks={fw: replace(shipped[fw], compute_efficiency=eff)})
+            )
 
         eff, fit = fit_efficiency(predict, np.array([r.measured_s for r in rows]))
         sources = sorted({r.source for r in rows})
@@ -183,6 +191,7 @@ def fit_stacks(runs: list[Run]) -> dict[str, Stack]:
             f"fitted on {len(rows)} end-to-end rows ({', '.join(sources)}): least mean relative "
             "error of the iteration time, GPU and fabric profiles as shipped",
             fit,
+            shipped[fw].memory,
         )
     return stacks
 

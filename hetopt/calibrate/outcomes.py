@@ -61,6 +61,8 @@ GPU_NAMES = {"A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB"}
 NIC_GBPS_PER_GPU = 200.0
 """One HDR InfiniBand NIC of 200 Gbit/s per GPU, as in a DGX A100."""
 CONFIDENCES = (0.5, 0.8, 0.9, 0.95, 0.99)
+FRAMEWORK = "scaling"
+"""The sweep ran on Aleph Alpha's training code (Scaling): cost/stacks.py's `scaling` stack."""
 
 
 @dataclass
@@ -166,6 +168,7 @@ def outcome_from_row(row: dict, line: int, path: str = "outcomes.csv") -> Outcom
             "seq_len": seq,
             "global_batch": _global_batch(seq),
             "precision": (row.get("precision") or "bf16").strip() or "bf16",
+            "framework": FRAMEWORK,
             "attention": "flash" if "flash" in out.kernel.lower() else "standard",
         },
         "cluster": {

@@ -147,10 +147,18 @@ RUN_COLUMNS = {
 
 def _calibrate_outcomes(path: str, as_json: bool) -> None:
     """`--outcomes`: the memory verdict of every run against its outcome."""
-    from hetopt.calibrate.outcomes import outcome_report, read_outcomes
+    from hetopt.calibrate.boundary import fit_memory, fit_step_time
+    from hetopt.calibrate.outcomes import FRAMEWORK, outcome_report, read_outcomes
 
     with Progress(err, f"calibrating: pricing every run of {path}…"):
-        report = outcome_report(read_outcomes(path))
+        outcomes = read_outcomes(path)
+        report = outcome_report(outcomes)
+    with Progress(err, f"calibrating: refitting the {FRAMEWORK} stack, grouped k-fold…"):
+        report["stack_fit"] = {
+            "framework": FRAMEWORK,
+            "memory": fit_memory(outcomes, FRAMEWORK),
+            "step_time": fit_step_time(outcomes, FRAMEWORK),
+        }
     if as_json:
         _print_json(report)
         return
@@ -177,6 +185,7 @@ def _calibrate_outcomes(path: str, as_json: bool) -> None:
             f"  {name}: {g['runs']} runs, agreement {pct(g['agreement'])}, missed "
             f"{g['missed_oom']}, false {g['false_oom']}, step MAPE {pct(g['step_mape'])}"
         )
+    _print_stack_fit(report["stack_fit"], pct)
     out.print("--memory-headroom for a confidence that a plan said to fit does fit:")
     for row in report["headroom"]:
         if row["headroom_gib"] is None:
@@ -187,6 +196,26 @@ def _calibrate_outcomes(path: str, as_json: bool) -> None:
                 f"({row['said_fit']} runs said to fit, {pct(row['fit_share'])} of them did; "
                 f"{row['finished_refused']} finished runs refused)"
             )
+
+
+def _print_stack_fit(fit: dict, pct) -> None:
+    """The stack's terms refitted on these runs, and their grouped k-fold figures."""
+    mem, step = fit["memory"], fit["step_time"]
+    if mem.get("runs"):
+        t = mem["terms"]
+        out.print(
+            f"{fit['framework']} stack refitted on these runs: buffers "
+            f"{t['token_buffer_bytes']:.0f} B per token·hidden, allocator overhead "
+            f"{pct(t['allocator_overhead'])} of activations, reserve {t['reserve_gib']:.1f} GiB: "
+            f"agreement {pct(mem['agreement'])}; grouped k-fold (each group judged by the fit on "
+            f"the others) {pct((mem['kfold'] or {}).get('agreement'))}"
+        )
+    if step.get("rows"):
+        out.print(
+            f"  compute efficiency {step['efficiency']:.3f}: step MAPE {pct(step['mape'])}; "
+            f"grouped k-fold {pct(step['kfold_mape'])} (bias {pct(step['kfold_bias'])}; — with "
+            "one group)"
+        )
 
 
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:

@@ -23,11 +23,12 @@ from hetopt.cost import comm
 from hetopt.cost import compute as cc
 from hetopt.cost.flops import layer_params, total_params
 from hetopt.cost.memory import (
+    GIB,
     fp8_cast_bytes,
-    head_activation_bytes,
     inflight_microbatches,
     largest_unit_params,
     layer_activation_bytes,
+    loss_bytes,
     model_state_bytes,
     stage_params,
     zero_working_bytes,
@@ -477,7 +478,8 @@ def stage_memory(
     all of it)."""
     m, s = inst.model, inst.seq_len // st.cp  # s: this CP rank's tokens
     b = plan.micro_batch if sequences is None else sequences
-    attention, fmt, grad = inst.spec.training.attention, inst.format, None
+    attention, fmt, stack = inst.spec.training.attention, inst.format, inst.stack_memory
+    grad = stack.grad_bytes
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute, fmt)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
@@ -485,7 +487,8 @@ def stage_memory(
     if st.recompute == "full" and st.layers:
         activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none", fmt)
     if i == stages - 1:
-        activations += head_activation_bytes(m, b, s, st.tp)
+        activations += loss_bytes(m, b, s, st.tp, stack)
+    activations *= 1 + stack.allocator_overhead
     working = 0.0
     if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
         working = zero_working_bytes(
@@ -495,9 +498,13 @@ def stage_memory(
             fmt,
             grad,
         )
-    states = model_state_bytes(params, st.tp, replicas * st.cp, plan.zero, fmt, grad)
-    casts = fp8_cast_bytes(st.layers * layer_params(m) / st.tp, replicas * st.cp, plan.zero, fmt)
-    return states + casts + st.layers * fmt.amax_bytes_per_layer + working + activations
+    dp = replicas * st.cp
+    states = model_state_bytes(params, st.tp, dp, plan.zero, fmt, grad)
+    states += params / st.tp * stack.grad_partition_bytes / (dp if plan.zero >= 1 else 1)
+    casts = fp8_cast_bytes(st.layers * layer_params(m) / st.tp, dp, plan.zero, fmt)
+    buffers = stack.token_buffer_bytes * b * s * m.hidden + stack.reserve_gib * GIB
+    amax = st.layers * fmt.amax_bytes_per_layer
+    return states + casts + amax + working + activations + buffers
 
 
 # -- TP across nodes, ZeRO-2/3

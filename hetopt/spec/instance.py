@@ -62,6 +62,14 @@ class Instance:
         """What the training format stores and computes at."""
         return FORMAT[self.precision]
 
+    @cached_property
+    def stack_memory(self):
+        """How the training stack (`training.framework`) lays out memory (cost/stacks.py's
+        StackMemory, as shipped)."""
+        from hetopt.cost.stacks import stack_memory  # cost builds on spec: import when asked
+
+        return stack_memory(self.spec.training.framework)
+
     @property
     def global_batch(self) -> int:
         return self.spec.training.global_batch

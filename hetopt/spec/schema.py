@@ -92,12 +92,15 @@ class TrainingSection(Section):
         "bytes per gradient); default 16 bits (2 bytes) in mixed precision and fp8, 32 bits in "
         "fp32 and tf32, whose gradients are fp32 (a 16-bit value there is refused).",
     )
-    framework: Literal["megatron", "fsdp"] = Field(
+    framework: Literal["megatron", "fsdp", "scaling"] = Field(
         "megatron",
         description="The training stack: megatron (Megatron-LM, Megatron-DeepSpeed, NeMo: fused "
-        "kernels, what the GPU profiles were fitted on) or fsdp (PyTorch FSDP stacks such as "
+        "kernels, what the GPU profiles were fitted on), fsdp (PyTorch FSDP stacks such as "
         "torchtitan or llm-foundry: device compute at the fitted efficiency of "
-        "hetopt/cost/profiles/stacks.json).",
+        "hetopt/cost/profiles/stacks.json) or scaling (Aleph Alpha's Scaling, a DeepSpeed-style "
+        "pipeline with 16-bit gradients, a ZeRO-1 fp32 gradient shard and a loss on gathered "
+        "logits: its compute efficiency and memory buffers fitted on the Hagemann et al. 2023 "
+        "sweep).",
     )
 
 
