@@ -15,7 +15,14 @@ from hetopt.calibrate.accuracy import fit_stacks
 from hetopt.calibrate.stacks import fit_efficiency
 from hetopt.cost.memory import model_state_bytes, stage_params
 from hetopt.cost.profiles import Profiles
-from hetopt.cost.stacks import COMPUTE_TERMS, FRAMEWORKS, Stack, StackMemory, shipped_stacks
+from hetopt.cost.stacks import (
+    COMPUTE_TERMS,
+    FRAMEWORKS,
+    Stack,
+    StackMemory,
+    shipped_stacks,
+    stack_memory,
+)
 from hetopt.cost.terms import N_TERMS
 from hetopt.evaluate import evaluate, host_device, plan_features, stage_memory
 from hetopt.layout import Layout, expand_layout
@@ -143,8 +150,7 @@ def test_an_unknown_framework_is_exit_2_naming_the_choices(tmp_path):
 
 def _stage_peak(inst, memory: StackMemory, layout: Layout) -> float:
     """The one stage's peak bytes of `layout` (pp 1) with `memory` as the stack's layout."""
-    inst = replace(inst)
-    inst.__dict__["stack_memory"] = memory  # the cached property, set on this copy
+    inst = replace(inst, stack_memory=memory)
     plan = expand_layout(inst, layout)
     st = plan.pipelines[0].stages[0]
     params = stage_params(inst.model, st.layers, True, True, 1)
@@ -187,7 +193,7 @@ def test_the_scaling_stack_prices_its_own_memory_and_megatron_keeps_its_counts(t
     for name in ("token_buffer_bytes", "allocator_overhead", "reserve_gib", "grad_bytes"):
         assert mem.sources.get(name), name  # every term says where it comes from
     inst = _with_framework(tmp_path, "scaling")
-    assert inst.stack_memory == mem
+    assert inst.stack_memory is None and stack_memory("scaling") == mem
     # the evaluator prices a scaling instance's stage with the stack's memory, megatron's with its
     lay = Layout(tp=2, pp=1, dp=16, mb=2, zero=1)
     mega = _with_framework(tmp_path, "megatron")

@@ -48,9 +48,7 @@ class Lines:
 
 
 def _with_memory(o: Outcome, memory: StackMemory):
-    inst = replace(o.instance)
-    inst.__dict__["stack_memory"] = memory  # the cached property, set for this priced copy
-    return inst
+    return replace(o.instance, stack_memory=memory)
 
 
 def memory_lines(outcomes: list[Outcome], memory: StackMemory) -> Lines:

@@ -33,6 +33,7 @@ from hetopt.cost.memory import (
     stage_params,
     zero_working_bytes,
 )
+from hetopt.cost.stacks import stack_memory
 from hetopt.cost.terms import ITER, MB, N_TERMS
 from hetopt.cost.transfers import (
     boundary_sends,
@@ -478,7 +479,8 @@ def stage_memory(
     all of it)."""
     m, s = inst.model, inst.seq_len // st.cp  # s: this CP rank's tokens
     b = plan.micro_batch if sequences is None else sequences
-    attention, fmt, stack = inst.spec.training.attention, inst.format, inst.stack_memory
+    attention, fmt = inst.spec.training.attention, inst.format
+    stack = inst.stack_memory or stack_memory(inst.spec.training.framework)
     grad = stack.grad_bytes
     per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute, fmt)
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)

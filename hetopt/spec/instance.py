@@ -46,6 +46,9 @@ class Instance:
     network: tuple[tuple[Link, float], ...] = ()
     """Island links at other Gbit/s than the file's (`on_network`: a bandwidth scenario); () — the
     file's own."""
+    stack_memory: object | None = None
+    """A memory layout for the training stack other than the shipped one (cost/stacks.py's
+    StackMemory, as a fit tries them); None — the shipped layout of `training.framework`."""
 
     @property
     def name(self) -> str:
@@ -61,14 +64,6 @@ class Instance:
     def format(self) -> Format:
         """What the training format stores and computes at."""
         return FORMAT[self.precision]
-
-    @cached_property
-    def stack_memory(self):
-        """How the training stack (`training.framework`) lays out memory (cost/stacks.py's
-        StackMemory, as shipped)."""
-        from hetopt.cost.stacks import stack_memory  # cost builds on spec: import when asked
-
-        return stack_memory(self.spec.training.framework)
 
     @property
     def global_batch(self) -> int:
