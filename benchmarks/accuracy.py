@@ -278,7 +278,8 @@ def memory_lines(runs: list[Run], outcomes_path: Path | None) -> list[str]:
     headroom: list[dict] = []
     kfold = None
     if outcomes_path is not None:
-        rep = outcome_report(read_outcomes(outcomes_path))
+        outcomes = read_outcomes(outcomes_path)
+        rep = outcome_report(outcomes)
         for name, g in {"all": rep, **rep["groups"]}.items():
             label = outcomes_path.name + ("" if name == "all" else f" ({name})")
             lines.append(
@@ -286,7 +287,7 @@ def memory_lines(runs: list[Run], outcomes_path: Path | None) -> list[str]:
                 f"{g['missed_oom']} | {g['false_oom']} |"
             )
         headroom = rep["headroom"]
-        kfold = fit_memory(read_outcomes(outcomes_path), FRAMEWORK)["kfold"]
+        kfold = fit_memory(outcomes, FRAMEWORK)["kfold"]
     for source, rs in _by([r for r in runs if r.expressed], "source").items():
         fit = sum(bool(r.fits) for r in rs)
         lines.append(

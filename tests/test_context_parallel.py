@@ -15,11 +15,12 @@ from conftest import REPO, run_hetopt
 from hetopt.cost import comm
 from hetopt.cost.flops import kv_width, layer_forward_flops
 from hetopt.cost.memory import (
-    head_activation_bytes,
     layer_activation_bytes,
+    loss_bytes,
     model_state_bytes,
     stage_params,
 )
+from hetopt.cost.stacks import StackMemory
 from hetopt.cost.terms import ATTN, GEMM, KERN, LINK, STEP
 from hetopt.evaluate import BWD_TP, DP, FWD, FWD_TP, plan_features, stage_work
 from hetopt.placement import place
@@ -99,8 +100,8 @@ def test_context_parallelism_halves_activations_and_shards_over_the_dp_cp_group_
             layer_activation_bytes(m, 1, s, 1, True, "flash", "none")
             - layer_activation_bytes(m, 1, s // 2, 1, True, "flash", "none")
         )
-        + head_activation_bytes(m, 1, s, 1)
-        - head_activation_bytes(m, 1, s // 2, 1)
+        + loss_bytes(m, 1, s, 1, StackMemory())
+        - loss_bytes(m, 1, s // 2, 1, StackMemory())
         + model_state_bytes(params, 1, 1, 1)
         - model_state_bytes(params, 1, 2, 1)
     )

@@ -159,12 +159,6 @@ def zero_working_bytes(
     return 0.0
 
 
-def head_activation_bytes(m: ModelArch, micro_batch: int, seq_len: int, tp: int) -> float:
-    """fp32 logits and their gradient on the last stage, for the micro-batch in its backward
-    (Megatron's vocabulary-parallel cross-entropy)."""
-    return 2 * LOGIT_BYTES * micro_batch * seq_len * m.vocab / tp
-
-
 def loss_bytes(m: ModelArch, micro_batch: int, seq_len: int, tp: int, stack) -> float:
     """What the loss keeps on the last stage for the micro-batch in its backward, as the training
     stack lays it out (cost/stacks.StackMemory): its bytes per logit element, on each TP rank's

@@ -28,6 +28,7 @@ from importlib import resources
 
 import numpy as np
 
+from hetopt.cost.memory import LOGIT_BYTES
 from hetopt.cost.terms import ATTN, GEMM, KERN, MEM
 
 FRAMEWORKS = ("megatron", "fsdp", "scaling")
@@ -40,7 +41,7 @@ FILE = "stacks.json"
 EFFICIENCY_BOUNDS = (0.3, 1.5)
 
 
-MEGATRON_LOSS_BYTES = 8.0
+MEGATRON_LOSS_BYTES = 2 * LOGIT_BYTES
 """Megatron's vocabulary-parallel cross-entropy keeps the fp32 logits and their gradient: 2 × 4
 bytes per logit element, sharded by TP."""
 
