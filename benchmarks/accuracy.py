@@ -297,8 +297,9 @@ def memory_lines(runs: list[Run], outcomes_path: Path | None) -> list[str]:
     lines += [""]
     if outcomes_path is not None and kfold:
         lines += [
-            f"{outcomes_path.name} is priced with the `{FRAMEWORK}` stack, whose buffer, allocator "
-            "and reserve terms are fitted on these runs. Grouped k-fold (each group judged by "
+            f"{outcomes_path.name} is priced with the `{FRAMEWORK}` stack and each run's attention "
+            "and norm kernels; the stack's loss-transient, allocator and reserve terms are fitted "
+            "on these runs. Grouped k-fold (each group judged by "
             f"the terms fitted on the others): {kfold['agreement']:.1%} agreement; "
             + ", ".join(f"{g} {v['agreement']:.1%}" for g, v in kfold["groups"].items())
             + ".",

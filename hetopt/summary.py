@@ -55,6 +55,7 @@ def instance_summary(inst: Instance) -> dict[str, Any]:
             "tokens_per_iteration": tokens_per_iteration,
             "precision": inst.precision,
             "attention": inst.spec.training.attention,
+            "norm_kernel": inst.spec.training.norm_kernel,
             "framework": inst.spec.training.framework,
         },
         "flops_per_token": flops_per_token,

@@ -67,8 +67,8 @@ def test_the_cli_reports_and_refuses_bad_files(tmp_path):
     assert rep["rows"] == 422 and rep["expressed"] == 422
     assert {"agreement", "missed_oom", "false_oom", "headroom", "groups"} <= set(rep)
     fit = rep["stack_fit"]
-    assert fit["framework"] == "scaling" and fit["memory"]["kfold"]["agreement"] >= 0.9
-    assert fit["step_time"]["kfold_mape"] < 0.12
+    assert fit["framework"] == "scaling" and fit["memory"]["kfold"]["agreement"] >= 0.93
+    assert fit["step_time"]["kfold_mape"] < 0.08
     some = tmp_path / "some.csv"
     with DATA.open(encoding="utf-8") as fh:
         some.write_text("".join(fh.readlines()[:41]))  # the header and 40 runs
@@ -134,12 +134,14 @@ def test_the_shipped_scaling_terms_are_the_fit_on_the_sweep(outcomes, memory_fit
         assert getattr(shipped.memory, name) == pytest.approx(value), name
     # the verdicts of calibrate --outcomes are those of the shipped terms
     assert outcome_report(outcomes)["agreement"] == pytest.approx(memory_fit["agreement"])
-    # measured 2026-12-07: 94.8% in-sample, 92.2% grouped k-fold (before: 78.2% priced as megatron)
-    assert memory_fit["agreement"] >= 0.94
+    # measured 2026-12-07 with each run's attention and norm kernels and the loss's transients on
+    # the last stage: 96.4% in-sample, 94.5% grouped k-fold (a buffer per token·hidden on every
+    # stage: 95.7%, 93.8%; every run as flash: 94.8%, 92.2%; priced as megatron: 78.2%)
+    assert memory_fit["agreement"] >= 0.96
     # each group judged by the terms fitted on the other three
     kfold = memory_fit["kfold"]
     assert set(kfold["groups"]) == {o.group for o in outcomes} and len(kfold["groups"]) == 4
-    assert kfold["agreement"] >= 0.9
+    assert kfold["agreement"] >= 0.94
     assert kfold["agreement"] == pytest.approx(
         sum(g["agreement"] * g["runs"] for g in kfold["groups"].values()) / 422
     )
@@ -151,5 +153,6 @@ def test_the_scaling_compute_efficiency_is_the_fit_on_the_finished_runs(outcomes
     assert fit["efficiency"] == pytest.approx(
         shipped_stacks()["scaling"].compute_efficiency, abs=2e-3
     )
-    # measured 2026-12-07: 10.3% in-sample, 11.1% grouped k-fold (before: 34.0% as megatron)
-    assert fit["mape"] <= fit["kfold_mape"] < 0.12
+    # measured 2026-12-07 with each run's kernels: 5.2% in-sample, 5.2% grouped k-fold (flash for
+    # every kernel: 10.3%, 11.1%; priced as megatron: 34.0%); the issue asks for 8%
+    assert fit["mape"] <= fit["kfold_mape"] < 0.08

@@ -159,8 +159,9 @@ def _stage_peak(inst, memory: StackMemory, layout: Layout) -> float:
 
 def test_each_memory_term_of_a_stack_is_its_formula(tmp_path):
     """Each StackMemory term moves a stage's peak by exactly its formula: the fp32 gradient shard
-    4·Ψ/(t·dp), a loss on gathered logits 16·b·s·V against Megatron's 8·b·s·V/t, buffers
-    425·b·s·h, allocator overhead a share of the activations, a reserve in GiB."""
+    4·Ψ/(t·dp), a loss on gathered logits 16·b·s·V against Megatron's 8·b·s·V/t, the loss's
+    transients 68·b·s·V, allocator overhead a share of the layers' activations (not the loss's), a
+    reserve in GiB."""
     inst = _with_framework(tmp_path, "scaling")
     lay = Layout(tp=2, pp=1, dp=16, mb=2, zero=1)
     m, b, s = inst.model, 2, inst.seq_len
@@ -176,13 +177,17 @@ def test_each_memory_term_of_a_stack_is_its_formula(tmp_path):
         inst, replace(megatron, vocab_parallel_loss=False, loss_bytes_per_logit=16.0), lay
     )
     assert gathered - base == pytest.approx(16 * b * s * m.vocab - 8 * b * s * m.vocab / 2)
-    buffers = _stage_peak(inst, replace(megatron, token_buffer_bytes=425.0), lay)
-    assert buffers - base == pytest.approx(425 * b * s * m.hidden, rel=1e-9)
+    transients = _stage_peak(
+        inst, replace(megatron, vocab_parallel_loss=False, logit_buffer_bytes=68.0), lay
+    )
+    gathered_only = _stage_peak(inst, replace(megatron, vocab_parallel_loss=False), lay)
+    assert transients - gathered_only == pytest.approx(68 * b * s * m.vocab, rel=1e-9)
     reserve = _stage_peak(inst, replace(megatron, reserve_gib=3.0), lay)
     assert reserve - base == pytest.approx(3 * 2**30, rel=1e-9)
     states = model_state_bytes(params, 2, 16, 1)
     overhead = _stage_peak(inst, replace(megatron, allocator_overhead=0.5), lay)
-    assert overhead - base == pytest.approx(0.5 * (base - states), rel=1e-9)
+    loss = 8 * b * s * m.vocab / 2
+    assert overhead - base == pytest.approx(0.5 * (base - states - loss), rel=1e-9)
 
 
 def test_the_scaling_stack_prices_its_own_memory_and_megatron_keeps_its_counts(tmp_path):
@@ -190,7 +195,7 @@ def test_the_scaling_stack_prices_its_own_memory_and_megatron_keeps_its_counts(t
     assert shipped["megatron"].memory == StackMemory() == shipped["fsdp"].memory
     mem = shipped["scaling"].memory
     assert (mem.grad_bytes, mem.grad_partition_bytes, mem.vocab_parallel_loss) == (2, 4, False)
-    for name in ("token_buffer_bytes", "allocator_overhead", "reserve_gib", "grad_bytes"):
+    for name in ("logit_buffer_bytes", "allocator_overhead", "reserve_gib", "grad_bytes"):
         assert mem.sources.get(name), name  # every term says where it comes from
     inst = _with_framework(tmp_path, "scaling")
     assert inst.stack_memory is None and stack_memory("scaling") == mem

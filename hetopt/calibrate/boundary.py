@@ -4,7 +4,7 @@ grouped k-fold (`hetopt calibrate --outcomes`).
 
 The memory terms a stack fits (cost/stacks.StackMemory) enter every stage's peak linearly:
 
-    peak_j(θ) = base_j + θ_tok · b·s·h_j + θ_frag · activations_j + θ_res
+    peak_j(θ) = base_j + θ_logit · [j last] b·s·V/shards + θ_frag · activations_j + θ_res
 
 so each run is priced four times (every θ at 0, then each at 1) and the fit is a grid search on
 those lines: the θ whose fits / does-not-fit verdicts agree with the most outcomes, the smallest
@@ -26,13 +26,13 @@ from hetopt.cost.pricing import evaluate
 from hetopt.cost.profiles import Profiles
 from hetopt.cost.stacks import Stack, StackMemory, shipped_stacks
 
-TOKEN_GRID = np.arange(0.0, 601.0, 25.0)
-"""Framework buffers, bytes per token·hidden unit of a micro-batch on every stage."""
-FRAGMENTATION_GRID = np.round(np.arange(0.0, 0.61, 0.05), 2)
-"""The allocator's overhead, a fraction of the activation bytes."""
+LOGIT_GRID = np.arange(0.0, 121.0, 4.0)
+"""The loss's transients beyond its counted bytes, per logit element on the last stage."""
+FRAGMENTATION_GRID = np.round(np.arange(0.0, 1.01, 0.05), 2)
+"""The allocator's overhead, a fraction of the layers' activation bytes."""
 RESERVE_GRID = np.arange(0.0, 8.01, 0.5)
 """A constant per GPU, GiB."""
-FITTED = ("token_buffer_bytes", "allocator_overhead", "reserve_gib")
+FITTED = ("logit_buffer_bytes", "allocator_overhead", "reserve_gib")
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _with_memory(o: Outcome, memory: StackMemory):
 
 def memory_lines(outcomes: list[Outcome], memory: StackMemory) -> Lines:
     """Price every expressed outcome with the fitted terms of `memory` at 0 and each at 1."""
-    zero = replace(memory, token_buffer_bytes=0.0, allocator_overhead=0.0, reserve_gib=0.0)
+    zero = replace(memory, logit_buffer_bytes=0.0, allocator_overhead=0.0, reserve_gib=0.0)
     units = [replace(zero, **{name: 1.0}) for name in FITTED]
     base, slopes, oom, groups = [], [], [], []
     for o in outcomes:
@@ -79,7 +79,7 @@ def verdicts(lines: Lines, theta: np.ndarray, rows: np.ndarray | None = None) ->
 
 
 def _grid() -> np.ndarray:
-    return np.array(list(itertools.product(TOKEN_GRID, FRAGMENTATION_GRID, RESERVE_GRID)))
+    return np.array(list(itertools.product(LOGIT_GRID, FRAGMENTATION_GRID, RESERVE_GRID)))
 
 
 def fit_terms(lines: Lines, rows: np.ndarray | None = None) -> tuple[np.ndarray, float]:
@@ -178,7 +178,7 @@ def fit_memory(outcomes: list[Outcome], framework: str) -> dict:
         "agreement": agreement,
         "kfold": grouped_kfold(lines),
         "grid": {
-            "token_buffer_bytes": [float(TOKEN_GRID[0]), float(TOKEN_GRID[-1])],
+            "logit_buffer_bytes": [float(LOGIT_GRID[0]), float(LOGIT_GRID[-1])],
             "allocator_overhead": [float(FRAGMENTATION_GRID[0]), float(FRAGMENTATION_GRID[-1])],
             "reserve_gib": [float(RESERVE_GRID[0]), float(RESERVE_GRID[-1])],
         },

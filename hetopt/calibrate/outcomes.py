@@ -9,7 +9,8 @@ dropped.
 Assumptions, stated per sweep (Hagemann et al. 2023, arXiv:2311.05610, Aleph Alpha's training
 code): AdamW with ZeRO-1 over the data-parallel ranks, bf16 mixed precision; 1F1B pipeline; the
 model from the row (LLaMA: SwiGLU where ffn ≠ 4h, RMSNorm, rotary, untied, no biases); attention
-``flash`` where the kernel names FlashAttention, else ``standard`` (``torch``, ``fused``);
+as the ``attention_kernel`` column names it (`kernels_of`), RMSNorm eager unless it names the RMS
+kernel;
 ``every_layer`` checkpointing is full recompute; sequence parallelism as the row says. Nodes of
 ``gpus_per_node`` GPUs with one 200 Gbit/s HDR NIC per GPU (a DGX A100). Global batch: 2²² tokens
 per step, 2,048 sequences at 2,048 tokens and 512 at 8,192: the power of two under the row's
@@ -118,6 +119,18 @@ def _step_s(row: dict, where: str) -> float | None:
     return value
 
 
+def kernels_of(kernel: str) -> dict:
+    """`training.attention` and `training.norm_kernel` of the sweep's `attention_kernel` column:
+    FlashAttention 2 or v1, Megatron's fused softmax (``fused``), eager PyTorch (``torch``); the
+    RMSNorm is fused where the column names its kernel (``+ RMS kernel``), else eager."""
+    name = kernel.lower()
+    if "flash" in name:
+        attention = "flash1" if "v1" in name else "flash"
+    else:
+        attention = "torch" if "torch" in name else "standard"
+    return {"attention": attention, "norm_kernel": "fused" if "rms" in name else "torch"}
+
+
 TOKENS_PER_STEP = 2**22
 """4,194,304 tokens per step: 2,048 sequences of 2,048 tokens, 512 of 8,192."""
 
@@ -169,7 +182,7 @@ def outcome_from_row(row: dict, line: int, path: str = "outcomes.csv") -> Outcom
             "global_batch": _global_batch(seq),
             "precision": (row.get("precision") or "bf16").strip() or "bf16",
             "framework": FRAMEWORK,
-            "attention": "flash" if "flash" in out.kernel.lower() else "standard",
+            **kernels_of(out.kernel),
         },
         "cluster": {
             "nodes": [

@@ -204,8 +204,8 @@ def _print_stack_fit(fit: dict, pct) -> None:
     if mem.get("runs"):
         t = mem["terms"]
         out.print(
-            f"{fit['framework']} stack refitted on these runs: buffers "
-            f"{t['token_buffer_bytes']:.0f} B per token·hidden, allocator overhead "
+            f"{fit['framework']} stack refitted on these runs: loss transients "
+            f"{t['logit_buffer_bytes']:.0f} B per logit, allocator overhead "
             f"{pct(t['allocator_overhead'])} of activations, reserve {t['reserve_gib']:.1f} GiB: "
             f"agreement {pct(mem['agreement'])}; grouped k-fold (each group judged by the fit on "
             f"the others) {pct((mem['kfold'] or {}).get('agreement'))}"
@@ -213,8 +213,11 @@ def _print_stack_fit(fit: dict, pct) -> None:
     if step.get("rows"):
         out.print(
             f"  compute efficiency {step['efficiency']:.3f}: step MAPE {pct(step['mape'])}; "
-            f"grouped k-fold {pct(step['kfold_mape'])} (bias {pct(step['kfold_bias'])}; — with "
-            "one group)"
+            + (
+                f"grouped k-fold {pct(step['kfold_mape'])} (bias {pct(step['kfold_bias'])})"
+                if step.get("kfold_mape") is not None
+                else "grouped k-fold — (one group)"
+            )
         )
 
 

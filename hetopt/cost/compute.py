@@ -15,11 +15,14 @@ of its queries against the whole sequence — 1/cp of the core's FLOPs with the 
 Megatron-LM uses (each rank holds chunks i and 2cp − 1 − i), in cp blocks, one kernel each. Its
 communication (`cp_comm_per_pass`) gathers every rank's keys and values.
 
-The attention core (scores QKᵀ and context PV) depends on the kernel. Standard attention runs it as
-batched GEMMs over the whole s×s matrix (GEMM term, backward 2×). Flash attention (Dao 2022/2023) is
-one fused kernel with its own efficiency (ATTN term): it skips the masked half of a causal LM's s×s
-matrix, and its backward recomputes the scores, 5 matmuls against the forward's 2 — 2.5× the
-forward's FLOPs, the count flash-attention's own benchmarks use.
+The attention core (scores QKᵀ and context PV) depends on the kernel (spec/kernels.py). Standard
+and torch attention run it as batched GEMMs over the whole s×s matrix (GEMM term, backward 2×) and
+sweep the scores with their softmax (MEM term: one fused kernel, or eager ops' passes;
+cost/kernels.py). Flash attention (Dao 2022/2023) is one fused kernel with its own efficiency (ATTN
+term): it skips the masked half of a causal LM's s×s matrix, and its backward recomputes the
+scores, 5 matmuls against the forward's 2 — 2.5× the forward's FLOPs, the count flash-attention's
+own benchmarks use; FlashAttention v1 at half v2's throughput. RMSNorm run as eager ops adds its
+passes beyond a fused kernel's (`norms`).
 """
 
 from __future__ import annotations
@@ -30,10 +33,17 @@ import numpy as np
 
 from hetopt.cost import comm
 from hetopt.cost.flops import head_forward_flops, kv_width, layer_forward_flops
-from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes, score_bytes
+from hetopt.cost.kernels import (
+    NORMS_PER_LAYER,
+    attention_slowdown,
+    norm_extra_traffic_bytes,
+    score_traffic_bytes,
+)
+from hetopt.cost.memory import LOGIT_BYTES, layer_activation_bytes
 from hetopt.cost.terms import ATTN, GEMM, KERN, MEM, PASS, zeros
 from hetopt.spec.formats import BF16, Format
 from hetopt.spec.gpus import GPUType
+from hetopt.spec.kernels import is_flash, materialises_scores
 from hetopt.spec.presets import ModelArch
 
 ACT_BYTES = BF16.act_bytes
@@ -60,6 +70,8 @@ class LayerShape:
     cp: int = 1
     fmt: Format = BF16
     """The training format: activation widths, and through the GPU type, the peaks."""
+    norm_kernel: str = "fused"
+    """RMSNorm as one kernel (fused) or eager ops (torch): cost/kernels.py."""
 
     @property
     def tokens(self) -> int:
@@ -91,31 +103,48 @@ def attention_core_flops(x: LayerShape) -> float:
 def attention_kernels(x: LayerShape) -> int:
     """Kernels of the attention core per forward: one fused (flash) or two GEMMs, once per block of
     keys and values a context-parallel rank sees (cp)."""
-    return (1 if x.attention == "flash" else 2) * x.cp
+    return (1 if is_flash(x.attention) else 2) * x.cp
 
 
 def attention_core(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
     """The attention core of one layer's pass on one GPU of a TP group (its heads are split over TP,
-    its queries over CP)."""
+    its queries over CP): a flash kernel, or batched GEMMs at the attention format's peak and the
+    softmax's passes over the scores (cost/kernels.py)."""
     flops = attention_core_flops(x) / (x.tp * x.cp)
     kernels = attention_kernels(x) * (2 if backward else 1)
-    if x.attention == "standard":  # batched GEMMs at the attention format's peak
-        return _gemm(flops * (2 if backward else 1), kernels, gpu.attention_flops)
+    if materialises_scores(x.attention):
+        scores = x.micro_batch * x.model.heads * x.seq_len**2 / x.tp
+        softmax = _mem(scores * score_traffic_bytes(x.attention, x.fmt, backward), gpu)
+        return _gemm(flops * (2 if backward else 1), kernels, gpu.attention_flops) + softmax
     v = zeros()
     v[ATTN] = (
-        CAUSAL_FRACTION * flops * (FLASH_BACKWARD_FLOPS if backward else 1.0) / gpu.attention_flops
+        attention_slowdown(x.attention)
+        * CAUSAL_FRACTION
+        * flops
+        * (FLASH_BACKWARD_FLOPS if backward else 1.0)
+        / gpu.attention_flops
     )
     v[KERN] = kernels
     return v
 
 
+def norms(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray:
+    """What a layer's norms move beyond fused kernels (eager RMSNorm, cost/kernels.py): their
+    b·s·h inputs on this rank (1/tp of them under sequence parallelism)."""
+    elements = x.micro_batch * x.tokens * x.model.hidden / (x.tp if x.sp else 1)
+    extra = norm_extra_traffic_bytes(x.model.norm, x.norm_kernel, x.fmt, backward)
+    return _mem(NORMS_PER_LAYER * elements * extra, gpu)
+
+
 def _dense_and_memory(x: LayerShape, gpu: GPUType) -> np.ndarray:
-    """The projections' and MLP's GEMMs and the memory-bound work of one layer's forward."""
+    """The projections' and MLP's GEMMs and the memory-bound work of one layer's forward outside
+    the attention core and the norms' extra passes (`attention_core`, `norms`)."""
     # this rank's tokens
     local = LayerShape(x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention)
     dense = layer_forward_flops(x.model, x.micro_batch, x.tokens) - attention_core_flops(local)
+    # what a flash layer with fused norms stores: the scores' passes are attention_core's
     stored = layer_activation_bytes(
-        x.model, x.micro_batch, x.tokens, x.tp, x.sp, x.attention, "none", x.fmt
+        x.model, x.micro_batch, x.tokens, x.tp, x.sp, "flash", "none", x.fmt
     )
     # QKV, output projection, MLP up(+gate), MLP down
     return _gemm(dense / x.tp, 4, gpu.gemm_flops) + _mem(stored, gpu)
@@ -143,7 +172,7 @@ def fp8_casts(x: LayerShape, gpu: GPUType, backward: bool = False) -> np.ndarray
 
 def layer_forward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     """One layer's forward compute on one GPU of a TP group (no communication)."""
-    v = _dense_and_memory(x, gpu) + attention_core(x, gpu) + fp8_casts(x, gpu)
+    v = _dense_and_memory(x, gpu) + attention_core(x, gpu) + norms(x, gpu) + fp8_casts(x, gpu)
     v[PASS] = 1
     return v
 
@@ -154,6 +183,7 @@ def layer_backward(x: LayerShape, gpu: GPUType) -> np.ndarray:
     v = (
         2 * _dense_and_memory(x, gpu)
         + attention_core(x, gpu, backward=True)
+        + norms(x, gpu, backward=True)
         + fp8_casts(x, gpu, backward=True)
     )
     v[PASS] = 1
@@ -165,9 +195,8 @@ def layer_recompute(x: LayerShape, gpu: GPUType, recompute: str) -> np.ndarray:
     (selective)."""
     if recompute == "full":
         return layer_forward(x, gpu)
-    if recompute == "selective" and x.attention == "standard":
-        core_bytes = score_bytes(x.fmt) * x.model.heads * x.seq_len**2 * x.micro_batch / x.tp
-        return attention_core(x, gpu) + _mem(core_bytes, gpu)
+    if recompute == "selective" and materialises_scores(x.attention):
+        return attention_core(x, gpu)  # its GEMMs and the softmax's forward passes
     return zeros()  # flash attention recomputes its core in its own backward already
 
 

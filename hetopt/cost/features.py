@@ -137,6 +137,7 @@ def stage_work(
     intra=None,
     cp: int = 1,
     fmt: Format = BF16,
+    norm_kernel: str = "fused",
 ) -> np.ndarray:
     """Forward/backward compute and TP features of one stage per micro-batch, (4, N_TERMS), in
     training format `fmt` (its widths; `gpu` priced in it, GPUType.for_format); TP
@@ -144,7 +145,7 @@ def stage_work(
     nodes; default the GPU's catalog interconnect); with context parallelism `cp` > 1 the work of
     one of its ranks and the CP exchange (over `intra`: CP stays inside a node) beside the TP
     collectives."""
-    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention, cp, fmt)
+    x = cc.LayerShape(model, micro_batch, seq_len, tp, sp, attention, cp, fmt, norm_kernel)
     intra = intra or intra_route(gpu)
     fwd = layers * cc.layer_forward(x, gpu)
     bwd = layers * (cc.layer_backward(x, gpu) + cc.layer_recompute(x, gpu, recompute))
@@ -300,6 +301,7 @@ class _PlacedPlan:
             tp_path,
             st.cp,
             inst.format,
+            inst.spec.training.norm_kernel,
         )
 
     def _add_sends(
@@ -480,17 +482,22 @@ def stage_memory(
     m, s = inst.model, inst.seq_len // st.cp  # s: this CP rank's tokens
     b = plan.micro_batch if sequences is None else sequences
     attention, fmt = inst.spec.training.attention, inst.format
+    norm_kernel = inst.spec.training.norm_kernel
     stack = inst.stack_memory or stack_memory(inst.spec.training.framework)
     grad = stack.grad_bytes
-    per_layer = layer_activation_bytes(m, b, s, st.tp, st.sp, attention, st.recompute, fmt)
+    per_layer = layer_activation_bytes(
+        m, b, s, st.tp, st.sp, attention, st.recompute, fmt, norm_kernel
+    )
     held = inflight_microbatches(i, stages, micro_batches, plan.schedule, plan.virtual_stages)
     activations = st.layers * per_layer * held
     # the layer being recomputed holds its full activations in backward
     if st.recompute == "full" and st.layers:
-        activations += layer_activation_bytes(m, b, s, st.tp, st.sp, attention, "none", fmt)
-    if i == stages - 1:
+        activations += layer_activation_bytes(
+            m, b, s, st.tp, st.sp, attention, "none", fmt, norm_kernel
+        )
+    activations *= 1 + stack.allocator_overhead  # the layers' many small blocks
+    if i == stages - 1:  # the loss's few large ones, their own fitted peak
         activations += loss_bytes(m, b, s, st.tp, stack)
-    activations *= 1 + stack.allocator_overhead
     working = 0.0
     if plan.zero >= 2:  # ZeRO-2/3's unsharded buffers of the largest unit (cost/memory.py)
         working = zero_working_bytes(
@@ -504,7 +511,7 @@ def stage_memory(
     states = model_state_bytes(params, st.tp, dp, plan.zero, fmt, grad)
     states += params / st.tp * stack.grad_partition_bytes / (dp if plan.zero >= 1 else 1)
     casts = fp8_cast_bytes(st.layers * layer_params(m) / st.tp, dp, plan.zero, fmt)
-    buffers = stack.token_buffer_bytes * b * s * m.hidden + stack.reserve_gib * GIB
+    buffers = stack.reserve_gib * GIB
     amax = st.layers * fmt.amax_bytes_per_layer
     return states + casts + amax + working + activations + buffers
 

@@ -11,8 +11,8 @@ masks:
   MLP's
   intermediate tensors 2sbf per stored tensor (2 for GPT: GeLU input and output; 3 for SwiGLU: gate,
   up and their product) → GPT: 24sbh;
-- the attention core (standard attention only): scores and softmax 2as²b·2 and the dropout mask as²b
-  → 5as²b, sharded by tensor parallelism.
+- the attention core (kernels that materialise the scores: standard, torch): scores and softmax
+  2as²b·2 and the dropout mask as²b → 5as²b, sharded by tensor parallelism.
 GPT totals sbh(34 + 5as/h) unsharded; sbh(10 + 24/t + 5as/(ht)) with TP t; sbh(34/t + 5as/(ht)) with
 sequence parallelism. Flash attention and selective recompute drop the 5as²b term; full recompute
 keeps only the layer input 2sbh (sharded by t under sequence parallelism).
@@ -21,7 +21,14 @@ keeps only the layer input 2sbh (sharded by t under sequence parallelism).
 from __future__ import annotations
 
 from hetopt.cost.flops import embedding_params, head_params, layer_params
+from hetopt.cost.kernels import (
+    MASK_BYTES,
+    NORMS_PER_LAYER,
+    norm_extra_stored_bytes,
+    score_bytes,
+)
 from hetopt.spec.formats import BF16, Format
+from hetopt.spec.kernels import materialises_scores
 from hetopt.spec.presets import ModelArch
 
 GIB = 2**30
@@ -34,14 +41,6 @@ OPTIMIZER_BYTES = BF16.optimizer_bytes
 §3)."""
 LOGIT_BYTES = 4.0
 """Logits are upcast to fp32 for the softmax cross-entropy, whatever the format."""
-MASK_BYTES = 1.0
-"""A dropout mask keeps one byte per element."""
-
-
-def score_bytes(fmt: Format = BF16) -> float:
-    """Bytes per element of standard attention's stored core: scores and softmax output at the
-    activation width and the dropout mask (5 in 16 bits, Korthikanti et al. 2022's 5as²b)."""
-    return 2 * fmt.act_bytes + MASK_BYTES
 
 
 def layer_activation_bytes(
@@ -53,24 +52,27 @@ def layer_activation_bytes(
     attention: str,
     recompute: str,
     fmt: Format = BF16,
+    norm_kernel: str = "fused",
 ) -> float:
     """Activation bytes one layer keeps for one micro-batch until its backward, each tensor at the
     format's width: w the activation width, g the width of a GEMM input kept for the weight
-    gradient (Format.gemm_input_bytes). In 16 bits (w = g = 2) this is the module docstring's
-    count."""
+    gradient (Format.gemm_input_bytes). In 16 bits (w = g = 2) with fused norms this is the module
+    docstring's count; RMSNorm as eager ops (`norm_kernel` torch) keeps one more tensor per norm
+    (cost/kernels.py), replicated as the norms' inputs are."""
     sbh = float(seq_len * micro_batch * m.hidden)
     w, g = fmt.act_bytes, fmt.gemm_input_bytes
     if recompute == "full":  # the layer input only
         return w * sbh / (tp if sp else 1)
     # two norm inputs, the QKV and MLP inputs, two dropout masks
     replicated = 2 * w + 2 * g + 2 * MASK_BYTES
+    replicated += NORMS_PER_LAYER * norm_extra_stored_bytes(m.norm, norm_kernel, fmt)
     # Q, K and V; the output projection's input; the MLP's intermediates (the last one the down
     # projection's input)
     mlp = (3 if m.gated_mlp else 2) * m.ffn_hidden / m.hidden
     sharded = w + 2 * w * m.kv_heads / m.heads + g + w * (mlp - m.ffn_hidden / m.hidden)
     sharded += g * m.ffn_hidden / m.hidden
     per_sbh = replicated / tp + sharded / tp if sp else replicated + sharded / tp
-    if attention == "standard" and recompute == "none":
+    if materialises_scores(attention) and recompute == "none":
         per_sbh += score_bytes(fmt) * m.heads * seq_len / (m.hidden * tp)
     return per_sbh * sbh
 
@@ -161,7 +163,9 @@ def zero_working_bytes(
 
 def loss_bytes(m: ModelArch, micro_batch: int, seq_len: int, tp: int, stack) -> float:
     """What the loss keeps on the last stage for the micro-batch in its backward, as the training
-    stack lays it out (cost/stacks.StackMemory): its bytes per logit element, on each TP rank's
-    vocabulary shard or on logits gathered whole."""
+    stack lays it out (cost/stacks.StackMemory): its bytes per logit element, counted and fitted
+    (the transients beyond the count), on each TP rank's vocabulary shard or on logits gathered
+    whole."""
     shards = tp if stack.vocab_parallel_loss else 1
-    return stack.loss_bytes_per_logit * micro_batch * seq_len * m.vocab / shards
+    per_logit = stack.loss_bytes_per_logit + stack.logit_buffer_bytes
+    return per_logit * micro_batch * seq_len * m.vocab / shards

@@ -58,11 +58,12 @@ class StackMemory:
     - `vocab_parallel_loss`: whether the cross-entropy runs on each TP rank's vocabulary shard
       (Megatron) or on logits gathered whole (a column-parallel head that gathers its output);
     - `loss_bytes_per_logit`: bytes the loss keeps per logit element of the micro-batch in its
-      backward;
-    - `token_buffer_bytes`: framework buffers per token of a micro-batch and per hidden unit on
-      every stage (bytes · b·s·h), fitted;
+      backward, counted;
+    - `logit_buffer_bytes`: bytes per logit element on the last stage beyond that count (the
+      transients of gathering the logits and of the cross-entropy's backward, and their
+      fragmentation), fitted;
     - `allocator_overhead`: the caching allocator's fragmentation, a fraction of the stage's
-      activation bytes, fitted;
+      layer activations, fitted;
     - `reserve_gib`: a constant per GPU beyond the profile's runtime reserve, fitted.
     """
 
@@ -70,7 +71,7 @@ class StackMemory:
     grad_partition_bytes: float = 0.0
     vocab_parallel_loss: bool = True
     loss_bytes_per_logit: float = MEGATRON_LOSS_BYTES
-    token_buffer_bytes: float = 0.0
+    logit_buffer_bytes: float = 0.0
     allocator_overhead: float = 0.0
     reserve_gib: float = 0.0
     sources: dict = field(default_factory=dict, compare=False, hash=False)
@@ -81,7 +82,7 @@ class StackMemory:
             "grad_partition_bytes": self.grad_partition_bytes,
             "vocab_parallel_loss": self.vocab_parallel_loss,
             "loss_bytes_per_logit": self.loss_bytes_per_logit,
-            "token_buffer_bytes": self.token_buffer_bytes,
+            "logit_buffer_bytes": self.logit_buffer_bytes,
             "allocator_overhead": self.allocator_overhead,
             "reserve_gib": self.reserve_gib,
             "sources": self.sources,
@@ -96,7 +97,7 @@ class StackMemory:
             grad_partition_bytes=float(data.get("grad_partition_bytes", 0.0)),
             vocab_parallel_loss=bool(data.get("vocab_parallel_loss", True)),
             loss_bytes_per_logit=float(data.get("loss_bytes_per_logit", MEGATRON_LOSS_BYTES)),
-            token_buffer_bytes=float(data.get("token_buffer_bytes", 0.0)),
+            logit_buffer_bytes=float(data.get("logit_buffer_bytes", 0.0)),
             allocator_overhead=float(data.get("allocator_overhead", 0.0)),
             reserve_gib=float(data.get("reserve_gib", 0.0)),
             sources=dict(data.get("sources", {})),

@@ -21,6 +21,7 @@ import shlex
 from hetopt.export.rankmap import RankMap
 from hetopt.plan import Plan, Stage
 from hetopt.spec.instance import Instance
+from hetopt.spec.kernels import is_flash
 
 FORMATS = ("megatron", "deepspeed", "torchrun", "rankmap")
 MASTER_PORT = 29500
@@ -50,7 +51,7 @@ def blockers(
 def _megatron_training_blockers(inst: Instance) -> list[str]:
     """Training settings Megatron cannot run: flash attention (--use-flash-attn) outside fp16 and
     bf16."""
-    if inst.precision in ("fp32", "tf32") and inst.spec.training.attention == "flash":
+    if inst.precision in ("fp32", "tf32") and is_flash(inst.spec.training.attention):
         return [
             f"flash attention in {inst.precision} (Megatron's --use-flash-attn runs fp16 and bf16 "
             "only): set training.attention: standard, or train in bf16"
@@ -170,6 +171,8 @@ def megatron_config(inst: Instance, plan: Plan) -> dict:
         "sequence_parallel": st.sp and st.tp > 1,
         **megatron_precision(inst.precision),
     }
+    if not is_flash(inst.spec.training.attention):  # standard: the fused softmax; torch: eager
+        transformer["masked_softmax_fusion"] = inst.spec.training.attention == "standard"
     if len(pipe.stages) > 1 or plan.virtual_stages > 1:
         transformer["pipeline_model_parallel_layout"] = layout_string(plan)
     if plan.virtual_stages > 1:
@@ -254,8 +257,10 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if cfg["ddp"]["grad_reduce_in_fp32"]:
         args += ["--accumulate-allreduce-grads-in-fp32"]
-    if inst.spec.training.attention == "flash":
+    if is_flash(inst.spec.training.attention):  # the flash_attn package installed, v1 or v2
         args += ["--use-flash-attn"]
+    elif inst.spec.training.attention == "torch":  # eager softmax, not the fused kernel
+        args += ["--no-masked-softmax-fusion"]
     if rm.order == "tp-cp-pp-dp":
         args += ["--use-tp-pp-dp-mapping"]
     return [str(a) for a in args]

@@ -49,6 +49,7 @@ from hetopt.search.types import (
 from hetopt.spec.checks import cp_splits_sequence, tp_splits_heads
 from hetopt.spec.cluster import DeviceClass
 from hetopt.spec.instance import Instance
+from hetopt.spec.kernels import is_flash
 
 
 def tp_divides_heads(inst: Instance, tp: int) -> bool:
@@ -480,7 +481,7 @@ def enumerate_recompute(
     """The recompute modes searched: search.recompute's, less selective beside none under flash
     attention (counted in `stats` when given)."""
     rc = tuple(opts.recompute)
-    if inst.spec.training.attention == "flash" and "none" in rc and "selective" in rc:
+    if is_flash(inst.spec.training.attention) and "none" in rc and "selective" in rc:
         # symmetry: flash attention already recomputes its core, so selective recompute is no
         # recompute — the same time and memory (cost.compute.layer_recompute,
         # cost.memory.layer_activation_bytes)

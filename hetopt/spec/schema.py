@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hetopt.spec.fabrics import NAMES as FABRIC_NAMES
+from hetopt.spec.kernels import Attention, NormKernel
 
 PositiveInt = Annotated[int, Field(strict=True, gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -82,8 +83,16 @@ class TrainingSection(Section):
         "Engine FP8 GEMMs, bf16 otherwise). Every GPU of the cluster must have it. Default: bf16, "
         "or fp16 where a GPU has no BF16 (Volta, Turing).",
     )
-    attention: Literal["flash", "standard"] = Field(
-        "flash", description="flash does not store the s×s score matrices; standard does."
+    attention: Attention = Field(
+        "flash",
+        description="Attention kernel: flash (FlashAttention-2) and flash1 (FlashAttention v1) do "
+        "not store the s×s scores; standard stores them with one fused scale-mask-softmax kernel "
+        "(Megatron's); torch stores them with eager PyTorch ops, one pass each.",
+    )
+    norm_kernel: NormKernel = Field(
+        "fused",
+        description="RMSNorm as one fused kernel (fused) or as eager PyTorch ops (torch: more "
+        "memory traffic, one more stored tensor per norm). LayerNorm is one kernel either way.",
     )
     grad_reduce_dtype: Literal["bf16", "fp16", "fp32"] | None = Field(
         None,

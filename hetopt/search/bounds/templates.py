@@ -141,6 +141,7 @@ class TemplateBounds:
                     intra,
                     cp,
                     inst.format,
+                    inst.spec.training.norm_kernel,
                 )
                 host, dev = host_device(work, w)
                 ends.append(
@@ -496,6 +497,7 @@ class TemplateBounds:
                 slow,
                 seg.cp,
                 inst.format,
+                inst.spec.training.norm_kernel,
             )
             host, dev = host_device(work, params.w)
             return float(host[BWD]), float(dev[BWD] + dev[BWD_TP])
