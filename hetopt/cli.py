@@ -15,6 +15,13 @@ from typing import Annotated
 
 import typer
 
+try:  # typer carries its own click from 0.20 on; before, it runs on click's
+    from typer._click import exceptions as cli_errors
+    from typer._click.utils import echo
+except ImportError:  # pragma: no cover - older typer
+    from click import echo
+    from click import exceptions as cli_errors
+
 from hetopt import __version__
 from hetopt.commands import bench, calibrate, catalog, launch, plan, replay
 from hetopt.commands.common import err
@@ -103,13 +110,41 @@ def _signalled(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
+def usage_error(exc: cli_errors.UsageError) -> str:
+    """A command-line mistake click found (an option's value, an unknown option, a missing
+    argument) in hetopt's words: ``error: OPTION: what is wrong; see `hetopt CMD --help```."""
+    command = exc.ctx.command_path if exc.ctx else "hetopt"
+    see = f"see `{command} --help`"
+    param = getattr(exc, "param", None)
+    if isinstance(exc, cli_errors.BadParameter) and param is not None and exc.message:
+        name = param.opts[0] if getattr(param, "opts", None) else param.human_readable_name
+        message = exc.message.rstrip(".")
+        return f"error: {name}: {message}; {see}"
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    return f"error: {command}: {message}; {see}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: maps user errors to exit codes instead of tracebacks; SIGTERM ends the
     command like Ctrl-C (its workers stopped, nothing half-written) with exit 143
     (hetopt.lifeline)."""
     try:
         with owner_signals():
-            _command()(args=argv, prog_name="hetopt")
+            # not standalone: click's own errors come back here, to be told in hetopt's words
+            code = _command().main(args=argv, prog_name="hetopt", standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except getattr(cli_errors, "NoArgsIsHelpError", ()) as exc:  # `hetopt` alone: the help
+        echo(exc.format_message(), err=True)
+        sys.exit(ExitCode.BAD_INPUT)
+    except cli_errors.UsageError as exc:
+        err.print(usage_error(exc), markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ExitCode.BAD_INPUT)
+    except cli_errors.ClickException as exc:
+        err.print(f"error: {exc.format_message()}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(ExitCode.BAD_INPUT)
+    except typer.Abort:  # end of input at a prompt
+        err.print("aborted", markup=False, highlight=False)
+        sys.exit(ExitCode.FAILED)
     except Terminated:
         err.print(
             "terminated (SIGTERM): stopped with its worker processes", markup=False, highlight=False

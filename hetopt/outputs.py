@@ -11,6 +11,7 @@ there.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -112,6 +113,26 @@ def write_text(path: str | Path, text: str) -> None:
     """Write `text` (UTF-8) to `path` atomically."""
     with atomic_path(path) as temp:
         temp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | Path, data: object, what: str) -> None:
+    """Write `data` as indented JSON to `path` atomically; refuse (InputError, nothing written) if
+    it holds a NaN or an infinity, which strict JSON parsers reject: a fit built on such numbers is
+    no fit. `what` names the file kind in the message ("profile")."""
+    try:
+        text = json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    except ValueError:
+        raise InputError(
+            str(path),
+            [
+                Problem(
+                    "",
+                    f"the fitted {what} holds a number that is not finite (NaN or infinity), so "
+                    "it is not written; check the input data for empty or degenerate rows",
+                )
+            ],
+        ) from None
+    write_text(path, text)
 
 
 def _write_error(target: Path, exc: OSError) -> InputError:

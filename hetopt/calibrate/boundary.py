@@ -4,7 +4,7 @@ grouped k-fold (`hetopt calibrate --outcomes`).
 
 The memory terms a stack fits (cost/stacks.StackMemory) enter every stage's peak linearly:
 
-    peak_j(θ) = base_j + θ_logit · [j last] b·s·V/shards + θ_frag · activations_j + θ_res
+    peak_j(θ) = base_j + θ_logit · [j last] b·s·V/shards + θ_frag · layer_activations_j + θ_res
 
 so each run is priced four times (every θ at 0, then each at 1) and the fit is a grid search on
 those lines: the θ whose fits / does-not-fit verdicts agree with the most outcomes, the smallest

@@ -34,7 +34,6 @@ data/calibration/public/collectives_achieved.csv --out hetopt/cost/profiles/fabr
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import dataclass
@@ -43,10 +42,12 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from hetopt.calibrate.columns import FABRICS_CSV
 from hetopt.cost import comm
 from hetopt.cost.terms import LAT, LINK, NET, zeros
-from hetopt.errors import InputError, Problem, require_columns
-from hetopt.outputs import check_output, write_text
+from hetopt.csvfile import bytes_of, read_csv
+from hetopt.errors import InputError, Problem
+from hetopt.outputs import check_output, write_json
 from hetopt.spec.cluster import Route
 from hetopt.spec.fabrics import IDEAL, NAMES, Fabric
 
@@ -158,14 +159,7 @@ def _range(text: str) -> tuple[float, float] | None:
 
 def _size(text: str) -> float:
     """'8M-128M' → geometric mean; '' → LARGE_BYTES."""
-    if not text:
-        return LARGE_BYTES
-    if "-" in text:
-        a, b = (
-            float(p.rstrip("MG")) * (2**20 if p.endswith("M") else 2**30) for p in text.split("-")
-        )
-        return math.sqrt(a * b)
-    return float(text)
+    return bytes_of(text) if text else LARGE_BYTES
 
 
 def _nvls(r: dict) -> bool:
@@ -178,37 +172,49 @@ def _nvls(r: dict) -> bool:
     return (
         r["fabric"] == "NVLink5+NVSwitch"
         and not alg
-        and float(r["message_size_bytes"] or 0) >= 2**33
+        and bool(r["message_size_bytes"])
+        and _size(r["message_size_bytes"]) >= 2**33
     )
 
 
 def read_rows(path: str | Path) -> tuple[list[Row], list[tuple[str, str]]]:
     """Usable rows and (row label, why left out) for the others."""
     rows, skipped = [], []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for i, r in enumerate(csv.DictReader(fh), start=2):
-            label = (
-                f"line {i}: {r['fabric']} {r['collective']} {r['message_size_bytes'] or 'large'}"
-            )
-            name = r["fabric"]
-            why = LEFT_OUT.get(name)
-            if why is None and r["collective"] not in (
-                "all_reduce",
-                "reduce_scatter",
-                "all_gather",
-                "intra-node NCCL bandwidth",
-            ):
-                why = f"{r['collective']} is not an NCCL collective"
-            if why is None and _nvls(r):
-                why = "NVLink SHARP (NVLS) algorithm; hetopt models ring collectives"
-            if why is None and name not in FABRIC_OF:
-                why = "fabric not mapped"
-            if why is None and not r["nominal_gbit_s"]:
-                why = "no nominal bandwidth stated"
-            if why:
-                skipped.append((label, why))
-                continue
+    for i, r in enumerate(read_csv(path, FABRICS_CSV), start=2):
+        label = f"line {i}: {r['fabric']} {r['collective']} {r['message_size_bytes'] or 'large'}"
+        name = r["fabric"]
+        why = LEFT_OUT.get(name)
+        if why is None and r["collective"] not in (
+            "all_reduce",
+            "reduce_scatter",
+            "all_gather",
+            "intra-node NCCL bandwidth",
+        ):
+            why = f"{r['collective']} is not an NCCL collective"
+        if why is None and _nvls(r):
+            why = "NVLink SHARP (NVLS) algorithm; hetopt models ring collectives"
+        if why is None and name not in FABRIC_OF:
+            why = "fabric not mapped"
+        if why is None and not r["nominal_gbit_s"]:
+            why = "no nominal bandwidth stated"
+        if why:
+            skipped.append((label, why))
+            continue
+        try:
             rows += _rows_of(r, label)
+        except (ValueError, IndexError, TypeError):
+            raise InputError(
+                str(path),
+                [
+                    Problem(
+                        "busbw_GBps",
+                        "no bandwidth hetopt can read: give busbw_GBps or algbw_GBps in GB/s",
+                        r["busbw_GBps"] or r["other_metric"],
+                        True,
+                        line=i,
+                    )
+                ],
+            ) from None
     return rows, skipped
 
 
@@ -473,38 +479,15 @@ def save(fab: dict[str, Fabric], report: dict, path: str | Path) -> None:
         "report": report["fabrics"],
         "left_out": report["left_out"],
     }
-    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-CSV_COLUMNS = {
-    "fabric",
-    "nominal_gbit_s",
-    "collective",
-    "message_size_bytes",
-    "busbw_GBps",
-    "algbw_GBps",
-    "other_metric",
-    "num_gpus",
-    "num_nodes",
-    "gpus_per_node",
-    "algorithm_or_env",
-    "source",
-}
-"""The columns the fabric fit reads."""
+    write_json(path, data, "fabric table")
 
 
 def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: bool, console) -> None:
     """`hetopt calibrate --fabrics CSV [--out FILE]`: fit, print the per-fabric report, write the
     table."""
-    if not Path(csv_path).is_file():
-        raise InputError(csv_path, [Problem("--fabrics", "file does not exist", csv_path, True)])
     if out_path:
         check_output(out_path, "--out", force)
-    require_columns(
-        csv_path,
-        CSV_COLUMNS,
-        "a collectives CSV (the columns of data/calibration/public/collectives_achieved.csv)",
-    )
+    read_csv(csv_path, FABRICS_CSV)  # every cell checked before the fit
     try:
         fab, report = fit(csv_path)
     except KeyError as exc:  # a fabric whose α is borrowed from one the file has no rows for

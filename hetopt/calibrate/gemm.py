@@ -46,7 +46,6 @@ against a measured 0.55.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 from dataclasses import dataclass, field, replace
@@ -54,9 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
+from hetopt.calibrate.columns import GEMM_CSV
 from hetopt.cost.attention import attention_uncertainty, attention_weight
 from hetopt.cost.derive import _inherited_sources
 from hetopt.cost.terms import ATTN, GEMM, KERN, TERMS, CostParams, shipped_profiles
+from hetopt.csvfile import read_csv
 from hetopt.errors import InputError, Problem
 from hetopt.spec.gpus import CATALOG
 
@@ -346,34 +347,7 @@ def _excluded(r: dict) -> str:
 def read_rows(path: str | Path) -> dict[str, list[Row]]:
     """Rows of a gemm_achieved.csv by catalog type (a row mapped to two types appears under
     both)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), [Problem("--gemm", "GEMM measurements file does not exist")])
-    with path.open(newline="", encoding="utf-8") as fh:
-        raw = list(csv.DictReader(fh))
-    need = {
-        "gpu",
-        "gpu_variant",
-        "m",
-        "n",
-        "k",
-        "batch",
-        "dtype",
-        "achieved_tflops",
-        "source",
-        "confidence",
-    }
-    if not raw or not need <= set(raw[0]):
-        raise InputError(
-            str(path),
-            [
-                Problem(
-                    "--gemm",
-                    f"expected the columns {sorted(need)} of "
-                    "data/calibration/public/gemm_achieved.csv",
-                )
-            ],
-        )
+    raw = read_csv(path, GEMM_CSV)
     out: dict[str, list[Row]] = {}
     for n, r in enumerate(raw, start=2):
         types = CSV_TO_CATALOG.get(r["gpu"])

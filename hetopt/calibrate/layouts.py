@@ -21,7 +21,6 @@ in the layout runs.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hetopt.calibrate.columns import LAYERS_CSV, LAYOUTS_CSV
 from hetopt.cost.attention import attention_weight
 from hetopt.cost.features import BWD, BWD_TP, FWD, FWD_TP, N_PARTS, OPT, plan_features, stage_work
 from hetopt.cost.pricing import dp_finish, pipe_times, price_parts
@@ -48,6 +48,7 @@ from hetopt.cost.terms import (
     TERMS,
     CostParams,
 )
+from hetopt.csvfile import check_rows, read_table
 from hetopt.errors import InputError, Problem
 from hetopt.layout import Layout, expand_layout
 from hetopt.spec.gpus import CATALOG
@@ -149,17 +150,16 @@ def predict(ds: DataSet, theta: np.ndarray) -> np.ndarray:
 
 def load_dataset(path: str | Path, gpu: str) -> DataSet:
     path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), [Problem("", "calibration data file does not exist")])
-    with path.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+    header, rows = read_table(path, "calibration data")
     if not rows:
         raise InputError(str(path), [Problem("", "no rows; expected a CSV with a header line")])
-    columns = set(rows[0])
+    columns = set(header)
     family = CATALOG[gpu].family if gpu in CATALOG else ""
     if columns >= LAYOUT_COLUMNS:
+        check_rows(path, rows, LAYOUTS_CSV)
         return replace(_layout_dataset(path, rows, gpu), family=family)
     if columns >= LAYER_COLUMNS:
+        check_rows(path, rows, LAYERS_CSV)
         return replace(_layer_dataset(path, rows, gpu), family=family)
     raise InputError(
         str(path),
@@ -286,9 +286,9 @@ def _layer_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
             int(r["tp"]),
             int(r["hidden"]),
             int(r["heads"]),
-            int(r.get("layers", 1)),
+            int(r.get("layers") or 1),
             int(r["seq_len"]),
-            int(r.get("vocab", GPT2_VOCAB)),
+            int(r.get("vocab") or GPT2_VOCAB),
             int(r["micro_batch"]),
             str(path),
             kv_heads=int(r.get("kv_heads") or r["heads"]),

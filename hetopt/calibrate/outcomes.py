@@ -25,12 +25,13 @@ and what it costs: the runs that finished but are then refused.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetopt.calibrate.columns import OUTCOMES_CSV
 from hetopt.cost.pricing import evaluate
+from hetopt.csvfile import read_csv
 from hetopt.errors import InputError, Problem
 from hetopt.layout import Layout, expand_layout
 from hetopt.plan import Plan
@@ -38,26 +39,6 @@ from hetopt.spec.instance import Instance, instance_from_spec
 from hetopt.spec.load import validate_document
 from hetopt.spec.schema import InstanceFile
 
-OUTCOME_COLUMNS = {
-    "layers",
-    "hidden",
-    "heads",
-    "ffn_hidden",
-    "vocab",
-    "seq_len",
-    "gpu",
-    "gpus",
-    "gpus_per_node",
-    "tp",
-    "pp",
-    "dp",
-    "micro_batch",
-    "activation_checkpointing",
-    "attention_kernel",
-    "sequence_parallel",
-    "precision",
-    "status",
-}
 GPU_NAMES = {"A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB"}
 NIC_GBPS_PER_GPU = 200.0
 """One HDR InfiniBand NIC of 200 Gbit/s per GPU, as in a DGX A100."""
@@ -223,33 +204,8 @@ def outcome_from_row(row: dict, line: int, path: str = "outcomes.csv") -> Outcom
 
 def read_outcomes(path: str | Path) -> list[Outcome]:
     """Every row of an outcomes CSV as an Outcome (priced, or with its reason)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), [Problem("", "outcomes file does not exist")])
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            return _read(csv.DictReader(fh), path)
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(
-            str(path), [Problem("", f"not a UTF-8 CSV file ({exc}); save it as CSV UTF-8")]
-        ) from None
-
-
-def _read(reader: csv.DictReader, path: Path) -> list[Outcome]:
-    """The rows of an open outcomes CSV, its columns checked first."""
-    missing = OUTCOME_COLUMNS - set(reader.fieldnames or [])
-    if missing:
-        raise InputError(
-            str(path),
-            [
-                Problem(
-                    "columns",
-                    f"missing {', '.join(sorted(missing))}: give a CSV with the columns of "
-                    "data/calibration/public/hagemann_llama13b_runs.csv",
-                )
-            ],
-        )
-    return [outcome_from_row(row, n, str(path)) for n, row in enumerate(reader, start=2)]
+    rows = read_csv(path, OUTCOMES_CSV)
+    return [outcome_from_row(row, n, str(path)) for n, row in enumerate(rows, start=2)]
 
 
 def headroom_table(outcomes: list[Outcome], confidences=CONFIDENCES) -> list[dict]:

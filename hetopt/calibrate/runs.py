@@ -91,11 +91,11 @@ fold: nothing of the held-out source leaks in.
 
 from __future__ import annotations
 
-import csv
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetopt.calibrate.columns import RUNS_CSV
 from hetopt.calibrate.rows import (
     CP,
     EVALUATOR,
@@ -117,7 +117,8 @@ from hetopt.calibrate.rows import (
     source_key,
     zero_of,
 )
-from hetopt.errors import InputError, Problem
+from hetopt.csvfile import read_csv
+from hetopt.errors import InputError
 from hetopt.layout import Layout
 from hetopt.plan import Plan
 from hetopt.spec.instance import Instance, instance_from_spec
@@ -414,11 +415,7 @@ def _short(exc: Exception, limit: int = 300) -> str:
 
 def read_runs(path: str | Path) -> list[Run]:
     """Every row of a runs CSV as a Run (expressed or with reasons); nothing is dropped."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(str(path), [Problem("", "end-to-end runs file does not exist")])
-    with path.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = read_csv(path, RUNS_CSV)
     return [run_from_row(row, n, str(path)) for n, row in enumerate(rows, start=2)]
 
 

@@ -4,14 +4,13 @@ with it), and writing the fitted table."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable
 
 import numpy as np
 from scipy.optimize import minimize_scalar
 
 from hetopt.cost.stacks import EFFICIENCY_BOUNDS, Stack
-from hetopt.outputs import write_text
+from hetopt.outputs import write_json
 
 
 def fit_efficiency(
@@ -43,4 +42,4 @@ def save_stacks(stacks: dict[str, Stack], path, data: list[str]) -> None:
         "data": data,
         "stacks": {name: s.to_json() for name, s in stacks.items()},
     }
-    write_text(path, json.dumps(doc, indent=2) + "\n")
+    write_json(path, doc, "stack table")

@@ -12,7 +12,6 @@ from hetopt.errors import (
     InputError,
     Problem,
     did_you_mean,
-    require_columns,
 )
 from hetopt.outputs import check_output, check_output_directory
 from hetopt.progress import Progress
@@ -79,7 +78,28 @@ def calibrate(
 ) -> None:
     """Fit cost parameters of a GPU type to measurements (with a cross-validated report), or measure
     them."""
-
+    modes = [
+        name
+        for name, given in (
+            ("DATA", bool(data)),
+            ("--measure", measure),
+            ("--gemm", gemm is not None),
+            ("--fabrics", fabrics_csv is not None),
+            ("--runs", bool(runs_csv)),
+            ("--outcomes", outcomes_csv is not None),
+        )
+        if given
+    ]
+    if len(modes) > 1:
+        raise InputError(
+            "calibrate",
+            [
+                Problem(
+                    "options",
+                    f"{' and '.join(modes)} are different calibrations: give one of them per run",
+                )
+            ],
+        )
     if outcomes_csv is not None:
         _calibrate_outcomes(outcomes_csv, as_json)
         return
@@ -128,21 +148,6 @@ def calibrate(
         out.print(calibration_view(params))
         if target is not None:
             out.print(f"profile written to {target}")
-
-
-RUN_COLUMNS = {
-    "gpu",
-    "num_gpus",
-    "gpus_per_node",
-    "model",
-    "seq_len",
-    "micro_batch",
-    "tp",
-    "pp",
-    "dp",
-    "source",
-}
-"""Columns an end-to-end runs CSV must have (hetopt.calibrate.runs reads more where present)."""
 
 
 def _calibrate_outcomes(path: str, as_json: bool) -> None:
@@ -206,7 +211,8 @@ def _print_stack_fit(fit: dict, pct) -> None:
         out.print(
             f"{fit['framework']} stack refitted on these runs: loss transients "
             f"{t['logit_buffer_bytes']:.0f} B per logit, allocator overhead "
-            f"{pct(t['allocator_overhead'])} of activations, reserve {t['reserve_gib']:.1f} GiB: "
+            f"{pct(t['allocator_overhead'])} of the layers' activations, reserve "
+            f"{t['reserve_gib']:.1f} GiB: "
             f"agreement {pct(mem['agreement'])}; grouped k-fold (each group judged by the fit on "
             f"the others) {pct((mem['kfold'] or {}).get('agreement'))}"
         )
@@ -224,18 +230,13 @@ def _print_stack_fit(fit: dict, pct) -> None:
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
 
     from hetopt.calibrate.accuracy import fit_report, fit_stacks, load_runs, stack_fit
+    from hetopt.calibrate.columns import RUNS_CSV
     from hetopt.calibrate.stacks import save_stacks
     from hetopt.cost.profiles import Profiles
+    from hetopt.csvfile import read_csv
 
-    for path in paths:
-        if not Path(path).is_file():
-            raise InputError(path, [Problem("--runs", "file does not exist", path, True)])
-        require_columns(
-            path,
-            RUN_COLUMNS,
-            "an end-to-end runs CSV (the columns of data/calibration/"
-            "public/training_throughput_non_a100.csv)",
-        )
+    for path in paths:  # every file and cell checked before any fit
+        read_csv(path, RUNS_CSV)
     target = Path(out_path) if out_path else None
     if target is not None and target.is_dir():
         raise InputError(

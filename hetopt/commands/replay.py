@@ -74,7 +74,6 @@ def simulate(
         float | None,
         typer.Option(
             "--detection-delay",
-            min=0,
             help="With --policy replan: seconds before a change is seen (default: the "
             "instance's replan.detection_delay_s, 0).",
         ),
@@ -83,7 +82,6 @@ def simulate(
         float | None,
         typer.Option(
             "--restart",
-            min=0,
             help="With --policy replan: seconds a switch costs beside the migration (default: "
             "the instance's replan.restart_s, 0).",
         ),
@@ -92,7 +90,6 @@ def simulate(
         float | None,
         typer.Option(
             "--dwell",
-            min=0,
             help="With --policy replan: seconds a new bandwidth is expected to last (default: "
             "the instance's replan.dwell_s, else from the scenario).",
         ),

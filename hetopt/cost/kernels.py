@@ -11,24 +11,24 @@ Attention scores (materialised kernels only; flash kernels keep them on chip):
   forward writes the tensors it stores (`score_bytes`: softmax output and dropout output, w each,
   and the 1-byte mask, 2w + 1), the backward reads them and writes their gradients, twice that.
 - ``torch``, eager ops (Aleph Alpha Scaling's MaskedSoftmaxTorch, HF's eager attention): the same
-  softmax, and the scale and ``masked_fill_`` the fused kernel folds into it as two more passes:
-  forward scale (read w, write w) and ``masked_fill_`` (read w and the mask, write w), 4w + 1
-  beyond ``standard``; backward their gradients (read w, write w; read w and the mask, write w),
-  4w + 1 again.
+  softmax, and the mask the fused kernel folds into it as a pass of its own: ``masked_fill_``
+  reads w and the 1-byte mask and writes w, 2w + 1 beyond ``standard``; its backward the same,
+  2w + 1 again. The 1/√d scale rides on the scores' GEMM (``baddbmm``'s alpha; Scaling's
+  ``MaskedSoftmaxConfig.scale`` is 1 by default), so it adds no pass.
 The GEMMs that write the scores and read the probabilities are priced as GEMMs (cost.compute).
 
 FlashAttention v1 runs the same FLOPs as v2 at half its throughput: FlashAttention-2 is "around 2×
 faster" (Dao 2023, abstract; 1.7–3.0× forward + backward on A100, §4.1), so a v1 pass costs
 FLASH1_SLOWDOWN × the ATTN term of a v2 pass.
 
-RMSNorm as eager ops (``x * rsqrt(x.pow(2).mean(-1) + eps)``, cast to fp32 and back, times the
-weight: Scaling's RMSNorm._standard_forward, LLaMA's reference code) against one fused kernel
+RMSNorm as eager ops (``x * rsqrt(x.pow(2).mean(-1) + eps)`` in the input's width, cast to fp32 and
+back, times the weight: Scaling's RMSNorm._standard_forward) against one fused kernel
 (read w, write w forward; read the input and the gradient, write the gradient, 3w backward):
 - forward: pow 2w, mean w, x·r 2w, ``.float()`` w + 4, ``.type_as`` 4 + w, ·weight 2w = 9w + 8;
   beyond the fused kernel's 2w: 7w + 8.
-- backward: ·weight 4w (input and weight gradients), the two casts 2w + 8, x·r 6w (both operands'
-  gradients and the row reduction), mean w, pow 3w, the sum of x's two gradients 3w = 19w + 8;
-  beyond the fused kernel's 3w: 16w + 8.
+- backward: ·weight 6w and x·r 6w (each: the input gradient, read w and write w, and the other
+  operand's, read two and write their product before it is reduced), the two casts 2w + 8, mean
+  w, pow 3w, the sum of x's two gradients 3w = 21w + 8; beyond the fused kernel's 3w: 18w + 8.
 - stored: the normalised tensor ·weight saves (w per element) besides the input, which a fused
   kernel keeps too.
 LayerNorm runs as one native kernel in PyTorch (``torch.nn.functional.layer_norm``): no extra.
@@ -60,8 +60,8 @@ def score_traffic_bytes(attention: str, fmt: Format = BF16, backward: bool = Fal
     if is_flash(attention):
         return 0.0
     fused = score_bytes(fmt) * (2 if backward else 1)
-    if attention == "torch":  # scale and masked_fill_ as passes of their own
-        return fused + 4 * fmt.act_bytes + MASK_BYTES
+    if attention == "torch":  # masked_fill_ as a pass of its own
+        return fused + 2 * fmt.act_bytes + MASK_BYTES
     return fused
 
 
@@ -82,7 +82,7 @@ def norm_extra_traffic_bytes(
     if not eager_rmsnorm(norm, norm_kernel):
         return 0.0
     w = fmt.act_bytes
-    return 16 * w + 2 * FP32_BYTES if backward else 7 * w + 2 * FP32_BYTES
+    return 18 * w + 2 * FP32_BYTES if backward else 7 * w + 2 * FP32_BYTES
 
 
 def norm_extra_stored_bytes(norm: str, norm_kernel: str, fmt: Format = BF16) -> float:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.errors import InputError, Problem
-from hetopt.outputs import write_text
+from hetopt.outputs import write_json
 
 TERMS = ("GEMM", "KERN", "MEM", "LINK", "NET", "STEP", "PASS", "MB", "ITER", "LAT", "ATTN")
 GEMM, KERN, MEM, LINK, NET, STEP, PASS, MB, ITER, LAT, ATTN = range(len(TERMS))
@@ -145,7 +145,7 @@ class CostParams:
         )
 
     def save(self, path: Path) -> None:
-        write_text(path, json.dumps(self.to_json(), indent=2) + "\n")
+        write_json(path, self.to_json(), "profile")
 
 
 class MissingWeight(ValueError):

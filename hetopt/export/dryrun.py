@@ -232,15 +232,96 @@ def _compare(
         )
 
 
+COUNTS = ("stages", "sequences", "micro_batches")
+"""Rank fields that are whole numbers ≥ 1."""
+INDICES = (
+    "rank",
+    "node_rank",
+    "local_rank",
+    "gpu",
+    "template",
+    "replica",
+    "stage",
+    "dp_rank",
+    "tp_rank",
+    "cp_rank",
+    "first_layer",
+    "layers",
+)
+"""Rank fields that are whole numbers ≥ 0."""
+GROUPS = ("tp_group", "cp_group", "dp_group", "grad_group", "pp_prev", "pp_next")
+"""Rank fields that list other ranks."""
+MAX_PROBLEMS = 20
+
+
+def _whole(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def structure(rankmap) -> list[str]:
+    """What makes a rank map unreadable, before anything else is checked: the fields each part
+    needs, of the right kind, every rank a group names in 0…world_size − 1."""
+    if not isinstance(rankmap, dict):
+        return ["the rank map must be a JSON object with world_size, nodes and ranks"]
+    problems = []
+    world = rankmap.get("world_size")
+    if not _whole(world, 1):
+        problems.append(f"world_size: got {world!r}: must be a whole number ≥ 1")
+        world = None
+    nodes = rankmap.get("nodes")
+    if not isinstance(nodes, list) or not all(
+        isinstance(n, dict)
+        and isinstance(n.get("name"), str)
+        and isinstance(n.get("gpus"), list)
+        and all(_whole(g, 0) for g in n["gpus"])
+        for n in nodes
+    ):
+        problems.append("nodes: must be a list of {name, gpus: [GPU indices]} objects")
+    ranks = rankmap.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        return [*problems, "ranks: must be a non-empty list of rank objects"]
+    for i, r in enumerate(ranks):
+        where = f"ranks[{i}]"
+        if not isinstance(r, dict):
+            problems.append(f"{where}: must be an object")
+            continue
+        if not isinstance(r.get("node"), str):
+            problems.append(f"{where}.node: got {r.get('node')!r}: must be a node's name")
+        for key in COUNTS + INDICES:
+            least = 1 if key in COUNTS else 0
+            if not _whole(r.get(key), least):
+                problems.append(
+                    f"{where}.{key}: got {r.get(key)!r}: must be a whole number ≥ {least}"
+                )
+        for key in GROUPS:
+            group = r.get(key)
+            if not isinstance(group, list) or not all(
+                _whole(o, 0) and (world is None or o < world) for o in group
+            ):
+                problems.append(
+                    f"{where}.{key}: got {group!r}: must list ranks from 0 to world_size − 1"
+                )
+        chunks = r.get("chunks", [[0, 0]])
+        if not isinstance(chunks, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(_whole(x, 0) for x in c) for c in chunks
+        ):
+            problems.append(f"{where}.chunks: must list [first layer, layers] pairs")
+        if len(problems) > MAX_PROBLEMS:
+            return [*problems[:MAX_PROBLEMS], "… and more"]
+    return problems
+
+
 def check(rankmap: dict) -> dict:
     """Run the rank map's step on gloo, one process per rank.
 
     Parameters: rankmap — a rank map (hetopt.export.rankmap.RankMap.to_json()) of one template at TP
     and CP 1. Returns: {"ok": bool, "ranks": [each rank's findings], "problems": [...]}."""
+    problems = structure(rankmap)
+    if problems:
+        return {"ok": False, "ranks": [], "problems": problems, "unreadable": True}
     import torch.multiprocessing as mp
 
     ranks = rankmap["ranks"]
-    problems = []
     if len({r["template"] for r in ranks}) > 1 or any(
         r["tp_group"] != [r["rank"]] or r["cp_group"] != [r["rank"]] for r in ranks
     ):
@@ -355,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in result["problems"]:
         print(problem, file=sys.stderr)
     print(json.dumps({k: v for k, v in result.items() if k != "ranks"}))
+    if result.get("unreadable"):  # bad input: nothing started
+        return 2
     return 0 if result["ok"] else 1
 
 

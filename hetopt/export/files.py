@@ -78,7 +78,8 @@ def export(
     blocked: list[str] = []
     if fmt == "torchrun":
         env = precision_env(inst.precision)
-        files["torchrun.sh"] = _script(torchrun_lines(rm, script, env))
+        # the user's script is one word of the shell line, whatever it holds
+        files["torchrun.sh"] = _script(torchrun_lines(rm, shlex.quote(script), env))
         files["rank_env.json"] = dumps(rank_env(rm, env))
     elif fmt in ("megatron", "deepspeed"):
         blocked = blockers(plan, fmt, rm.order, inst)
@@ -101,7 +102,7 @@ def export(
             files["launch.sh"] = _script(
                 [
                     f"deepspeed --hostfile hostfile --master_addr {shlex.quote(rm.master)} "
-                    f"{script} --deepspeed --deepspeed_config ds_config.json"
+                    f"{shlex.quote(script)} --deepspeed --deepspeed_config ds_config.json"
                 ]
             )
             env = precision_env(inst.precision)

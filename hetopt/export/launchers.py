@@ -21,7 +21,7 @@ import shlex
 from hetopt.export.rankmap import RankMap
 from hetopt.plan import Plan, Stage
 from hetopt.spec.instance import Instance
-from hetopt.spec.kernels import is_flash
+from hetopt.spec.kernels import is_flash, runs_kernel
 
 FORMATS = ("megatron", "deepspeed", "torchrun", "rankmap")
 MASTER_PORT = 29500
@@ -40,12 +40,33 @@ def blockers(
     out = _template_blockers(plan, stages, launcher)
     if launcher == "megatron":
         out += _megatron_feature_blockers(plan, stages)
-        out += _megatron_training_blockers(inst) if inst is not None else []
+        if inst is not None:
+            out += _megatron_training_blockers(inst) + _kernel_blockers(inst, stages)
         out += _megatron_order_blockers(stages, order, blocked=bool(out))
     else:
         out += _deepspeed_feature_blockers(plan, stages)
         out += _deepspeed_order_blockers(order, blocked=bool(out))
     return out
+
+
+def _kernel_blockers(inst: Instance, stages: list[Stage]) -> list[str]:
+    """The instance's attention kernel on GPUs that lack it: the launch would die at start-up."""
+    attention = inst.spec.training.attention
+    lacking = sorted(
+        {
+            st.gpu
+            for st in stages
+            if st.gpu in inst.gpu_types
+            and not runs_kernel(attention, inst.gpu_types[st.gpu].family)
+        }
+    )
+    if not lacking:
+        return []
+    kernel = "FlashAttention-2" if attention == "flash" else "FlashAttention v1"
+    return [
+        f"{kernel} (training.attention: {attention}) does not run on {', '.join(lacking)}: set "
+        "training.attention: standard, or plan without those GPUs"
+    ]
 
 
 def _megatron_training_blockers(inst: Instance) -> list[str]:
@@ -171,7 +192,10 @@ def megatron_config(inst: Instance, plan: Plan) -> dict:
         "sequence_parallel": st.sp and st.tp > 1,
         **megatron_precision(inst.precision),
     }
-    if not is_flash(inst.spec.training.attention):  # standard: the fused softmax; torch: eager
+    if not is_flash(inst.spec.training.attention):
+        # megatron-core's own attention (its `auto` would pick Transformer Engine's flash or
+        # fused kernels): the fused softmax for standard, eager ops for torch
+        transformer["attention_backend"] = "local"  # AttnBackend's name
         transformer["masked_softmax_fusion"] = inst.spec.training.attention == "standard"
     if len(pipe.stages) > 1 or plan.virtual_stages > 1:
         transformer["pipeline_model_parallel_layout"] = layout_string(plan)
@@ -257,10 +281,12 @@ def megatron_args(inst: Instance, plan: Plan, rm: RankMap) -> list[str]:
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if cfg["ddp"]["grad_reduce_in_fp32"]:
         args += ["--accumulate-allreduce-grads-in-fp32"]
-    if is_flash(inst.spec.training.attention):  # the flash_attn package installed, v1 or v2
+    if is_flash(inst.spec.training.attention):
         args += ["--use-flash-attn"]
-    elif inst.spec.training.attention == "torch":  # eager softmax, not the fused kernel
-        args += ["--no-masked-softmax-fusion"]
+    else:  # megatron-core's own attention, not Transformer Engine's flash or fused kernels
+        args += ["--attention-backend", "local"]
+        if inst.spec.training.attention == "torch":  # eager softmax, not the fused kernel
+            args += ["--no-masked-softmax-fusion"]
     if rm.order == "tp-cp-pp-dp":
         args += ["--use-tp-pp-dp-mapping"]
     return [str(a) for a in args]
@@ -358,7 +384,8 @@ def torchrun_lines(
 ) -> list[str]:
     """One launch line per node, in node-rank order: its GPUs (CUDA_VISIBLE_DEVICES, in local-rank
     order), --nnodes/--node-rank/--nproc-per-node and the rendezvous at rank 0's node; the rank map
-    travels as HETOPT_RANKMAP, with `env` (`precision_env`) beside it."""
+    travels as HETOPT_RANKMAP, with `env` (`precision_env`) beside it. `script` is the command
+    line as the shell reads it: its words already quoted (shlex.quote)."""
     extra = "".join(f" {k}={shlex.quote(v)}" for k, v in (env or {}).items())
     out = []
     for n in rm.nodes:

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.spec.instance import Instance
+from hetopt.spec.kernels import runs_kernel
 
 LAUNCHERS = ("megatron", "deepspeed")
 
@@ -62,5 +63,31 @@ def runnable_instance(inst: Instance, launcher: str) -> Instance:
             "recompute": [rc for rc in (s.recompute or ["none", "full"]) if rc != "selective"]
             or ["none"],
         }
+    if launcher == "megatron":
+        update["gpus"] = _kernel_gpus(inst, s.gpus)
     search = s.model_copy(update=update)
     return replace(inst, spec=inst.spec.model_copy(update={"search": search}))
+
+
+def _kernel_gpus(inst: Instance, allowed: list[str] | None) -> list[str] | None:
+    """The GPU types of search.gpus (default every type) that run the instance's flash kernel, as
+    Megatron launches it (the flash-attn package); None where that is all of them. Raises:
+    InputError (exit 2) where none does."""
+    attention = inst.spec.training.attention
+    types = allowed or list(inst.gpu_types)
+    running = [t for t in types if runs_kernel(attention, inst.gpu_types[t].family)]
+    if not running:
+        raise InputError(
+            "--runnable",
+            [
+                Problem(
+                    "--runnable",
+                    f"Megatron runs training.attention: {attention} on none of "
+                    f"{', '.join(types)} (the flash-attn package needs Ampere or later for "
+                    "FlashAttention-2, Turing or later for v1): set training.attention: standard",
+                    "megatron",
+                    True,
+                )
+            ],
+        )
+    return None if running == types and allowed is None else running

@@ -127,7 +127,21 @@ def network_at(
         raise InputError(
             "--at", [Problem("--at", "give the moment of the scenario, seconds ≥ 0", at_s, True)]
         )
-    horizon = max(inst.horizon_s, at_s)
+    horizon = inst.horizon_s
+    if not at_s < horizon:  # the scenarios are laid out up to the horizon, not after it
+        raise InputError(
+            "--at",
+            [
+                Problem(
+                    "--at",
+                    f"is past the instance's horizon of {horizon:g} s (search.horizon_s), where "
+                    f"its scenarios end: give a moment from 0 to below {horizon:g} s, or raise "
+                    "search.horizon_s",
+                    at_s,
+                    True,
+                )
+            ],
+        )
     found = {sc.name: sc for sc in inst.scenarios(horizon)}
     if scenario not in found:
         raise InputError(
@@ -317,29 +331,39 @@ def replan(
 
 def parse_bandwidth(inst: Instance, given: list[str]) -> dict[tuple[str, str], float]:
     """--bandwidth values, each ISLAND-ISLAND=GBPS (island names may hold '-': the cut that names
-    two islands is taken). Raises: InputError (exit 2) naming the value and the islands."""
+    two islands is taken); a link is undirected, so a-b and b-a are one link, given once. Raises:
+    InputError (exit 2) naming the value and the islands, the number, or the link given twice."""
     islands = {n.island for n in inst.cluster.nodes.values()}
-    out = {}
+    out: dict[tuple[str, str], float] = {}
+    given_as: dict[frozenset, str] = {}
+
+    def bad(text: str, message: str) -> InputError:
+        return InputError("--bandwidth", [Problem("--bandwidth", message, text, True)])
+
     for text in given:
         link, _, value = text.partition("=")
         cuts = [(link[:i], link[i + 1 :]) for i, ch in enumerate(link) if ch == "-"]
         pair = next(((a, b) for a, b in cuts if a in islands and b in islands), None)
+        if pair is None:
+            raise bad(
+                text,
+                "give ISLAND-ISLAND=GBPS with two islands of the cluster ("
+                + ", ".join(sorted(islands))
+                + ")",
+            )
         try:
             gbps = float(value)
         except ValueError:
             gbps = math.nan
-        if pair is None or not math.isfinite(gbps):
-            raise InputError(
-                "--bandwidth",
-                [
-                    Problem(
-                        "--bandwidth",
-                        "give ISLAND-ISLAND=GBPS with two islands of the cluster "
-                        "(" + ", ".join(sorted(islands)) + ")",
-                        text,
-                        True,
-                    )
-                ],
+        if not math.isfinite(gbps):
+            raise bad(text, f"the bandwidth '{value}' is not a finite number of Gbit/s, e.g. 25")
+        key = frozenset(pair)
+        if key in given_as:
+            raise bad(
+                text,
+                f"the link {pair[0]}–{pair[1]} is also set by '{given_as[key]}': give each link "
+                "once (a link carries one bandwidth both ways)",
             )
+        given_as[key] = text
         out[pair] = gbps
     return out

@@ -48,7 +48,13 @@ from hetopt.search.subtrees import (
     work,
 )
 from hetopt.search.tree.base import Expanded, Node, Tree
-from hetopt.search.types import Progress, SearchOptions, SearchRequest, Seed
+from hetopt.search.types import (
+    Progress,
+    SearchOptions,
+    SearchRequest,
+    Seed,
+    on_searched_gpus,
+)
 
 PARALLEL_AFTER_S = 2.0
 """By default workers start once skeletons have been solved for this long: starting worker
@@ -115,6 +121,8 @@ def solve_exact(
     loop = _Loop(run, ctx, executor, request.workers, request.address, progress)
     loop.subtrees = request.subtrees
     loop.polishing(options, request.polish_s)
+    # a plan with stages on GPU types search.gpus leaves out is no point of this space
+    seeds = [s for s in seeds if on_searched_gpus(s.plan, options)]
     best = min(seeds, key=lambda s: s.objective_s, default=None)
     try:
         if narrow_first:

@@ -59,7 +59,10 @@ def tp_divides_heads(inst: Instance, tp: int) -> bool:
 
 def tp_options(inst: Instance, dc: DeviceClass, opts: SearchOptions, cp: int = 1) -> list[int]:
     """TP degrees of a class's stages at context-parallel degree `cp`: dividing the heads, tp·cp
-    GPUs inside a node, and (cp > 1) the sequence in 2·cp·tp equal chunks (`verify._check_cp`)."""
+    GPUs inside a node, and (cp > 1) the sequence in 2·cp·tp equal chunks (`verify._check_cp`);
+    none for a class whose GPU type search.gpus leaves out (no stage is placed on it)."""
+    if opts.gpus is not None and dc.gpu not in opts.gpus:
+        return []
     return [
         t
         for t in opts.tp

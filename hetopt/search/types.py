@@ -211,6 +211,8 @@ def default_max_classes(inst: Instance) -> int:
 
 @dataclass(frozen=True)
 class SearchOptions:
+    gpus: tuple[str, ...] | None = None
+    """GPU types stages may be placed on (search.gpus); None: every type."""
     tp: tuple[int, ...] = DEFAULT_TP
     """Allowed TP degrees (further limited to divisors of the heads that fit in a node)."""
     micro_batch: tuple[int, ...] = DEFAULT_MICRO_BATCH
@@ -269,6 +271,7 @@ class SearchOptions:
     def from_instance(cls, inst: Instance) -> SearchOptions:
         s = inst.spec.search
         return cls(
+            gpus=tuple(s.gpus) if s.gpus else None,
             tp=tuple(s.tp or DEFAULT_TP),
             micro_batch=tuple(s.micro_batch or DEFAULT_MICRO_BATCH),
             recompute=tuple(s.recompute or DEFAULT_RECOMPUTE),
@@ -442,6 +445,13 @@ class SearchRequest:
     def weights(self) -> Profiles:
         """The calibrated weights: `profiles`, else the shipped ones."""
         return self.profiles or Profiles()
+
+
+def on_searched_gpus(plan, opts: SearchOptions) -> bool:
+    """Whether every stage of `plan` is on a GPU type search.gpus allows (always, without it)."""
+    return opts.gpus is None or all(
+        st.gpu in opts.gpus for pipe in plan.pipelines for st in pipe.stages
+    )
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,8 @@ def layout_subsets(inst: Instance) -> list[ClassSet]:
     the nearest islands — and data parallelism over any number of islands (a template per
     island)."""
     cluster = inst.cluster
-    keys = list(cluster.device_classes)
+    allowed = inst.spec.search.gpus  # the types search.gpus leaves out stay idle
+    keys = [k for k in cluster.device_classes if allowed is None or k[0] in allowed]
 
     def speed(key: tuple[str, str]) -> tuple[float, int]:
         return (inst.gpu_types[key[0]].peak_tflops, cluster.device_classes[key].gpus)
@@ -108,7 +109,7 @@ def layout_subsets(inst: Instance) -> list[ClassSet]:
             rest = [i for i in cluster.islands if i not in taken]
             taken.append(max(rest, key=lambda i: max(_island_gbps(cluster, i, t) for t in taken)))
             sets.append({k for k in keys if k[1] in taken})
-    unique = {tuple(k for k in keys if k in chosen) for chosen in sets}
+    unique = {tuple(k for k in keys if k in chosen) for chosen in sets if chosen}
     return sorted(unique, key=lambda c: (-len(c), [keys.index(k) for k in c]))
 
 

@@ -316,7 +316,16 @@ def _check_probabilities(spec: InstanceFile) -> Iterator[Finding]:
 
 def check_search(spec: InstanceFile) -> Iterator[Finding]:
     s = spec.search
-    for key in ("tp", "micro_batch", "recompute", "virtual_stages", "cp"):
+    types = list(dict.fromkeys(g.gpu for g in spec.cluster.nodes))
+    for name in s.gpus or []:
+        if name not in types:
+            yield (
+                ("search", "gpus"),
+                f"'{name}' is no GPU type of the cluster{did_you_mean(name, types)}; its types: "
+                + ", ".join(types),
+                s.gpus,
+            )
+    for key in ("gpus", "tp", "micro_batch", "recompute", "virtual_stages", "cp"):
         values = getattr(s, key)
         if values is not None and not values:
             yield (

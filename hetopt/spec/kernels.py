@@ -20,7 +20,23 @@ from typing import Literal
 Attention = Literal["flash", "flash1", "standard", "torch"]
 NormKernel = Literal["fused", "torch"]
 FLASH_KERNELS = ("flash", "flash1")
-"""Tiled kernels that never store the scores (and run ring attention for context parallelism)."""
+"""Tiled kernels that never store the scores (context parallelism's ring attention needs
+``flash``: FlashAttention-2)."""
+
+
+FLASH_FAMILIES = {
+    "flash": ("ampere", "ada", "hopper", "cdna2", "cdna3"),
+    "flash1": ("turing", "ampere", "ada", "hopper"),
+}
+"""Architectures the flash-attn package runs each version on, as a launcher needs it:
+FlashAttention-2 from sm_80 (Ampere, Ada, Hopper; ROCm's port on MI200/MI300), v1 on Turing and
+Ampere and later (the package's README for each version)."""
+
+
+def runs_kernel(attention: str, family: str) -> bool:
+    """Whether a GPU of `family` runs the flash kernel `attention` (every other kernel runs
+    anywhere)."""
+    return attention not in FLASH_FAMILIES or family in FLASH_FAMILIES[attention]
 
 
 def is_flash(attention: str) -> bool:

@@ -27,12 +27,19 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """A YAML loader that refuses duplicate keys (the second would silently win otherwise)."""
+    """A YAML loader that refuses duplicate keys (the second would silently win otherwise); merge
+    keys (``<<: *base``) work as in any YAML loader, the mapping's own keys overriding the merged
+    ones."""
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == MERGE_TAG:  # `<<`: SafeLoader merges it below
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(

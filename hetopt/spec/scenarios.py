@@ -13,13 +13,13 @@ default: one number for both, so that what the planner promises is what the simu
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hetopt.csvfile import read_table
 from hetopt.errors import InputError, Problem
 from hetopt.spec.schema import InstanceFile
 
@@ -188,33 +188,29 @@ def read_trace(path: Path, links: set[frozenset[str]] | None = None) -> list[Cha
     0 is an outage: the link carries nothing until a later row brings it back.
     """
     changes, problems = [], []
-    # a spreadsheet's byte-order mark is no column
-    with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise InputError(
-                str(path),
-                [
-                    Problem(
-                        "line 1",
-                        f"missing column(s) {', '.join(missing)}; a trace has the columns "
-                        f"{','.join(TRACE_COLUMNS)}",
-                        reader.fieldnames,
-                        True,
-                    )
-                ],
-            )
-        for n, row in enumerate(reader, start=2):
-            found = _row_problems(row, links)
-            problems += [
-                Problem(f"line {n} {column}", message, value, True)
-                for column, message, value in found
-            ]
-            if not found:
-                changes.append(
-                    (float(row["at_s"]), link_key((row["a"], row["b"])), float(row["gbps"]))
+    # a spreadsheet's byte-order mark is no column; bytes that are not UTF-8 are bad input
+    header, rows = read_table(path, "bandwidth trace")
+    missing = [c for c in TRACE_COLUMNS if c not in header]
+    if missing:
+        raise InputError(
+            str(path),
+            [
+                Problem(
+                    "line 1",
+                    f"missing column(s) {', '.join(missing)}; a trace has the columns "
+                    f"{','.join(TRACE_COLUMNS)}",
+                    header,
+                    True,
                 )
+            ],
+        )
+    for n, row in enumerate(rows, start=2):
+        found = _row_problems(row, links)
+        problems += [
+            Problem(f"line {n} {column}", message, value, True) for column, message, value in found
+        ]
+        if not found:
+            changes.append((float(row["at_s"]), link_key((row["a"], row["b"])), float(row["gbps"])))
     if not changes and not problems:
         raise InputError(
             str(path),

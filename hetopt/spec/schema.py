@@ -269,6 +269,12 @@ class Scenario(Section):
 
 
 class SearchSection(Section):
+    gpus: list[str] | None = Field(
+        None,
+        description="GPU types the search may place stages on (types of cluster.nodes[].gpu); "
+        "the others are left idle. Default: every type. `solve --runnable megatron` sets it to "
+        "the types that run the instance's flash kernel.",
+    )
     tp: list[PositiveInt] | None = Field(None, description="Allowed tensor-parallel degrees.")
     micro_batch: list[PositiveInt] | None = Field(None, description="Allowed micro-batch sizes.")
     recompute: list[Recompute] | None = Field(
