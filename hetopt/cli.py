@@ -29,6 +29,7 @@ from hetopt.errors import (
     ExitCode,
     InfeasibleError,
     InputError,
+    Problem,
 )
 from hetopt.lifeline import EXIT_SIGTERM, Terminated, owner_signals
 
@@ -110,6 +111,48 @@ def _signalled(exc: BaseException, kind: type[BaseException]) -> bool:
     return False
 
 
+def repeated_option(args: list[str]) -> InputError | None:
+    """An option that takes one value given more than once (`--time-limit 5 --time-limit 10`:
+    click would keep the last in silence), as bad input; None where there is none. Options that
+    may repeat (`--bandwidth`, `--profile`) are not counted."""
+    group = _command()
+    name = next((a for a in args if a in getattr(group, "commands", {})), None)
+    if name is None:
+        return None
+    params = group.commands[name].params
+    single = {
+        opt: param
+        for param in params
+        if param.param_type_name == "option" and not param.multiple
+        for opt in (*param.opts, *param.secondary_opts)
+    }
+    given: dict[str, list[str]] = {}
+    rest = args[args.index(name) + 1 :]
+    for i, arg in enumerate(rest):
+        if arg == "--":
+            break
+        param = single.get(arg.split("=", 1)[0])
+        if param is not None:
+            takes_value = not getattr(param, "is_flag", False) and "=" not in arg
+            value = rest[i + 1] if takes_value and i + 1 < len(rest) else None
+            given.setdefault(param.name, []).append(arg if value is None else f"{arg} {value}")
+    for uses in given.values():
+        if len(uses) > 1:
+            option = uses[0].split("=", 1)[0].split(" ", 1)[0]
+            return InputError(
+                option,
+                [
+                    Problem(
+                        option,
+                        f"given {len(uses)} times; give it once (the value to use)",
+                        " ".join(uses),
+                        True,
+                    )
+                ],
+            )
+    return None
+
+
 def usage_error(exc: cli_errors.UsageError) -> str:
     """A command-line mistake click found (an option's value, an unknown option, a missing
     argument) in hetopt's words: ``error: OPTION: what is wrong; see `hetopt CMD --help```."""
@@ -129,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     command like Ctrl-C (its workers stopped, nothing half-written) with exit 143
     (hetopt.lifeline)."""
     try:
+        repeated = repeated_option(list(sys.argv[1:] if argv is None else argv))
+        if repeated is not None:
+            raise repeated
         with owner_signals():
             # not standalone: click's own errors come back here, to be told in hetopt's words
             code = _command().main(args=argv, prog_name="hetopt", standalone_mode=False)

@@ -297,3 +297,15 @@ def test_every_bad_option_value_speaks_hetopts_style(args, says):
     )
     _refused(result, says)
     assert "Usage:" not in result.stderr and "Try '" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["solve", "demo", "--time-limit", "5", "--time-limit=10"], "--time-limit"),
+        (["simulate", "demo", "--layout", "tp=1,pp=4,dp=8", "--json", "--json"], "--json"),
+    ],
+)
+def test_an_option_given_twice_is_refused(args, option):
+    result = run_hetopt(*args)
+    _refused(result, f"error: {option}:", "given 2 times; give it once")
