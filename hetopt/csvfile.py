@@ -45,11 +45,15 @@ def positive(text: str) -> str:
     return text
 
 
+MAX_COUNT = 10**9
+"""The largest count a row may give (GPUs, layers, a hidden size, tokens): beyond it, a typo."""
+
+
 def count(text: str) -> str:
-    """A whole number ≥ 1 (``8`` or ``8.0``), written back as ``8``."""
+    """A whole number from 1 to MAX_COUNT (``8`` or ``8.0``), written back as ``8``."""
     value = _number(text)
-    if value < 1 or not value.is_integer():
-        raise ValueError("must be a whole number ≥ 1")
+    if value < 1 or not value.is_integer() or value > MAX_COUNT:
+        raise ValueError(f"must be a whole number from 1 to {MAX_COUNT:,}")
     return str(int(value))
 
 
@@ -153,21 +157,36 @@ def read_table(path: str | Path, what: str) -> tuple[list[str], list[dict[str, s
     """The header and rows of a CSV file, every cell a stripped string ('' where a short row
     leaves it out). Raises InputError where the file is missing, not UTF-8 text or not CSV."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(str(path), [Problem("", f"is a directory; give the CSV file ({what})")])
     if not path.is_file():
         raise InputError(str(path), [Problem("", f"{what} file does not exist")])
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in reader.fieldnames or []]
-            reader.fieldnames = header
-            rows = [
-                {k: (v or "").strip() if isinstance(v, str) else "" for k, v in r.items() if k}
-                for r in reader
-            ]
+            table = list(csv.reader(fh))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise InputError(
             str(path), [Problem("", f"not a UTF-8 CSV file ({exc}); save it as CSV UTF-8")]
         ) from None
+    header = [h.strip() for h in table[0]] if table else []
+    twice = sorted({h for h in header if h and header.count(h) > 1})
+    if twice:
+        raise InputError(
+            str(path),
+            [Problem("columns", f"{', '.join(twice)} twice; keep one of each", header, True)],
+        )
+    problems = [
+        Problem("", f"{len(cells)} cells for {len(header)} columns; one cell per column", line=n)
+        for n, cells in enumerate(table[1:], start=2)
+        if len(cells) > len(header)
+    ]
+    if problems:
+        raise InputError(str(path), problems[:MAX_PROBLEMS])
+    rows = [
+        {h: (cells[i].strip() if i < len(cells) else "") for i, h in enumerate(header) if h}
+        for cells in table[1:]
+        if any(c.strip() for c in cells)  # a blank line is no row
+    ]
     return header, rows
 
 

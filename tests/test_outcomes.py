@@ -101,7 +101,7 @@ def test_a_spreadsheets_byte_order_mark_is_read(tmp_path):
     ("column", "value", "says"),
     [
         ("tp", "two", "tp (line 3): got 'two': must be a number"),
-        ("micro_batch", "0", "micro_batch (line 3): got '0': must be a whole number ≥ 1"),
+        ("micro_batch", "0", "micro_batch (line 3): got '0': must be a whole number from 1"),
         ("step_time_s", "nan", "step_time_s (line 3): got 'nan': must be a finite number"),
         ("status", "crashed", "bad.csv:3: status: got 'crashed': must be ok, or name an out-of"),
     ],

@@ -309,3 +309,53 @@ def test_every_bad_option_value_speaks_hetopts_style(args, says):
 def test_an_option_given_twice_is_refused(args, option):
     result = run_hetopt(*args)
     _refused(result, f"error: {option}:", "given 2 times; give it once")
+
+
+def test_the_hostile_sweeps_findings_are_refused(tmp_path):
+    """What a second hostile sweep found (exit 3, exit 0 on nonsense, a process start on a broken
+    map), each now exit 2 with the file or option named."""
+    header, rows = _rows(RUNS, 5)
+    twice = tmp_path / "twice.csv"
+    twice.write_text(",".join([*header, "tp"]) + "\n")
+    _refused(run_hetopt("calibrate", "--runs", str(twice)), "tp twice")
+    extra = tmp_path / "extra.csv"
+    _write(extra, header, rows)
+    extra.write_text(extra.read_text().replace("\n", ",surplus\n", 2).replace(",surplus", "", 1))
+    _refused(run_hetopt("calibrate", "--runs", str(extra)), "cells for", "columns")
+    for r in rows:
+        r["gpu"] = "NOPE"
+    unknown = _write(tmp_path / "unknown.csv", header, rows)
+    _refused(run_hetopt("calibrate", "--runs", str(unknown)), "none of its 5 rows")
+    huge = _with_cell(tmp_path, RUNS, "tp", "1e26")
+    _refused(run_hetopt("calibrate", "--runs", str(huge)), "whole number from 1 to")
+    _refused(run_hetopt("calibrate", "--gemm", str(tmp_path)), "is a directory")
+    _refused(run_hetopt("calibrate", "--gemm", str(GEMM), "--out", ""), "--out", "is empty")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    _refused(run_hetopt("validate", str(deep)), "nested too deeply")
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("name: x\nmodel: &m {preset: llama-7b, self: *m}\n")
+    _refused(run_hetopt("validate", str(loop)), "anchor that holds itself")
+    layouts = tmp_path / "layouts.txt"
+    layouts.write_bytes("tp=1,pp=4,dp=8\n".encode("utf-16"))
+    _refused(run_hetopt("evaluate", "demo", "--layouts", str(layouts)), "not UTF-8")
+    layouts.write_text("banana\n")
+    _refused(run_hetopt("evaluate", "demo", "--layouts", str(layouts)), "no line of it evaluates")
+
+
+@pytest.mark.parametrize(
+    "spoil, says",
+    [
+        (lambda m: m.update(world_size=10**30), "must equal the number of ranks"),
+        (lambda m: m["ranks"][0].pop("embedding"), "ranks[0].embedding"),
+        (lambda m: m["ranks"][0].update(pp_next=[]), "whose pp_next does not name it"),
+        (lambda m: m["ranks"][0].update(sequences=10**12), "at most 4096 sequences"),
+        (lambda m: m["ranks"][0].update(first_layer=100), "beyond the model's"),
+    ],
+)
+def test_a_rank_map_that_would_start_broken_processes_is_refused(tmp_path, spoil, says):
+    rankmap = copy.deepcopy(_rankmap())
+    spoil(rankmap)
+    result = _dryrun(tmp_path, rankmap)
+    assert result.returncode in (1, 2), result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr

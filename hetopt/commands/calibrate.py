@@ -90,6 +90,13 @@ def calibrate(
         )
         if given
     ]
+    if out_path is not None and not out_path.strip():
+        raise InputError("--out", [Problem("--out", "is empty; give a path", out_path, True)])
+    if out_path is not None and outcomes_csv is not None:
+        raise InputError(
+            "--out",
+            [Problem("--out", "--outcomes writes nothing; leave --out out", out_path, True)],
+        )
     if len(modes) > 1:
         raise InputError(
             "calibrate",
@@ -158,6 +165,18 @@ def _calibrate_outcomes(path: str, as_json: bool) -> None:
     with Progress(err, f"calibrating: pricing every run of {path}…"):
         outcomes = read_outcomes(path)
         report = outcome_report(outcomes)
+    if not report["expressed"]:  # nothing to judge the memory model on
+        first = report["not_expressed"][0]
+        raise InputError(
+            path,
+            [
+                Problem(
+                    "",
+                    f"none of its {report['rows']} runs can be priced (line {first['line']}: "
+                    f"{first['reason']}); give runs on GPU types hetopt knows",
+                )
+            ],
+        )
     with Progress(err, f"calibrating: refitting the {FRAMEWORK} stack, grouped k-fold…"):
         report["stack_fit"] = {
             "framework": FRAMEWORK,
@@ -255,7 +274,20 @@ def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json
     with Progress(
         err, f"calibrating: fitting the framework stacks on {len(paths)} runs file(s)…"
     ) as status:
-        stacks = fit_stacks(load_runs(paths))
+        runs = load_runs(paths)
+        if not any(r.expressed for r in runs):  # nothing to fit or judge
+            raise InputError(
+                ", ".join(paths),
+                [
+                    Problem(
+                        "",
+                        f"none of its {len(runs)} rows can be expressed as a plan (first: "
+                        f"{runs[0].reasons[0] if runs and runs[0].reasons else 'no rows'}); "
+                        "give rows with a known GPU, the model and the layout",
+                    )
+                ],
+            )
+        stacks = fit_stacks(runs)
         status.update("calibrating: predicting every run, leaving each source out in turn")
         report = fit_report(paths, fit=stack_fit, profiles=Profiles(stacks=stacks))
     report["stacks"] = {name: s.to_json() for name, s in stacks.items()}

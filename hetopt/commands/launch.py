@@ -9,9 +9,7 @@ from typing import Annotated
 import typer
 
 from hetopt.commands.common import JsonOpt, _print_json, err, out
-from hetopt.errors import (
-    ExitCode,
-)
+from hetopt.errors import ExitCode, InputError, Problem
 from hetopt.outputs import check_output_directory
 
 
@@ -43,6 +41,18 @@ def export_plan(
     from hetopt.spec.instance import load_instance
 
     check_format(fmt)  # before any work, as the output directory
+    if not script.strip() or script.startswith("-"):
+        raise InputError(
+            "--script",
+            [
+                Problem(
+                    "--script",
+                    "give the training script's path (not empty, not an option), e.g. train.py",
+                    script,
+                    True,
+                )
+            ],
+        )
     check_output_directory(out_dir, "--out")
     inst = load_instance(instance)
     result = export(inst, load_plan(plan), fmt, source=plan, script=script)

@@ -259,7 +259,8 @@ def evaluate(
 
 def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
     """One result per layout line, in order; an invalid line gets an `error` entry and the sweep
-    goes on."""
+    goes on. Bad input (exit 2) where the file is not UTF-8 text, or no line of it is a layout
+    that evaluates."""
 
     from hetopt.evaluate import evaluate as run_evaluate
     from hetopt.layout import expand_layout, parse_layout
@@ -269,8 +270,14 @@ def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
         raise InputError(
             path, [Problem("", "layouts file does not exist; write one layout shorthand per line")]
         )
+    try:  # a spreadsheet's byte-order mark is no layout
+        lines = file.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            path, [Problem("", f"not UTF-8 text ({exc}); save it as UTF-8, one layout per line")]
+        ) from None
     results = []
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
@@ -287,6 +294,11 @@ def _evaluate_layouts(inst, path: str, profiles) -> list[dict]:
         except InputError as exc:
             err.print(exc.render(), markup=False, highlight=False, soft_wrap=True)
             results.append({"layout": text, "error": exc.render()})
+    if not any("error" not in r for r in results):
+        what = "no line of it evaluates" if results else "it holds no layout"
+        raise InputError(
+            path, [Problem("", f"{what}; write one layout shorthand per line, e.g. tp=2,pp=4,dp=4")]
+        )
     return results
 
 

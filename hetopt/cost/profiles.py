@@ -89,5 +89,5 @@ def load_profile_file(path: str | Path) -> CostParams:
         return CostParams.from_json(json.loads(path.read_text(encoding="utf-8")))
     except FileNotFoundError:
         raise InputError(str(path), [Problem("", "profile file does not exist")]) from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as exc:
         raise profile_error(str(path), exc) from None

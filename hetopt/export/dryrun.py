@@ -252,6 +252,11 @@ INDICES = (
 GROUPS = ("tp_group", "cp_group", "dp_group", "grad_group", "pp_prev", "pp_next")
 """Rank fields that list other ranks."""
 MAX_PROBLEMS = 20
+MAX_SEQUENCES = 4096
+"""Most sequences one rank's step may run (sequences × micro-batches): the dry run's tiny model is a
+check, not a benchmark; a map that asks for more is broken, or would fill every rank's memory."""
+MAX_LAYERS = 1024
+"""Most tiny layers a map may lay out."""
 
 
 def _whole(value, least: int) -> bool:
@@ -280,6 +285,9 @@ def structure(rankmap) -> list[str]:
     ranks = rankmap.get("ranks")
     if not isinstance(ranks, list) or not ranks:
         return [*problems, "ranks: must be a non-empty list of rank objects"]
+    if world is not None and world != len(ranks):
+        problems.append(f"world_size: got {world}: must equal the number of ranks ({len(ranks)})")
+        world = None
     for i, r in enumerate(ranks):
         where = f"ranks[{i}]"
         if not isinstance(r, dict):
@@ -301,6 +309,7 @@ def structure(rankmap) -> list[str]:
                 problems.append(
                     f"{where}.{key}: got {group!r}: must list ranks from 0 to world_size − 1"
                 )
+        problems += _rank_semantics(where, r, world)
         chunks = r.get("chunks", [[0, 0]])
         if not isinstance(chunks, list) or not all(
             isinstance(c, list) and len(c) == 2 and all(_whole(x, 0) for x in c) for c in chunks
@@ -308,7 +317,53 @@ def structure(rankmap) -> list[str]:
             problems.append(f"{where}.chunks: must list [first layer, layers] pairs")
         if len(problems) > MAX_PROBLEMS:
             return [*problems[:MAX_PROBLEMS], "… and more"]
+    if not problems:  # every rank's layers inside the model the map lays out
+        total = _model_layers(rankmap)
+        problems += [
+            f"ranks[{i}]: layers {r['first_layer']} to {r['first_layer'] + r['layers'] - 1} "
+            f"lie beyond the model's {total} layers"
+            for i, r in enumerate(ranks)
+            if r["first_layer"] + r["layers"] > total
+        ][:MAX_PROBLEMS]
     return problems
+
+
+def _rank_semantics(where: str, r: dict, world: int | None) -> list[str]:
+    """A rank's fields against each other, once each has the right kind: its stage within the
+    depth, the embedding on the first stage and the head on the last, its step within the dry run's
+    size, no rank its own pipeline neighbour."""
+    fields = (*COUNTS, *INDICES)
+    if not all(_whole(r.get(k), 1 if k in COUNTS else 0) for k in fields):
+        return []  # the kinds are named already
+    out = []
+    for key in ("embedding", "head"):
+        if not isinstance(r.get(key), bool):
+            out.append(f"{where}.{key}: got {r.get(key)!r}: must be true or false")
+    if r["stage"] >= r["stages"]:
+        out.append(f"{where}.stage: got {r['stage']}: must be below stages ({r['stages']})")
+    elif (
+        isinstance(r.get("embedding"), bool)
+        and isinstance(r.get("head"), bool)
+        and (r["embedding"] != (r["stage"] == 0) or r["head"] != (r["stage"] == r["stages"] - 1))
+    ):
+        out.append(
+            f"{where}: the embedding belongs to stage 0 and the head to stage "
+            f"{r['stages'] - 1}; stage {r['stage']} has embedding {r['embedding']}, head "
+            f"{r['head']}"
+        )
+    if world is not None and any(r[k] >= world for k in ("replica", "dp_rank", "rank")):
+        out.append(f"{where}: replica, dp_rank and rank must be below world_size ({world})")
+    if r["sequences"] * r["micro_batches"] > MAX_SEQUENCES:
+        out.append(
+            f"{where}: {r['sequences']} sequences × {r['micro_batches']} micro-batches: the dry "
+            f"run takes at most {MAX_SEQUENCES} sequences a rank"
+        )
+    if r["first_layer"] + r["layers"] > MAX_LAYERS:
+        out.append(f"{where}: layers up to {r['first_layer'] + r['layers']}: at most {MAX_LAYERS}")
+    for key in ("pp_prev", "pp_next"):
+        if isinstance(r.get(key), list) and r["rank"] in r[key]:
+            out.append(f"{where}.{key}: names the rank itself")
+    return out
 
 
 def check(rankmap: dict) -> dict:
@@ -409,22 +464,32 @@ def consistency(rankmap: dict) -> list[str]:
                 problems.append(
                     f"rank {r['rank']}: its {key} is not the same from each member's side"
                 )
+            elif any(ranks[o]["stage"] != r["stage"] for o in r[key]):
+                problems.append(f"rank {r['rank']}: its {key} holds ranks of another stage")
         for other in r["pp_next"]:
             if r["rank"] not in ranks[other]["pp_prev"]:
                 problems.append(
                     f"rank {r['rank']} sends to {other}, whose pp_prev does not name it"
+                )
+        for other in r["pp_prev"]:
+            if r["rank"] not in ranks[other]["pp_next"]:
+                problems.append(
+                    f"rank {r['rank']} receives from {other}, whose pp_next does not name it"
                 )
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print("usage: python -m hetopt.export.dryrun RANKMAP.json (`hetopt export` writes it)")
+        return 0
     if len(args) != 1:
         print("usage: python -m hetopt.export.dryrun RANKMAP.json", file=sys.stderr)
         return 2
     try:
         rankmap = json.loads(Path(args[0]).read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         print(
             f"error: {args[0]}: cannot read a rank map ({exc}); give the rankmap.json `hetopt "
             "export` wrote",

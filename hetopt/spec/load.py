@@ -106,6 +106,16 @@ def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, in
             else "a plan needs the keys micro_batch and pipelines"
         )
         raise InputError(source, [Problem("", f"the file is empty; {needs}")])
+    too_deep = InputError(
+        source,
+        [
+            Problem(
+                "",
+                "nested too deeply, or a YAML anchor that holds itself (`&a {x: *a}`); write "
+                "the structure out flat",
+            )
+        ],
+    )
     if path.suffix.lower() == ".json":
         try:
             return json.loads(text), {}
@@ -113,6 +123,8 @@ def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, in
             raise InputError(
                 source, [Problem("", f"malformed JSON: {exc.msg}", line=exc.lineno)]
             ) from None
+        except RecursionError:
+            raise too_deep from None
     lines: dict[Loc, int] = {}
     try:
         lines = _yaml_lines(yaml.compose(text, Loader=yaml.SafeLoader))
@@ -128,6 +140,8 @@ def read_document(path: Path, what: str = "instance") -> tuple[Any, dict[Loc, in
         raise InputError(source, [Problem(path, f"malformed YAML: {what}", line=line)]) from None
     except yaml.YAMLError as exc:
         raise InputError(source, [Problem("", f"malformed YAML: {exc}")]) from None
+    except RecursionError:
+        raise too_deep from None
     return data, lines
 
 
