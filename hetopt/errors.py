@@ -6,7 +6,6 @@ the key path, the value given and the fix, and the CLI exits with :data:`EXIT_BA
 
 from __future__ import annotations
 
-import csv
 import difflib
 import math
 from collections.abc import Iterable, Sequence
@@ -112,20 +111,6 @@ def format_path(loc: Sequence[str | int]) -> str:
 def _short_repr(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def require_columns(path: str, required: set[str], what: str) -> None:
-    """Bad input (exit 2) unless the CSV file at `path` has every column of `required`; `what` names
-    the file kind and where its columns are shown (e.g. "a collectives CSV ...
-    collectives_achieved.csv")."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        header = set(next(csv.reader(fh), []))
-    missing = sorted(required - header)
-    if missing:
-        raise InputError(
-            path,
-            [Problem("columns", f"not {what}: missing {', '.join(missing)}", sorted(header), True)],
-        )
 
 
 def check_time_limit(seconds: float, option: str = "--time-limit") -> None:

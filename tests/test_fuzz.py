@@ -8,9 +8,7 @@ seconds."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import math
 import resource
@@ -19,11 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, run_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from hetopt.cli import main
 
 INSTANCES = [
     REPO / "instances" / "demo-a100-v100-llama7b.yaml",
@@ -97,18 +93,6 @@ def _mutate(doc, data) -> object:
     return doc
 
 
-def _run(args: list[str]) -> tuple[int, str]:
-    """`hetopt ARGS` in this process: its exit code and what it wrote to stderr."""
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
-    return code, stderr.getvalue()
-
-
 def _check(code: int, message: str, path: Path) -> None:
     assert code in (0, 1, 2), (code, message)
     assert "Traceback" not in message, message
@@ -147,7 +131,7 @@ def test_a_mutated_instance_is_valid_or_refused_with_its_file_named(data):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mutated.yaml"
         path.write_text(yaml.safe_dump(doc))  # nan and inf as YAML writes them (.nan, .inf)
-        code, message = _run(["validate", str(path)])
+        code, message = run_in_process(["validate", str(path)])
         _check(code, message, path)
 
 
@@ -173,5 +157,5 @@ def test_a_mutated_plan_file_is_evaluated_or_refused_with_its_file_named(data):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         path.write_text(json.dumps(doc, allow_nan=True))
-        code, message = _run(["evaluate", PLAN_INSTANCE, "--plan", str(path)])
+        code, message = run_in_process(["evaluate", PLAN_INSTANCE, "--plan", str(path)])
         _check(code, message, path)

@@ -9,7 +9,6 @@ raises InputError naming the file — anything else would be exit 3. A smaller s
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import csv
 import io
@@ -18,7 +17,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import CALIBRATION
+from conftest import CALIBRATION, run_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +26,6 @@ from hetopt.calibrate.gemm import read_rows as read_gemm
 from hetopt.calibrate.layouts import load_dataset
 from hetopt.calibrate.outcomes import read_outcomes
 from hetopt.calibrate.runs import read_runs
-from hetopt.cli import main
 from hetopt.errors import InputError
 from hetopt.export.dryrun import check, structure
 
@@ -161,17 +159,6 @@ CLI = {
 }
 
 
-def _run(args: list[str]) -> tuple[int, str]:
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            main(args)
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 2
-    return code, stderr.getvalue()
-
-
 @pytest.mark.parametrize("kind", sorted(CLI))
 def test_calibrate_on_a_mutated_csv_exits_0_or_2_and_writes_nothing_on_2(kind, tmp_path):
     source, _ = KINDS[kind]
@@ -184,7 +171,7 @@ def test_calibrate_on_a_mutated_csv_exits_0_or_2_and_writes_nothing_on_2(kind, t
     def one(data):
         path.write_bytes(_mutated(header, rows, data))
         extra = ["--out", str(out), "--force"] if kind != "outcomes" else []
-        code, message = _run(["calibrate", *CLI[kind], str(path), *extra])
+        code, message = run_in_process(["calibrate", *CLI[kind], str(path), *extra])
         assert code in (0, 2), (code, message)
         assert "Traceback" not in message
         if code == 2:

@@ -19,8 +19,11 @@ from hetopt.csvfile import (
 from hetopt.spec.kernels import Attention
 
 
-def _counts(*names: str, needed: bool = True) -> tuple[Column, ...]:
-    return tuple(Column(n, count_or_words if n == "num_nodes" else count, needed) for n in names)
+def _counts(*names: str, needed: bool = True, filled: bool = False) -> tuple[Column, ...]:
+    """Columns of whole numbers ≥ 1 (num_nodes may also say ">1", read as unstated)."""
+    return tuple(
+        Column(n, count_or_words if n == "num_nodes" else count, needed, filled) for n in names
+    )
 
 
 RUNS_CSV = CsvKind(
@@ -90,33 +93,28 @@ LAYOUTS_CSV = CsvKind(
     "a layout-runs CSV",
     "data/calibration/a100_single_node_megatron_deepspeed.csv",
     (
-        *(
-            Column(n, count, filled=True)
-            for n in (
-                "gpus",
-                "global_batch",
-                "micro_batch",
-                "hidden",
-                "heads",
-                "layers",
-                "seq_len",
-                "tp",
-                "dp",
-                "pp",
-            )
+        *_counts(
+            "gpus",
+            "global_batch",
+            "micro_batch",
+            "hidden",
+            "heads",
+            "layers",
+            "seq_len",
+            "tp",
+            "dp",
+            "pp",
+            filled=True,
         ),
         Column("iter_time_ms", positive, filled=True, what="the measured iteration time in ms"),
-        Column("activation_recompute"),
+        Column("activation_recompute", needed=False),
     ),
 )
 LAYERS_CSV = CsvKind(
     "a layer-times CSV",
     "data/calibration/a100_22b_layer_times_korthikanti2022.csv",
     (
-        *(
-            Column(n, count, filled=True)
-            for n in ("heads", "hidden", "tp", "micro_batch", "seq_len")
-        ),
+        *_counts("heads", "hidden", "tp", "micro_batch", "seq_len", filled=True),
         Column("layers", count, needed=False),
         Column("vocab", count, needed=False),
         Column("kv_heads", count, needed=False),
@@ -132,22 +130,20 @@ OUTCOMES_CSV = CsvKind(
     "a run-outcomes CSV",
     "data/calibration/public/hagemann_llama13b_runs.csv",
     (
-        *(
-            Column(n, count, filled=True)
-            for n in (
-                "layers",
-                "hidden",
-                "heads",
-                "ffn_hidden",
-                "vocab",
-                "seq_len",
-                "gpus",
-                "gpus_per_node",
-                "tp",
-                "pp",
-                "dp",
-                "micro_batch",
-            )
+        *_counts(
+            "layers",
+            "hidden",
+            "heads",
+            "ffn_hidden",
+            "vocab",
+            "seq_len",
+            "gpus",
+            "gpus_per_node",
+            "tp",
+            "pp",
+            "dp",
+            "micro_batch",
+            filled=True,
         ),
         Column("gpu", filled=True),
         Column("activation_checkpointing"),

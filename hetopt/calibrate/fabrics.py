@@ -487,7 +487,6 @@ def calibrate_cli(csv_path: str, out_path: str | None, force: bool, as_json: boo
     table."""
     if out_path:
         check_output(out_path, "--out", force)
-    read_csv(csv_path, FABRICS_CSV)  # every cell checked before the fit
     try:
         fab, report = fit(csv_path)
     except KeyError as exc:  # a fabric whose α is borrowed from one the file has no rows for

@@ -57,29 +57,10 @@ from hetopt.spec.load import validate_document
 from hetopt.spec.schema import InstanceFile
 
 GPT2_VOCAB = 50257
-LAYOUT_COLUMNS = {
-    "gpus",
-    "global_batch",
-    "micro_batch",
-    "hidden",
-    "heads",
-    "layers",
-    "seq_len",
-    "tp",
-    "dp",
-    "pp",
-    "iter_time_ms",
-}
-LAYER_COLUMNS = {
-    "heads",
-    "hidden",
-    "tp",
-    "micro_batch",
-    "seq_len",
-    "config",
-    "layer_fwd_ms",
-    "layer_bwd_ms",
-}
+LAYOUT_COLUMNS = LAYOUTS_CSV.needed
+"""A layout-runs file's columns (calibrate/columns.py)."""
+LAYER_COLUMNS = LAYERS_CSV.needed
+"""A layer-times file's columns (calibrate/columns.py)."""
 
 # Fitted weights and their bounds: efficiencies in (0, 1] (weights ≥ 1), latencies ≥ 0.
 FITTED = (GEMM, KERN, MEM, LINK, STEP, PASS, MB, ITER)
@@ -227,13 +208,11 @@ def _recompute_of(text: str) -> str:
 
 
 def _layout_dataset(path: Path, rows: list[dict], gpu: str) -> DataSet:
+    """Layout runs, their cells checked already (LAYOUTS_CSV)."""
     feats, mbs, measured, labels = [], [], [], []
     for n, r in enumerate(rows, start=2):
-        try:
-            v = {k: int(r[k]) for k in LAYOUT_COLUMNS - {"iter_time_ms"}}
-            t_ms = float(r["iter_time_ms"])
-        except ValueError as exc:
-            raise InputError(str(path), [Problem(f"line {n}", f"not a number ({exc})")]) from None
+        v = {k: int(r[k]) for k in LAYOUT_COLUMNS - {"iter_time_ms"}}
+        t_ms = float(r["iter_time_ms"])
         inst = _instance(
             gpu,
             v["gpus"],

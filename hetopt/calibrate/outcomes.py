@@ -71,33 +71,9 @@ class Outcome:
         return self.fits is not None
 
 
-def _int(row: dict, key: str, where: str) -> int:
-    """A positive whole number from column `key`; bad input naming the row and column else."""
-    text = str(row.get(key) or "").strip()
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise InputError(where, [Problem(key, "must be a positive whole number", text, True)])
-    return value
-
-
-def _step_s(row: dict, where: str) -> float | None:
-    """The measured step time, or None where the run left it empty (out of memory)."""
-    text = str(row.get("step_time_s") or "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        problem = Problem(
-            "step_time_s", "must be a positive number of seconds, or empty", text, True
-        )
-        raise InputError(where, [problem])
-    return value
+def _int(row: dict, key: str) -> int:
+    """A count the reader checked already (calibrate/columns.OUTCOMES_CSV)."""
+    return int(row[key])
 
 
 def kernels_of(kernel: str) -> dict:
@@ -121,7 +97,8 @@ def _global_batch(seq_len: int) -> int:
 
 
 def outcome_from_row(row: dict, line: int, path: str = "outcomes.csv") -> Outcome:
-    """One CSV row → an Outcome priced by the evaluator, or with the reason it cannot be."""
+    """One row, its cells checked by `read_outcomes` → an Outcome priced by the evaluator, or with
+    the reason it cannot be."""
     where = f"{path}:{line}"
     status = (row.get("status") or "").strip()
     if status.lower() != "ok" and "oom" not in status.lower():
@@ -132,25 +109,25 @@ def outcome_from_row(row: dict, line: int, path: str = "outcomes.csv") -> Outcom
         group=f"{(row.get('sweep') or '').strip()} s={(row.get('seq_len') or '').strip()}",
         kernel=(row.get("attention_kernel") or "").strip(),
         oom=status.lower() != "ok",
-        step_s=_step_s(row, where),
+        step_s=float(row["step_time_s"]) if row.get("step_time_s") else None,
     )
     gpu = GPU_NAMES.get((row.get("gpu") or "").strip())
     if gpu is None:
         out.reasons.append(f"GPU '{row.get('gpu')}' is not one hetopt maps")
         return out
-    seq, gpus, gpn = (_int(row, k, where) for k in ("seq_len", "gpus", "gpus_per_node"))
-    hidden, ffn = _int(row, "hidden", where), _int(row, "ffn_hidden", where)
+    seq, gpus, gpn = (_int(row, k) for k in ("seq_len", "gpus", "gpus_per_node"))
+    hidden, ffn = _int(row, "hidden"), _int(row, "ffn_hidden")
     if gpus % gpn:
         problem = Problem("gpus", f"must be a multiple of gpus_per_node ({gpn})", str(gpus), True)
         raise InputError(where, [problem])
     doc = {
         "name": f"outcome-line{line}",
         "model": {
-            "layers": _int(row, "layers", where),
+            "layers": _int(row, "layers"),
             "hidden": hidden,
-            "heads": _int(row, "heads", where),
+            "heads": _int(row, "heads"),
             "ffn_hidden": ffn,
-            "vocab": _int(row, "vocab", where),
+            "vocab": _int(row, "vocab"),
             "max_seq_len": seq,
             "gated_mlp": ffn != 4 * hidden,
             "norm": "rmsnorm",
@@ -178,10 +155,10 @@ def outcome_from_row(row: dict, line: int, path: str = "outcomes.csv") -> Outcom
         },
     }
     layout = Layout(
-        tp=_int(row, "tp", where),
-        pp=_int(row, "pp", where),
-        dp=_int(row, "dp", where),
-        mb=_int(row, "micro_batch", where),
+        tp=_int(row, "tp"),
+        pp=_int(row, "pp"),
+        dp=_int(row, "dp"),
+        mb=_int(row, "micro_batch"),
         recompute="full" if "every" in (row.get("activation_checkpointing") or "") else "none",
         sp=(row.get("sequence_parallel") or "").strip().lower() == "true",
         zero=1,

@@ -249,13 +249,9 @@ def _print_stack_fit(fit: dict, pct) -> None:
 def _calibrate_runs(paths: list[str], out_path: str | None, force: bool, as_json: bool) -> None:
 
     from hetopt.calibrate.accuracy import fit_report, fit_stacks, load_runs, stack_fit
-    from hetopt.calibrate.columns import RUNS_CSV
     from hetopt.calibrate.stacks import save_stacks
     from hetopt.cost.profiles import Profiles
-    from hetopt.csvfile import read_csv
 
-    for path in paths:  # every file and cell checked before any fit
-        read_csv(path, RUNS_CSV)
     target = Path(out_path) if out_path else None
     if target is not None and target.is_dir():
         raise InputError(
