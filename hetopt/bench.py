@@ -22,13 +22,20 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.baselines.common import PlannerResult
+from hetopt.cost.dollars import plan_cost
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
 from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp
-from hetopt.replan.policy import Decisions, PolicyOptions, replay_adaptive, run_tokens
+from hetopt.replan.policy import (
+    Decisions,
+    PolicyOptions,
+    replay_adaptive,
+    run_cost,
+    run_tokens,
+)
 from hetopt.sim.engine import Simulation
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -51,6 +58,8 @@ CSV_FIELDS = (
     "note",
     "tokens",
     "switches",
+    "usd_per_hour",
+    "usd_per_million_tokens",
 )
 ROBUST = "expected"
 """The objective of the static robust plan a dynamic instance's bench also runs (`ilp-expected`)."""
@@ -81,6 +90,9 @@ class Row:
     counted)."""
     switches: int | None = None
     """Switches of plans the adaptive policy made."""
+    usd_per_hour: float | None = None
+    """Dollars per hour of training (hetopt.cost.dollars); None without prices."""
+    usd_per_million_tokens: float | None = None
 
 
 @dataclass
@@ -270,6 +282,7 @@ def _adaptive_rows(
                         "tokens": tokens,
                         "switches": len(run.switches),
                         "note": f"{len(run.switches)} switches, {run.declined} declined",
+                        **run_cost(inst, run, tokens / horizon_s).to_json(),
                     }
                 )
             )
@@ -360,6 +373,7 @@ def _replay(
                 tokens_per_s=inst.global_batch * inst.seq_len / mean,
                 iteration_time_s=mean,
                 predicted_s=predicted,
+                **plan_cost(inst, planned.plan, mean).to_json(),
                 **base,
             )
         )
@@ -456,10 +470,12 @@ def _instance_section(
         f"## {name} ({rows[0].gpus} GPUs, {rows[0].gpu_types} "
         f"type{'s' if rows[0].gpu_types > 1 else ''})",
         "",
-        "| planner | status | search s | predicted s | "
+        "| planner | status | search s | predicted s | $/h | $/Mtok | "
         + " | ".join(f"{sc} tokens/s" for sc in scenarios)
         + " | vs ilp |",
-        "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in scenarios) + " | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | "
+        + " | ".join("---:" for _ in scenarios)
+        + " | ---: |",
     ]
     for planner in dict.fromkeys(r.planner for r in rows if not r.planner.endswith(ADAPTIVE)):
         mine = [r for r in rows if r.planner == planner]
@@ -472,10 +488,14 @@ def _instance_section(
         shown_gap = mine[0].gap is not None and mine[0].status != "optimal"
         status = mine[0].status + (f" (gap {mine[0].gap:.1%})" if shown_gap else "")
         predicted = f"{mine[0].predicted_s:.3f}" if mine[0].predicted_s else "—"
+        # dollars in the first scenario (the stable network where there is one)
+        usd = mine[0].usd_per_hour
+        per_hour = f"{usd:,.2f}" if usd is not None else "—"
+        per_tokens = mine[0].usd_per_million_tokens
+        per_mtok = f"{per_tokens:.3f}" if per_tokens is not None else "—"
         lines.append(
-            f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | "
-            + " | ".join(cells)
-            + f" | {ratio} |"
+            f"| {planner} | {status} | {mine[0].search_time_s:.2f} | {predicted} | {per_hour} | "
+            f"{per_mtok} | " + " | ".join(cells) + f" | {ratio} |"
         )
     lines.append("")
     return lines + _horizon_table(rows, scenarios)

@@ -19,6 +19,7 @@ from hetopt.export.runnable import runnable_instance
 from hetopt.placement import place
 from hetopt.plan import Plan, PlannedFor, plan_json
 from hetopt.planners import ALIASES, solve_ilp
+from hetopt.search.budget import Budget, least_rent
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.robust import OBJECTIVES, plan_objective, planning_scenarios
 from hetopt.search.run import SearchResult
@@ -50,6 +51,8 @@ def solve(
     runnable: str | None = None,
     progress: Progress | None = None,
     replay_progress: Callable[[int, int], None] | None = None,
+    max_usd_per_hour: float | None = None,
+    min_tokens_per_s: float | None = None,
 ) -> dict[str, Any]:
     """Plan the instance, verify the plan and replay it under every scenario: `hetopt solve --json`.
 
@@ -62,7 +65,9 @@ def solve(
     launcher runs as they are (hetopt.export.runnable), then the free space with the other half of
     the search's time, for what the restriction costs; progress — progress(SearchProgress), on each
     new incumbent and solved skeleton; replay_progress — replay_progress(scenarios replayed,
-    scenarios).
+    scenarios); max_usd_per_hour — a budget: only plans whose dollars per hour stay within it
+    (hetopt.search.budget); min_tokens_per_s — a floor: a plan below it is no answer (the search's
+    best is the fastest plan, so none is when it falls short).
     Returns: the solve JSON object of docs/cli-output.md (plus `executor`; with runnable,
     `runnable`: the launcher, the free space's status and objective, and the cost, objective ÷ free
     − 1).
@@ -77,10 +82,17 @@ def solve(
     deadline = time.time() + request.time_limit_s
     compare = runnable is not None and planner not in HEURISTICS and planner != "exhaustive"
     search_s = search_time_limit_s(request.time_limit_s) / (2 if compare else 1)
-    search = replace(
-        request, inst=inst, time_limit_s=search_s, options=SearchOptions.from_instance(inst)
-    )
+    space = SearchOptions.from_instance(inst)
+    if max_usd_per_hour is not None:
+        Budget.of(inst, max_usd_per_hour)  # bad input (no prices, a bad number) before any work
+        space = replace(space, max_usd_per_hour=max_usd_per_hour)
+    if min_tokens_per_s is not None:
+        check_floor(min_tokens_per_s)
+    search = replace(request, inst=inst, time_limit_s=search_s, options=space)
     result = _plan(search, planner, warm_start, progress)
+    result = _with_budget_reason(inst, result, max_usd_per_hour)
+    if min_tokens_per_s is not None:
+        result = throughput_floor(inst, result, min_tokens_per_s)
     free = None
     if compare:  # the free space, for what running the plan as it is costs
         free = solve_ilp(
@@ -100,6 +112,69 @@ def solve(
     if runnable is not None:
         out["runnable"] = _runnable_cost(runnable, result, free)
     return out
+
+
+def check_floor(min_tokens_per_s: float) -> None:
+    if not (math.isfinite(min_tokens_per_s) and min_tokens_per_s > 0):
+        raise InputError(
+            "--min-tokens-per-s",
+            [
+                Problem(
+                    "--min-tokens-per-s", "give tokens per second, above 0", min_tokens_per_s, True
+                )
+            ],
+        )
+
+
+def throughput_floor(inst: Instance, r: SearchResult, min_tokens_per_s: float) -> SearchResult:
+    """The answer under a throughput floor: the search minimises time, so its plan is the fastest
+    of the space (proven, or the best found); below the floor it is no answer, and where the bound
+    is below the floor's time too, nothing is proven (status timeout, no plan)."""
+    if r.plan is None:
+        return r
+    tokens = inst.global_batch * inst.seq_len
+    most_s = tokens / min_tokens_per_s  # the slowest iteration the floor allows
+    if r.objective_s <= most_s * (1 + 1e-9):
+        return r
+    best = f"{tokens / r.objective_s:,.0f} tokens/s ({r.objective_s:.4g} s per iteration)"
+    if r.status == SolveStatus.OPTIMAL or r.bound_s > most_s:
+        why = (
+            "the fastest plan of the space trains"
+            if r.status == SolveStatus.OPTIMAL
+            else (
+                "no plan can: the proven bound allows at most "
+                f"{tokens / r.bound_s:,.0f} tokens/s; the best plan found trains"
+            )
+        )
+        return replace(
+            r,
+            status=SolveStatus.INFEASIBLE,
+            plan=None,
+            reason=f"--min-tokens-per-s {min_tokens_per_s:g}: {why} {best}",
+        )
+    return replace(
+        r,
+        status=SolveStatus.TIMEOUT,
+        plan=None,
+        reason=(
+            f"--min-tokens-per-s {min_tokens_per_s:g}: the best plan found trains {best}; a faster "
+            f"one is not ruled out (bound {r.bound_s:.4g} s): give the search more time"
+        ),
+    )
+
+
+def _with_budget_reason(
+    inst: Instance, r: SearchResult, max_usd_per_hour: float | None
+) -> SearchResult:
+    """Under a budget with no plan found: say that the budget binds."""
+    if max_usd_per_hour is None or r.plan is not None:
+        return r
+    _, cheapest = least_rent(inst)
+    text = (
+        f"no plan of the space costs at most ${max_usd_per_hour:,.2f}/h (--max-usd-per-hour); "
+        f"the cheapest rental that holds the model: {cheapest}"
+    )
+    return replace(r, reason=text + (f" ({r.reason})" if r.reason else ""))
 
 
 def _check(planner: str, request: SearchRequest) -> None:
@@ -259,6 +334,8 @@ def report(
         "time_limit_s": r.time_limit_s,
         "seed": r.seed,
         "executor": r.executor,
+        "usd_per_hour": None,
+        "usd_per_million_tokens": None,
         "plan": None,
         "predicted": None,
         "verified": None,
@@ -277,6 +354,8 @@ def report(
         raise AssertionError("the planner returned a plan that does not fit in memory")
     out["plan"] = plan_json(plan)
     out["predicted"] = predicted.to_json()
+    out["usd_per_hour"] = predicted.usd_per_hour
+    out["usd_per_million_tokens"] = predicted.usd_per_million_tokens
     out["verified"], _ = simulate(
         inst, plan, "all", iterations, profiles, deadline=deadline, progress=replay_progress
     )

@@ -17,11 +17,13 @@ import multiprocessing
 import os
 from dataclasses import dataclass
 
+from hetopt.cost.dollars import plan_cost
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError, InputError, Problem
 from hetopt.evaluate import plan_features, price
 from hetopt.lifeline import worker_pool
 from hetopt.plan import Plan
+from hetopt.search.budget import Budget
 from hetopt.search.robust import aggregate, planning_scenarios, pricing
 from hetopt.search.roots import enumerate_skeletons
 from hetopt.search.types import SearchOptions, SearchStats
@@ -107,8 +109,20 @@ def exhaustive_objectives(
             )
     n = max(1, min(_workers(size * len(scenarios), workers), len(skeletons)))
     # dealt round-robin, as skeletons' plan counts differ widely; each keeps its skeletons' order
+    # a budget (solve --max-usd-per-hour): every plan over it is left out, as the search leaves it
+    cap = (
+        Budget.of(inst, options.max_usd_per_hour) if options.max_usd_per_hour is not None else None
+    )
     jobs = [
-        (inst, list(enumerate(skeletons))[k::n], scenarios, probabilities, objectives, profiles)
+        (
+            inst,
+            list(enumerate(skeletons))[k::n],
+            scenarios,
+            probabilities,
+            objectives,
+            profiles,
+            cap,
+        )
         for k in range(n)
     ]
     if len(jobs) > 1:
@@ -144,7 +158,7 @@ def _workers(pricings: int, workers: int | None) -> int:
 def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
     """The best fitting plan of some numbered skeletons per objective: ([(its skeleton's number,
     objective s, plan) per objective], plans priced, skeletons not placed)."""
-    inst, skeletons, scenarios, probabilities, objectives, profiles = job
+    inst, skeletons, scenarios, probabilities, objectives, profiles, cap = job
     best: list[tuple[float, float, Plan | None]] = [(math.inf, math.inf, None)] * len(objectives)
     evaluated, unplaced = 0, 0
     for k, sk in skeletons:
@@ -169,6 +183,10 @@ def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
                 evaluated += 1
                 if not evs[0].fits:
                     continue
+                if cap is not None and cap.exceeds(
+                    plan_cost(inst, plan, evs[0].iteration_time_s).usd_per_hour
+                ):
+                    continue  # over the budget, its transfers priced at this split's time
                 times = [ev.iteration_time_s for ev in evs]
                 for i, objective in enumerate(objectives):
                     t = aggregate(times, probabilities, objective)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from hetopt.commands.common import AddressOpt, HeadroomOpt, err, out
+from hetopt.commands.common import AddressOpt, HeadroomOpt, RentOpt, err, out
 from hetopt.errors import (
     check_time_limit,
 )
@@ -64,6 +64,7 @@ def bench(
     ] = "process",
     address: AddressOpt = None,
     memory_headroom: HeadroomOpt = None,
+    rent: RentOpt = None,
 ) -> None:
     """Run planners side by side, replay every plan in the simulator, write CSV, Markdown and
     plots."""
@@ -73,7 +74,12 @@ def bench(
     from hetopt.bench import check_outputs, check_planners, run_bench, write_outputs
     from hetopt.executors import check_executor
     from hetopt.planners import PLANNERS
-    from hetopt.spec.instance import bundled_instances, load_instance, with_memory_headroom
+    from hetopt.spec.instance import (
+        bundled_instances,
+        load_instance,
+        with_memory_headroom,
+        with_rent,
+    )
 
     check_time_limit(time_limit)
     chosen = (
@@ -85,7 +91,9 @@ def bench(
     # before any work: nothing a user has is overwritten without --force
     check_outputs(Path(out_dir), force)
     check_executor(executor, address)
-    insts = [with_memory_headroom(load_instance(n), memory_headroom) for n in names]
+    insts = [
+        with_rent(with_memory_headroom(load_instance(n), memory_headroom), rent) for n in names
+    ]
     wanted = None if scenarios == "all" else [s.strip() for s in scenarios.split(",")]
     with Progress(
         TextColumn("{task.description}"),

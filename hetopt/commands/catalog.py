@@ -98,9 +98,17 @@ def gpus(as_json: JsonOpt = False) -> None:
     """Show the GPU catalog with the source of every number."""
     from hetopt.report.tables import gpu_table
     from hetopt.spec.gpus import CATALOG
+    from hetopt.spec.prices import PRICES
 
     if as_json:
-        _print_json({"gpus": [asdict(g) for g in CATALOG.values()]})
+        _print_json(
+            {
+                "gpus": [
+                    {**asdict(g), "price": asdict(p) if (p := PRICES.get(g.name)) else None}
+                    for g in CATALOG.values()
+                ]
+            }
+        )
     else:
         out.print(gpu_table(CATALOG))
 

@@ -66,6 +66,15 @@ HeadroomOpt = Annotated[
     ),
 ]
 
+RentOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rent",
+        help="Which nodes a plan's dollars count: used (those it places ranks on; default) or "
+        "all (every node the instance lists).",
+    ),
+]
+
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")

@@ -15,6 +15,7 @@ from hetopt.commands.common import (
     HeadroomOpt,
     InstanceArg,
     JsonOpt,
+    RentOpt,
     _demo,
     _print_json,
     _replay_progress,
@@ -85,6 +86,23 @@ def solve(
     executor: ExecutorOpt = "process",
     address: AddressOpt = None,
     memory_headroom: HeadroomOpt = None,
+    rent: RentOpt = None,
+    max_usd_per_hour: Annotated[
+        float | None,
+        typer.Option(
+            "--max-usd-per-hour",
+            help="A budget: only plans that cost at most this many US$ per hour (nodes rented and "
+            "data moved over priced links).",
+        ),
+    ] = None,
+    min_tokens_per_s: Annotated[
+        float | None,
+        typer.Option(
+            "--min-tokens-per-s",
+            help="A floor: no answer below this throughput (exit 1 where the fastest plan is "
+            "slower).",
+        ),
+    ] = None,
     runnable: Annotated[
         str | None,
         typer.Option(
@@ -101,7 +119,7 @@ def solve(
     from hetopt.report.tables import solve_view
     from hetopt.search.types import SearchRequest
     from hetopt.solve import solve as run_solve
-    from hetopt.spec.instance import load_instance, with_memory_headroom
+    from hetopt.spec.instance import load_instance, with_memory_headroom, with_rent
 
     check_time_limit(time_limit)
     if out_path:
@@ -113,7 +131,10 @@ def solve(
             force,
             MODEL_SUFFIXES["cp-sat" if backend == "cpsat" else "pulp"],
         )
-    inst = with_memory_headroom(load_instance(instance) if instance else _demo(), memory_headroom)
+    inst = with_rent(
+        with_memory_headroom(load_instance(instance) if instance else _demo(), memory_headroom),
+        rent,
+    )
     with Progress(err, f"planning {inst.name} ({inst.cluster.total_gpus} GPUs)…") as status:
 
         def progress(now: SearchProgress) -> None:
@@ -138,6 +159,8 @@ def solve(
                 runnable=runnable,
                 progress=progress,
                 replay_progress=_replay_progress(status),
+                max_usd_per_hour=max_usd_per_hour,
+                min_tokens_per_s=min_tokens_per_s,
             )
         except (KeyboardInterrupt, Terminated) as stop:
             status.stop()
@@ -217,6 +240,7 @@ def evaluate(
         list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")
     ] = None,
     memory_headroom: HeadroomOpt = None,
+    rent: RentOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Analytic iteration time and memory of a plan, a layout, or a file of layouts."""
@@ -225,7 +249,7 @@ def evaluate(
     from hetopt.layout import expand_layout, parse_layout
     from hetopt.plan import load_plan
     from hetopt.report.tables import evaluation_view
-    from hetopt.spec.instance import load_instance, with_memory_headroom
+    from hetopt.spec.instance import load_instance, with_memory_headroom, with_rent
 
     given = [
         name for name, v in (("--plan", plan), ("--layout", layout), ("--layouts", layouts)) if v
@@ -235,7 +259,7 @@ def evaluate(
             "evaluate",
             [Problem("options", "give exactly one of --plan, --layout, --layouts", given, True)],
         )
-    inst = with_memory_headroom(load_instance(instance), memory_headroom)
+    inst = with_rent(with_memory_headroom(load_instance(instance), memory_headroom), rent)
     profiles = Profiles([load_profile_file(p) for p in profile or []])
     if layouts is not None:
         results = _evaluate_layouts(inst, layouts, profiles)

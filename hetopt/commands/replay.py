@@ -14,6 +14,7 @@ from hetopt.commands.common import (
     MAX_ITERATIONS,
     HeadroomOpt,
     JsonOpt,
+    RentOpt,
     _print_json,
     _replay_progress,
     err,
@@ -62,6 +63,7 @@ def simulate(
         list[str] | None, typer.Option("--profile", help="Extra calibration profile JSON.")
     ] = None,
     memory_headroom: HeadroomOpt = None,
+    rent: RentOpt = None,
     policy: Annotated[
         str,
         typer.Option(
@@ -106,7 +108,7 @@ def simulate(
     from hetopt.report.tables import simulation_view
     from hetopt.sim.trace import plot_timeline, write_trace
     from hetopt.simulate import simulate as run_simulate
-    from hetopt.spec.instance import load_instance, with_memory_headroom
+    from hetopt.spec.instance import load_instance, with_memory_headroom, with_rent
 
     if (plan is None) == (layout is None):
         raise InputError("simulate", [Problem("options", "give exactly one of --plan or --layout")])
@@ -115,7 +117,7 @@ def simulate(
         check_output(trace, "--trace", force)
     if plot:
         check_output(plot, "--plot", force, PLOT_SUFFIXES)
-    inst = with_memory_headroom(load_instance(instance), memory_headroom)
+    inst = with_rent(with_memory_headroom(load_instance(instance), memory_headroom), rent)
     the_plan = load_plan(plan) if plan is not None else expand_layout(inst, parse_layout(layout))
     profiles = Profiles([load_profile_file(p) for p in profile or []])
     given = {"detection_delay_s": detection_delay, "restart_s": restart, "dwell_s": dwell}

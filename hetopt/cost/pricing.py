@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hetopt.cost.dollars import plan_cost
 from hetopt.cost.features import BWD, BWD_TP, DP, FWD, FWD_TP, OPT, P2P, PlanFeatures, plan_features
 from hetopt.cost.flops import model_flops_per_token
 from hetopt.cost.memory import (
@@ -57,6 +58,9 @@ class Evaluation:
     """With stages with shards: what each entry of the memory lists is ("0 V100-32GB": flat stage 0,
     its V100 ranks); empty when every entry is a stage (the flat stage index, template after
     template)."""
+    usd_per_hour: float | None = None
+    """Dollars per hour of training (hetopt.cost.dollars); None where a rented node has no price."""
+    usd_per_million_tokens: float | None = None
 
     def to_json(self) -> dict:
         out = {
@@ -68,6 +72,8 @@ class Evaluation:
             "peak_memory_gib": self.peak_memory_gib,
             "memory_limit_gib": self.memory_limit_gib,
             "breakdown": self.breakdown,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_million_tokens": self.usd_per_million_tokens,
         }
         if self.memory_rows:
             out["memory_rows"] = self.memory_rows
@@ -342,4 +348,7 @@ def evaluate(
         raise InputError(source, [Problem(path, message) for path, message in problems])
     plan = place(plan, inst.cluster)
     feats = plan_features(inst, plan)
-    return price(inst, plan, feats, profiles or Profiles())
+    out = price(inst, plan, feats, profiles or Profiles())
+    cost = plan_cost(inst, plan, out.iteration_time_s)
+    out.usd_per_hour, out.usd_per_million_tokens = cost.usd_per_hour, cost.usd_per_million_tokens
+    return out

@@ -34,10 +34,12 @@ import itertools
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hetopt.cost.dollars import PlanCost, plan_cost, time_weighted
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
@@ -501,6 +503,20 @@ def run_tokens(inst: Instance, run: AdaptiveRun, horizon_s: float) -> float:
     )
 
 
+def run_cost(inst: Instance, run: AdaptiveRun, tokens_per_s: float) -> PlanCost:
+    """The dollars of an adaptive run: each plan it ran at its mean iteration, weighted by the
+    seconds it ran (hetopt.cost.dollars.time_weighted)."""
+    ran_s, count = [0.0] * len(run.plans), Counter(run.plan_of_iteration)
+    for k, dt in zip(run.plan_of_iteration, run.iteration_times_s, strict=True):
+        ran_s[k] += dt
+    costs = [
+        (ran_s[k], plan_cost(inst, plan, ran_s[k] / count[k]))
+        for k, plan in enumerate(run.plans)
+        if ran_s[k] > 0
+    ]
+    return time_weighted(costs, tokens_per_s)
+
+
 def summary(
     inst: Instance,
     run: AdaptiveRun,
@@ -541,6 +557,7 @@ def summary(
         "link_utilization": link_utilization(inst, merged),
         "gpu_busy": busy,
         "peak_memory_gib": peaks,
+        **run_cost(inst, run, tokens / horizon_s).to_json(),
         "switches": [sw.to_json() for sw in run.switches],
         "declined": run.declined,
         "paused_s": sum(sw.pause_s for sw in run.switches),

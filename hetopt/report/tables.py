@@ -12,6 +12,7 @@ from rich.text import Text
 
 from hetopt.spec.gpus import GPUType
 from hetopt.spec.presets import ModelArch
+from hetopt.spec.prices import PRICES
 
 
 class _FoldingTable(Table):
@@ -86,14 +87,32 @@ def gpu_table(catalog: dict[str, GPUType]) -> Group:
             g.interconnect,
             ",".join(f"[{r}]" for r in dict.fromkeys(refs)),
         )
+    prices = narrow_table(
+        "On-demand prices (per GPU-hour; override per node group in the instance)"
+    )
+    for col in ("GPU", "$/GPU-h", "provider", "offer", "as of", "source"):
+        prices.add_column(col, justify="right" if col == "$/GPU-h" else "left")
+    for g in catalog.values():
+        if (price := PRICES.get(g.name)) is not None:
+            prices.add_row(
+                g.name,
+                f"{price.usd_per_gpu_hour:.2f}",
+                price.provider,
+                price.offer,
+                price.as_of,
+                f"[{notes.cite(price.source)}]",
+            )
     return Group(
         table,
+        prices,
         notes.text(
             "TFLOP/s: dense 16-bit tensor peak (`--json` gives every training format's: peaks, "
             "fp32 on the CUDA cores, tf32, fp16, bf16, fp8; a format missing is one the GPU "
             "lacks). HBM and intra Gbit/s: datasheet GB/s × 8; "
             "intra-node is per GPU and direction (NVLink/xGMI aggregate ÷ 2, or one direction of "
-            "the PCIe x16 slot). `hetopt gpus --json` gives the source of each number.\n"
+            "the PCIe x16 slot). Prices: one cloud's on-demand list price of the offer ÷ its "
+            "GPUs, host included; they change often. `hetopt gpus --json` gives the source of "
+            "each number.\n"
         ),
     )
 
@@ -194,12 +213,12 @@ def summary_view(s: dict[str, Any]) -> Group:
 def evaluation_view(results: list[dict[str, Any]]) -> Group:
     """A table of evaluated plans or layouts, then each one's breakdown and per-stage memory."""
     summary = narrow_table("Analytic evaluation")
-    for col in ("plan", "iteration s", "tokens/s", "TFLOP/s/GPU", "MFU", "fits"):
+    for col in ("plan", "iteration s", "tokens/s", "TFLOP/s/GPU", "MFU", "fits", "$/h", "$/Mtok"):
         summary.add_column(col, justify="left" if col == "plan" else "right")
     parts: list[Any] = [summary]
     for r in results:
         if "error" in r:
-            summary.add_row(r["layout"], "invalid", "", "", "", "", style="red")
+            summary.add_row(r["layout"], "invalid", "", "", "", "", "", "", style="red")
             continue
         fits = "[green]yes[/green]" if r["fits"] else "[red]no (OOM)[/red]"
         summary.add_row(
@@ -209,6 +228,7 @@ def evaluation_view(results: list[dict[str, Any]]) -> Group:
             f"{r['tflops_per_gpu']:.1f}",
             f"{r['mfu']:.1%}",
             fits,
+            *usd_cells(r),
         )
     if len(results) == 1 and "error" not in results[0]:
         r = results[0]
@@ -288,9 +308,29 @@ def calibration_view(params: Any) -> Group:
     return Group(*parts)
 
 
+def usd_cells(r: dict[str, Any]) -> tuple[str, str]:
+    """A result's dollars per hour and per million tokens as table cells ("—": no prices)."""
+    per_hour, per_mtok = r.get("usd_per_hour"), r.get("usd_per_million_tokens")
+    return (
+        "—" if per_hour is None else f"{per_hour:,.2f}",
+        "—" if per_mtok is None else f"{per_mtok:,.3f}",
+    )
+
+
 def simulation_view(result: dict[str, Any]) -> Group:
     table = narrow_table("Simulated iterations per scenario")
-    for col in ("scenario", "p", "iters", "mean s", "p50 s", "p90 s", "max s", "tokens/s"):
+    for col in (
+        "scenario",
+        "p",
+        "iters",
+        "mean s",
+        "p50 s",
+        "p90 s",
+        "max s",
+        "tokens/s",
+        "$/h",
+        "$/Mtok",
+    ):
         table.add_column(col, justify="left" if col == "scenario" else "right")
     busiest = []
     for sc in result["scenarios"]:
@@ -301,6 +341,7 @@ def simulation_view(result: dict[str, Any]) -> Group:
             str(sc.get("iterations", "")),
             *(_seconds(it[k]) for k in ("mean", "p50", "p90", "max")),
             f"{sc['tokens_per_s']:,.0f}",
+            *usd_cells(sc),
         )
         links = sc["link_utilization"]
         if links:
@@ -437,10 +478,12 @@ def _solve_summary(r: dict[str, Any]) -> str:
         if r["bound_s"] is not None and r["gap"] is not None
         else "no bound proven"
     )
+    per_hour, per_mtok = usd_cells(pred)
+    dollars = f", ${per_hour}/h, ${per_mtok}/Mtok" if pred.get("usd_per_hour") is not None else ""
     return (
         f"  iteration {r['objective_s']:.3f} s ({proof}); {pred['tokens_per_s']:,.0f} tokens/s, "
-        f"MFU {pred['mfu']:.1%}; {r['planner']} / {r['formulation']} / {r['backend']} in "
-        f"{r['solve_time_s']:.2f} s"
+        f"MFU {pred['mfu']:.1%}{dollars}; {r['planner']} / {r['formulation']} / {r['backend']} "
+        f"in {r['solve_time_s']:.2f} s"
     )
 
 

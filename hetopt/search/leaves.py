@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
+from hetopt.search.budget import BUDGET_RULE, TRANSFER_RULE, Budget
 from hetopt.search.dispatch import solve_skeleton
 from hetopt.search.formulation import SolveOptions, SolveStatus, SplitSolution
 from hetopt.search.linear import PlanProblem, split_problem
@@ -35,6 +36,8 @@ class LeafContext:
     options: SearchOptions | None = None
     """The space the search's tree holds (its `beyond_narrow` too): the workers expand subtrees of
     it (hetopt.search.subtrees); None: they only solve leaves."""
+    budget: Budget | None = None
+    """The budget in dollars per hour every leaf is checked against (the tree's), or None."""
 
 
 def solve_leaf(
@@ -57,6 +60,11 @@ def solve_leaf(
         return MEMORY_RULE, None, math.inf
     if pr.lower_bound_s >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
+    budget = ctx.budget
+    if budget is not None and budget.exceeds(
+        budget.rented(ctx.inst, sk.placed([1] * sk.depth, ctx.inst.cluster))
+    ):
+        return BUDGET_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
     hint = tuple(
         sk.joined([lockstep_split(pr.base.templates)])
@@ -85,10 +93,27 @@ def solve_leaf(
         ctx.backend,
         SolveOptions(time_limit_s=left_s, seed=ctx.seed, hint=hint),
     )
-    return (
-        "solved",
-        sol,
-        (pr.iteration_time(sol.layers, sol.recompute) if sol.layers is not None else math.inf),
+    t = pr.iteration_time(sol.layers, sol.recompute) if sol.layers is not None else math.inf
+    if budget is not None and sol.layers is not None:
+        plan = sk.placed(list(sol.layers), ctx.inst.cluster, sol.recompute)
+        if not budget.within(ctx.inst, plan, pr.base.iteration_time(sol.layers, sol.recompute)):
+            # the split of least time moves too many dollars over priced links: the leaf's best
+            # split within the budget is not known, its time bounds it (module hetopt.search.budget)
+            return "solved", over_budget(sol), math.inf
+    return "solved", sol, t
+
+
+def over_budget(sol: SplitSolution) -> SplitSolution:
+    """A leaf whose split of least time is over the budget by its transfers: no plan, not proven,
+    its time a bound on any split within the budget."""
+    return SplitSolution(
+        SolveStatus.FEASIBLE,
+        None,
+        math.inf,
+        sol.objective_s if sol.status == SolveStatus.OPTIMAL else sol.bound_s,
+        sol.wall_s,
+        sol.backend,
+        TRANSFER_RULE,
     )
 
 

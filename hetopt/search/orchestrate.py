@@ -117,12 +117,15 @@ def solve_exact(
         request.backend,
         request.seed,
         tree.options,
+        tree.budget,
     )
     loop = _Loop(run, ctx, executor, request.workers, request.address, progress)
     loop.subtrees = request.subtrees
     loop.polishing(options, request.polish_s)
     # a plan with stages on GPU types search.gpus leaves out is no point of this space
     seeds = [s for s in seeds if on_searched_gpus(s.plan, options)]
+    if tree.budget is not None:  # a plan over the budget is no point of this space either
+        seeds = [s for s in seeds if tree.budget.admits(inst, s.plan)]
     best = min(seeds, key=lambda s: s.objective_s, default=None)
     try:
         if narrow_first:

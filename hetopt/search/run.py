@@ -141,6 +141,8 @@ class SearchRun:
         tree.tolerance = OPTIMALITY_TOLERANCE
         tree.incumbent = self.incumbent
         for n in roots(tree):
+            if not tree.keeps(n):
+                continue
             self.heap.append((n.bound, next(self.tie), n))
             if n.is_leaf:
                 self.leaves.append(self.heap[-1])
@@ -154,6 +156,8 @@ class SearchRun:
         heapq.heapify(self.leaves)
 
     def _push(self, node: Node) -> None:
+        if self.tree is not None and not self.tree.keeps(node):
+            return
         entry = (node.bound, next(self.tie), node)
         heapq.heappush(self.heap, entry)
         if node.is_leaf:
@@ -346,7 +350,7 @@ class SearchRun:
                     node.count_pruned(self.stats)
                     continue
                 if not node.is_leaf:
-                    kids = node.expand(self.tree)
+                    kids = [kid for kid in node.expand(self.tree) if self.tree.keeps(kid)]
                     self.made += 1 + len(kids)
                     levels.append(sorted(kids, key=_dive_order, reverse=True))
                     continue

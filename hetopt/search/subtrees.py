@@ -87,7 +87,7 @@ def expand_subtree(
         for kid in kids:
             if tree.beaten(kid.bound):
                 kid.count_pruned(stats)
-            else:
+            elif tree.keeps(kid):
                 heapq.heappush(heap, (kid.bound, next(tie), kid))
     return Expanded([*leaves, *(node for _, _, node in heap)], made, stats)
 

@@ -262,6 +262,9 @@ class SearchOptions:
     search itself once it has searched that subspace first: orchestrate._narrow_first): pairs with a
     side over several classes and templates with a class at two TP degrees; no stages with shards or
     three templates (which the subspace holds)."""
+    max_usd_per_hour: float | None = None
+    """A budget: only plans whose dollars per hour stay within it (hetopt.search.budget; `solve
+    --max-usd-per-hour`, `hetopt pareto`); None: any."""
     tp_across_nodes: bool = False
     """search.tp_across_nodes: recorded; `tp_options` still keeps TP inside a node (the bounds of
     search/bounds/ price TP on the intra-node interconnect and would not bound a group over the

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from hetopt.cost.dollars import plan_cost
 from hetopt.plan import Plan, row_labels
 from hetopt.sim.engine import Simulation
 from hetopt.sim.replay import SimResult
@@ -90,6 +91,8 @@ def summarise(
         "link_utilization": links,
         "gpu_busy": busy,
         "peak_memory_gib": stage_peaks(sim.plan, peak_memory_gib),
+        # the replay's mean iteration weighs the transfers' dollars
+        **plan_cost(inst, sim.plan, float(times.mean())).to_json(),
         "sampled": result.sampled,
         "cut": result.cut,
     }

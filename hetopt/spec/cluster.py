@@ -21,7 +21,7 @@ not connect at all meet through the fabric.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
 
@@ -29,6 +29,7 @@ import networkx as nx
 
 from hetopt.spec import fabrics
 from hetopt.spec.gpus import GPUType
+from hetopt.spec.prices import node_usd_per_hour
 from hetopt.spec.schema import ClusterSection
 
 FABRIC = "fabric"
@@ -51,6 +52,9 @@ class Node:
     """Fabric inside the node; empty: from the GPU's catalog interconnect."""
     nic_fabric: str = ""
     """Fabric of the NIC; empty: by its speed (fabrics.nic_default)."""
+    usd_per_hour: float | None = field(default=None, compare=False)
+    """Rental price of the node, US$ per hour (hetopt.spec.prices); None: unknown. Not part of the
+    node's identity: the time model never reads it."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,10 @@ class Cluster:
         nodes: list[Node],
         links: list[tuple[str, str, float, float, str]],
         gpu_types: dict[str, GPUType],
+        link_usd_per_gb: dict[tuple[str, str], float] | None = None,
     ) -> None:
+        """`link_usd_per_gb`: the data-transfer price of island links, by the sorted island
+        pair (none: free)."""
         self.nodes: dict[str, Node] = {n.name: n for n in nodes}
         self.gpu_types = gpu_types
         self._routes: dict[tuple[str, str], Route] = {}
@@ -162,6 +169,7 @@ class Cluster:
                 gbps=gbps,
                 latency_us=latency_us,
                 kind="link",
+                usd_per_gb=(link_usd_per_gb or {}).get(tuple(sorted((a, b))), 0.0),
                 **_fabric(fabric or fabrics.nic_default(gbps)),
             )
 
@@ -184,6 +192,7 @@ class Cluster:
                 g.nic_gbps,
                 g.intra_fabric or "",
                 g.nic_fabric or "",
+                node_usd_per_hour(g, spec),
             )
             for g in spec.nodes
             for i in range(g.count)
@@ -201,7 +210,12 @@ class Cluster:
             )
             for lk in spec.network.links
         ]
-        return cls(nodes, links, gpu_types)
+        prices = {tuple(sorted((lk.a, lk.b))): lk.usd_per_gb for lk in spec.network.links}
+        return cls(nodes, links, gpu_types, prices)
+
+    def link_usd_per_gb(self, u: str, v: str) -> float:
+        """The data-transfer price of graph edge (u, v): an island link's, else 0."""
+        return self.graph.edges[u, v].get("usd_per_gb", 0.0)
 
     # -- summaries
     # -------------------------------------------------------------------------------------

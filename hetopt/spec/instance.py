@@ -46,6 +46,9 @@ class Instance:
     network: tuple[tuple[Link, float], ...] = ()
     """Island links at other Gbit/s than the file's (`on_network`: a bandwidth scenario); () — the
     file's own."""
+    rent: str = "used"
+    """Which nodes a plan pays for (hetopt.cost.dollars): `used` — those it places ranks on; `all`
+    — every node the file lists (`with_rent`)."""
     stack_memory: object | None = None
     """A memory layout for the training stack other than the shipped one (cost/stacks.py's
     StackMemory, as a fit tries them); None — the shipped layout of `training.framework`."""
@@ -136,6 +139,27 @@ class Instance:
             ).hexdigest()[:12]
             for part, value in parts.items()
         }
+
+
+RENTS = ("used", "all")
+
+
+def with_rent(inst: Instance, rent: str | None) -> Instance:
+    """The instance whose plans pay for the nodes `rent` says (RENTS; None: `used`).
+
+    Raises: InputError (exit 2) for another value."""
+    if rent is None or rent == inst.rent:
+        return inst
+    if rent not in RENTS:
+        raise InputError(
+            "--rent",
+            [
+                Problem(
+                    "--rent", "give used (the nodes a plan uses) or all (every node)", rent, True
+                )
+            ],
+        )
+    return replace(inst, rent=rent)
 
 
 def with_memory_headroom(inst: Instance, headroom: str | None) -> Instance:

@@ -141,6 +141,11 @@ class CustomGPU(Section):
         description="Board power in W, > 0: a low power per peak TFLOP/s lowers the derived "
         "efficiency.",
     )
+    usd_per_hour: NonNegativeFloat | None = Field(
+        None,
+        description="Rental price of one GPU in US$ per hour, ≥ 0. Without it (and without "
+        "usd_per_hour on its node groups) plans on it have no dollar cost.",
+    )
 
 
 class NodeGroup(Section):
@@ -162,6 +167,11 @@ class NodeGroup(Section):
         description="Fabric joining the GPUs inside a node, overriding the GPU's catalog "
         "interconnect (e.g. pcie4_host for a box without peer-to-peer).",
     )
+    usd_per_hour: NonNegativeFloat | None = Field(
+        None,
+        description="Rental price of one node in US$ per hour, ≥ 0 (0: owned, free). Default: "
+        "the catalog's on-demand price per GPU-hour (`hetopt gpus`) × gpus_per_node.",
+    )
 
 
 class Link(Section):
@@ -169,6 +179,11 @@ class Link(Section):
     b: Name = Field(description="Another island that some node group names.")
     gbps: PositiveFloat = Field(description="Link bandwidth in Gbit/s, > 0.")
     latency_us: NonNegativeFloat = Field(0.0, description="One-way latency in microseconds, ≥ 0.")
+    usd_per_gb: NonNegativeFloat = Field(
+        0.0,
+        description="Data-transfer price in US$ per GB (10^9 bytes) carried across the link in "
+        "either direction, ≥ 0 (e.g. 0.01 between zones, 0.02 between regions).",
+    )
     fabric: FabricName | None = Field(
         None,
         description="Fabric of the link. Default: tcp below 100 Gbit/s, infiniband from 100 on.",

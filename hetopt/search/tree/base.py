@@ -41,6 +41,22 @@ class Tree:
         self.memo: dict = {}
         """What nodes share and look up rather than carry (a node travels to workers without it),
         by kind: e.g. ClassRates per SingleBatch (hetopt.search.tree.choices)."""
+        self.budget = None
+        """The budget in dollars per hour (hetopt.search.budget.Budget), or None."""
+        if options.max_usd_per_hour is not None:
+            from hetopt.search.budget import Budget  # it prices the tree's nodes
+
+            self.budget = Budget.of(inst, options.max_usd_per_hour)
+
+    def keeps(self, node: Node) -> bool:
+        """Whether a node may hold a plan within the budget; one that cannot is counted as pruned
+        (its skeletons, where known)."""
+        if self.budget is None or not self.budget.over(node):
+            return True
+        from hetopt.search.budget import BUDGET_RULE
+
+        self.stats.pruned[BUDGET_RULE] += node.pruned_count
+        return False
 
     @property
     def threshold(self) -> float:
