@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - older typer
     from click import exceptions as cli_errors
 
 from hetopt import __version__
-from hetopt.commands import bench, calibrate, catalog, launch, plan, replay
+from hetopt.commands import bench, calibrate, catalog, launch, pareto, plan, replay
 from hetopt.commands.common import err
 from hetopt.errors import (
     ExitCode,
@@ -89,6 +89,7 @@ app.command(name="export")(launch.export_plan)
 app.command()(replay.replan)
 app.command()(calibrate.calibrate)
 app.command()(bench.bench)
+app.command()(pareto.pareto)
 
 
 @functools.cache

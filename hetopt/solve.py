@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from hetopt.baselines.exhaustive import exhaustive
+from hetopt.baselines.exhaustive import COST, exhaustive
 from hetopt.baselines.registry import PLANNERS as BASELINES
+from hetopt.cheapest import CostResult, cheapest_per_token
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
@@ -19,7 +20,7 @@ from hetopt.export.runnable import runnable_instance
 from hetopt.placement import place
 from hetopt.plan import Plan, PlannedFor, plan_json
 from hetopt.planners import ALIASES, solve_ilp
-from hetopt.search.budget import Budget, least_rent
+from hetopt.search.budget import Budget, capped, check_prices, least_rent
 from hetopt.search.formulation import SolveStatus, clock
 from hetopt.search.robust import OBJECTIVES, plan_objective, planning_scenarios
 from hetopt.search.run import SearchResult
@@ -82,16 +83,25 @@ def solve(
     deadline = time.time() + request.time_limit_s
     compare = runnable is not None and planner not in HEURISTICS and planner != "exhaustive"
     search_s = search_time_limit_s(request.time_limit_s) / (2 if compare else 1)
-    space = SearchOptions.from_instance(inst)
+    space, searched = SearchOptions.from_instance(inst), inst
     if max_usd_per_hour is not None:
-        Budget.of(inst, max_usd_per_hour)  # bad input (no prices, a bad number) before any work
+        # bad input (no prices, a bad number) before any work; the nodes no plan within the
+        # budget can rent are left out of the search (hetopt.search.budget.capped)
+        searched = capped(inst, Budget.of(inst, max_usd_per_hour))
         space = replace(space, max_usd_per_hour=max_usd_per_hour)
     if min_tokens_per_s is not None:
         check_floor(min_tokens_per_s)
-    search = replace(request, inst=inst, time_limit_s=search_s, options=space)
-    result = _plan(search, planner, warm_start, progress)
+    search = replace(request, inst=searched, time_limit_s=search_s, options=space)
+    per_token = None
+    if request.objective == COST and planner == "ilp":
+        per_token = cheapest_per_token(
+            replace(search, inst=inst), max_usd_per_hour, min_tokens_per_s, progress
+        )
+        result = per_token.result
+    else:
+        result = _plan(search, planner, warm_start, progress)
     result = _with_budget_reason(inst, result, max_usd_per_hour)
-    if min_tokens_per_s is not None:
+    if min_tokens_per_s is not None and request.objective != COST:
         result = throughput_floor(inst, result, min_tokens_per_s)
     free = None
     if compare:  # the free space, for what running the plan as it is costs
@@ -111,7 +121,28 @@ def solve(
     )
     if runnable is not None:
         out["runnable"] = _runnable_cost(runnable, result, free)
+    if request.objective == COST:
+        _cost_fields(out, result, per_token)
     return out
+
+
+def _cost_fields(out: dict[str, Any], result: SearchResult, per_token: CostResult | None) -> None:
+    """The cost objective's figures in the solve JSON: `objective_s` stays the plan's iteration
+    time; the proof is in dollars per million tokens (`bound_s` null: no bound on time is
+    proven)."""
+    cost = out["usd_per_million_tokens"]
+    if per_token is not None:
+        bound = per_token.bound_usd_per_million_tokens
+    else:  # exhaustive enumeration: its plan is the optimum
+        bound = cost if result.status == SolveStatus.OPTIMAL else None
+    out["bound_s"] = None
+    out["objective_usd_per_million_tokens"] = cost
+    out["bound_usd_per_million_tokens"] = (
+        bound if bound is not None and math.isfinite(bound) else None
+    )
+    out["gap"] = (
+        (cost - bound) / cost if cost and bound is not None and math.isfinite(bound) else None
+    )
 
 
 def check_floor(min_tokens_per_s: float) -> None:
@@ -193,14 +224,29 @@ def _check(planner: str, request: SearchRequest) -> None:
                 )
             ],
         )
-    if request.objective not in OBJECTIVES:
-        hint = did_you_mean(request.objective, OBJECTIVES)
+    if request.objective == COST:
+        if planner not in ("ilp", "exhaustive"):
+            raise InputError(
+                "--objective",
+                [
+                    Problem(
+                        "--objective",
+                        "cost is searched by --planner ilp or exhaustive: a heuristic's plan is "
+                        "priced in dollars in every answer anyway",
+                        planner,
+                        True,
+                    )
+                ],
+            )
+        check_prices(request.inst, "--objective cost")
+    elif request.objective not in OBJECTIVES:
+        hint = did_you_mean(request.objective, (*OBJECTIVES, COST))
         raise InputError(
             "--objective",
             [
                 Problem(
                     "--objective",
-                    f"unknown objective{hint}; choose one of {', '.join(OBJECTIVES)}",
+                    f"unknown objective{hint}; choose one of {', '.join((*OBJECTIVES, COST))}",
                     request.objective,
                     True,
                 )

@@ -30,6 +30,8 @@ from hetopt.search.types import SearchOptions, SearchStats
 from hetopt.spec.instance import Instance
 
 DEFAULT_BUDGET = 200_000
+COST = "cost"
+"""The objective of dollars per token (`solve --objective cost`)."""
 
 
 @dataclass
@@ -63,6 +65,9 @@ def exhaustive(
     PARALLEL_FROM_PRICINGS on, else 1).
     Returns: the best plan (None if none fits), its objective, and how many plans were priced.
     Raises: InputError when the space exceeds the budget."""
+    if objective == COST:  # dollars per token, on the stable network
+        found = exhaustive_objectives(inst, ("stable",), options, profiles, budget, workers, True)
+        return found["stable"]
     return exhaustive_objectives(inst, (objective,), options, profiles, budget, workers)[objective]
 
 
@@ -73,10 +78,13 @@ def exhaustive_objectives(
     profiles: Profiles | None = None,
     budget: int = DEFAULT_BUDGET,
     workers: int | None = None,
+    per_token: bool = False,
 ) -> dict[str, ExhaustiveResult]:
     """`exhaustive` for several objectives that price the same planning scenarios (expected and
     cvar), in one pass: each plan is priced once and aggregated per objective.
 
+    per_token: rank plans by dollars per million tokens at their objective's time, not by time
+    (`--objective cost`; the result's objective_s is then that plan's time).
     Returns: objective → its ExhaustiveResult. Raises: InputError when the space exceeds the budget;
     ValueError for objectives that price different scenarios."""
     options = options or SearchOptions.from_instance(inst)
@@ -122,6 +130,7 @@ def exhaustive_objectives(
             objectives,
             profiles,
             cap,
+            per_token,
         )
         for k in range(n)
     ]
@@ -136,7 +145,7 @@ def exhaustive_objectives(
     out = {}
     for i, objective in enumerate(objectives):
         # the first skeleton's among equal plans, as a serial pass finds it
-        _, best_t, best = min((f[0][i] for f in found), key=lambda b: (b[1], b[0]))
+        _, best_t, best, _ = min((f[0][i] for f in found), key=lambda b: (b[3], b[0]))
         out[objective] = ExhaustiveResult(best, best_t, evaluated, stats)
     return out
 
@@ -155,11 +164,15 @@ def _workers(pricings: int, workers: int | None) -> int:
     return min(os.cpu_count() or 1, 4) if pricings >= PARALLEL_FROM_PRICINGS else 1
 
 
-def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
+def _best_of(job) -> tuple[list[tuple[float, float, Plan | None, float]], int, int]:
     """The best fitting plan of some numbered skeletons per objective: ([(its skeleton's number,
-    objective s, plan) per objective], plans priced, skeletons not placed)."""
-    inst, skeletons, scenarios, probabilities, objectives, profiles, cap = job
-    best: list[tuple[float, float, Plan | None]] = [(math.inf, math.inf, None)] * len(objectives)
+    objective s, plan, its rank: s or $/Mtok) per objective], plans priced, skeletons not
+    placed)."""
+    inst, skeletons, scenarios, probabilities, objectives, profiles, cap, per_token = job
+    # (skeleton number, objective s, plan, what ranks it: s, or $/Mtok with per_token)
+    best: list[tuple[float, float, Plan | None, float]] = [
+        (math.inf, math.inf, None, math.inf)
+    ] * len(objectives)
     evaluated, unplaced = 0, 0
     for k, sk in skeletons:
         try:
@@ -190,6 +203,7 @@ def _best_of(job) -> tuple[list[tuple[float, float, Plan | None]], int, int]:
                 times = [ev.iteration_time_s for ev in evs]
                 for i, objective in enumerate(objectives):
                     t = aggregate(times, probabilities, objective)
-                    if t < best[i][1]:
-                        best[i] = (k, t, plan)
+                    key = plan_cost(inst, plan, t).usd_per_million_tokens if per_token else t
+                    if key < best[i][3]:
+                        best[i] = (k, t, plan, key)
     return best, evaluated, unplaced

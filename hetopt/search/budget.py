@@ -51,6 +51,10 @@ class Budget:
     usd_per_hour: float
     floors: dict[tuple[str, str], float]
     every_node: float | None = None
+    nodes: dict[tuple[str, str], tuple[int, float] | None] | None = None
+    """Per class, (GPUs, price) of its nodes where they are all alike, else None; the cheapest node
+    of each class is in `cheapest`."""
+    cheapest: dict[tuple[str, str], float] | None = None
 
     @classmethod
     def of(cls, inst: Instance, usd_per_hour: float) -> Budget:
@@ -63,11 +67,16 @@ class Budget:
             )
         check_prices(inst, "--max-usd-per-hour")
         floors: dict[tuple[str, str], float] = {}
+        cheapest: dict[tuple[str, str], float] = {}
+        kinds: dict[tuple[str, str], set] = {}
         for node in inst.cluster.nodes.values():
             key = (node.gpu, node.island)
             floors[key] = min(floors.get(key, math.inf), node.usd_per_hour / node.gpus)
+            cheapest[key] = min(cheapest.get(key, math.inf), node.usd_per_hour)
+            kinds.setdefault(key, set()).add((node.gpus, node.usd_per_hour))
+        alike = {key: next(iter(k)) if len(k) == 1 else None for key, k in kinds.items()}
         every = nodes_usd_per_hour(inst, list(inst.cluster.nodes)) if inst.rent == "all" else None
-        return cls(usd_per_hour, floors, every)
+        return cls(usd_per_hour, floors, every, alike, cheapest)
 
     def exceeds(self, usd_per_hour: float) -> bool:
         return usd_per_hour > self.usd_per_hour * (1 + TOLERANCE)
@@ -77,8 +86,32 @@ class Budget:
         node it does not know: nothing is pruned)."""
         if self.every_node is not None:
             return self.every_node
-        gpus = least_gpus(node)
-        return sum(n * self.floors.get(key, 0.0) for key, n in gpus.items())
+        return sum(self.class_least(key, n) for key, n in least_gpus(node).items())
+
+    def class_least(self, key: tuple[str, str], gpus: int) -> float:
+        """The least the nodes holding `gpus` GPUs of one class cost: whole nodes where the class's
+        nodes are alike (ceil(gpus / GPUs per node) × their price), else the larger of the
+        cheapest node and the GPUs at the least price per GPU."""
+        if gpus <= 0:
+            return 0.0
+        alike = (self.nodes or {}).get(key)
+        if alike is not None:
+            size, price = alike
+            return math.ceil(gpus / size) * price
+        return max(gpus * self.floors.get(key, 0.0), (self.cheapest or {}).get(key, 0.0))
+
+    def node_caps(self, inst: Instance) -> dict[str, int]:
+        """The most nodes of each group a plan within the budget can rent: floor(B / price), at most
+        the group's count (every node where the price is 0). With `rent: all` every plan rents
+        them all."""
+        caps = {}
+        for g in inst.spec.cluster.nodes:
+            price = inst.cluster.nodes[f"{g.name}-0"].usd_per_hour or 0.0
+            most = (
+                g.count if price <= 0 else math.floor(self.usd_per_hour * (1 + TOLERANCE) / price)
+            )
+            caps[g.name] = g.count if self.every_node is not None else min(g.count, most)
+        return caps
 
     def over(self, node: Node) -> bool:
         """Whether no skeleton below `node` stays within the budget."""
@@ -217,3 +250,20 @@ def least_rent(inst: Instance) -> tuple[float, str]:
         f"at least ${usd:,.2f}/h (the model's weights, gradients and optimizer state take "
         f"{need_gib:,.1f} GiB{where})"
     )
+
+
+def capped(inst: Instance, budget: Budget) -> Instance:
+    """The instance with each node group cut to the nodes a plan within the budget can rent
+    (`Budget.node_caps`; a group none of whose nodes fits keeps one, which the budget prunes):
+    every plan within the budget has one of the same time on these nodes (a group's nodes are alike,
+    and a plan's rented nodes are those its ranks sit on), and the search's bounds then count only
+    GPUs a plan could pay for. The nodes kept are the first of each group, so a plan's node names
+    are the full instance's."""
+    caps = budget.node_caps(inst)
+    if all(caps[g.name] >= g.count for g in inst.spec.cluster.nodes):
+        return inst
+    from dataclasses import replace
+
+    groups = [g.model_copy(update={"count": max(1, caps[g.name])}) for g in inst.spec.cluster.nodes]
+    cluster = inst.spec.cluster.model_copy(update={"nodes": groups})
+    return replace(inst, spec=inst.spec.model_copy(update={"cluster": cluster}))
