@@ -28,7 +28,7 @@ from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
-from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp
+from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp, run_ilp_cost
 from hetopt.replan.policy import (
     Decisions,
     PolicyOptions,
@@ -229,7 +229,15 @@ def plan_and_replay(
         rows += _adaptive_rows(
             inst, planned, rows, scenarios, time_limit_s, iterations, seed, profiles, samples
         )
+    if planner == EXACT and priced(inst):  # the plan of least dollars per token beside it
+        cheapest = run_ilp_cost(inst, time_limit_s, profiles, seed)
+        rows += _replay(inst, cheapest, scenarios, iterations, profiles, samples)
     return rows, samples
+
+
+def priced(inst: Instance) -> bool:
+    """Whether every node has a price (the cost objective's row is then run)."""
+    return all(n.usd_per_hour is not None for n in inst.cluster.nodes.values())
 
 
 def _dynamic(scenarios) -> bool:

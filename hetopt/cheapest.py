@@ -136,3 +136,43 @@ def cheapest_per_token(
 def per_million(usd_per_hour: float, iteration_time_s: float, tokens: float) -> float:
     """Dollars per million tokens of a plan renting `usd_per_hour` at this iteration time."""
     return usd_per_hour * iteration_time_s / 3600 / tokens * 1e6
+
+
+def cheapest_plan(
+    request: SearchRequest, above: float, deadline: float
+) -> tuple[float, bool] | None:
+    """The dollars per hour of the cheapest plan of the space, where a budget of `above` has none
+    (the message of an infeasible budget): budgets doubled from `above` until one has a plan, then
+    the front walked down (each next budget just below the last plan's dollars) until a budget has
+    none.
+
+    Returns: (its US$ per hour, whether proven the cheapest: the walk ended at a budget proven to
+    have no plan), or None where no plan was found before `deadline` (a time.time())."""
+    inst = request.inst
+    space = request.options or SearchOptions.from_instance(inst)
+
+    def fastest(budget: float | None):
+        left_s = deadline - time.time()
+        if left_s <= 1:
+            return None
+        searched = inst if budget is None else capped(inst, Budget.of(inst, budget))
+        opts = replace(space, max_usd_per_hour=budget)
+        return solve_ilp(
+            replace(request, inst=searched, options=opts, time_limit_s=left_s, objective="stable")
+        )
+
+    everything = sum(n.usd_per_hour or 0.0 for n in inst.cluster.nodes.values())
+    budget, r = max(above, 1e-6), None
+    while r is None or r.plan is None:
+        budget = min(2 * budget, everything)
+        r = fastest(budget)
+        if r is None or (r.plan is None and budget >= everything):
+            return None
+    usd = evaluate(inst, r.plan).usd_per_hour
+    while True:
+        r = fastest(usd * (1 - STEP))
+        if r is None:
+            return usd, False
+        if r.plan is None:
+            return usd, r.status == SolveStatus.INFEASIBLE
+        usd = evaluate(inst, r.plan).usd_per_hour

@@ -11,7 +11,7 @@ from typing import Any
 
 from hetopt.baselines.exhaustive import COST, exhaustive
 from hetopt.baselines.registry import PLANNERS as BASELINES
-from hetopt.cheapest import CostResult, cheapest_per_token
+from hetopt.cheapest import CostResult, cheapest_per_token, cheapest_plan
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, check_time_limit, did_you_mean
 from hetopt.evaluate import evaluate
@@ -100,7 +100,7 @@ def solve(
         result = per_token.result
     else:
         result = _plan(search, planner, warm_start, progress)
-    result = _with_budget_reason(inst, result, max_usd_per_hour)
+    result = _with_budget_reason(replace(search, inst=inst), result, max_usd_per_hour, deadline)
     if min_tokens_per_s is not None and request.objective != COST:
         result = throughput_floor(inst, result, min_tokens_per_s)
     free = None
@@ -195,17 +195,25 @@ def throughput_floor(inst: Instance, r: SearchResult, min_tokens_per_s: float) -
 
 
 def _with_budget_reason(
-    inst: Instance, r: SearchResult, max_usd_per_hour: float | None
+    request: SearchRequest, r: SearchResult, max_usd_per_hour: float | None, deadline: float
 ) -> SearchResult:
-    """Under a budget with no plan found: say that the budget binds."""
+    """Under a budget with no plan found: say that the budget binds, with the cheapest plan's
+    dollars (found in the command's time left: hetopt.cheapest.cheapest_plan), else a lower bound
+    on any plan's rent."""
     if max_usd_per_hour is None or r.plan is not None:
         return r
-    _, cheapest = least_rent(inst)
-    text = (
-        f"no plan of the space costs at most ${max_usd_per_hour:,.2f}/h (--max-usd-per-hour); "
-        f"the cheapest rental that holds the model: {cheapest}"
-    )
-    return replace(r, reason=text + (f" ({r.reason})" if r.reason else ""))
+    over = f"no plan of the space costs at most ${max_usd_per_hour:,.2f}/h (--max-usd-per-hour)"
+    if r.status != SolveStatus.INFEASIBLE:
+        over = f"no plan found within ${max_usd_per_hour:,.2f}/h (--max-usd-per-hour) in time"
+    cheapest = cheapest_plan(request, max_usd_per_hour, deadline - 1.0)
+    if cheapest is not None:
+        usd, proven = cheapest
+        which = "the cheapest plan" if proven else "the cheapest plan found"
+        text = f"{over}; {which} costs ${usd:,.2f}/h"
+    else:
+        text = f"{over}; any plan that holds the model rents {least_rent(request.inst)[1]}"
+    # the search's own diagnosis (memory) saw only the nodes the budget leaves: not the reason
+    return replace(r, reason=text)
 
 
 def _check(planner: str, request: SearchRequest) -> None:

@@ -169,14 +169,26 @@ def test_bench_writes_csv_markdown_and_plots_and_never_overwrites(tmp_path):
         "congested",
     }
     # and on the instance with scenarios, the robust plan and the adaptive policy from each plan
-    # (its rows)
-    assert len(rows) == 3 * 2 + 3 * 1 + 3 * 2
+    # (its rows); on both, priced at the catalog's prices, the plan of least dollars per token
+    assert len(rows) == (3 + 1) * 2 + (3 + 1) * 1 + 3 * 2
     assert {r["planner"] for r in rows if r["instance"] != "wan-flapping-a100-v100"} == {
         "ilp",
+        "ilp-cost",
         "megatron",
         "exhaustive",
     }
-    assert all(r["tokens"] for r in wan if r["planner"].startswith("ilp"))
+    # never dearer per token than the fastest plan (in the analytic time both are proven in; no
+    # link is priced, so a plan's dollars per hour do not depend on its time)
+    for name in {r["instance"] for r in rows}:
+        per_iteration = {
+            r["planner"]: float(r["usd_per_hour"]) * float(r["predicted_s"])
+            for r in rows
+            if r["instance"] == name and r["planner"] in ("ilp", "ilp-cost")
+        }
+        assert per_iteration["ilp-cost"] <= per_iteration["ilp"] * (1 + 1e-9)
+    assert all(
+        r["tokens"] for r in wan if r["planner"].startswith("ilp") and r["planner"] != "ilp-cost"
+    )
     ours = {r["scenario"]: float(r["tokens_per_s"]) for r in wan if r["planner"] == "ilp"}
     assert all(math.isfinite(v) and v > 0 for v in ours.values())
     refused = [r for r in wan if r["planner"] == "exhaustive"]

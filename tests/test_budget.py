@@ -5,6 +5,7 @@ budget's answers through the CLI."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path
@@ -210,3 +211,33 @@ def test_solve_with_the_cost_objective_reports_the_dollar_proof(cost_truths):
     assert out["usd_per_million_tokens"] == pytest.approx(truth.usd_per_million_tokens, rel=1e-9)
     r = run_hetopt("solve", str(path), "--objective", "cost", "--planner", "megatron")
     assert r.returncode == 2 and "--planner ilp or exhaustive" in r.stderr
+
+
+def test_pareto_gives_proven_points_of_rising_throughput_with_their_plans(tmp_path):
+    out = tmp_path / "front"
+    path = SMALL / "s3-two-islands.yaml"
+    r = run_hetopt("pareto", str(path), "--points", "4", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    points = json.loads(r.stdout)["points"]
+    assert len(points) >= 2
+    inst = load_instance(path)
+    for a, b in itertools.pairwise(points):
+        assert a["usd_per_hour"] < b["usd_per_hour"] and a["tokens_per_s"] < b["tokens_per_s"]
+    for k, p in enumerate(points):
+        assert p["status"] == "optimal" and p["gap"] == 0
+        plan = json.loads((out / f"point-{k}.json").read_text())
+        assert plan == p["plan"]
+        from hetopt.plan import load_plan
+
+        ev = evaluate(inst, load_plan(out / f"point-{k}.json"))
+        assert ev.usd_per_hour == pytest.approx(p["usd_per_hour"], rel=1e-9)
+        assert ev.tokens_per_s == pytest.approx(p["tokens_per_s"], rel=1e-9)
+        # the fastest plan within its own dollars: no plan at most as dear is faster
+        if p["budget_usd_per_hour"] is not None:
+            assert p["usd_per_hour"] <= p["budget_usd_per_hour"] * (1 + 1e-9)
+    assert (out / "pareto.png").stat().st_size > 10_000
+    assert json.loads((out / "pareto.json").read_text())["points"] == points
+    again = run_hetopt("pareto", str(path), "--out", str(out))
+    assert again.returncode == 2 and "--force" in again.stderr
+    bad = run_hetopt("pareto", str(path), "--points", "1", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "--points" in bad.stderr

@@ -213,3 +213,10 @@ def test_gpus_lists_each_price_with_its_source():
     assert all(g["price"]["usd_per_gpu_hour"] > 0 and g["price"]["source"] for g in gpus)
     r = run_hetopt("gpus")
     assert "$/GPU-h" in r.stdout and "RunPod" in r.stdout
+
+
+def test_a_quota_caps_the_nodes_a_plan_may_rent():
+    inst = _inst([_node("a", gpus=2, count=4, max_count=2)])
+    assert len(inst.cluster.nodes) == 2 and inst.cluster.total_gpus == 4
+    with pytest.raises(Exception, match="max_count"):
+        _inst([_node("a", gpus=2, count=4, max_count=0)])

@@ -108,9 +108,11 @@ class Budget:
         for g in inst.spec.cluster.nodes:
             price = inst.cluster.nodes[f"{g.name}-0"].usd_per_hour or 0.0
             most = (
-                g.count if price <= 0 else math.floor(self.usd_per_hour * (1 + TOLERANCE) / price)
+                g.rentable
+                if price <= 0
+                else math.floor(self.usd_per_hour * (1 + TOLERANCE) / price)
             )
-            caps[g.name] = g.count if self.every_node is not None else min(g.count, most)
+            caps[g.name] = g.rentable if self.every_node is not None else min(g.rentable, most)
         return caps
 
     def over(self, node: Node) -> bool:
@@ -260,7 +262,7 @@ def capped(inst: Instance, budget: Budget) -> Instance:
     GPUs a plan could pay for. The nodes kept are the first of each group, so a plan's node names
     are the full instance's."""
     caps = budget.node_caps(inst)
-    if all(caps[g.name] >= g.count for g in inst.spec.cluster.nodes):
+    if all(caps[g.name] >= g.rentable for g in inst.spec.cluster.nodes):
         return inst
     from dataclasses import replace
 

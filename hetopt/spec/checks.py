@@ -125,11 +125,11 @@ docs/benchmarks.md); a billion nodes would take gigabytes to build before any se
 def check_node_groups(spec: InstanceFile) -> Iterator[Finding]:
     known = {**CATALOG, **spec.cluster.gpus}
     seen: dict[str, int] = {}
-    total_gpus = sum(g.count * g.gpus_per_node for g in spec.cluster.nodes)
+    total_gpus = sum(g.rentable * g.gpus_per_node for g in spec.cluster.nodes)
     # named at the largest group, checked before the cluster is built
     if total_gpus > MAX_CLUSTER_GPUS:
         i, group = max(
-            enumerate(spec.cluster.nodes), key=lambda ig: ig[1].count * ig[1].gpus_per_node
+            enumerate(spec.cluster.nodes), key=lambda ig: ig[1].rentable * ig[1].gpus_per_node
         )
         yield (
             ("cluster", "nodes", i, "count"),

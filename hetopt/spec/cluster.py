@@ -195,7 +195,7 @@ class Cluster:
                 node_usd_per_hour(g, spec),
             )
             for g in spec.nodes
-            for i in range(g.count)
+            for i in range(g.rentable)
         ]
         other = link_gbps or {}
         # a link's fabric is its declared one (by default: by its declared speed), whatever it

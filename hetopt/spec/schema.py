@@ -172,6 +172,16 @@ class NodeGroup(Section):
         description="Rental price of one node in US$ per hour, ≥ 0 (0: owned, free). Default: "
         "the catalog's on-demand price per GPU-hour (`hetopt gpus`) × gpus_per_node.",
     )
+    max_count: PositiveInt | None = Field(
+        None,
+        description="A quota: the most nodes of the group a plan may rent, ≥ 1 (of the count "
+        "available). Default: all of them.",
+    )
+
+    @property
+    def rentable(self) -> int:
+        """The nodes a plan may use: count, or the quota where it is lower."""
+        return min(self.count, self.max_count) if self.max_count else self.count
 
 
 class Link(Section):
