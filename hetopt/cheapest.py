@@ -1,18 +1,20 @@
 """The cost objective: the plan of least dollars per token (`solve --objective cost`;
 docs/planner.md, "Budgets and the Pareto front").
 
-Dollars per token are P·T / tokens for a plan that rents P per hour and takes T per iteration. The
-cheapest plan lies on the front of (P, T), which the budgeted search walks down exactly:
+Dollars per token are P·T / tokens for a plan that rents P per hour and takes T per iteration. Let
+T*(b) be the least time of any plan within a budget b (the budgeted search, `max_usd_per_hour`). A
+plan with P in (b₁, b₂] is within b₂, so T ≥ T*(b₂), and P > b₁: its P·T exceeds b₁·T*(b₂). So the
+budgets searched cut the dollars per hour into intervals, each with a proven lower bound on the
+cost of the plans in it — branch and bound over budgets:
 
-1. B₀ = ∞ (or `--max-usd-per-hour`); the search's fastest plan r under Bᵢ, with P_r and T_r.
-2. Bᵢ₊₁ = P_r·(1 − 10⁻⁶): the next plan of the front is strictly cheaper.
-
-Where step i is proven, every plan with P in (P_r, Bᵢ] takes T ≥ T_r, so costs more than r: the
-step's region holds nothing cheaper per token than r. Every plan below Bᵢ₊₁ takes at least the
-step's bound on T, and rents at least `least_rent` (a bound on any plan's rent): so once the best
-cost so far is at most least_rent × bound_T, or a budget has no plan, no cheaper plan is left — the
-best is proven optimal. An unproven step leaves its region open at least_rent × its bound on T; the
-gap is then against the least of those.
+1. T* at the budget cap (none: every plan) and on a geometric grid of budgets down to a lower
+   bound on any plan's rent (`least_rent`); below the lowest budget with no plan, proven, nothing.
+2. The best plan found so far (each search's plan, priced) is the incumbent.
+3. An interval whose bound is below the incumbent is split: just below the dollars of a plan found
+   inside it (the plan's cheaper neighbour on the front), else at its geometric middle.
+4. When no interval's bound is below the incumbent, it is proven optimal. A search stopped by the
+   time limit lends its interval only its bound on T (not T*): the gap is then against the least
+   interval bound.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from hetopt.search.formulation import SolveStatus
 from hetopt.search.run import SearchResult
 from hetopt.search.types import SearchOptions, SearchRequest, SearchStats
 
-STEP = 1e-6
-"""Relative: the next budget just below the last plan's dollars per hour."""
+STEP = 1e-7
+"""Relative: the budget just below a plan's dollars per hour (its cheaper neighbour); above the
+budget's own tolerance (hetopt.search.budget.TOLERANCE), so the plan itself is left out."""
+GRID = 6
+"""Budget levels of the first pass, geometric from the top to the least any plan can rent."""
+TOLERANCE = 1e-6
+"""Relative: the proof's tolerance. The interval just below a plan found bounds its plans at
+(1 − STEP) of that plan's dollars per token, so a proof holds to STEP < TOLERANCE."""
 
 
 @dataclass
@@ -37,11 +45,25 @@ class CostResult:
     """The cheapest plan per token found, and what is proven about it."""
 
     result: SearchResult
-    """The search's answer whose plan it is (its status and gap are the cost objective's)."""
+    """The search's answer whose plan it is (its status is the cost objective's)."""
     usd_per_million_tokens: float
     bound_usd_per_million_tokens: float
     steps: int
     """Budgeted searches run."""
+
+
+@dataclass
+class Level:
+    """One budget searched: the least time within it (proven, else a bound) and its plan."""
+
+    budget: float
+    time_bound_s: float
+    """T*(budget) where proven, else the search's bound on it (inf: no plan within it, proven)."""
+    proven: bool
+    result: SearchResult
+    usd_per_hour: float | None = None
+    """The plan's dollars per hour (None: no plan)."""
+    usd_per_million_tokens: float = math.inf
 
 
 def cheapest_per_token(
@@ -50,87 +72,153 @@ def cheapest_per_token(
     min_tokens_per_s: float | None = None,
     progress=None,
 ) -> CostResult:
-    """Walk the front of (dollars per hour, time) down from the fastest plan (module docstring).
+    """The plan of least dollars per token, by branch and bound over budgets (module docstring).
 
     Parameters: request — the instance, the space and the search's settings; its time_limit_s holds
-    for the whole walk; max_usd_per_hour — the first budget (None: none); min_tokens_per_s — plans
-    below it are no answer (the walk ends where a proven step falls below it); progress — each
-    step's search's (hetopt.planners.solve_ilp).
+    for all the searches; max_usd_per_hour — a cap on the dollars per hour (None: none);
+    min_tokens_per_s — plans below it are no answer; progress — each search's
+    (hetopt.planners.solve_ilp).
     Returns: the CostResult (its result's plan None where no plan was found).
     Raises: InputError (exit 2) where some node has no price."""
     inst = request.inst
     check_prices(inst, "--objective cost")
     space = request.options or SearchOptions.from_instance(inst)
     tokens = inst.global_batch * inst.seq_len
-    least, _ = least_rent(inst)
     deadline = time.time() + request.time_limit_s
     stats = SearchStats()
-    best: tuple[float, SearchResult] | None = None
-    lows: list[float] = []  # $/Mtok bounds of the regions left open
-    budget, steps, proven = max_usd_per_hour, 0, True
-    r = None
-    while True:
+    levels: dict[float, Level] = {}
+    top = max_usd_per_hour if max_usd_per_hour is not None else math.inf
+    last: SearchResult | None = None
+
+    def search(budget: float) -> Level | None:
+        nonlocal last
         left_s = deadline - time.time()
         if left_s <= 0:
-            proven = False
-            break
-        steps += 1
-        searched = inst if budget is None else capped(inst, Budget.of(inst, budget))
-        opts = space if budget is None else replace(space, max_usd_per_hour=budget)
+            return None
+        capped_at = None if math.isinf(budget) else budget
+        searched = inst if capped_at is None else capped(inst, Budget.of(inst, capped_at))
+        opts = replace(space, max_usd_per_hour=capped_at)
         r = solve_ilp(
             replace(request, inst=searched, options=opts, time_limit_s=left_s, objective="stable"),
             progress,
         )
+        last = r
         stats.add(r.stats)
-        done = r.status in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE)
-        bound_s = r.objective_s if r.status == SolveStatus.OPTIMAL else r.bound_s
-        # every plan left (within this budget, cheaper than this step's) rents ≥ least and takes
-        # ≥ bound_s: its dollars per token are at least this
-        floor = per_million(least, bound_s, tokens) if math.isfinite(bound_s) else math.inf
-        if r.plan is None:
-            if not done:
-                lows.append(floor)
-                proven = False
+        proven = r.status in (SolveStatus.OPTIMAL, SolveStatus.INFEASIBLE)
+        bound = r.objective_s if r.status == SolveStatus.OPTIMAL else r.bound_s
+        if r.status == SolveStatus.INFEASIBLE:
+            bound = math.inf
+        level = Level(budget, bound if math.isfinite(bound) or proven else 0.0, proven, r)
+        if r.plan is not None:
+            ev = evaluate(inst, r.plan)
+            level.usd_per_hour = ev.usd_per_hour
+            slow = min_tokens_per_s is not None and ev.tokens_per_s < min_tokens_per_s * (
+                1 - TOLERANCE
+            )
+            level.usd_per_million_tokens = math.inf if slow else ev.usd_per_million_tokens
+        levels[budget] = level
+        return level
+
+    first = search(top)
+    if first is not None and first.usd_per_hour is not None:
+        high = first.usd_per_hour
+        low = max(least_rent(inst)[0], 1e-9)
+        for k in range(1, GRID):
+            budget = high * (low / high) ** (k / (GRID - 1))
+            below = min((lv for lv in levels.values() if lv.budget >= budget), key=_key)
+            if below.usd_per_hour is not None and below.usd_per_hour <= budget and below.proven:
+                # the plan of the level above is within this one: T* is its time here too
+                levels[budget] = replace(below, budget=budget)
+                continue
+            if search(budget) is None:
+                break
+    bound, best = _bounds(levels, tokens, top)
+    while best is not None and bound < best.usd_per_million_tokens * (1 - TOLERANCE):
+        split = _split(levels, tokens, top, best.usd_per_million_tokens)
+        if split is None or search(split) is None:
             break
-        ev = evaluate(inst, r.plan)
-        slow = min_tokens_per_s is not None and ev.tokens_per_s < min_tokens_per_s * (1 - 1e-9)
-        if not slow and (best is None or ev.usd_per_million_tokens < best[0]):
-            best = (ev.usd_per_million_tokens, r)
-        if not done:  # this step's region stays open at its bound
-            lows.append(floor)
-            proven = False
-        if slow and done:
-            break  # every cheaper plan is slower still
-        if best is not None and best[0] <= floor * (1 + 1e-9):
-            break  # nothing left can be cheaper per token
-        budget = ev.usd_per_hour * (1 - STEP)
-        if budget <= 0:
-            break
+        bound, best = _bounds(levels, tokens, top)
+    return _answer(request, levels, bound, best, last, stats, deadline)
+
+
+def _key(level: Level) -> float:
+    return level.budget
+
+
+def _intervals(levels: dict[float, Level], tokens: float, top: float):
+    """(lower budget, upper budget, the interval's bound in $/Mtok) for each interval between two
+    budgets searched, and the one below the lowest (lower budget 0)."""
+    budgets = sorted(levels)
+    out = []
+    for low, high in zip([0.0, *budgets[:-1]], budgets, strict=True):
+        t = levels[high].time_bound_s
+        out.append((low, high, per_million(low, t, tokens) if math.isfinite(t) else math.inf))
+    return out
+
+
+def _bounds(levels: dict[float, Level], tokens: float, top: float):
+    """(the least interval bound, the best level's plan) so far."""
+    found = [lv for lv in levels.values() if lv.usd_per_hour is not None]
+    best = min(found, key=lambda lv: lv.usd_per_million_tokens, default=None)
+    least = min((b for _, _, b in _intervals(levels, tokens, top)), default=math.inf)
+    if best is not None:
+        least = min(least, best.usd_per_million_tokens)
+    return least, best
+
+
+def _split(levels: dict[float, Level], tokens: float, top: float, best: float) -> float | None:
+    """The next budget to search: in the open interval of least bound, just below the dollars of a
+    plan found inside it, else its geometric middle (its arithmetic one above 0); None where the
+    intervals are as fine as the prices allow."""
+    open_ = [iv for iv in _intervals(levels, tokens, top) if iv[2] < best * (1 - TOLERANCE)]
+    for low, high, _ in sorted(open_, key=lambda iv: iv[2]):
+        inside = [
+            lv.usd_per_hour
+            for lv in levels.values()
+            if lv.usd_per_hour is not None and low < lv.usd_per_hour * (1 - STEP) <= high
+        ]
+        candidates = [p * (1 - STEP) for p in inside if p * (1 - STEP) not in levels]
+        if candidates:
+            return min(candidates)
+        if math.isinf(high):
+            continue
+        middle = math.sqrt(low * high) if low > 0 else high / 2
+        if high - middle > STEP * high and middle not in levels:
+            return middle
+    return None
+
+
+def _answer(request, levels, bound, best, last, stats, deadline) -> CostResult:
+    """The CostResult of the levels searched: optimal where no interval's bound is below the
+    best plan's dollars per token."""
+    spent = request.time_limit_s - max(0.0, deadline - time.time())
+    proven = all(lv.proven for lv in levels.values())
     if best is None:
+        status = SolveStatus.INFEASIBLE if proven and levels else SolveStatus.TIMEOUT
         empty = SearchResult(
-            SolveStatus.INFEASIBLE if proven else SolveStatus.TIMEOUT,
+            status,
             None,
             math.inf,
             math.inf,
-            request.time_limit_s - max(0.0, deadline - time.time()),
-            r.formulation if r is not None else "split-milp",
-            r.backend if r is not None else request.backend,
+            spent,
+            last.formulation if last is not None else "split-milp",
+            last.backend if last is not None else request.backend,
             request.time_limit_s,
             request.seed,
             stats,
         )
-        return CostResult(empty, math.inf, min(lows, default=math.inf), steps)
-    cost, r = best
-    final = SolveStatus.OPTIMAL if proven else SolveStatus.TIMEOUT
-    bound = cost if proven else min([cost, *lows])
+        return CostResult(empty, math.inf, bound, len(levels))
+    cost = best.usd_per_million_tokens
+    # every interval's bound (a proven T*, or a search's bound on it) is at least the best's cost
+    optimal = bound >= cost * (1 - TOLERANCE)
     answer = replace(
-        r,
-        status=final,
+        best.result,
+        status=SolveStatus.OPTIMAL if optimal else SolveStatus.TIMEOUT,
         stats=stats,
-        solve_time_s=request.time_limit_s - max(0.0, deadline - time.time()),
+        solve_time_s=spent,
         time_limit_s=request.time_limit_s,
     )
-    return CostResult(answer, cost, bound, steps)
+    return CostResult(answer, cost, cost if optimal else min(bound, cost), len(levels))
 
 
 def per_million(usd_per_hour: float, iteration_time_s: float, tokens: float) -> float:
