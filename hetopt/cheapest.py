@@ -1,5 +1,5 @@
 """The cost objective: the plan of least dollars per token (`solve --objective cost`;
-docs/planner.md, "Budgets and the Pareto front").
+docs/dollars.md).
 
 Dollars per token are P·T / tokens for a plan that rents P per hour and takes T per iteration. Let
 T*(b) be the least time of any plan within a budget b (the budgeted search, `max_usd_per_hour`). A

@@ -1,13 +1,14 @@
-"""The front of throughput against dollars per hour (`hetopt pareto`; docs/planner.md, "Budgets and
-the Pareto front").
+"""The front of throughput against dollars per hour (`hetopt pareto`; docs/dollars.md).
 
 The ε-constraint method: each point is the exact search's fastest plan under a budget B
-(`SearchOptions.max_usd_per_hour`), so a proven point is a plan no cheaper-or-equal plan beats. The
-budgets run down from the fastest plan's dollars per hour P_max: each next budget lies just below
-the last point's dollars, so the points found are neighbours on the front, from the fastest plan
-down to the cheapest (where the next budget has no plan). With `points` N, the budgets are instead
-spread over [P_lo, P_max] on a geometric grid of N levels (P_lo: `least_rent`, a lower bound on any
-plan's rent), each point the best plan within its level; equal plans are one point.
+(`SearchOptions.max_usd_per_hour`), so a proven point is a plan that no plan at most as dear beats.
+
+1. The fastest plan, with no budget: its dollars per hour P_max.
+2. Budgets on a geometric grid of `points` levels from P_max down to P_lo (`least_rent`, a lower
+   bound on any plan's rent). A level within which the plan of the level above fits has that plan
+   as its optimum and is not searched again; a level with no plan ends the grid.
+3. While the front has fewer than `points` points: the budget just below the dollars of a point
+   found (its cheaper neighbour on the front), the dearest point first.
 
 A point whose search stopped early says so (`status`, `gap`); a plan another point beats at no more
 dollars is dominated and left out, so throughput rises strictly with dollars along the front.
@@ -163,6 +164,7 @@ def plot_front(points: list[Point], path, title: str) -> None:
     """Throughput against dollars per hour, each point labelled with the GPUs it rents; a hollow
     marker for a point not proven optimal under its budget."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -195,8 +197,9 @@ def plot_front(points: list[Point], path, title: str) -> None:
     ax.set_ylabel("tokens per second")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.set_xlim(left=0)
+    ax.set_xlim(0, max(xs) * 1.3)  # room for the labels of the dearest points
     ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     fig.tight_layout()
     with atomic_path(path) as temp:
         fig.savefig(temp, dpi=120)

@@ -1,5 +1,5 @@
 """A budget in dollars per hour as a constraint of the plan space (`solve --max-usd-per-hour`,
-`hetopt pareto`; docs/planner.md, "Budgets").
+`hetopt pareto`; docs/dollars.md).
 
 A plan's dollars per hour are the nodes it rents plus the data it moves over priced links
 (hetopt.cost.dollars). The search keeps a plan only where they stay within the budget B:
