@@ -28,13 +28,17 @@ from hetopt.planners import solve_ilp
 from hetopt.search.budget import Budget, capped, check_prices, least_rent
 from hetopt.search.formulation import SolveStatus
 from hetopt.search.run import SearchResult
-from hetopt.search.types import SearchOptions, SearchRequest, SearchStats
+from hetopt.search.types import SearchOptions, SearchRequest, SearchStats, Seed
 
 STEP = 1e-7
 """Relative: the budget just below a plan's dollars per hour (its cheaper neighbour); above the
 budget's own tolerance (hetopt.search.budget.TOLERANCE), so the plan itself is left out."""
 GRID = 6
 """Budget levels of the first pass, geometric from the top to the least any plan can rent."""
+SLICE = 0.3
+SLICE_LEAST_S = 3.0
+"""Each budgeted search gets SLICE of the time left, at least SLICE_LEAST_S (or what is left): a
+search stopped early still lends its interval a bound."""
 TOLERANCE = 1e-6
 """Relative: the proof's tolerance. The interval just below a plan found bounds its plans at
 (1 − STEP) of that plan's dollars per token, so a proof holds to STEP < TOLERANCE."""
@@ -98,9 +102,20 @@ def cheapest_per_token(
         capped_at = None if math.isinf(budget) else budget
         searched = inst if capped_at is None else capped(inst, Budget.of(inst, capped_at))
         opts = replace(space, max_usd_per_hour=capped_at)
+        # a budgeted search starts from the plans found at the levels it holds (the heuristics,
+        # which plan on every GPU, only where there are none)
+        known = [
+            Seed("cost", lv.result.objective_s, lv.result.plan)
+            for lv in levels.values()
+            if lv.usd_per_hour is not None and lv.usd_per_hour <= budget
+        ]
+        # a slice of the time left: one hard budget does not take all of it
+        slice_s = min(left_s, max(SLICE * left_s, SLICE_LEAST_S))
         r = solve_ilp(
-            replace(request, inst=searched, options=opts, time_limit_s=left_s, objective="stable"),
+            replace(request, inst=searched, options=opts, time_limit_s=slice_s, objective="stable"),
             progress,
+            warm_start=capped_at is None or not known,
+            known=known,
         )
         last = r
         stats.add(r.stats)

@@ -26,7 +26,7 @@ from hetopt.plan import Plan, plan_json
 from hetopt.planners import solve_ilp
 from hetopt.search.budget import Budget, capped, check_prices, least_rent
 from hetopt.search.formulation import SolveStatus
-from hetopt.search.types import SearchOptions, SearchRequest
+from hetopt.search.types import SearchOptions, SearchRequest, Seed
 
 SAME = 1e-9
 """Relative: two points this close in time (or dollars) are the same point."""
@@ -86,7 +86,16 @@ def pareto_front(
             under = "no budget" if budget is None else f"budget ${budget:,.2f}/h"
             progress(f"point {len(found) + 1} of at most {points}: {under}")
         searched = inst if budget is None else capped(inst, Budget.of(inst, budget))
-        r = solve_ilp(replace(request, inst=searched, options=opts))
+        # the points found within this budget start the search (the heuristics, which plan on
+        # every GPU, only where there are none)
+        known = [
+            Seed("pareto", p.iteration_time_s, p.plan)
+            for p in found
+            if budget is not None and p.usd_per_hour <= budget
+        ]
+        r = solve_ilp(
+            replace(request, inst=searched, options=opts), warm_start=not known, known=known
+        )
         if r.plan is None:
             return None
         ev = evaluate(inst, r.plan)
