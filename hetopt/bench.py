@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from hetopt.baselines.common import PlannerResult
+from hetopt.cheapest import cheapest_per_token
 from hetopt.cost.dollars import plan_cost
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
 from hetopt.outputs import atomic_path, check_output_directory, write_text
-from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp, run_ilp_cost
+from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp
 from hetopt.replan.policy import (
     Decisions,
     PolicyOptions,
@@ -36,6 +37,7 @@ from hetopt.replan.policy import (
     run_cost,
     run_tokens,
 )
+from hetopt.search.types import SearchRequest
 from hetopt.sim.engine import Simulation
 from hetopt.spec.instance import Instance
 from hetopt.verify import check_plan
@@ -233,6 +235,32 @@ def plan_and_replay(
         cheapest = run_ilp_cost(inst, time_limit_s, profiles, seed)
         rows += _replay(inst, cheapest, scenarios, iterations, profiles, samples)
     return rows, samples
+
+
+def run_ilp_cost(
+    inst: Instance,
+    time_limit_s: float = 60.0,
+    profiles: Profiles | None = None,
+    seed: int = 0,
+) -> PlannerResult:
+    """The exact planner under the cost objective (`solve --objective cost`), named `ilp-cost`: the
+    plan of least dollars per token (hetopt.cheapest); its gap is in dollars per token."""
+    found = cheapest_per_token(
+        SearchRequest(inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles)
+    )
+    r = found.result
+    cost, bound = found.usd_per_million_tokens, found.bound_usd_per_million_tokens
+    return PlannerResult(
+        f"{EXACT}-cost",
+        r.plan,
+        r.objective_s,
+        r.solve_time_s,
+        r.status.value,
+        (cost - bound) / cost if r.plan is not None and math.isfinite(bound) else None,
+        r.stats.solved,
+        r.reason,
+        {"skeletons_enumerated": r.stats.enumerated, "budgeted_searches": found.steps},
+    )
 
 
 def priced(inst: Instance) -> bool:

@@ -154,34 +154,6 @@ def run_ilp(
     )
 
 
-def run_ilp_cost(
-    inst: Instance,
-    time_limit_s: float = 60.0,
-    profiles: Profiles | None = None,
-    seed: int = 0,
-) -> PlannerResult:
-    """The exact planner under the cost objective (`solve --objective cost`), named `ilp-cost`: the
-    plan of least dollars per token (hetopt.cheapest); its gap is in dollars per token."""
-    from hetopt.cheapest import cheapest_per_token
-
-    found = cheapest_per_token(
-        SearchRequest(inst, time_limit_s=time_limit_s, seed=seed, profiles=profiles)
-    )
-    r = found.result
-    cost, bound = found.usd_per_million_tokens, found.bound_usd_per_million_tokens
-    return PlannerResult(
-        f"{EXACT}-cost",
-        r.plan,
-        r.objective_s,
-        r.solve_time_s,
-        r.status.value,
-        (cost - bound) / cost if r.plan is not None and math.isfinite(bound) else None,
-        r.stats.solved,
-        r.reason,
-        {"skeletons_enumerated": r.stats.enumerated, "budgeted_searches": found.steps},
-    )
-
-
 PLANNERS: dict[str, Callable[..., PlannerResult]] = {EXACT: run_ilp, **BASELINES}
 """`ilp` is the exact planner (`hetopt solve`); the others are the baselines and exhaustive
 enumeration (hetopt.baselines.registry)."""

@@ -36,7 +36,10 @@ LAYERS = [
     ("baselines", ["hetopt.baselines"]),
     ("planners", ["hetopt.planners"]),
     ("re-planning", ["hetopt.replan"]),
-    ("drivers", ["hetopt.simulate", "hetopt.solve", "hetopt.bench"]),
+    (
+        "drivers",
+        ["hetopt.simulate", "hetopt.cheapest", "hetopt.pareto", "hetopt.solve", "hetopt.bench"],
+    ),
     ("calibration and reports", ["hetopt.calibrate", "hetopt.report", "hetopt.summary"]),
     ("commands", ["hetopt.commands"]),
     ("command line", ["hetopt.cli", "hetopt.__main__"]),

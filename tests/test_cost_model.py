@@ -29,6 +29,8 @@ EVALUATE_FIELDS = {
     "peak_memory_gib",
     "memory_limit_gib",
     "breakdown",
+    "usd_per_hour",
+    "usd_per_million_tokens",
 }
 BREAKDOWN_FIELDS = {"compute", "bubble", "tp_comm", "pp_comm", "dp_comm", "optimizer"}
 

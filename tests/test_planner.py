@@ -262,7 +262,7 @@ def test_timeout_returns_the_warm_start_plan_with_its_gap():
             "split-milp is written for cbc, highs, not cpsat",
         ),
         (["--formulation", "nope"], "unknown formulation"),
-        (["--objective", "wrost"], "unknown objective (did you mean 'worst'?)"),
+        (["--objective", "wrost"], "unknown objective (did you mean 'worst' or 'cost'?)"),
         (["--planner", "greedy"], "unknown planner"),
         (["--time-limit", "-1"], "must be a positive, finite number of seconds"),
     ],
@@ -1376,6 +1376,9 @@ class _FakeTree:
 
     def beaten(self, bound):
         return bound >= self.incumbent
+
+    def keeps(self, node):  # no budget
+        return True
 
 
 def _fake_run():

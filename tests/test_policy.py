@@ -160,7 +160,7 @@ def test_bench_rows_give_the_adaptive_policy_beside_the_stable_and_robust_plans(
 
     inst, _ = step
     result = run_bench([inst], ["ilp"], time_limit_s=60, iterations=2)
-    tokens = {(r.planner, r.scenario): r.tokens for r in result.rows}
+    tokens = {(r.planner, r.scenario): r.tokens for r in result.rows if r.planner != "ilp-cost"}
     assert {p for p, _ in tokens} == {"ilp", "ilp-expected", "ilp+replan", "ilp-expected+replan"}
     assert tokens[("ilp+replan", "step-down")] >= 1.15 * tokens[("ilp", "step-down")]
     assert (

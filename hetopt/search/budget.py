@@ -35,7 +35,6 @@ from hetopt.search.tree.base import Node, SkeletonNode
 from hetopt.search.types import Skeleton
 from hetopt.spec.instance import Instance
 
-BUDGET_RULE = "budget: rents more than --max-usd-per-hour"
 TRANSFER_RULE = "budget: its data moved over priced links takes it over --max-usd-per-hour"
 TOLERANCE = 1e-9
 """Relative: a plan within this of the budget is within it (prices are sums of floats)."""

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from hetopt.cost.profiles import Profiles
 from hetopt.errors import InfeasibleError
-from hetopt.search.budget import BUDGET_RULE, TRANSFER_RULE, Budget
+from hetopt.search.budget import TRANSFER_RULE, Budget
 from hetopt.search.dispatch import solve_skeleton
 from hetopt.search.formulation import SolveOptions, SolveStatus, SplitSolution
 from hetopt.search.linear import PlanProblem, split_problem
 from hetopt.search.robust import CVAR_ALPHA
 from hetopt.search.run import OPTIMALITY_TOLERANCE
-from hetopt.search.tree.base import MEMORY_RULE
+from hetopt.search.tree.base import BUDGET_RULE, MEMORY_RULE
 from hetopt.search.types import SearchOptions, Skeleton
 from hetopt.spec.instance import Instance
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from hetopt.executors import check_executor, open_pool
 from hetopt.lifeline import Terminated
 from hetopt.search.bounds.run import Bounds
+from hetopt.search.budget import Budget
 from hetopt.search.dispatch import pick
 from hetopt.search.formulation import Formulation, SolveOptions, clock
 from hetopt.search.leaves import LeafContext, plan_problem
@@ -102,11 +103,15 @@ def solve_exact(
     # search.pair_classes > 1 or tp_per_stage: the narrowed subspace is searched first, then this
     # tree holds only the rest of the space
     narrow_first = request.narrow_first and _has_subspace(options)
+    budget = (
+        Budget.of(inst, options.max_usd_per_hour) if options.max_usd_per_hour is not None else None
+    )
     tree = Tree(
         inst,
         dataclasses.replace(options, beyond_narrow=narrow_first),
         run.stats,
         Bounds(inst, profiles, [sc.instance.cluster for sc in scenarios]),
+        budget,
     )
     ctx = LeafContext(
         inst,

@@ -103,7 +103,7 @@ def worker_tree(ctx: LeafContext) -> Tree:
         assert ctx.options is not None, "a subtree job needs the search's space in its context"
         clusters = [sc.instance.cluster for sc in ctx.scenarios]
         bounds = Bounds(ctx.inst, ctx.profiles, clusters)
-        tree = Tree(ctx.inst, ctx.options, SearchStats(), bounds)
+        tree = Tree(ctx.inst, ctx.options, SearchStats(), bounds, ctx.budget)
         tree.tolerance = OPTIMALITY_TOLERANCE
         _TREE = (ctx, tree)
     return _TREE[1]

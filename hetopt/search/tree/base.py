@@ -20,6 +20,7 @@ PAIR_GROUPS_RULE = "bound: two-template groups never generated"
 TRIPLE_GROUPS_RULE = "bound: three-template groups never generated"
 MEMORY_GROUPS_RULE = "memory: two-template groups whose stages cannot hold the model"
 MEMORY_RULE = "memory: a stage cannot hold a layer or the stages cannot hold the model"
+BUDGET_RULE = "budget: rents more than --max-usd-per-hour"
 
 
 class Tree:
@@ -30,7 +31,12 @@ class Tree:
     bounds — this run's `Bounds` (their caches live as long as the tree)."""
 
     def __init__(
-        self, inst: Instance, options: SearchOptions, stats: SearchStats, bounds: Bounds
+        self,
+        inst: Instance,
+        options: SearchOptions,
+        stats: SearchStats,
+        bounds: Bounds,
+        budget=None,
     ) -> None:
         self.inst, self.options, self.stats, self.bounds = inst, options, stats, bounds
         self.incumbent = math.inf
@@ -41,20 +47,15 @@ class Tree:
         self.memo: dict = {}
         """What nodes share and look up rather than carry (a node travels to workers without it),
         by kind: e.g. ClassRates per SingleBatch (hetopt.search.tree.choices)."""
-        self.budget = None
-        """The budget in dollars per hour (hetopt.search.budget.Budget), or None."""
-        if options.max_usd_per_hour is not None:
-            from hetopt.search.budget import Budget  # it prices the tree's nodes
-
-            self.budget = Budget.of(inst, options.max_usd_per_hour)
+        self.budget = budget
+        """The budget in dollars per hour (hetopt.search.budget.Budget: `options.max_usd_per_hour`
+        on the instance's prices), or None."""
 
     def keeps(self, node: Node) -> bool:
         """Whether a node may hold a plan within the budget; one that cannot is counted as pruned
         (its skeletons, where known)."""
         if self.budget is None or not self.budget.over(node):
             return True
-        from hetopt.search.budget import BUDGET_RULE
-
         self.stats.pruned[BUDGET_RULE] += node.pruned_count
         return False
 
