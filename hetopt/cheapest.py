@@ -147,45 +147,79 @@ def cheapest_per_token(
                 continue
             if search(budget) is None:
                 break
-    bound, best = _bounds(levels, tokens, top)
+    floor = work_floor(request, space)  # every interval's bound is at least this
+    bound, best = _bounds(levels, tokens, top, floor)
     while best is not None and bound < best.usd_per_million_tokens * (1 - TOLERANCE):
-        split = _split(levels, tokens, top, best.usd_per_million_tokens)
+        split = _split(levels, tokens, top, best.usd_per_million_tokens, floor)
         if split is None or search(split) is None:
             break
-        bound, best = _bounds(levels, tokens, top)
+        bound, best = _bounds(levels, tokens, top, floor)
     return _answer(request, levels, bound, best, last, stats, deadline)
+
+
+def work_floor(request: SearchRequest, space: SearchOptions) -> float:
+    """A lower bound on any plan's dollars per million tokens from its compute alone: a stage of
+    class k at TP t and CP c holds its GPUs ≥ a_k·L seconds per micro-batch (`per_layer_s`), so an
+    iteration keeps GPUs busy ≥ t·c·a_k·N·M GPU-seconds, each costing at least the class's least
+    price per GPU-second; the least over classes, degrees, micro-batch sizes and the least-work
+    recompute mode."""
+    from hetopt.search.bounds.run import Bounds
+    from hetopt.search.space import tp_options
+    from hetopt.search.types import least_work
+
+    inst = request.inst
+    templates = Bounds(inst, request.weights).templates
+    rc = least_work(space.recompute)
+    best = math.inf
+    for dc in inst.cluster.device_classes.values():
+        per_gpu_s = min(n.usd_per_hour / n.gpus for n in dc.nodes) / 3600
+        for mb in space.micro_batch:
+            micro_batches = inst.micro_batches(mb)
+            if not micro_batches:
+                continue
+            for cp in space.cp:
+                for tp in tp_options(inst, dc, space, cp):
+                    a = templates.per_layer_s(dc.gpu, tp, mb, rc, cp)
+                    gpu_s = tp * cp * max(a, 0.0) * inst.model.layers * micro_batches
+                    best = min(best, per_gpu_s * gpu_s)
+    tokens = inst.global_batch * inst.seq_len
+    return 0.0 if math.isinf(best) else best / tokens * 1e6
 
 
 def _key(level: Level) -> float:
     return level.budget
 
 
-def _intervals(levels: dict[float, Level], tokens: float, top: float):
+def _intervals(levels: dict[float, Level], tokens: float, top: float, floor: float = 0.0):
     """(lower budget, upper budget, the interval's bound in $/Mtok) for each interval between two
-    budgets searched, and the one below the lowest (lower budget 0)."""
+    budgets searched, and the one below the lowest (lower budget 0); each bound at least `floor`
+    (`work_floor`) where the interval holds any plan."""
     budgets = sorted(levels)
     out = []
     for low, high in zip([0.0, *budgets[:-1]], budgets, strict=True):
         t = levels[high].time_bound_s
-        out.append((low, high, per_million(low, t, tokens) if math.isfinite(t) else math.inf))
+        bound = max(per_million(low, t, tokens), floor) if math.isfinite(t) else math.inf
+        out.append((low, high, bound))
     return out
 
 
-def _bounds(levels: dict[float, Level], tokens: float, top: float):
+def _bounds(levels: dict[float, Level], tokens: float, top: float, floor: float = 0.0):
     """(the least interval bound, the best level's plan) so far."""
     found = [lv for lv in levels.values() if lv.usd_per_hour is not None]
     best = min(found, key=lambda lv: lv.usd_per_million_tokens, default=None)
-    least = min((b for _, _, b in _intervals(levels, tokens, top)), default=math.inf)
+    least = min((b for _, _, b in _intervals(levels, tokens, top, floor)), default=math.inf)
     if best is not None:
         least = min(least, best.usd_per_million_tokens)
     return least, best
 
 
-def _split(levels: dict[float, Level], tokens: float, top: float, best: float) -> float | None:
+def _split(
+    levels: dict[float, Level], tokens: float, top: float, best: float, floor: float = 0.0
+) -> float | None:
     """The next budget to search: in the open interval of least bound, just below the dollars of a
     plan found inside it, else its geometric middle (its arithmetic one above 0); None where the
     intervals are as fine as the prices allow."""
-    open_ = [iv for iv in _intervals(levels, tokens, top) if iv[2] < best * (1 - TOLERANCE)]
+    open_ = [iv for iv in _intervals(levels, tokens, top, floor) if iv[2] < best * (1 - TOLERANCE)]
     for low, high, _ in sorted(open_, key=lambda iv: iv[2]):
         inside = [
             lv.usd_per_hour

@@ -133,9 +133,12 @@ def test_a_budget_needs_prices_and_a_finite_number(tmp_path):
     doc["cluster"]["nodes"][1]["gpu"] = "X"
     path = tmp_path / "unpriced.yaml"
     path.write_text(yaml.safe_dump(doc))
-    r = run_hetopt("solve", str(path), "--max-usd-per-hour", "50", "--time-limit", "20")
-    assert r.returncode == 2, r.stderr
-    assert "cluster.nodes[1].usd_per_hour" in r.stderr and "Traceback" not in r.stderr
+    for option in (["--max-usd-per-hour", "50"], ["--objective", "cost"]):
+        r = run_hetopt("solve", str(path), *option, "--time-limit", "20")
+        assert r.returncode == 2, r.stderr
+        assert "cluster.nodes[1].usd_per_hour" in r.stderr and "Traceback" not in r.stderr
+    r = run_hetopt("pareto", str(path), "--out", str(tmp_path / "front"))
+    assert r.returncode == 2 and "cluster.nodes[1].usd_per_hour" in r.stderr
 
 
 def test_solve_under_a_budget_keeps_to_it_and_says_when_nothing_can():
