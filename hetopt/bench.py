@@ -28,7 +28,7 @@ from hetopt.cost.profiles import Profiles
 from hetopt.errors import InputError, Problem, did_you_mean
 from hetopt.evaluate import evaluate
 from hetopt.executors import check_executor, default_workers, ray_cpus_per_node, ray_session
-from hetopt.outputs import atomic_path, check_output_directory, write_text
+from hetopt.outputs import atomic_path, check_output_directory, refuse_existing, write_text
 from hetopt.planners import ALIASES, EXACT, PLANNERS, run_ilp
 from hetopt.replan.policy import (
     Decisions,
@@ -120,20 +120,7 @@ def check_outputs(out: Path, force: bool) -> list[Path]:
     """Refuse, before any work, to overwrite files a user has unless --force."""
     directory, paths = output_paths(out)
     check_output_directory(directory, "--out")
-    existing = [p for p in paths if p.exists()]
-    if existing and not force:
-        raise InputError(
-            "--out",
-            [
-                Problem(
-                    "--out",
-                    f"{', '.join(str(p) for p in existing)} already exist; pass --force to "
-                    "overwrite them or choose another --out",
-                    str(out),
-                    True,
-                )
-            ],
-        )
+    refuse_existing(paths, "--out", str(out), force)
     return paths
 
 

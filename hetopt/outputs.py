@@ -67,6 +67,25 @@ def check_output_directory(path: str | Path, option: str) -> Path:
     return target
 
 
+def refuse_existing(paths, option: str, given: str, force: bool) -> None:
+    """Refuse, before any work, to overwrite the files of `paths` that exist unless `force` (the
+    command's --force). Raises: InputError (exit 2) naming them."""
+    existing = [p for p in paths if Path(p).exists()]
+    if existing and not force:
+        raise InputError(
+            option,
+            [
+                Problem(
+                    option,
+                    f"{', '.join(str(p) for p in existing)} already exist; pass --force to "
+                    f"overwrite them or choose another {option}",
+                    given,
+                    True,
+                )
+            ],
+        )
+
+
 def check_directory(directory: Path, option: str, given: str) -> None:
     """The folder an output goes into exists, is a directory, and can be written. Raises:
     InputError."""

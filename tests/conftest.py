@@ -44,6 +44,18 @@ def run_in_process(args: list[str]) -> tuple[int, str]:
     return code, stderr.getvalue()
 
 
+def document_nodes(doc, path=()):
+    """Every (key path, value) inside a parsed YAML/JSON document, the root included (the fuzz
+    tests mutate them)."""
+    yield path, doc
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield from document_nodes(value, (*path, key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            yield from document_nodes(value, (*path, i))
+
+
 @pytest.fixture
 def hetopt():
     return run_hetopt

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_in_process
+from conftest import REPO, document_nodes, run_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,22 +60,11 @@ MUTATIONS = int(__import__("os").environ.get("FUZZ_N", 2000))
 """The issue's floor for one CI run (each of the two tests below runs half)."""
 
 
-def _nodes(doc, path=()):
-    """Every (path, value) inside a document, the root included."""
-    yield path, doc
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            yield from _nodes(value, (*path, key))
-    elif isinstance(doc, list):
-        for i, value in enumerate(doc):
-            yield from _nodes(value, (*path, i))
-
-
 def _mutate(doc, data) -> object:
     """Apply 1–3 random edits to a copy of `doc`, each drawn from hypothesis's `data`."""
     doc = copy.deepcopy(doc)
     for _ in range(data.draw(st.integers(1, 3))):
-        paths = [p for p, _ in _nodes(doc) if p]
+        paths = [p for p, _ in document_nodes(doc) if p]
         if not paths:
             break
         path = paths[data.draw(st.integers(0, len(paths) - 1))]

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import CALIBRATION, run_in_process
+from conftest import CALIBRATION, document_nodes, run_in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -233,16 +233,6 @@ RANKMAP = {
 MAP_VALUES = [0, -1, 1, 2, 99, 1.5, None, "x", True, [], {}, [99], [-1], [0, 1], [[0, 1]]]
 
 
-def _paths(doc, path=()):
-    yield path
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _paths(v, (*path, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _paths(v, (*path, i))
-
-
 def test_a_mutated_rank_map_is_refused_or_checked_without_starting_a_process(monkeypatch):
     """Every mutation either fails `structure` (exit 2, nothing started) or reaches the checks
     that need no process; a map that passes them all would start processes, so those are counted,
@@ -260,7 +250,7 @@ def test_a_mutated_rank_map_is_refused_or_checked_without_starting_a_process(mon
     def one(data):
         doc = copy.deepcopy(RANKMAP)
         for _ in range(data.draw(st.integers(1, 3))):
-            paths = [p for p in _paths(doc) if p]
+            paths = [p for p, _ in document_nodes(doc) if p]
             if not paths:
                 break
             path = paths[data.draw(st.integers(0, len(paths) - 1))]
