@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from hetopt.cost.dollars import per_million_tokens
 from hetopt.evaluate import evaluate
 from hetopt.planners import solve_ilp
 from hetopt.search.budget import Budget, capped, check_prices, least_rent
@@ -99,11 +101,7 @@ def cheapest_per_token(
         left_s = deadline - time.time()
         if left_s <= 0:
             return None
-        capped_at = None if math.isinf(budget) else budget
-        searched = inst if capped_at is None else capped(inst, Budget.of(inst, capped_at))
-        opts = replace(space, max_usd_per_hour=capped_at)
-        # a budgeted search starts from the plans found at the levels it holds (the heuristics,
-        # which plan on every GPU, only where there are none)
+        # it starts from the plans found at the levels it holds
         known = [
             Seed("cost", lv.result.objective_s, lv.result.plan)
             for lv in levels.values()
@@ -111,11 +109,11 @@ def cheapest_per_token(
         ]
         # a slice of the time left: one hard budget does not take all of it
         slice_s = min(left_s, max(SLICE * left_s, SLICE_LEAST_S))
-        r = solve_ilp(
-            replace(request, inst=searched, options=opts, time_limit_s=slice_s, objective="stable"),
+        r = fastest_within(
+            replace(request, options=space, time_limit_s=slice_s),
+            None if math.isinf(budget) else budget,
+            known,
             progress,
-            warm_start=capped_at is None or not known,
-            known=known,
         )
         last = r
         stats.add(r.stats)
@@ -170,9 +168,10 @@ def work_floor(request: SearchRequest, space: SearchOptions) -> float:
     inst = request.inst
     templates = Bounds(inst, request.weights).templates
     rc = least_work(space.recompute)
+    tokens = inst.global_batch * inst.seq_len
     best = math.inf
     for dc in inst.cluster.device_classes.values():
-        per_gpu_s = min(n.usd_per_hour / n.gpus for n in dc.nodes) / 3600
+        per_gpu_hour = min(n.usd_per_hour / n.gpus for n in dc.nodes)
         for mb in space.micro_batch:
             micro_batches = inst.micro_batches(mb)
             if not micro_batches:
@@ -181,9 +180,8 @@ def work_floor(request: SearchRequest, space: SearchOptions) -> float:
                 for tp in tp_options(inst, dc, space, cp):
                     a = templates.per_layer_s(dc.gpu, tp, mb, rc, cp)
                     gpu_s = tp * cp * max(a, 0.0) * inst.model.layers * micro_batches
-                    best = min(best, per_gpu_s * gpu_s)
-    tokens = inst.global_batch * inst.seq_len
-    return 0.0 if math.isinf(best) else best / tokens * 1e6
+                    best = min(best, per_million_tokens(per_gpu_hour, gpu_s, tokens))
+    return 0.0 if math.isinf(best) else best
 
 
 def _key(level: Level) -> float:
@@ -198,14 +196,15 @@ def _intervals(levels: dict[float, Level], tokens: float, top: float, floor: flo
     out = []
     for low, high in zip([0.0, *budgets[:-1]], budgets, strict=True):
         t = levels[high].time_bound_s
-        bound = max(per_million(low, t, tokens), floor) if math.isfinite(t) else math.inf
+        bound = max(per_million_tokens(low, t, tokens), floor) if math.isfinite(t) else math.inf
         out.append((low, high, bound))
     return out
 
 
 def _bounds(levels: dict[float, Level], tokens: float, top: float, floor: float = 0.0):
     """(the least interval bound, the best level's plan) so far."""
-    found = [lv for lv in levels.values() if lv.usd_per_hour is not None]
+    # plans below the throughput floor (dollars per token inf) are no answer
+    found = [lv for lv in levels.values() if math.isfinite(lv.usd_per_million_tokens)]
     best = min(found, key=lambda lv: lv.usd_per_million_tokens, default=None)
     least = min((b for _, _, b in _intervals(levels, tokens, top, floor)), default=math.inf)
     if best is not None:
@@ -270,9 +269,27 @@ def _answer(request, levels, bound, best, last, stats, deadline) -> CostResult:
     return CostResult(answer, cost, cost if optimal else min(bound, cost), len(levels))
 
 
-def per_million(usd_per_hour: float, iteration_time_s: float, tokens: float) -> float:
-    """Dollars per million tokens of a plan renting `usd_per_hour` at this iteration time."""
-    return usd_per_hour * iteration_time_s / 3600 / tokens * 1e6
+def fastest_within(
+    request: SearchRequest, budget: float | None, known: Sequence[Seed] = (), progress=None
+) -> SearchResult:
+    """The budgeted search: the fastest plan of the request's space whose dollars per hour stay
+    within `budget` (None: any), on the nodes a plan within it can rent (`capped`), started from
+    the `known` plans (the warm-start heuristics, which plan on every GPU, only where there are
+    none); the request's time limit, on the instance's own network."""
+    inst = request.inst
+    space = request.options or SearchOptions.from_instance(inst)
+    searched = inst if budget is None else capped(inst, Budget.of(inst, budget))
+    return solve_ilp(
+        replace(
+            request,
+            inst=searched,
+            options=replace(space, max_usd_per_hour=budget),
+            objective="stable",
+        ),
+        progress,
+        warm_start=not known,
+        known=list(known),
+    )
 
 
 def cheapest_plan(
@@ -286,16 +303,11 @@ def cheapest_plan(
     Returns: (its US$ per hour, whether proven the cheapest: the walk ended at a budget proven to
     have no plan), or None where no plan was found before `deadline` (a time.time())."""
     inst = request.inst
-    space = request.options or SearchOptions.from_instance(inst)
 
-    def fastest(budget: float | None):
+    def fastest(budget: float):
         left_s = deadline - time.time()
-        if left_s <= 1:
-            return None
-        searched = inst if budget is None else capped(inst, Budget.of(inst, budget))
-        opts = replace(space, max_usd_per_hour=budget)
-        return solve_ilp(
-            replace(request, inst=searched, options=opts, time_limit_s=left_s, objective="stable")
+        return (
+            None if left_s <= 1 else fastest_within(replace(request, time_limit_s=left_s), budget)
         )
 
     everything = sum(n.usd_per_hour or 0.0 for n in inst.cluster.nodes.values())

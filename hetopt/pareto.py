@@ -21,10 +21,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from hetopt.cheapest import fastest_within
 from hetopt.evaluate import evaluate
 from hetopt.plan import Plan, plan_json
-from hetopt.planners import solve_ilp
-from hetopt.search.budget import Budget, capped, check_prices, least_rent
+from hetopt.search.budget import check_prices, least_rent
 from hetopt.search.formulation import SolveStatus
 from hetopt.search.types import SearchOptions, SearchRequest, Seed
 
@@ -48,6 +48,13 @@ class Point:
     plan: Plan
     gpus: str
     """What it rents, e.g. "16×A100-80GB + 4×V100-32GB"."""
+
+    @property
+    def proof(self) -> str:
+        """Its status in words, with the gap where it is not proven ("no bound" where none is)."""
+        if self.status == "optimal":
+            return "optimal"
+        return f"{self.status}, " + ("no bound" if self.gap is None else f"gap {self.gap:.1%}")
 
     def to_json(self) -> dict:
         return {
@@ -81,21 +88,16 @@ def pareto_front(
     found: list[Point] = []
 
     def point(budget: float | None) -> Point | None:
-        opts = space if budget is None else replace(space, max_usd_per_hour=budget)
         if progress is not None:
             under = "no budget" if budget is None else f"budget ${budget:,.2f}/h"
             progress(f"point {len(found) + 1} of at most {points}: {under}")
-        searched = inst if budget is None else capped(inst, Budget.of(inst, budget))
-        # the points found within this budget start the search (the heuristics, which plan on
-        # every GPU, only where there are none)
+        # the points found within this budget start its search
         known = [
             Seed("pareto", p.iteration_time_s, p.plan)
             for p in found
             if budget is not None and p.usd_per_hour <= budget
         ]
-        r = solve_ilp(
-            replace(request, inst=searched, options=opts), warm_start=not known, known=known
-        )
+        r = fastest_within(replace(request, options=space), budget, known)
         if r.plan is None:
             return None
         ev = evaluate(inst, r.plan)
@@ -106,7 +108,7 @@ def pareto_front(
             ev.usd_per_million_tokens,
             ev.iteration_time_s,
             r.status.value,
-            r.gap if math.isfinite(r.gap) and r.status != SolveStatus.OPTIMAL else 0.0,
+            0.0 if r.status == SolveStatus.OPTIMAL else (r.gap if math.isfinite(r.gap) else None),
             r.plan,
             rented_gpus(inst, r.plan),
         )
@@ -194,7 +196,7 @@ def plot_front(points: list[Point], path, title: str) -> None:
             facecolors="tab:blue" if proven else "white",
             edgecolors="tab:blue",
         )
-        label = p.gpus if proven else f"{p.gpus} ({p.status}, gap {p.gap:.1%})"
+        label = p.gpus if proven else f"{p.gpus} ({p.proof})"
         ax.annotate(
             label,
             (p.usd_per_hour, p.tokens_per_s),

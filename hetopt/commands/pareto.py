@@ -17,7 +17,7 @@ from hetopt.commands.common import (
     err,
     out,
 )
-from hetopt.errors import ExitCode, InputError, Problem, check_time_limit
+from hetopt.errors import ExitCode, check_time_limit
 from hetopt.progress import Progress
 
 OUTPUTS = ("pareto.json", "pareto.png")
@@ -58,7 +58,7 @@ def pareto(
     plan."""
     import json
 
-    from hetopt.outputs import check_output_directory, write_text
+    from hetopt.outputs import check_output_directory, refuse_existing, write_text
     from hetopt.pareto import pareto_front, plot_front
     from hetopt.report.tables import narrow_table
     from hetopt.search.types import SearchRequest
@@ -70,21 +70,8 @@ def pareto(
         rent,
     )
     folder = check_output_directory(out_dir or f"pareto-{inst.name}", "--out")
-    existing = [p for p in (*(folder / n for n in OUTPUTS), *folder.glob("point-*.json"))]
-    existing = [p for p in existing if p.exists()]
-    if existing and not force:
-        raise InputError(
-            "--out",
-            [
-                Problem(
-                    "--out",
-                    f"{', '.join(str(p) for p in existing)} already exist; pass --force to "
-                    "overwrite them or choose another --out",
-                    str(folder),
-                    True,
-                )
-            ],
-        )
+    ours = [*(folder / n for n in OUTPUTS), *folder.glob("point-*.json")]
+    refuse_existing(ours, "--out", str(folder), force)
     request = SearchRequest(inst, backend=backend, time_limit_s=time_limit)
     with Progress(err, f"the front of {inst.name}…") as status:
         front = pareto_front(request, points, progress=lambda line: status.update(line))
@@ -108,7 +95,7 @@ def pareto(
     for col in ("#", "$/h", "tokens/s", "$/Mtok", "status", "GPUs rented"):
         table.add_column(col, justify="left" if col in ("status", "GPUs rented") else "right")
     for k, p in enumerate(front):
-        proof = p.status if p.status == "optimal" else f"{p.status} (gap {p.gap:.1%})"
+        proof = p.proof
         table.add_row(
             str(k),
             f"{p.usd_per_hour:,.2f}",

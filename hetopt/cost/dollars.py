@@ -38,6 +38,11 @@ from hetopt.spec.prices import GB
 SECONDS_PER_HOUR = 3600.0
 
 
+def per_million_tokens(usd_per_hour: float, seconds: float, tokens: float) -> float:
+    """Dollars per million tokens of `tokens` trained in `seconds` at `usd_per_hour`."""
+    return usd_per_hour * seconds / SECONDS_PER_HOUR / tokens * 1e6
+
+
 @dataclass(frozen=True)
 class PlanCost:
     """A plan's dollars: per hour of training and per million tokens; None where some node it pays
@@ -90,8 +95,8 @@ def plan_cost(inst: Instance, plan: Plan, iteration_time_s: float) -> PlanCost:
     )
     transfer = per_iteration * SECONDS_PER_HOUR / iteration_time_s
     total = nodes + transfer
-    tokens_per_hour = inst.global_batch * inst.seq_len / iteration_time_s * SECONDS_PER_HOUR
-    return PlanCost(total, total / tokens_per_hour * 1e6, nodes, transfer)
+    tokens = inst.global_batch * inst.seq_len
+    return PlanCost(total, per_million_tokens(total, iteration_time_s, tokens), nodes, transfer)
 
 
 def link_bytes(inst: Instance, plan: Plan) -> Counter:
@@ -178,4 +183,4 @@ def time_weighted(costs: list[tuple[float, PlanCost]], tokens_per_s: float) -> P
     if ran_s <= 0 or tokens_per_s <= 0 or any(c.usd_per_hour is None for _, c in costs):
         return NO_COST
     per_hour = sum(s * c.usd_per_hour for s, c in costs) / ran_s
-    return PlanCost(per_hour, per_hour / (tokens_per_s * SECONDS_PER_HOUR) * 1e6)
+    return PlanCost(per_hour, per_million_tokens(per_hour, 1.0, tokens_per_s))

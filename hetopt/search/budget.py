@@ -54,6 +54,8 @@ class Budget:
     """Per class, (GPUs, price) of its nodes where they are all alike, else None; the cheapest node
     of each class is in `cheapest`."""
     cheapest: dict[tuple[str, str], float] | None = None
+    transfers: bool = False
+    """Whether some link prices the data it carries (then a leaf's split is checked too)."""
 
     @classmethod
     def of(cls, inst: Instance, usd_per_hour: float) -> Budget:
@@ -75,7 +77,8 @@ class Budget:
             kinds.setdefault(key, set()).add((node.gpus, node.usd_per_hour))
         alike = {key: next(iter(k)) if len(k) == 1 else None for key, k in kinds.items()}
         every = nodes_usd_per_hour(inst, list(inst.cluster.nodes)) if inst.rent == "all" else None
-        return cls(usd_per_hour, floors, every, alike, cheapest)
+        priced = any(lk.usd_per_gb > 0 for lk in inst.spec.cluster.network.links)
+        return cls(usd_per_hour, floors, every, alike, cheapest, priced)
 
     def exceeds(self, usd_per_hour: float) -> bool:
         return usd_per_hour > self.usd_per_hour * (1 + TOLERANCE)

@@ -49,10 +49,15 @@ def solve_leaf(
     reaches `incumbent`. Past the limit once its model is built, it is not solved: a TIMEOUT with
     its placed bound, which stays open."""
     started = time.time()
+    budget = ctx.budget
     try:
-        pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective)
+        placed = sk.placed([1] * sk.depth, ctx.inst.cluster)
     except InfeasibleError:
         return "placement: TP groups do not pack onto the nodes", None, math.inf
+    # its rented nodes are its placement's: over the budget, pruned before its program is built
+    if budget is not None and budget.exceeds(budget.rented(ctx.inst, placed)):
+        return BUDGET_RULE, None, math.inf
+    pr = plan_problem(ctx.inst, sk, ctx.profiles, ctx.scenarios, ctx.objective, placed.placement)
     if any(
         min(c) < 1 or sum(c) < ctx.inst.model.layers
         for c in split_caps(pr.base.templates, sk.lockstep)
@@ -60,11 +65,6 @@ def solve_leaf(
         return MEMORY_RULE, None, math.inf
     if pr.lower_bound_s >= incumbent * (1 - OPTIMALITY_TOLERANCE):
         return PLACED_BOUND_RULE, None, math.inf
-    budget = ctx.budget
-    if budget is not None and budget.exceeds(
-        budget.rented(ctx.inst, sk.placed([1] * sk.depth, ctx.inst.cluster))
-    ):
-        return BUDGET_RULE, None, math.inf
     # a backend that fails hands the skeleton to the next one; sol.attempts says which failed
     hint = tuple(
         sk.joined([lockstep_split(pr.base.templates)])
@@ -94,7 +94,7 @@ def solve_leaf(
         SolveOptions(time_limit_s=left_s, seed=ctx.seed, hint=hint),
     )
     t = pr.iteration_time(sol.layers, sol.recompute) if sol.layers is not None else math.inf
-    if budget is not None and sol.layers is not None:
+    if budget is not None and budget.transfers and sol.layers is not None:
         plan = sk.placed(list(sol.layers), ctx.inst.cluster, sol.recompute)
         if not budget.within(ctx.inst, plan, pr.base.iteration_time(sol.layers, sol.recompute)):
             # the split of least time moves too many dollars over priced links: the leaf's best
@@ -166,12 +166,18 @@ def proportional_split(per_layer: list[float], cap: list[int], total: int) -> li
 
 
 def plan_problem(
-    inst: Instance, sk: Skeleton, profiles: Profiles, scenarios, objective: str
+    inst: Instance,
+    sk: Skeleton,
+    profiles: Profiles,
+    scenarios,
+    objective: str,
+    placement: list | None = None,
 ) -> PlanProblem:
     """The skeleton's integer-program data under every planning scenario: placed once, on the file's
-    network, and linearised on each scenario's (raises InfeasibleError where it cannot be
-    placed)."""
-    placement = sk.placed([1] * sk.depth, inst.cluster).placement
+    network (`placement`, where the caller placed it already), and linearised on each scenario's
+    (raises InfeasibleError where it cannot be placed)."""
+    if placement is None:
+        placement = sk.placed([1] * sk.depth, inst.cluster).placement
     return PlanProblem(
         tuple(split_problem(sc.instance, sk, profiles, placement) for sc in scenarios),
         tuple(sc.probability for sc in scenarios),
